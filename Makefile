@@ -1,0 +1,44 @@
+# Two commands do all set-up on a fresh machine (Debian, Python 3.11+, Java 17+):
+#   make dev   - install, start the embedded stack and the Dagster UI (Ctrl-C stops everything)
+#   make test  - install, then lint, type-check, validate the definitions and run pytest
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: dev test lint typecheck validate pytest java clean
+
+java:
+	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found."; \
+	  echo "Install it with: sudo apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	@v=$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p'); \
+	  [ "$${v%%.*}" -ge 17 ] 2>/dev/null || { echo "Java $$v found; Spark needs Java 17+."; \
+	  echo "Install it with: sudo apt-get install -y openjdk-17-jre-headless"; exit 1; }
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+dev: java $(STAMP)
+	$(BIN)/python scripts/dev.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+validate: $(STAMP)
+	DAGSTER_HOME= $(BIN)/dagster definitions validate -w workspace.yaml
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
+
+pytest: java $(STAMP)
+	$(BIN)/pytest
+
+test: java lint typecheck validate pytest
+
+clean:
+	rm -rf .platform

@@ -1,0 +1,228 @@
+"""Pipeline specs: one validated model per pipeline, loaded from YAML.
+
+A pipeline maps one topic (or a list of topics, or a regex pattern) to one Iceberg table under
+one group id. Every invalid spec fails at load time with a message that names the pipeline and
+the offending key, before anything is read or committed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ingestion.errors import PipelineSpecError
+
+_NAME = r"^[a-z][a-z0-9_]*$"
+_TRANSFORM = re.compile(r"^(identity|year|month|day|hour|void|bucket\[(\d+)\]|truncate\[(\d+)\])$")
+_PRIMITIVES = {
+    "boolean", "int", "long", "float", "double", "date", "time", "timestamp",
+    "timestamptz", "string", "uuid", "binary",
+}  # fmt: skip
+_DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FieldSpec(_Model):
+    """One column of the declared Iceberg schema (a top-level field of the record value)."""
+
+    name: str
+    type: str = Field(description="Iceberg primitive: long, string, timestamptz, decimal(p,s)...")
+    required: bool = False
+    doc: str | None = None
+
+    @field_validator("type")
+    @classmethod
+    def _check_type(cls, value: str) -> str:
+        value = value.strip().lower()
+        match = _DECIMAL.match(value)
+        if match and 1 <= int(match[1]) <= 38 and int(match[2]) <= int(match[1]):
+            return value
+        if value not in _PRIMITIVES:
+            raise ValueError(
+                f"unknown type {value!r}; use one of {sorted(_PRIMITIVES)} or decimal(p,s)"
+            )
+        return value
+
+
+class PartitionFieldSpec(_Model):
+    """One partition field: a source column and an Iceberg transform."""
+
+    source: str
+    transform: str = "identity"
+    name: str | None = None
+
+    @field_validator("transform")
+    @classmethod
+    def _check_transform(cls, value: str) -> str:
+        match = _TRANSFORM.match(value.strip().lower())
+        if not match or (match[2] or match[3] or "1") == "0":
+            raise ValueError(
+                f"unknown transform {value!r}; use identity, year, month, day, hour, "
+                "bucket[N] or truncate[N] with N > 0"
+            )
+        return value.strip().lower()
+
+
+class StartingPosition(_Model):
+    """Where a pipeline starts when its table holds no offsets for its group (only then).
+
+    Exactly one of ``earliest``, ``latest``, ``timestamp_ms`` or ``offsets`` (keyed
+    ``"topic:partition"``; partitions not listed start at their earliest offset).
+    """
+
+    mode: Literal["earliest", "latest", "timestamp", "offsets"] = "earliest"
+    timestamp_ms: int | None = None
+    offsets: dict[str, int] | None = None
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> StartingPosition:
+        if (self.mode == "timestamp") != (self.timestamp_ms is not None):
+            raise ValueError("timestamp_ms is required with mode 'timestamp' and only then")
+        if (self.mode == "offsets") != (self.offsets is not None):
+            raise ValueError("offsets is required with mode 'offsets' and only then")
+        for key, offset in (self.offsets or {}).items():
+            topic, _, partition = key.rpartition(":")
+            if not topic or not partition.isdigit() or offset < 0:
+                raise ValueError(f"offsets key {key!r}: use 'topic:partition' and an offset >= 0")
+        return self
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class PipelineSpec(_Model):
+    """One pipeline: source topics, target table, group ids, format and delivery rules."""
+
+    name: str = Field(pattern=_NAME)
+    topic: str | None = None
+    topics: list[str] | None = None
+    topic_pattern: str | None = None
+    table: str = Field(description="Iceberg identifier 'namespace.table'.")
+    consumer_group_id: str = Field(min_length=1)
+    commit_group_id: str | None = Field(
+        default=None, description="Key of the offsets in the table; defaults to the consumer group."
+    )
+    value_format: Literal["json", "avro", "raw"] = "json"
+    key_format: Literal["raw", "string"] = "raw"
+    schema_registry_url: str | None = None
+    schema_fields: list[FieldSpec] | None = Field(default=None, alias="schema")
+    partition_by: list[PartitionFieldSpec] = Field(default_factory=list)
+    starting_position: StartingPosition = Field(default_factory=StartingPosition)
+    max_records_per_task: PositiveInt = 250_000
+    max_records_per_run: PositiveInt | None = None
+    target_file_size_bytes: PositiveInt = 128 * 1024 * 1024
+    errors_tolerance: Literal["none", "all"] = "none"
+    quarantine_table: str | None = None
+    dead_letter_topic: str | None = None
+    on_data_loss: Literal["fail", "skip"] = "fail"
+    max_lag_records: PositiveInt = 10_000
+    max_lag_seconds: PositiveInt = 300
+    freshness_bound_seconds: PositiveInt = 900
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @property
+    def effective_commit_group_id(self) -> str:
+        """The group id the offsets are stored under in the table."""
+        return self.commit_group_id or self.consumer_group_id
+
+    @property
+    def effective_quarantine_table(self) -> str:
+        """The quarantine (dead-letter) table: configured, or ``<table>_quarantine``."""
+        return self.quarantine_table or f"{self.table}_quarantine"
+
+    @property
+    def source_topics(self) -> list[str]:
+        """The fixed topic list (empty for a pattern pipeline, whose topics are listed at plan)."""
+        return [self.topic] if self.topic else list(self.topics or [])
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> PipelineSpec:
+        sources = [self.topic, self.topics, self.topic_pattern]
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError("set exactly one of topic, topics or topic_pattern")
+        if self.topics is not None and (
+            not self.topics or len(set(self.topics)) != len(self.topics)
+        ):
+            raise ValueError("topics must be a non-empty list without repeats")
+        if self.topic_pattern is not None:
+            try:
+                re.compile(self.topic_pattern)
+            except re.error as exc:
+                raise ValueError(f"topic_pattern is not a valid regex: {exc}") from exc
+        if self.table.count(".") < 1 or any(not part for part in self.table.split(".")):
+            raise ValueError(f"table {self.table!r} must be 'namespace.table'")
+        if self.commit_group_id is not None and self.commit_group_id != self.consumer_group_id:
+            raise ValueError(
+                f"commit_group_id {self.commit_group_id!r} differs from consumer_group_id "
+                f"{self.consumer_group_id!r}: offsets would be committed under one group and "
+                "progress reported under another. Set both to the same id (or drop "
+                "commit_group_id); to move a pipeline to a new group use the group migration "
+                "operation, not a config edit"
+            )
+        if self.value_format == "avro" and not self.schema_registry_url:
+            raise ValueError("value_format 'avro' needs schema_registry_url")
+        if self.value_format == "json" and not self.schema_fields:
+            raise ValueError("value_format 'json' needs a declared schema (schema: [...])")
+        names = [field.name for field in self.schema_fields or []]
+        if len(set(names)) != len(names):
+            raise ValueError("schema has repeated field names")
+        if any(name.startswith("_kafka_") for name in names):
+            raise ValueError("schema field names must not start with '_kafka_' (metadata columns)")
+        partitionable = {*names, "_kafka_topic", "_kafka_partition", "_kafka_timestamp"}
+        unknown = [part.source for part in self.partition_by if part.source not in partitionable]
+        if unknown and self.schema_fields is not None:
+            raise ValueError(f"partition_by sources {unknown} are not schema or _kafka_ columns")
+        return self
+
+
+def _format_error(pipeline: str, exc: ValidationError) -> str:
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"]) or "<spec>"
+        lines.append(f"  {key}: {error['msg']}")
+    return f"pipeline {pipeline!r} is invalid:\n" + "\n".join(lines)
+
+
+def parse_pipeline_spec(raw: dict[str, Any]) -> PipelineSpec:
+    """Validate one raw mapping into a :class:`PipelineSpec`.
+
+    Raises:
+        PipelineSpecError: the spec is invalid; the message names the pipeline and the key.
+    """
+    name = str(raw.get("name", "<unnamed>")) if isinstance(raw, dict) else "<unnamed>"
+    try:
+        return PipelineSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise PipelineSpecError(_format_error(name, exc)) from None
+
+
+def load_pipeline_specs(path: str | Path) -> list[PipelineSpec]:
+    """Load and validate every pipeline of a YAML file (a top-level ``pipelines:`` list).
+
+    Example:
+        >>> specs = load_pipeline_specs("platform_assets/pipelines.yaml")
+        >>> [spec.name for spec in specs]
+        ['orders']
+
+    Raises:
+        PipelineSpecError: the file is malformed, a spec is invalid, or two pipelines share a
+            name, a table or a group id.
+    """
+    document = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(document, dict) or not isinstance(document.get("pipelines"), list):
+        raise PipelineSpecError(f"{path}: expected a top-level 'pipelines:' list")
+    specs = [parse_pipeline_spec(raw) for raw in document["pipelines"]]
+    for attribute in ("name", "table", "consumer_group_id"):
+        values = [getattr(spec, attribute) for spec in specs]
+        repeats = sorted({value for value in values if values.count(value) > 1})
+        if repeats:
+            raise PipelineSpecError(f"{path}: pipelines share {attribute} {repeats}")
+    return specs

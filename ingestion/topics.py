@@ -1,0 +1,98 @@
+"""Read-only views of Kafka topics: partitions, topic ids and offsets (no group, no commit)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ingestion.errors import TopicNotFoundError
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """Offsets of one partition: first offset still in the log and end (last stable) offset."""
+
+    partition: int
+    log_start_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """A topic as it is now: its id (changes when the topic is recreated) and its partitions."""
+
+    topic: str
+    topic_id: str
+    partitions: tuple[PartitionState, ...]
+
+    @property
+    def end_offsets(self) -> dict[int, int]:
+        """Partition -> end offset."""
+        return {p.partition: p.end_offset for p in self.partitions}
+
+    @property
+    def record_span(self) -> int:
+        """Sum over partitions of end - log start (an upper bound on records held)."""
+        return sum(p.end_offset - p.log_start_offset for p in self.partitions)
+
+
+def list_matching_topics(admin: AdminClient, pattern: str, timeout_s: float = 10.0) -> list[str]:
+    """Return the cluster's topics whose whole name matches ``pattern``, sorted."""
+    regex = re.compile(pattern)
+    names = admin.list_topics(timeout=timeout_s).topics
+    return sorted(name for name in names if regex.fullmatch(name))
+
+
+def describe_topic(
+    admin: AdminClient, consumer: Consumer, topic: str, timeout_s: float = 10.0
+) -> TopicState:
+    """Return the topic's id and each partition's log start and end offsets.
+
+    End offsets come from the consumer's watermark query, which honours the consumer's
+    ``isolation.level``: with ``read_committed`` (the engine's setting) it is the last stable
+    offset, so an open upstream transaction is never planned past.
+
+    Raises:
+        TopicNotFoundError: the topic does not exist.
+    """
+    from confluent_kafka import KafkaException, TopicCollection, TopicPartition
+
+    try:
+        description = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout_s)
+    except KafkaException as exc:
+        raise TopicNotFoundError(f"topic {topic!r}: {exc.args[0]}") from exc
+    partitions = []
+    for info in sorted(description.partitions, key=lambda p: p.id):
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, info.id), timeout=timeout_s, cached=False
+        )
+        partitions.append(PartitionState(info.id, int(low), int(high)))
+    return TopicState(topic, str(description.topic_id), tuple(partitions))
+
+
+def read_newest_timestamp_ms(
+    consumer: Consumer, state: TopicState, timeout_s: float = 2.0
+) -> int | None:
+    """Return the newest record timestamp (ms) at the end of each partition, or None if empty.
+
+    Reads at most one batch near each partition's end with ``assign()``; joins no group and
+    commits nothing.
+    """
+    from confluent_kafka import TopicPartition
+
+    newest: int | None = None
+    for part in state.partitions:
+        if part.end_offset <= part.log_start_offset:
+            continue
+        consumer.assign([TopicPartition(state.topic, part.partition, part.end_offset - 1)])
+        for message in consumer.consume(num_messages=16, timeout=timeout_s):
+            if message.error() is None:
+                _, timestamp = message.timestamp()
+                newest = timestamp if newest is None else max(newest, timestamp)
+        consumer.unassign()
+    return newest

@@ -1,0 +1,23 @@
+"""The pipeline specs this code location serves, and the asset keys derived from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import AssetKey
+
+from ingestion.spec import PipelineSpec, load_pipeline_specs
+
+PIPELINES_FILE = Path(__file__).with_name("pipelines.yaml")
+
+
+def load_pipelines(path: Path = PIPELINES_FILE) -> list[PipelineSpec]:
+    """Load and validate the pipeline specs; an invalid spec stops the code location loading."""
+    return load_pipeline_specs(path)
+
+
+def topic_asset_keys(spec: PipelineSpec) -> list[AssetKey]:
+    """One asset key per source topic; a pattern pipeline gets one key for its pattern."""
+    if spec.topic_pattern is not None:
+        return [AssetKey(["kafka", f"{spec.name}_topics"])]
+    return [AssetKey(["kafka", topic]) for topic in spec.source_topics]

@@ -1,0 +1,172 @@
+"""``make dev``: run the platform on the embedded stack until Ctrl-C.
+
+Starts, in order: a Tansu broker on a free loopback port, the demo topic and its producer, and
+``dagster dev -w workspace.yaml`` (UI and daemon) with ``DAGSTER_HOME`` under ``.platform/``.
+Everything it starts is stopped on Ctrl-C or SIGTERM, the broker last; nothing is left running.
+
+The embedded broker keeps data in memory only, so each start begins with an empty ``orders``
+topic; the demo's Iceberg catalog and warehouse are reset with it (a table whose offsets point
+past a recreated topic would rightly refuse to ingest). Dagster's run history is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from platform_assets.demo import DemoProducerStats, run_demo_producer  # noqa: E402
+from resources.embedded import EmbeddedBroker, find_free_port  # noqa: E402
+from resources.kafka import KafkaResource  # noqa: E402
+
+DAGSTER_YAML = """\
+# Written by scripts/dev.py for the embedded stack.
+telemetry:
+  enabled: false
+freshness:
+  enabled: true
+"""
+
+
+def create_topic(kafka: KafkaResource, topic: str, partitions: int) -> None:
+    """Create ``topic`` unless it exists."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = kafka.get_admin_client()
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
+    )
+    for future in futures.values():
+        future.result(15)
+
+
+def prepare_state(state_dir: Path) -> Path:
+    """Reset the demo catalog and warehouse, keep Dagster's history; return DAGSTER_HOME."""
+    for stale in (state_dir / "catalog.db", state_dir / "warehouse"):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    dagster_home = state_dir / "dagster_home"
+    dagster_home.mkdir(parents=True, exist_ok=True)
+    (dagster_home / "dagster.yaml").write_text(DAGSTER_YAML)
+    return dagster_home
+
+
+def stop_process_group(process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    """Interrupt a child's process group (as Ctrl-C would), then terminate, then kill."""
+    for sig, wait_s in ((signal.SIGINT, timeout_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait_s)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--state-dir", default=str(ROOT / ".platform"))
+    parser.add_argument("--ui-port", type=int, default=None, help="default: 3000 if free")
+    parser.add_argument("--rate", type=float, default=20.0, help="demo events per second")
+    parser.add_argument("--partitions", type=int, default=4)
+    args = parser.parse_args()
+
+    state_dir = Path(args.state_dir).resolve()
+    dagster_home = prepare_state(state_dir)
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+    with EmbeddedBroker(log_path=state_dir / "logs" / "tansu.log") as broker:
+        kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
+        create_topic(kafka, "orders", args.partitions)
+        stats = DemoProducerStats()
+        producer_thread = threading.Thread(
+            target=run_demo_producer,
+            kwargs={
+                "producer": kafka.get_producer(),
+                "topic": "orders",
+                "stop": stop,
+                "rate_per_s": args.rate,
+                "stats": stats,
+            },
+            name="demo-producer",
+            daemon=True,
+        )
+        producer_thread.start()
+
+        ui_port = args.ui_port or find_ui_port()
+        env = {
+            **os.environ,
+            "DAGSTER_HOME": str(dagster_home),
+            "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
+            "PLATFORM_STATE_DIR": str(state_dir),
+        }
+        command = [
+            str(Path(sys.executable).with_name("dagster")),
+            "dev",
+            "-w",
+            str(ROOT / "workspace.yaml"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(ui_port),
+        ]
+        with (state_dir / "logs" / "dagster.log").open("ab") as log:
+            dagster = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        print(f"Kafka (Tansu):  {broker.bootstrap_servers}  (log: {broker.log_path})", flush=True)
+        print(f"Iceberg:        SQLite catalog + warehouse under {state_dir}", flush=True)
+        print(f"Dagster UI:     http://127.0.0.1:{ui_port}  (log: {state_dir}/logs/dagster.log)")
+        print(f"Demo producer:  orders topic, {args.rate:g} events/s. Ctrl-C stops everything.")
+        sys.stdout.flush()
+        died = False
+        try:
+            while not stop.wait(2.0):
+                if dagster.poll() is not None:
+                    died = True
+                    print(f"dagster dev exited with {dagster.returncode}; stopping", flush=True)
+                    break
+        finally:
+            print("Stopping: dagster, demo producer, broker...", flush=True)
+            stop.set()
+            stop_process_group(dagster)
+            producer_thread.join(15)
+            print(f"Stopped. Demo events produced: {stats.produced}", flush=True)
+    # Stopped by the user: success. Stopped because dagster dev died on its own: failure.
+    return 1 if died else 0
+
+
+def find_ui_port() -> int:
+    """Return 3000 when it is free, else any free loopback port."""
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", 3000))
+            return 3000
+        except OSError:
+            return find_free_port()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
