@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -76,23 +77,39 @@ def describe_topic(
 
 
 def read_newest_timestamp_ms(
-    consumer: Consumer, state: TopicState, timeout_s: float = 2.0
+    consumer: Consumer, state: TopicState, tail: int = 8, timeout_s: float = 5.0
 ) -> int | None:
-    """Return the newest record timestamp (ms) at the end of each partition, or None if empty.
+    """Return the newest record timestamp (ms) among the last ``tail`` offsets of each partition.
 
-    Reads at most one batch near each partition's end with ``assign()``; joins no group and
-    commits nothing.
+    Reads with ``assign()`` until every partition's position reaches its end offset (the tail may
+    hold only transaction markers); joins no group and commits nothing. None if nothing is read.
     """
     from confluent_kafka import TopicPartition
 
+    ends = {
+        p.partition: p.end_offset for p in state.partitions if p.end_offset > p.log_start_offset
+    }
+    if not ends:
+        return None
+    consumer.assign(
+        [
+            TopicPartition(state.topic, p.partition, max(p.log_start_offset, p.end_offset - tail))
+            for p in state.partitions
+            if p.partition in ends
+        ]
+    )
     newest: int | None = None
-    for part in state.partitions:
-        if part.end_offset <= part.log_start_offset:
-            continue
-        consumer.assign([TopicPartition(state.topic, part.partition, part.end_offset - 1)])
-        for message in consumer.consume(num_messages=16, timeout=timeout_s):
-            if message.error() is None:
-                _, timestamp = message.timestamp()
-                newest = timestamp if newest is None else max(newest, timestamp)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while ends and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=500, timeout=0.2):
+                if message.error() is None:
+                    _, timestamp = message.timestamp()
+                    newest = timestamp if newest is None else max(newest, timestamp)
+            positions = consumer.position([TopicPartition(state.topic, p) for p in ends])
+            for position in positions:
+                if position.offset >= ends[position.partition]:
+                    del ends[position.partition]
+    finally:
         consumer.unassign()
     return newest

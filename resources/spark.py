@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -21,7 +22,8 @@ def session_config(master: str, app_name: str, spark_config: dict[str, str]) -> 
 
     In local mode the Python workers run this interpreter (``sys.executable``), so they import
     pyarrow and the installed ``ingestion`` package; without it they would start ``python3``
-    from PATH and fail. On a cluster set ``spark.pyspark.python`` to the executors' interpreter.
+    from PATH and fail. On a cluster set ``spark.pyspark.python`` (or ``PYSPARK_PYTHON``) to the
+    executors' interpreter.
 
     Example:
         >>> config = session_config("local[2]", "demo", {"spark.sql.shuffle.partitions": "4"})
@@ -65,6 +67,11 @@ class SparkResource(ConfigurableResource):
     def _get_lazy(self) -> LazyPySparkResource:
         if self._lazy is None:
             config = session_config(self.master, self.app_name, self.spark_config)
+            if "spark.pyspark.python" in config:
+                # A session started from a Python driver takes its workers' interpreter from
+                # PYSPARK_PYTHON only (SparkContext.pythonExec, PySpark 4.3); the conf key is read
+                # by spark-submit alone. Set it for this process unless the user already has.
+                os.environ.setdefault("PYSPARK_PYTHON", config["spark.pyspark.python"])
             self._lazy = LazyPySparkResource(spark_config=config)
         return self._lazy
 
@@ -76,6 +83,13 @@ class SparkResource(ConfigurableResource):
             session.sparkContext.addPyFile(zip_engine_package())
             self._engine_shipped = True
         return session
+
+    def stop_session(self) -> None:
+        """Stop the session if it was started; the next access starts a new one."""
+        if self._lazy is not None:
+            self._lazy.spark_session.stop()
+            self._lazy = None
+            self._engine_shipped = False
 
 
 def zip_engine_package() -> str:

@@ -1,0 +1,94 @@
+"""Session fixtures for the real local stack: one Tansu broker, one catalog, one Spark session.
+
+Integration tests never mock Kafka, Iceberg or Spark. The broker's log is attached to the report
+of any failing test that used it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from resources.spark import SparkResource
+from tests.support.ledger import Ledger, LedgerProducer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A Tansu broker on a free loopback port for the whole session."""
+    log_path = tmp_path_factory.mktemp("tansu") / "tansu.log"
+    with EmbeddedBroker(log_path=log_path) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def kafka(broker: EmbeddedBroker) -> KafkaResource:
+    """The Kafka resource pointed at the session broker."""
+    return KafkaResource(bootstrap_servers=broker.bootstrap_servers)
+
+
+_topic_numbers = itertools.count()
+
+
+@pytest.fixture
+def create_topic(kafka: KafkaResource, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Create a fresh topic named after the test; return its name."""
+    from confluent_kafka.admin import NewTopic
+
+    def _create(partitions: int = 3, name: str | None = None, **config: str) -> str:
+        topic = name or f"t{next(_topic_numbers)}-{request.node.name[:40]}".replace("[", "-")
+        topic = "".join(c if c.isalnum() or c in "-_." else "-" for c in topic)
+        admin = kafka.get_admin_client()
+        futures = admin.create_topics([NewTopic(topic, partitions, 1, config=config)])
+        for future in futures.values():
+            future.result(15)
+        return topic
+
+    return _create
+
+
+@pytest.fixture
+def ledger() -> Ledger:
+    """An empty ledger for the test."""
+    return Ledger()
+
+
+@pytest.fixture
+def ledger_producer(kafka: KafkaResource, ledger: Ledger) -> LedgerProducer:
+    """A producer that records every acknowledged record in ``ledger``."""
+    return LedgerProducer(kafka, ledger)
+
+
+@pytest.fixture(scope="session")
+def catalog_resource(tmp_path_factory: pytest.TempPathFactory) -> IcebergCatalogResource:
+    """The embedded SQLite catalog with its warehouse in a temporary folder."""
+    return IcebergCatalogResource(state_dir=str(tmp_path_factory.mktemp("iceberg")))
+
+
+@pytest.fixture(scope="session")
+def spark_resource() -> Iterator[SparkResource]:
+    """One local Spark session (2 task slots) for the whole test session."""
+    resource = SparkResource(master="local[2]", app_name="platform-tests")
+    yield resource
+    resource.stop_session()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    """Attach the broker's log to the report of a failing test that used the broker."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    funcargs = getattr(item, "funcargs", {})
+    if report.failed and "broker" in getattr(item, "fixturenames", ()):
+        running = funcargs.get("broker")
+        if isinstance(running, EmbeddedBroker):
+            report.sections.append(("tansu broker log (tail)", running.read_log(8_000)))

@@ -1,0 +1,145 @@
+"""A producer that records every acknowledged record: the ground truth of the oracle.
+
+Tansu quirk (0.6.0): ListOffsets(latest) returns the base offset of a partition's last batch
++ 1, so when that batch holds several records the end offset is under-reported (the fetch
+response's high watermark is right). :meth:`LedgerProducer.produce` therefore sends the last
+record of every partition in a batch of its own, after flushing the others: the end offsets are
+then exact. Transactions end with a control batch (the commit or abort marker), which is a
+batch of one, so they need no such care. This is handled here, in the test harness, and never
+in product code, which uses the standard Kafka APIs.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaException, Message, Producer
+
+from resources.kafka import KafkaResource
+
+Coordinates = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One record as the broker acknowledged it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    committed: bool = True
+
+    @property
+    def coordinates(self) -> Coordinates:
+        """(topic, partition, offset)."""
+        return (self.topic, self.partition, self.offset)
+
+
+@dataclass
+class Ledger:
+    """Every acknowledged record, in acknowledgement order."""
+
+    entries: list[LedgerEntry] = field(default_factory=list)
+
+    def committed(self, topic: str | None = None) -> set[Coordinates]:
+        """Coordinates of visible records (non-transactional or in a committed transaction)."""
+        return {e.coordinates for e in self.entries if e.committed and topic in (None, e.topic)}
+
+    def aborted(self, topic: str | None = None) -> set[Coordinates]:
+        """Coordinates of records of aborted transactions (must never land)."""
+        return {e.coordinates for e in self.entries if not e.committed and topic in (None, e.topic)}
+
+    def values(self) -> dict[Coordinates, bytes | None]:
+        """Coordinates -> value of every committed record."""
+        return {e.coordinates: e.value for e in self.entries if e.committed}
+
+
+Record = tuple[bytes | None, bytes | None, int | None]  # key, value, partition (None = by key)
+
+
+class LedgerProducer:
+    """Produce records and append each acknowledged one to a :class:`Ledger`."""
+
+    def __init__(self, kafka: KafkaResource, ledger: Ledger, **overrides: Any) -> None:
+        self.kafka = kafka
+        self.ledger = ledger
+        self._producer: Producer = kafka.get_producer(**overrides)
+        self._partition_counts: dict[str, int] = {}
+        self._transactions_ready = False
+
+    def _partitions(self, topic: str) -> int:
+        if topic not in self._partition_counts:
+            metadata = self._producer.list_topics(topic, timeout=10)
+            self._partition_counts[topic] = len(metadata.topics[topic].partitions)
+        return self._partition_counts[topic]
+
+    def _place(self, topic: str, records: Iterable[Record]) -> list[tuple[Any, Any, int]]:
+        """Give every record a partition: its own, else crc32(key), else round robin."""
+        count = self._partitions(topic)
+        return [
+            (key, value, partition if partition is not None
+             else zlib.crc32(key) % count if key is not None else index % count)
+            for index, (key, value, partition) in enumerate(records)
+        ]  # fmt: skip
+
+    def _send(self, topic: str, records: Sequence[tuple[bytes | None, bytes | None, int]],
+              committed: bool, pending: list[LedgerEntry]) -> None:  # fmt: skip
+        def on_delivery(error: Any, message: Message) -> None:
+            if error is not None:
+                raise KafkaException(error)
+            _, timestamp = message.timestamp()
+            pending.append(
+                LedgerEntry(
+                    topic, int(message.partition() or 0), int(message.offset() or 0),
+                    message.key(), message.value(), timestamp, committed,
+                )
+            )  # fmt: skip
+
+        for key, value, partition in records:
+            self._producer.produce(topic, value=value, key=key, partition=partition,
+                                   on_delivery=on_delivery)  # fmt: skip
+
+    def _flush(self) -> None:
+        if self._producer.flush(30) != 0:
+            raise TimeoutError("records still in flight after 30 s")
+
+    def produce(self, topic: str, records: Iterable[Record]) -> list[LedgerEntry]:
+        """Produce ``records`` (not transactional) with exact end offsets; return their entries."""
+        placed = self._place(topic, records)
+        last_index = {partition: i for i, (_, _, partition) in enumerate(placed)}
+        held = set(last_index.values())
+        pending: list[LedgerEntry] = []
+        self._send(topic, [r for i, r in enumerate(placed) if i not in held], True, pending)
+        self._flush()
+        self._send(topic, [r for i, r in enumerate(placed) if i in held], True, pending)
+        self._flush()
+        self.ledger.entries.extend(pending)
+        return pending
+
+    def produce_transaction(
+        self, topic: str, records: Iterable[Record], commit: bool = True
+    ) -> list[LedgerEntry]:
+        """Produce ``records`` in one transaction, committed or aborted.
+
+        Needs a producer made with ``transactional.id``; ``init_transactions`` is called once.
+        """
+        if not self._transactions_ready:
+            self._producer.init_transactions(30)
+            self._transactions_ready = True
+        placed = self._place(topic, records)
+        pending: list[LedgerEntry] = []
+        self._producer.begin_transaction()
+        self._send(topic, placed, commit, pending)
+        self._flush()
+        if commit:
+            self._producer.commit_transaction(30)
+        else:
+            self._producer.abort_transaction(30)
+        self.ledger.entries.extend(pending)
+        return pending

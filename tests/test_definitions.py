@@ -1,0 +1,66 @@
+"""The code location as `dagster dev` loads it: asset graph, jobs, schedules, observations."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance, DefaultScheduleStatus, Definitions
+
+from resources.kafka import KafkaResource
+from tests.support.ledger import LedgerProducer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_workspace_definitions() -> Definitions:
+    """Import the Definitions object that workspace.yaml points at."""
+    workspace = yaml.safe_load((ROOT / "workspace.yaml").read_text())
+    (target,) = workspace["load_from"]
+    module = importlib.import_module(target["python_module"]["module_name"])
+    defs = getattr(module, target["python_module"]["attribute"])
+    assert isinstance(defs, Definitions)
+    return defs
+
+
+def test_asset_graph() -> None:
+    defs = load_workspace_definitions()
+    graph = defs.resolve_asset_graph()
+    assert graph.get_all_asset_keys() == {AssetKey(["kafka", "orders"])}
+    topic = graph.get(AssetKey(["kafka", "orders"]))
+    assert topic.is_external
+    assert not topic.is_materializable
+    assert topic.group_name == "kafka"
+
+
+def test_jobs_schedules_and_resources() -> None:
+    defs = load_workspace_definitions()
+    assert defs.resolve_job_def("observe_topics").name == "observe_topics"
+    schedule = defs.resolve_schedule_def("observe_topics_every_minute")
+    assert schedule.default_status == DefaultScheduleStatus.RUNNING
+    assert set(defs.resources or {}) == {"kafka", "iceberg", "spark"}
+
+
+@pytest.mark.integration
+def test_observe_topics_reports_end_offsets(
+    kafka: KafkaResource, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    create_topic(partitions=4, name="orders")
+    ledger_producer.produce("orders", [(f"o{i}".encode(), b"{}", None) for i in range(40)])
+    job = load_workspace_definitions().resolve_job_def("observe_topics")
+    with DagsterInstance.ephemeral() as instance:
+        result = job.execute_in_process(instance=instance, resources={"kafka": kafka})
+    assert result.success
+    (observation,) = result.asset_observations_for_node("observe_topic_offsets")
+    assert observation.asset_key == AssetKey(["kafka", "orders"])
+    metadata: dict[str, Any] = {key: value.value for key, value in observation.metadata.items()}
+    assert metadata["partitions"] == 4
+    assert metadata["end_offsets_total"] == 40
+    assert metadata["records_in_log"] == 40
+    assert sum(p["end"] for p in metadata["end_offsets"].values()) == 40
+    newest = max(e.timestamp_ms for e in ledger_producer.ledger.entries) / 1000
+    assert metadata["newest_record_time"] == pytest.approx(newest)

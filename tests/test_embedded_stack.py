@@ -1,0 +1,181 @@
+"""The embedded stack itself: broker, ledger producer, catalog and Spark, all real."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import TopicPartition
+
+from ingestion.errors import TopicNotFoundError
+from ingestion.topics import describe_topic, list_matching_topics, read_newest_timestamp_ms
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from resources.spark import SparkResource
+from tests.support.ledger import Ledger, LedgerProducer
+
+pytestmark = pytest.mark.integration
+
+
+def read_all(kafka: KafkaResource, topic: str, ends: dict[int, int]) -> set[tuple[str, int, int]]:
+    """Read every partition from 0 to its end with assign(); done when position >= end."""
+    consumer = kafka.get_consumer()
+    seen: set[tuple[str, int, int]] = set()
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p, end in ends.items() if end > 0])
+        remaining = {p for p, end in ends.items() if end > 0}
+        for _ in range(200):
+            if not remaining:
+                break
+            for message in consumer.consume(500, timeout=0.5):
+                assert message.error() is None, message.error()
+                seen.add((topic, int(message.partition() or 0), int(message.offset() or 0)))
+            for tp in consumer.position([TopicPartition(topic, p) for p in remaining]):
+                if tp.offset >= ends[tp.partition]:
+                    remaining.discard(tp.partition)
+    finally:
+        consumer.close()
+    return seen
+
+
+def test_ledger_matches_broker_and_end_offsets_are_exact(
+    kafka: KafkaResource, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    topic = create_topic(partitions=3)
+    records = [(f"k{i}".encode(), f'{{"n": {i}}}'.encode(), None) for i in range(300)]
+    ledger_producer.produce(topic, records)
+    consumer = kafka.get_consumer()
+    try:
+        state = describe_topic(kafka.get_admin_client(), consumer, topic)
+        newest = read_newest_timestamp_ms(consumer, state)
+    finally:
+        consumer.close()
+    expected_ends = {p: 0 for p in range(3)}
+    for entry in ledger.entries:
+        expected_ends[entry.partition] = max(expected_ends[entry.partition], entry.offset + 1)
+    assert state.end_offsets == expected_ends
+    assert sum(state.end_offsets.values()) == 300
+    assert read_all(kafka, topic, state.end_offsets) == ledger.committed(topic)
+    assert newest == max(entry.timestamp_ms for entry in ledger.entries)
+
+
+def produce_mixed_transactions(kafka: KafkaResource, topic: str, ledger: Ledger) -> None:
+    """Committed, aborted, committed: markers at offsets 1, 3 and 5 of partition 0."""
+    producer = LedgerProducer(kafka, ledger, **{"transactional.id": f"tx-{topic}"})
+    producer.produce_transaction(topic, [(b"a", b"1", 0), (b"b", b"2", 1)], commit=True)
+    producer.produce_transaction(topic, [(b"c", b"3", 0), (b"d", b"4", 1)], commit=False)
+    producer.produce_transaction(topic, [(b"e", b"5", 0)], commit=True)
+
+
+def test_transaction_end_offsets_cover_the_markers(
+    kafka: KafkaResource, create_topic: Callable[..., str], ledger: Ledger
+) -> None:
+    topic = create_topic(partitions=2)
+    produce_mixed_transactions(kafka, topic, ledger)
+    consumer = kafka.get_consumer()
+    try:
+        state = describe_topic(kafka.get_admin_client(), consumer, topic)
+    finally:
+        consumer.close()
+    assert state.end_offsets == {0: 6, 1: 4}  # records + one control record per transaction
+    assert len(ledger.aborted(topic)) == 2
+    assert ledger.committed(topic) <= read_all(kafka, topic, state.end_offsets)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Tansu 0.6.0 returns aborted transactional records to read_committed consumers "
+    "(its fetch response lists no aborted transactions); needs a real Kafka. See README.",
+)
+def test_read_committed_hides_aborted_records(
+    kafka: KafkaResource, create_topic: Callable[..., str], ledger: Ledger
+) -> None:
+    topic = create_topic(partitions=2)
+    produce_mixed_transactions(kafka, topic, ledger)
+    consumer = kafka.get_consumer()
+    try:
+        state = describe_topic(kafka.get_admin_client(), consumer, topic)
+    finally:
+        consumer.close()
+    assert not read_all(kafka, topic, state.end_offsets) & ledger.aborted(topic)
+
+
+def test_recreated_topic_gets_a_new_topic_id(
+    kafka: KafkaResource, create_topic: Callable[..., str]
+) -> None:
+    admin = kafka.get_admin_client()
+    topic = create_topic(partitions=1)
+    consumer = kafka.get_consumer()
+    try:
+        first = describe_topic(admin, consumer, topic).topic_id
+        for future in admin.delete_topics([topic]).values():
+            future.result(15)
+        with pytest.raises(TopicNotFoundError, match=topic):
+            describe_topic(admin, consumer, topic)
+        create_topic(partitions=1, name=topic)
+        second = describe_topic(admin, consumer, topic).topic_id
+    finally:
+        consumer.close()
+    assert first != second
+
+
+def test_pattern_lists_matching_topics(
+    kafka: KafkaResource, create_topic: Callable[..., str]
+) -> None:
+    names = [create_topic(partitions=1, name=f"pattern-demo-{i}") for i in range(2)]
+    create_topic(partitions=1, name="pattern-demox")
+    assert list_matching_topics(kafka.get_admin_client(), r"pattern-demo-\d+") == names
+
+
+def test_cluster_id(kafka: KafkaResource) -> None:
+    assert kafka.get_cluster_id() == "tansu_cluster"
+
+
+def test_broker_stops_and_restarts_on_a_free_port(tmp_path_factory: pytest.TempPathFactory) -> None:
+    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("b") / "tansu.log").start()
+    pid = broker.pid
+    assert pid is not None
+    broker.stop()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert "listening on" in broker.read_log()
+
+
+def test_catalog_round_trip(catalog_resource: IcebergCatalogResource) -> None:
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType
+
+    catalog = catalog_resource.load_catalog()
+    catalog.create_namespace_if_not_exists("smoke")
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True), NestedField(2, "name", StringType())
+    )
+    table = catalog.create_table("smoke.round_trip", schema=schema)
+    rows = pa.table(
+        {"id": pa.array([1, 2, 3], pa.int64()), "name": ["a", "b", None]},
+        schema=pa.schema([pa.field("id", pa.int64(), nullable=False), ("name", pa.string())]),
+    )
+    table.append(rows)
+    assert catalog.load_table("smoke.round_trip").scan().to_arrow().num_rows == 3
+    assert table.metadata.location.startswith(catalog_resource.catalog_properties()["warehouse"])
+
+
+def test_spark_executors_import_the_engine(spark_resource: SparkResource) -> None:
+    spark = spark_resource.spark_session
+
+    def where_is_engine(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import ingestion.spec
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict(
+                {"id": batch.column(0), "module": [ingestion.spec.__file__] * batch.num_rows}
+            )
+
+    frame = spark.range(0, 8, numPartitions=2).mapInArrow(where_is_engine, "id long, module string")
+    rows = frame.collect()
+    assert len(rows) == 8
+    assert all(row.module.endswith("ingestion/spec.py") for row in rows)

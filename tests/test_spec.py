@@ -1,0 +1,136 @@
+"""Pipeline spec validation: every invalid spec fails at load, naming the pipeline and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingestion.errors import PipelineSpecError
+from ingestion.spec import load_pipeline_specs, parse_pipeline_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def base_spec(**changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "orders",
+        "topic": "orders",
+        "table": "demo.orders",
+        "consumer_group_id": "g",
+        "schema": [{"name": "order_id", "type": "string", "required": True}],
+    }
+    spec.update(changes)
+    return {key: value for key, value in spec.items() if value is not None}
+
+
+def test_valid_spec_defaults() -> None:
+    spec = parse_pipeline_spec(base_spec())
+    assert spec.effective_commit_group_id == "g"
+    assert spec.effective_quarantine_table == "demo.orders_quarantine"
+    assert spec.source_topics == ["orders"]
+    assert spec.errors_tolerance == "none"
+    assert spec.on_data_loss == "fail"
+    assert spec.starting_position.mode == "earliest"
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "message"),
+    [
+        ({"topic": None}, "<spec>", "exactly one of topic, topics or topic_pattern"),
+        ({"topics": ["a"]}, "<spec>", "exactly one of topic, topics or topic_pattern"),
+        ({"topic": None, "topics": []}, "<spec>", "non-empty list"),
+        ({"topic": None, "topic_pattern": "orders-("}, "<spec>", "not a valid regex"),
+        ({"table": "orders"}, "<spec>", "'namespace.table'"),
+        ({"commit_group_id": "other"}, "<spec>", "differs from consumer_group_id"),
+        ({"value_format": "avro"}, "<spec>", "needs schema_registry_url"),
+        ({"schema": None}, "<spec>", "needs a declared schema"),
+        ({"value_format": "xml"}, "value_format", "Input should be"),
+        ({"errors_tolerance": "some"}, "errors_tolerance", "Input should be"),
+        ({"on_data_loss": "ignore"}, "on_data_loss", "Input should be"),
+        ({"max_records_per_task": 0}, "max_records_per_task", "greater than 0"),
+        ({"name": "Orders!"}, "name", "String should match pattern"),
+        ({"consumer_group_id": ""}, "consumer_group_id", "at least 1 character"),
+        ({"unknown_key": 1}, "unknown_key", "Extra inputs are not permitted"),
+        ({"schema": [{"name": "a", "type": "varchar"}]}, "schema.0.type", "unknown type"),
+        ({"schema": [{"name": "a", "type": "decimal(40,2)"}]}, "schema.0.type", "unknown type"),
+        ({"schema": [{"name": "_kafka_offset", "type": "long"}]}, "<spec>", "'_kafka_'"),
+        (
+            {"schema": [{"name": "a", "type": "long"}, {"name": "a", "type": "int"}]},
+            "<spec>",
+            "repeated field names",
+        ),
+        ({"partition_by": [{"source": "nope", "transform": "day"}]}, "<spec>", "not schema"),
+        (
+            {"partition_by": [{"source": "order_id", "transform": "bucket[0]"}]},
+            "partition_by.0.transform",
+            "unknown transform",
+        ),
+        ({"starting_position": {"mode": "timestamp"}}, "starting_position", "timestamp_ms"),
+        (
+            {"starting_position": {"mode": "offsets", "offsets": {"orders": 3}}},
+            "starting_position",
+            "'topic:partition'",
+        ),
+    ],
+)
+def test_invalid_spec_names_pipeline_and_key(
+    changes: dict[str, Any], key: str, message: str
+) -> None:
+    with pytest.raises(PipelineSpecError) as excinfo:
+        parse_pipeline_spec(base_spec(**changes))
+    text = str(excinfo.value)
+    assert f"pipeline {changes.get('name', 'orders')!r} is invalid" in text
+    assert f"{key}:" in text
+    assert message in text
+
+
+def test_seed_misconfiguration_is_rejected_with_both_ids() -> None:
+    with pytest.raises(PipelineSpecError) as excinfo:
+        parse_pipeline_spec(
+            base_spec(consumer_group_id="connect-sink-group", commit_group_id="cg-control")
+        )
+    assert "'cg-control'" in str(excinfo.value)
+    assert "'connect-sink-group'" in str(excinfo.value)
+    assert "Set both to the same id" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "transform", ["identity", "year", "month", "day", "hour", "bucket[16]", "truncate[4]"]
+)
+def test_partition_transforms_accepted(transform: str) -> None:
+    spec = parse_pipeline_spec(
+        base_spec(partition_by=[{"source": "order_id", "transform": transform}])
+    )
+    assert spec.partition_by[0].transform == transform
+
+
+def test_repo_pipelines_file_loads() -> None:
+    specs = load_pipeline_specs(ROOT / "platform_assets" / "pipelines.yaml")
+    assert [spec.name for spec in specs] == ["orders"]
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ("pipelines: {}\n", "expected a top-level 'pipelines:' list"),
+        ("[]\n", "expected a top-level 'pipelines:' list"),
+    ],
+)
+def test_malformed_file(tmp_path: Path, document: str, message: str) -> None:
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(document)
+    with pytest.raises(PipelineSpecError, match=message):
+        load_pipeline_specs(path)
+
+
+def test_pipelines_must_not_share_a_table(tmp_path: Path) -> None:
+    import yaml
+
+    path = tmp_path / "pipelines.yaml"
+    first = base_spec()
+    second = base_spec(name="orders_copy", consumer_group_id="g2")
+    path.write_text(yaml.safe_dump({"pipelines": [first, second]}))
+    with pytest.raises(PipelineSpecError, match=r"pipelines share table \['demo.orders'\]"):
+        load_pipeline_specs(path)
