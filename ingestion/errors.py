@@ -12,4 +12,64 @@ class PipelineSpecError(IngestionError, ValueError):
 
 
 class TopicNotFoundError(IngestionError):
-    """A topic the pipeline reads does not exist on the cluster."""
+    """A topic the pipeline reads, or read before, does not exist on the cluster."""
+
+
+class PartitionVanishedError(IngestionError):
+    """A partition that holds committed offsets no longer exists."""
+
+
+class TopicRecreatedError(IngestionError):
+    """The topic id differs from the one stored with the offsets: deleted and recreated."""
+
+
+class ClusterChangedError(IngestionError):
+    """The Kafka cluster id differs from the one stored with the offsets."""
+
+
+class OffsetOutOfRangeError(IngestionError):
+    """A committed offset is above the partition's end offset (log truncated or recreated)."""
+
+
+class DataLossError(IngestionError):
+    """A start offset is below the log start offset: records were deleted before being read."""
+
+
+class MissingOffsetsError(IngestionError):
+    """The table holds data but no offsets for this group (never restart from earliest)."""
+
+
+class GroupMismatchError(MissingOffsetsError):
+    """The table holds offsets only under other group ids."""
+
+
+class WatermarkUnreachableError(MissingOffsetsError):
+    """No snapshot in the current ancestry carries offsets, yet the table is not empty."""
+
+
+class TableDroppedError(IngestionError):
+    """The target table was dropped, or recreated under another UUID, during the run."""
+
+
+class CommitConflictError(IngestionError):
+    """Another commit moved this group's offsets since the plan; this attempt was aborted."""
+
+
+class OffsetRegressionError(IngestionError):
+    """A commit would move an offset backwards or drop a partition from the offsets."""
+
+
+class CommitOutcomeUnknownError(IngestionError):
+    """The catalog call failed ambiguously and reconciliation could not find the commit."""
+
+
+class DecodeError(IngestionError):
+    """A record could not be decoded and ``errors_tolerance`` is ``none``."""
+
+
+class ReadError(IngestionError):
+    """A task could not read its planned range (offsets gone, timeout, broker error)."""
+
+
+class InjectedFailure(IngestionError):
+    """Raised by a failure hook in tests to crash a run at a named point."""

@@ -1,0 +1,126 @@
+"""Target and quarantine tables: schemas, partition specs, create-if-absent.
+
+User columns come first, then the Kafka metadata columns every row carries (the oracle's
+coordinates): ``_kafka_topic, _kafka_partition, _kafka_offset, _kafka_timestamp, _kafka_key``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from ingestion.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table
+    from pyiceberg.types import IcebergType
+
+METADATA_COLUMNS = (
+    "_kafka_topic",
+    "_kafka_partition",
+    "_kafka_offset",
+    "_kafka_timestamp",
+    "_kafka_key",
+)
+TABLE_PROPERTIES = {"format-version": "2", "write.parquet.compression-codec": "zstd"}
+
+
+def parse_type(name: str) -> IcebergType:
+    """Return the Iceberg type for a spec type name such as ``long`` or ``decimal(12,2)``.
+
+    Example:
+        >>> parse_type("decimal(12, 2)")
+        DecimalType(precision=12, scale=2)
+    """
+    from pyiceberg import types
+
+    decimal = re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", name)
+    if decimal:
+        return types.DecimalType(int(decimal[1]), int(decimal[2]))
+    primitives: dict[str, IcebergType] = {
+        "boolean": types.BooleanType(), "int": types.IntegerType(), "long": types.LongType(),
+        "float": types.FloatType(), "double": types.DoubleType(), "date": types.DateType(),
+        "time": types.TimeType(), "timestamp": types.TimestampType(),
+        "timestamptz": types.TimestamptzType(), "string": types.StringType(),
+        "uuid": types.UUIDType(), "binary": types.BinaryType(),
+    }  # fmt: skip
+    return primitives[name]
+
+
+def build_schema(spec: PipelineSpec) -> Schema:
+    """Return the declared Iceberg schema of the pipeline's table, metadata columns last."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        NestedField,
+        StringType,
+        TimestamptzType,
+    )
+
+    fields = [
+        NestedField(i, f.name, parse_type(f.type), required=f.required, doc=f.doc)
+        for i, f in enumerate(spec.schema_fields or [], start=1)
+    ]
+    key_type = StringType() if spec.key_format == "string" else BinaryType()
+    metadata = [
+        ("_kafka_topic", StringType(), True),
+        ("_kafka_partition", IntegerType(), True),
+        ("_kafka_offset", LongType(), True),
+        ("_kafka_timestamp", TimestamptzType(), False),
+        ("_kafka_key", key_type, False),
+    ]
+    first = len(fields) + 1
+    fields += [
+        NestedField(first + i, name, kind, required=required)
+        for i, (name, kind, required) in enumerate(metadata)
+    ]
+    return Schema(*fields)
+
+
+def build_partition_spec(spec: PipelineSpec, schema: Schema) -> PartitionSpec:
+    """Return the partition spec declared by ``partition_by``."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import parse_transform
+
+    fields = []
+    for i, part in enumerate(spec.partition_by):
+        transform = parse_transform(part.transform)
+        source = schema.find_field(part.source)
+        suffix = "" if part.transform == "identity" else "_" + re.sub(r"\W", "", part.transform)
+        name = part.name or f"{part.source}{suffix}"
+        fields.append(PartitionField(source.field_id, 1000 + i, transform, name))
+    return PartitionSpec(*fields)
+
+
+def load_or_create_table(catalog: Catalog, spec: PipelineSpec) -> Table:
+    """Load the pipeline's table, creating it (and its namespace) from the spec if absent."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return catalog.load_table(spec.table)
+    except NoSuchTableError:
+        pass
+    schema = build_schema(spec)
+    namespace = spec.table.rsplit(".", 1)[0]
+    catalog.create_namespace_if_not_exists(namespace)
+    properties = {
+        **TABLE_PROPERTIES,
+        "write.target-file-size-bytes": str(spec.target_file_size_bytes),
+    }
+    return catalog.create_table_if_not_exists(
+        spec.table, schema=schema, partition_spec=build_partition_spec(spec, schema),
+        properties=properties,
+    )  # fmt: skip
+
+
+def arrow_schema(table_schema: Schema) -> pa.Schema:
+    """The Arrow schema matching an Iceberg schema (field ids kept as metadata)."""
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    return schema_to_pyarrow(table_schema)
