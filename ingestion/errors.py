@@ -71,5 +71,13 @@ class ReadError(IngestionError):
     """A task could not read its planned range (offsets gone, timeout, broker error)."""
 
 
+class TaskFailedError(IngestionError):
+    """A Spark task failed (read, decode or write); nothing was committed (R9)."""
+
+
+class SchemaEvolutionError(IngestionError):
+    """New fields could not be added to the table's schema."""
+
+
 class InjectedFailure(IngestionError):
     """Raised by a failure hook in tests to crash a run at a named point."""

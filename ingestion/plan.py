@@ -6,6 +6,7 @@ offsets, frozen at plan time. Every inconsistency between the two fails by name 
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ class Plan:
     lost: tuple[LostRange, ...] = ()
     notes: tuple[str, ...] = ()
     commit_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    planned_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     @property
     def is_empty(self) -> bool:
@@ -259,7 +261,7 @@ def resolve_starting_offsets(
                 result[key] = part.log_start_offset if explicit is None else explicit
             else:
                 result[key] = part.log_start_offset
-    if position.mode == "timestamp":
+    if position.timestamp_ms is not None:  # mode "timestamp"
         query = [TopicPartition(t, p, position.timestamp_ms) for t, p in result]
         for found in consumer.offsets_for_times(query, timeout=timeout_s):
             key = (found.topic, found.partition)

@@ -119,6 +119,45 @@ def load_or_create_table(catalog: Catalog, spec: PipelineSpec) -> Table:
     )  # fmt: skip
 
 
+def build_quarantine_schema(spec: PipelineSpec) -> Schema:
+    """The quarantine table: source coordinates, key and raw bytes, and the error."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        NestedField,
+        StringType,
+        TimestamptzType,
+    )
+
+    columns = [
+        ("_kafka_topic", StringType(), True), ("_kafka_partition", IntegerType(), True),
+        ("_kafka_offset", LongType(), True), ("_kafka_timestamp", TimestamptzType(), False),
+        ("_kafka_key", BinaryType(), False), ("value", BinaryType(), False),
+        ("error_class", StringType(), True), ("error_message", StringType(), True),
+        ("pipeline", StringType(), True), ("commit_id", StringType(), True),
+    ]  # fmt: skip
+    return Schema(
+        *(NestedField(i, n, t, required=r) for i, (n, t, r) in enumerate(columns, start=1))
+    )
+
+
+def load_or_create_quarantine_table(catalog: Catalog, spec: PipelineSpec) -> Table:
+    """Load the pipeline's quarantine (dead-letter) table, creating it if absent."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    identifier = spec.effective_quarantine_table
+    try:
+        return catalog.load_table(identifier)
+    except NoSuchTableError:
+        pass
+    catalog.create_namespace_if_not_exists(identifier.rsplit(".", 1)[0])
+    return catalog.create_table_if_not_exists(
+        identifier, schema=build_quarantine_schema(spec), properties=TABLE_PROPERTIES
+    )
+
+
 def arrow_schema(table_schema: Schema) -> pa.Schema:
     """The Arrow schema matching an Iceberg schema (field ids kept as metadata)."""
     from pyiceberg.io.pyarrow import schema_to_pyarrow

@@ -34,6 +34,7 @@ def session_config(master: str, app_name: str, spark_config: dict[str, str]) -> 
         "spark.master": master,
         "spark.app.name": app_name,
         "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "8",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.session.timeZone": "UTC",

@@ -1,0 +1,41 @@
+"""Named failure points of a run, for tests that crash or stall it (rule 6).
+
+Production runs use :data:`NO_HOOKS`. A test passes a :class:`FailureHooks` whose callables
+raise (a crash) or sleep (a stall) at a point; executors receive it pickled with their task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+HookPoint = Literal[
+    "after_plan",
+    "in_task",
+    "before_commit",
+    "before_catalog_call",
+    "after_catalog_call",
+    "after_commit",
+    "before_mirror",
+]
+HOOK_POINTS: tuple[HookPoint, ...] = (
+    "after_plan", "in_task", "before_commit", "before_catalog_call",
+    "after_catalog_call", "after_commit", "before_mirror",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FailureHooks:
+    """Callables invoked at named points; each gets the point name and context keywords."""
+
+    hooks: dict[str, Callable[..., Any]]
+
+    def fire(self, point: HookPoint, **context: Any) -> None:
+        """Call the hook registered for ``point``, if any."""
+        hook = self.hooks.get(point)
+        if hook is not None:
+            hook(point, **context)
+
+
+NO_HOOKS = FailureHooks({})

@@ -1,0 +1,222 @@
+"""Step 2, prepare (Spark executors): read one offset range, decode it, write data files.
+
+A task joins no consumer group and commits nothing: it ``assign()``s its partition, seeks to
+its start, reads ``read_committed`` until its position reaches the planned end (offsets may
+have gaps: transaction markers, compaction), decodes, and writes data files under the table
+location. Only the files' metadata and counts go back to the driver. Nothing is visible to
+readers until the coordinator commits. Delivery: a retried task writes a new file set; only
+one set per range is ever committed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from ingestion import errors
+from ingestion._pyiceberg_compat import write_data_files
+from ingestion.decode import Rejection, decode_json, decode_keys
+from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.plan import OffsetRange
+
+if TYPE_CHECKING:
+    from pyiceberg.manifest import DataFile
+    from pyiceberg.table.metadata import TableMetadata
+
+DECODE_CHUNK = 50_000
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything one executor task needs (pickled to the executor)."""
+
+    pipeline: str
+    range: OffsetRange
+    kafka_config: dict[str, Any]
+    value_format: str
+    key_format: str
+    table_metadata_json: str
+    quarantine_metadata_json: str | None
+    io_properties: dict[str, str]
+    errors_tolerance: str
+    commit_id: str
+    read_timeout_s: float = 60.0
+    hooks: FailureHooks = NO_HOOKS
+
+
+@dataclass
+class TaskResult:
+    """What a task returns: file metadata and counts, never rows."""
+
+    range: OffsetRange
+    data_files: list[DataFile] = field(default_factory=list)
+    quarantine_files: list[DataFile] = field(default_factory=list)
+    records: int = 0
+    quarantined: int = 0
+    bytes_written: int = 0
+    new_fields: dict[str, str] = field(default_factory=dict)
+    max_timestamp_ms: int | None = None
+
+
+@dataclass
+class _Raw:
+    offsets: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+
+
+def read_range(spec: TaskSpec) -> _Raw:
+    """Read ``[start, end)`` of one partition; raise :class:`ReadError` if it cannot finish."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    rng = spec.range
+    where = f"pipeline {spec.pipeline!r}, {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})"
+    config = {
+        **spec.kafka_config,
+        "group.id": f"kafka-iceberg-{spec.pipeline}-reader",  # required; never joined (R25)
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",
+        "isolation.level": "read_committed",
+    }
+    raw = _Raw()
+    consumer = Consumer(config)
+    try:
+        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+        position, last_progress = rng.start, time.monotonic()
+        while position < rng.end:
+            for message in consumer.consume(num_messages=10_000, timeout=0.5):
+                if message.error() is not None:
+                    raise errors.ReadError(f"{where}: {message.error()}")
+                offset = int(message.offset() or 0)
+                if offset >= rng.end:  # planned end is frozen: later records are the next run's
+                    continue
+                raw.offsets.append(offset)
+                raw.keys.append(message.key())
+                raw.values.append(message.value())
+                raw.timestamps.append(message.timestamp()[1])
+            (current,) = consumer.position([TopicPartition(rng.topic, rng.partition)])
+            if current.offset > position:
+                position, last_progress = current.offset, time.monotonic()
+            elif time.monotonic() - last_progress > spec.read_timeout_s:
+                raise errors.ReadError(
+                    f"{where}: no progress past offset {position} for {spec.read_timeout_s:.0f} s "
+                    "(planned end beyond the log, or broker unavailable); nothing was committed"
+                )
+    finally:
+        consumer.close()
+    return raw
+
+
+def _coordinates(spec: TaskSpec, raw: _Raw, rows: list[int]) -> dict[str, pa.Array]:
+    """Topic, partition, offset and timestamp columns of the records at ``rows``."""
+    take = pa.array(rows, pa.int64())
+    timestamps = pa.array(raw.timestamps, pa.int64()).take(take)
+    return {
+        "_kafka_topic": pa.array([spec.range.topic] * len(rows), pa.large_string()),
+        "_kafka_partition": pa.array([spec.range.partition] * len(rows), pa.int32()),
+        "_kafka_offset": pa.array(raw.offsets, pa.int64()).take(take),
+        "_kafka_timestamp": timestamps.cast(pa.timestamp("ms", tz="UTC")),
+    }
+
+
+def _quarantine_rows(spec: TaskSpec, raw: _Raw, rejected: list[Rejection]) -> pa.Table:
+    rows = [r.index for r in rejected]
+    take = pa.array(rows, pa.int64())
+    columns = {
+        **_coordinates(spec, raw, rows),
+        "_kafka_key": pa.array(raw.keys, pa.large_binary()).take(take),
+        "value": pa.array(raw.values, pa.large_binary()).take(take),
+        "error_class": pa.array([r.error_class for r in rejected], pa.large_string()),
+        "error_message": pa.array([r.message for r in rejected], pa.large_string()),
+        "pipeline": pa.array([spec.pipeline] * len(rejected), pa.large_string()),
+        "commit_id": pa.array([spec.commit_id] * len(rejected), pa.large_string()),
+    }
+    return pa.table(columns)
+
+
+def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Order and cast columns to the table's Arrow schema (ms timestamps widen to us)."""
+    return pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+
+
+def run_task(spec: TaskSpec) -> TaskResult:
+    """Read, decode and write one offset range; return file metadata and counts.
+
+    Raises:
+        ReadError: the range could not be read to its end.
+        DecodeError: a record failed to decode and ``errors_tolerance`` is ``none``.
+    """
+    from pyiceberg.io import load_file_io
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+    from pyiceberg.table.metadata import TableMetadataUtil
+
+    spec.hooks.fire("in_task", task=spec.range, stage="start")
+    metadata: TableMetadata = TableMetadataUtil.parse_raw(spec.table_metadata_json)
+    target = schema_to_pyarrow(metadata.schema())
+    user_schema = pa.schema([f for f in target if not f.name.startswith("_kafka_")])
+    required = tuple(f.name for f in user_schema if not f.nullable)
+    raw = read_range(spec)
+    result = TaskResult(spec.range)
+    if raw.timestamps:
+        result.max_timestamp_ms = max(raw.timestamps)
+    keys, rejected = decode_keys(raw.keys, as_string=spec.key_format == "string")
+    bad_keys = {r.index for r in rejected}
+    pieces = []
+    for chunk_start in range(0, len(raw.values), DECODE_CHUNK):
+        chunk = raw.values[chunk_start : chunk_start + DECODE_CHUNK]
+        decoded = decode_json(chunk, user_schema, required)
+        result.new_fields.update({name: str(kind) for name, kind in decoded.new_fields.items()})
+        rejected += [
+            Rejection(r.index + chunk_start, r.error_class, r.message) for r in decoded.rejections
+        ]
+        rows = [i + chunk_start for i in decoded.indices]
+        keep = [position for position, row in enumerate(rows) if row not in bad_keys]
+        table = (
+            decoded.table.take(pa.array(keep, pa.int64()))
+            if len(keep) != len(rows)
+            else decoded.table
+        )
+        rows = [rows[position] for position in keep]
+        columns = {
+            **_coordinates(spec, raw, rows),
+            "_kafka_key": keys.take(pa.array(rows, pa.int64())),
+        }
+        for name, column in columns.items():
+            table = table.append_column(name, column)
+        pieces.append(table)
+    if result.new_fields:
+        return result  # the coordinator evolves the schema, then runs this range again
+    rejected.sort(key=lambda r: r.index)
+    if rejected and spec.errors_tolerance == "none":
+        first = rejected[0]
+        raise errors.DecodeError(
+            f"pipeline {spec.pipeline!r}: {spec.range.topic}[{spec.range.partition}] offset "
+            f"{raw.offsets[first.index]} could not be decoded ({first.error_class}: "
+            f"{first.message}); {len(rejected)} bad record(s) in [{spec.range.start}, "
+            f"{spec.range.end}). Nothing was committed. Fix the producer, or set "
+            "errors_tolerance: all to quarantine bad records."
+        )
+    io = load_file_io(spec.io_properties, metadata.location)
+    if pieces:
+        rows_table = _conform(pa.concat_tables(pieces, promote_options="permissive"), target)
+        result.records = rows_table.num_rows
+        result.data_files = write_data_files(metadata, io, rows_table)
+    if rejected:
+        assert spec.quarantine_metadata_json is not None
+        quarantine = TableMetadataUtil.parse_raw(spec.quarantine_metadata_json)
+        q_rows = _conform(
+            _quarantine_rows(spec, raw, rejected), schema_to_pyarrow(quarantine.schema())
+        )
+        result.quarantined = q_rows.num_rows
+        q_io = load_file_io(spec.io_properties, quarantine.location)
+        result.quarantine_files = write_data_files(quarantine, q_io, q_rows)
+    spec.hooks.fire("in_task", task=spec.range, stage="written", files=result.data_files)
+    result.bytes_written = sum(
+        f.file_size_in_bytes for f in result.data_files + result.quarantine_files
+    )
+    return result
