@@ -14,6 +14,7 @@ from ingestion import offsets as props
 from ingestion.commit import commit_data, commit_quarantine, delete_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets
+from ingestion.offsets import flatten
 from ingestion.plan import Key, Plan, build_plan
 from ingestion.read import TaskResult, TaskSpec, run_task
 from ingestion.spec import PipelineSpec
@@ -202,9 +203,12 @@ def run_pipeline(
         lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
         notes=list(plan.notes),
     )  # fmt: skip
-    if plan.is_empty:
+    if plan.is_empty:  # R10: nothing to read, no snapshot; still repair a stale mirror (R4)
+        if plan.committed is not None:
+            hooks.fire("before_mirror", plan=plan)
+            report.mirror = mirror_offsets(admin, spec.consumer_group_id, flatten(plan.committed))
         report.timings_s = {**timings, "total": time.monotonic() - started}
-        return report  # R10: nothing to read, no snapshot
+        return report
     quarantine = (
         load_or_create_quarantine_table(catalog, spec) if spec.errors_tolerance == "all" else None
     )
