@@ -35,7 +35,10 @@ def referenced_paths(table: Table) -> set[str]:
 def list_orphan_files(
     table: Table, older_than_s: float, now_s: float | None = None
 ) -> list[OrphanFile]:
-    """Data files under ``<location>/data`` unreferenced by any snapshot and older than the window."""
+    """Files under ``<location>/data`` that no snapshot references, older than the window.
+
+    Paths are those of the table location's filesystem (no scheme).
+    """
     from pyarrow.fs import FileSelector, FileSystem, FileType
 
     now_s = time.time() if now_s is None else now_s
