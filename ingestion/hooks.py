@@ -37,5 +37,9 @@ class FailureHooks:
         if hook is not None:
             hook(point, **context)
 
+    def only(self, *points: HookPoint) -> FailureHooks:
+        """The hooks of ``points`` alone (executors receive only ``in_task``)."""
+        return FailureHooks({p: h for p, h in self.hooks.items() if p in points})
+
 
 NO_HOOKS = FailureHooks({})

@@ -128,7 +128,7 @@ def _task_specs(
             io_properties=io_properties,
             errors_tolerance=spec.errors_tolerance,
             commit_id=plan.commit_id,
-            hooks=hooks,
+            hooks=hooks.only("in_task"),
         )
         for task in plan.tasks
     ]

@@ -18,6 +18,7 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.pipelines import Harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,10 +77,21 @@ def catalog_resource(tmp_path_factory: pytest.TempPathFactory) -> IcebergCatalog
 
 @pytest.fixture(scope="session")
 def spark_resource() -> Iterator[SparkResource]:
-    """One local Spark session (2 task slots) for the whole test session."""
-    resource = SparkResource(master="local[2]", app_name="platform-tests")
+    """One local Spark session for the whole test session: 2 task slots, 2 attempts per task."""
+    resource = SparkResource(master="local[2,2]", app_name="platform-tests")
     yield resource
     resource.stop_session()
+
+
+@pytest.fixture(scope="session")
+def harness(
+    kafka: KafkaResource, catalog_resource: IcebergCatalogResource, spark_resource: SparkResource
+) -> Harness:
+    """Runs pipelines on the session's broker, catalog and Spark, and audits them."""
+    return Harness(
+        kafka, catalog_resource.load_catalog(), spark_resource.spark_session,
+        kafka.get_cluster_id(),
+    )  # fmt: skip
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,0 +1,109 @@
+"""Helpers for engine tests: small specs, record generators and a harness around run_pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
+from pyspark.sql import SparkSession
+
+from ingestion.audit import AuditResult, audit_table
+from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.run import RunReport, run_pipeline
+from ingestion.spec import PipelineSpec, parse_pipeline_spec
+from resources.kafka import KafkaResource
+from tests.support.ledger import Coordinates, Ledger, Record
+
+
+def make_spec(topic: str, name: str, **overrides: Any) -> PipelineSpec:
+    """A small JSON pipeline: id (required long), name, amount decimal(10,2), ts timestamptz."""
+    raw: dict[str, Any] = {
+        "name": name,
+        "topic": topic,
+        "table": f"tests.{name}",
+        "consumer_group_id": f"group-{name}",
+        "value_format": "json",
+        "key_format": "string",
+        "schema": [
+            {"name": "id", "type": "long", "required": True},
+            {"name": "name", "type": "string"},
+            {"name": "amount", "type": "decimal(10,2)"},
+            {"name": "ts", "type": "timestamptz"},
+        ],
+        "max_records_per_task": 400,
+    }
+    raw.update(overrides)
+    if "topic_pattern" in overrides or "topics" in overrides:
+        raw.pop("topic")
+    return parse_pipeline_spec(raw)
+
+
+def records(count: int, first: int = 0, partition: int | None = None) -> list[Record]:
+    """Valid JSON records with ids ``first .. first + count - 1``."""
+    return [
+        (
+            f"k{i}".encode(),
+            orjson.dumps(
+                {"id": i, "name": f"n{i}", "amount": f"{i % 1000}.25", "ts": "2026-11-22T10:00:00Z"}
+            ),
+            partition,
+        )  # fmt: skip
+        for i in range(first, first + count)
+    ]
+
+
+@dataclass
+class Harness:
+    """Runs pipelines on the real stack and judges them with the oracle."""
+
+    kafka: KafkaResource
+    catalog: Catalog
+    spark: SparkSession
+    cluster_id: str
+
+    def run(
+        self, spec: PipelineSpec, hooks: FailureHooks = NO_HOOKS, use_spark: bool = True
+    ) -> RunReport:
+        """One run of ``spec``."""
+        return run_pipeline(
+            spec, self.kafka.client_config(), self.catalog,
+            self.spark if use_spark else None, self.cluster_id, run_id="test", hooks=hooks,
+        )  # fmt: skip
+
+    def table(self, spec: PipelineSpec) -> Table:
+        """The pipeline's table, freshly loaded."""
+        return self.catalog.load_table(spec.table)
+
+    def audit(
+        self, spec: PipelineSpec, ledger: Ledger, lost: set[Coordinates] | None = None
+    ) -> AuditResult:
+        """The oracle against the ledger's committed records of the spec's topics."""
+        quarantine = None
+        if spec.errors_tolerance == "all" and self.catalog.table_exists(
+            spec.effective_quarantine_table
+        ):
+            quarantine = self.catalog.load_table(spec.effective_quarantine_table)
+        expected = {c for c in ledger.committed() if c[0] in self.topics(spec, ledger)}
+        return audit_table(self.table(spec), spec.effective_commit_group_id, quarantine,
+                           expected, lost)  # fmt: skip
+
+    @staticmethod
+    def topics(spec: PipelineSpec, ledger: Ledger) -> set[str]:
+        """Topics of the spec (for a pattern: those in the ledger that match)."""
+        import re
+
+        if spec.topic_pattern:
+            pattern = re.compile(spec.topic_pattern)
+            return {e.topic for e in ledger.entries if pattern.fullmatch(e.topic)}
+        return set(spec.source_topics)
+
+    def assert_exactly_once(
+        self, spec: PipelineSpec, ledger: Ledger, lost: set[Coordinates] | None = None
+    ) -> AuditResult:
+        """Fail the test with the oracle's findings unless everything landed exactly once."""
+        result = self.audit(spec, ledger, lost)
+        assert result.ok, result.summary()
+        return result

@@ -1,0 +1,360 @@
+"""The exactly-once engine end to end on the real stack (Tansu, SQLite catalog, local Spark).
+
+Every test names its RELIABILITY.md scenario and is judged by the same oracle
+(``Harness.assert_exactly_once``: ingestion.audit against the producer's ledger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingestion import errors
+from ingestion.commit import commit_data
+from ingestion.hooks import HOOK_POINTS, FailureHooks
+from ingestion.mirror import read_group_offsets
+from ingestion.offsets import OFFSETS_PREFIX, find_committed_state
+from ingestion.recovery import list_orphan_files, remove_orphan_files
+from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.pipelines import Harness, make_spec, records
+
+pytestmark = pytest.mark.integration
+
+
+def crash(point: str, **context: Any) -> None:
+    raise errors.InjectedFailure(f"injected crash at {point}")
+
+
+def crash_once(marker: Path) -> Callable[..., None]:
+    """A hook that crashes the first time only (the marker file survives across processes)."""
+
+    def hook(point: str, **context: Any) -> None:
+        if not marker.exists():
+            marker.write_text(point)
+            raise errors.InjectedFailure(f"injected crash at {point}")
+
+    return hook
+
+
+def test_ingest_then_idle_run_makes_no_snapshot(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R10, R25: one run ingests everything; an idle run commits nothing; no reader groups."""
+    topic = create_topic(partitions=3)
+    spec = make_spec(topic, "basic")
+    ledger_producer.produce(topic, records(1000))
+    report = harness.run(spec)
+    assert report.committed
+    assert report.records == 1000
+    assert report.files >= 3
+    assert report.lag_after == 0
+    assert report.mirror is not None and report.mirror.ok
+    table = harness.table(spec)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    rows = table.scan(row_filter="id = 7").to_arrow().to_pylist()
+    assert rows[0]["amount"] == Decimal("7.25")
+    assert rows[0]["_kafka_key"] == "k7"
+    idle = harness.run(spec)
+    assert not idle.committed
+    assert harness.table(spec).current_snapshot().snapshot_id == snapshot.snapshot_id  # type: ignore[union-attr]
+    harness.assert_exactly_once(spec, ledger)
+    admin = harness.kafka.get_admin_client()
+    for helper in ("kafka-iceberg-basic-reader", "kafka-iceberg-basic-planner"):
+        assert read_group_offsets(admin, helper) == {}, f"{helper} must never commit"
+    assert sum(read_group_offsets(admin, spec.consumer_group_id).values()) == 1000
+
+
+def test_capped_runs_resume_from_the_table(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R21, R17: capped end offsets are exactly what is committed; records after plan wait."""
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "capped", max_records_per_run=300, max_records_per_task=100)
+    ledger_producer.produce(topic, records(700))
+    produced_late = []
+
+    def produce_after_plan(point: str, **context: Any) -> None:
+        if not produced_late:
+            produced_late.extend(ledger_producer.produce(topic, records(50, first=10_000)))
+
+    first = harness.run(spec, hooks=FailureHooks({"after_plan": produce_after_plan}))
+    assert first.records == 300
+    assert sum(first.offsets_after.values()) == 300
+    while harness.run(spec).committed:
+        pass
+    result = harness.assert_exactly_once(spec, ledger)
+    assert result.rows == 750
+
+
+@pytest.mark.parametrize("point", HOOK_POINTS)
+def test_crash_at_each_hook_then_rerun(
+    point: str, harness: Harness, create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer, ledger: Ledger,
+) -> None:  # fmt: skip
+    """R2, R3, R4, R6, R9: a crash at any point, then a normal run: 0 lost, 0 duplicated.
+
+    A crash right after the catalog call is an ambiguous outcome: the run reconciles by commit
+    id, finds its snapshot and succeeds (R3). Every other crash fails the run.
+    """
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, f"crash_{point}")
+    ledger_producer.produce(topic, records(400))
+    if point == "after_catalog_call":
+        assert harness.run(spec, hooks=FailureHooks({point: crash})).committed
+    else:
+        with pytest.raises(errors.IngestionError):
+            harness.run(spec, hooks=FailureHooks({point: crash}))
+    ledger_producer.produce(topic, records(100, first=400))
+    harness.run(spec)
+    harness.run(spec)
+    harness.assert_exactly_once(spec, ledger)
+    state = find_committed_state(harness.table(spec), spec.effective_commit_group_id)
+    assert state is not None
+    group = harness.kafka.get_admin_client()
+    mirrored = read_group_offsets(group, spec.consumer_group_id)
+    assert mirrored == {(topic, p): o for p, o in state.offsets[topic].next_offsets.items()}
+
+
+def test_task_retry_commits_one_file_set(
+    tmp_path: Path, harness: Harness, create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer, ledger: Ledger,
+) -> None:  # fmt: skip
+    """R1: a task crashes after writing its files and is retried: the retry's files commit."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "task_retry")
+    ledger_producer.produce(topic, records(300))
+    marker = tmp_path / "crashed"
+
+    def crash_after_write(point: str, **context: Any) -> None:
+        if context.get("stage") == "written":
+            crash_once(marker)(point)
+
+    report = harness.run(spec, hooks=FailureHooks({"in_task": crash_after_write}))
+    assert marker.exists()
+    assert report.records == 300
+    harness.assert_exactly_once(spec, ledger)
+    table = harness.table(spec)
+    orphans = list_orphan_files(table, older_than_s=0)
+    assert orphans, "the crashed attempt's files should be orphans"
+    removed = remove_orphan_files(table, older_than_s=0)
+    assert removed == orphans
+    assert harness.table(spec).scan().to_arrow().num_rows == 300
+    harness.assert_exactly_once(spec, ledger)
+
+
+def test_replayed_commit_is_idempotent(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R5: the commit step runs twice with the same plan: no second snapshot."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "replay")
+    ledger_producer.produce(topic, records(50))
+    captured: dict[str, Any] = {}
+
+    def capture(point: str, **context: Any) -> None:
+        captured.setdefault("plan", context["plan"])
+
+    first = harness.run(spec, hooks=FailureHooks({"after_commit": capture}))
+    outcome = commit_data(harness.catalog, captured["plan"], [], {"x": "y"})
+    assert outcome.replayed
+    assert outcome.snapshot_id == first.snapshot_id
+    harness.assert_exactly_once(spec, ledger)
+
+
+def test_racing_coordinators_one_wins(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R7, R8: a second run commits while the first is paused; the first aborts, names it."""
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "race")
+    ledger_producer.produce(topic, records(200))
+    winner: dict[str, Any] = {}
+
+    def run_the_other_coordinator(point: str, **context: Any) -> None:
+        if not winner:
+            winner["report"] = harness.run(spec)
+
+    with pytest.raises(errors.CommitConflictError) as excinfo:
+        harness.run(spec, hooks=FailureHooks({"before_commit": run_the_other_coordinator}))
+    assert winner["report"].commit_id in str(excinfo.value)
+    assert harness.table(spec).scan().to_arrow().num_rows == 200
+    assert not list_orphan_files(harness.table(spec), older_than_s=0), "loser must delete its files"
+    harness.assert_exactly_once(spec, ledger)
+
+
+def test_concurrent_foreign_commit_is_retried(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R27: another writer commits (no offsets) between load and commit: refresh, retry."""
+    import pyarrow as pa
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "foreign_writer")
+    ledger_producer.produce(topic, records(30))
+    harness.run(spec)
+    ledger_producer.produce(topic, records(30, first=30))
+    foreign: list[int] = []
+
+    def foreign_commit(point: str, **context: Any) -> None:
+        if not foreign:
+            table = harness.table(spec)
+            table.append(pa.Table.from_pylist([], schema=table.schema().as_arrow()))
+            foreign.append(1)
+
+    report = harness.run(spec, hooks=FailureHooks({"before_catalog_call": foreign_commit}))
+    assert report.committed
+    assert foreign
+    harness.assert_exactly_once(spec, ledger)
+
+
+def test_dropped_table_fails_and_nothing_advances(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """R29, R30: the table is dropped (and recreated) during the run: the commit refuses."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "dropped")
+    ledger_producer.produce(topic, records(20))
+
+    def drop_and_recreate(point: str, **context: Any) -> None:
+        from ingestion.tables import load_or_create_table
+
+        harness.catalog.drop_table(spec.table)
+        load_or_create_table(harness.catalog, spec)
+
+    with pytest.raises(errors.TableDroppedError, match="recreated"):
+        harness.run(spec, hooks=FailureHooks({"before_commit": drop_and_recreate}))
+    assert harness.table(spec).current_snapshot() is None
+
+    def drop(point: str, **context: Any) -> None:
+        harness.catalog.drop_table(spec.table)
+
+    with pytest.raises(errors.TableDroppedError, match="dropped"):
+        harness.run(spec, hooks=FailureHooks({"before_commit": drop}))
+    assert read_group_offsets(harness.kafka.get_admin_client(), spec.consumer_group_id) == {}
+
+
+def test_recreated_topic_fails_the_run(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """R20, R19: the topic is deleted (fails) and recreated (new id: fails, asks for reset)."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "recreated")
+    ledger_producer.produce(topic, records(10))
+    harness.run(spec)
+    admin = harness.kafka.get_admin_client()
+    for future in admin.delete_topics([topic]).values():
+        future.result(15)
+    with pytest.raises(errors.TopicNotFoundError, match=topic):
+        harness.run(spec)
+    create_topic(partitions=1, name=topic)
+    with pytest.raises(errors.TopicRecreatedError, match="Reset the pipeline's offsets"):
+        harness.run(spec)
+
+
+def test_renamed_group_is_refused(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """R22: offsets exist under another group only: refuse, never fall back to earliest."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "renamed")
+    ledger_producer.produce(topic, records(10))
+    harness.run(spec)
+    renamed = make_spec(topic, "renamed", consumer_group_id="connect-sink-group")
+    with pytest.raises(errors.GroupMismatchError) as excinfo:
+        harness.run(renamed)
+    assert "'group-renamed'" in str(excinfo.value)
+    assert "'connect-sink-group'" in str(excinfo.value)
+
+
+def test_expired_watermark_on_non_empty_table_fails(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """R31: no snapshot in the ancestry carries our offsets, the table is not empty: fail."""
+    import pyarrow as pa
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "expired")
+    ledger_producer.produce(topic, records(10))
+    harness.run(spec)
+    table = harness.table(spec)
+    rows = table.scan().to_arrow().slice(0, 1)
+    table.append(pa.Table.from_pylist(rows.to_pylist(), schema=table.schema().as_arrow()))
+    table = harness.table(spec)
+    current = table.current_snapshot()
+    assert current is not None
+    older = [
+        s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current.snapshot_id
+    ]
+    table.maintenance.expire_snapshots().by_ids(older).commit()
+    with pytest.raises(errors.MissingOffsetsError, match="holds rows but no snapshot"):
+        harness.run(spec)
+
+
+def test_new_topic_matching_pattern_starts_at_earliest(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R18: a topic that starts matching the pattern is read from its earliest offset."""
+    first = create_topic(partitions=1, name="patt-a")
+    ledger_producer.produce(first, records(20))
+    spec = make_spec(first, "pattern", topic_pattern=r"patt-[a-z]")
+    harness.run(spec)
+    second = create_topic(partitions=2, name="patt-b")
+    ledger_producer.produce(second, records(30, first=100))
+    report = harness.run(spec)
+    assert report.records == 30
+    harness.assert_exactly_once(spec, ledger)
+    properties = harness.table(spec).current_snapshot().summary.additional_properties  # type: ignore[union-attr]
+    assert '"patt-b"' in properties[OFFSETS_PREFIX + spec.consumer_group_id]
+
+
+def test_boundaries_single_record_and_impossible_end(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R17: exactly one record; a planned end past the real end fails the task, no commit."""
+    from ingestion.plan import OffsetRange
+    from ingestion.read import TaskSpec, read_range
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "one_record")
+    ledger_producer.produce(topic, records(1))
+    assert harness.run(spec).records == 1
+    harness.assert_exactly_once(spec, ledger)
+    task = TaskSpec(
+        pipeline="one_record", range=OffsetRange(topic, 0, 0, 5),
+        kafka_config=harness.kafka.client_config(), value_format="json", key_format="string",
+        table_metadata_json="{}", quarantine_metadata_json=None, io_properties={},
+        errors_tolerance="none", commit_id="c", read_timeout_s=2.0,
+    )  # fmt: skip
+    with pytest.raises(errors.ReadError, match=r"no progress past offset 1"):
+        read_range(task)
+
+
+def test_transaction_markers_leave_gaps_that_tasks_cross(
+    harness: Harness, create_topic: Callable[..., str], kafka: Any, ledger: Ledger
+) -> None:
+    """R14, R15, R26: committed transactions (markers = offset gaps) in capped runs."""
+    topic = create_topic(partitions=3)
+    producer = LedgerProducer(kafka, ledger, **{"transactional.id": f"tx-{topic}"})
+    for batch in range(6):
+        producer.produce_transaction(topic, records(40, first=batch * 40))
+    spec = make_spec(topic, "transactions", max_records_per_run=100, max_records_per_task=30)
+    while harness.run(spec).committed:
+        pass
+    result = harness.assert_exactly_once(spec, ledger)
+    assert result.rows == 240
+    report = harness.run(spec)
+    assert report.lag_after == 0
+    ends = {(topic, p): o for (t, p), o in report.end_offsets.items()}
+    assert read_group_offsets(kafka.get_admin_client(), spec.consumer_group_id) == ends
