@@ -53,7 +53,8 @@ def test_ingest_then_idle_run_makes_no_snapshot(
     assert report.records == 1000
     assert report.files >= 3
     assert report.lag_after == 0
-    assert report.mirror is not None and report.mirror.ok
+    assert report.mirror is not None
+    assert report.mirror.ok
     table = harness.table(spec)
     snapshot = table.current_snapshot()
     assert snapshot is not None
@@ -78,7 +79,7 @@ def test_capped_runs_resume_from_the_table(
     topic = create_topic(partitions=2)
     spec = make_spec(topic, "capped", max_records_per_run=300, max_records_per_task=100)
     ledger_producer.produce(topic, records(700))
-    produced_late = []
+    produced_late: list[Any] = []
 
     def produce_after_plan(point: str, **context: Any) -> None:
         if not produced_late:

@@ -50,7 +50,7 @@ def records(count: int, first: int = 0, partition: int | None = None) -> list[Re
                 {"id": i, "name": f"n{i}", "amount": f"{i % 1000}.25", "ts": "2026-11-22T10:00:00Z"}
             ),
             partition,
-        )  # fmt: skip
+        )
         for i in range(first, first + count)
     ]
 
