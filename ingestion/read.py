@@ -57,7 +57,7 @@ class TaskResult:
     records: int = 0
     quarantined: int = 0
     bytes_written: int = 0
-    new_fields: dict[str, str] = field(default_factory=dict)
+    new_fields: dict[str, pa.DataType] = field(default_factory=dict)
     max_timestamp_ms: int | None = None
 
 
@@ -170,7 +170,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
     for chunk_start in range(0, len(raw.values), DECODE_CHUNK):
         chunk = raw.values[chunk_start : chunk_start + DECODE_CHUNK]
         decoded = decode_json(chunk, user_schema, required)
-        result.new_fields.update({name: str(kind) for name, kind in decoded.new_fields.items()})
+        result.new_fields.update(decoded.new_fields)
         rejected += [
             Rejection(r.index + chunk_start, r.error_class, r.message) for r in decoded.rejections
         ]

@@ -254,22 +254,19 @@ def _prepare(
 ) -> list[TaskResult]:  # fmt: skip
     """Run the tasks; when some report new fields, evolve the schema and run those again."""
     specs = _task_specs(spec, plan, table, quarantine, kafka_config, io_properties, hooks)
-    results: list[TaskResult | None] = [None] * len(specs)
+    results: dict[int, TaskResult] = {}
     pending = list(range(len(specs)))
     for _ in range(MAX_SCHEMA_ROUNDS):
         batch = [specs[i] for i in pending]
         outputs = _execute_spark(spark, batch) if spark is not None else _execute_local(batch)
-        for index, output in zip(pending, outputs, strict=True):
-            results[index] = output
-        evolving = [i for i in pending if results[i] and results[i].new_fields]  # type: ignore[union-attr]
+        results.update(zip(pending, outputs, strict=True))
+        evolving = [i for i in pending if results[i].new_fields]
         if not evolving:
-            return [r for r in results if r is not None]
-        new_fields: dict[str, Any] = {}
-        for index in evolving:
-            result = results[index]
-            assert result is not None
-            delete_files(table, result.data_files + result.quarantine_files)
-            new_fields.update(result.new_fields)
+            return [results[i] for i in range(len(specs))]
+        new_fields: dict[str, pa.DataType] = {}
+        for index in evolving:  # their files lack the new columns: discard and run again
+            delete_files(table, results[index].data_files + results[index].quarantine_files)
+            new_fields.update(results[index].new_fields)
         report.schema_changes += _evolve_schema(table, new_fields)
         table.refresh()
         table_json = table.metadata.model_dump_json()

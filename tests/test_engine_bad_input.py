@@ -1,0 +1,83 @@
+"""Bad input and schema change on the real stack: never dropped silently (R33, R35, R36)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ingestion import errors
+from ingestion.audit import committed_ids, read_coordinates
+from ingestion.hooks import FailureHooks
+from tests.support.ledger import Ledger, LedgerProducer, Record
+from tests.support.pipelines import Harness, make_spec, records
+
+pytestmark = pytest.mark.integration
+
+BAD_VALUES = [
+    b"{not json",  # malformed
+    b"\xff\xfe{}",  # wrong encoding
+    None,  # tombstone
+    b'{"id": 5, "ts": "yesterday"}',  # broken timestamp
+    b'{"name": "no id"}',  # missing required field
+    b'{"id": "seven"}',  # type change string -> long (not a promotion)
+    b'{"id": 1, "amount": 1.234}',  # more scale than decimal(10,2): no silent rounding
+]
+
+
+def test_bad_record_fails_the_run_by_default_naming_it(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """R33 with errors_tolerance=none: the run fails naming topic, partition and offset."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "bad_default")
+    ledger_producer.produce(topic, [*records(5), (b"k", b"{not json", None), *records(5, 5)])
+    with pytest.raises(errors.TaskFailedError) as excinfo:
+        harness.run(spec)
+    message = str(excinfo.value)
+    assert f"{topic}[0] offset 5 could not be decoded" in message
+    assert "errors_tolerance: all" in message
+    assert harness.table(spec).current_snapshot() is None
+
+
+def test_bad_records_are_quarantined_exactly_once(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R33, R35, R36: bad records quarantined once (even when a run dies after quarantining
+    them), good records land, new fields become optional columns before the data commit."""
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "quarantine", errors_tolerance="all")
+    bad: list[Record] = [(f"bad{i}".encode(), value, i % 2) for i, value in enumerate(BAD_VALUES)]
+    evolving: Record = (b"new", b'{"id": 99, "coupon": "XMAS", "nested": {"a": 1}}', 0)
+    ledger_producer.produce(topic, [*records(40), *bad, evolving])
+
+    with pytest.raises(errors.IngestionError):  # dies after the quarantine commit (R33 replay)
+        harness.run(spec, hooks=FailureHooks({"before_catalog_call": crash}))
+    report = harness.run(spec)
+    assert report.committed
+    assert report.records == 41
+    assert report.quarantined == len(BAD_VALUES)
+    assert not report.schema_changes  # the first run's schema commit stands (its own commit)
+    result = harness.assert_exactly_once(spec, ledger)
+    assert result.quarantined == len(BAD_VALUES)
+
+    table = harness.table(spec)
+    assert table.schema().find_field("coupon").optional
+    row = table.scan(row_filter="id = 99").to_arrow().to_pylist()[0]
+    assert row["coupon"] == "XMAS"
+    assert row["nested"] == {"a": 1}
+    quarantine = harness.catalog.load_table(spec.effective_quarantine_table)
+    all_rows = read_coordinates(quarantine)
+    assert len(all_rows) == 2 * len(BAD_VALUES), "the dead run's rows stay, under its commit id"
+    live = quarantine.scan().to_arrow().to_pylist()
+    live = [r for r in live if r["commit_id"] in committed_ids(table)]
+    assert sorted(r["value"] or b"" for r in live) == sorted(v or b"" for v in BAD_VALUES)
+    tombstone = next(r for r in live if r["value"] is None)
+    assert tombstone["error_class"] == "NullValue"
+    assert tombstone["_kafka_key"] == b"bad2"
+
+
+def crash(point: str, **context: Any) -> None:
+    raise errors.InjectedFailure(f"injected crash at {point}")
