@@ -18,7 +18,7 @@ SPEC = make_spec("orders", "unit")
 
 def topic(
     ends: dict[int, int], starts: dict[int, int] | None = None, topic_id: str = "id1"
-) -> TopicState:  # noqa: E501
+) -> TopicState:
     starts = starts or {}
     parts = tuple(PartitionState(p, starts.get(p, 0), e) for p, e in sorted(ends.items()))
     return TopicState("orders", topic_id, parts)
