@@ -359,3 +359,37 @@ def test_transaction_markers_leave_gaps_that_tasks_cross(
     assert report.lag_after == 0
     ends = {(topic, p): o for (t, p), o in report.end_offsets.items()}
     assert read_group_offsets(kafka.get_admin_client(), spec.consumer_group_id) == ends
+
+
+def test_foreign_member_rejects_the_mirror_not_the_ingestion(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R23, R24: someone else consumes with our group id: the mirror is rejected and reported,
+    the ingestion commits. Once they leave, the next run recreates the mirror."""
+    import time
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "foreign_member")
+    ledger_producer.produce(topic, records(20))
+    intruder = harness.kafka.get_consumer(**{"group.id": spec.consumer_group_id})
+    intruder.subscribe([topic])
+    deadline = time.monotonic() + 60
+    while not intruder.assignment() and time.monotonic() < deadline:
+        intruder.poll(0.5)
+    assert intruder.assignment(), "the intruder never joined its group"
+    try:
+        report = harness.run(spec)
+    finally:
+        intruder.close()
+    assert report.committed
+    assert report.mirror is not None
+    assert report.mirror.foreign_members
+    assert "active members" in (report.mirror.error or "")
+    harness.assert_exactly_once(spec, ledger)
+    repaired = harness.run(spec)
+    assert repaired.mirror is not None
+    assert repaired.mirror.ok
+    assert read_group_offsets(harness.kafka.get_admin_client(), spec.consumer_group_id) == {
+        (topic, 0): 20
+    }
