@@ -103,6 +103,17 @@ def decode_json(
         )
     if table is None:
         table = schema.empty_table()
+    return finish_decoded(table, indices, rejections, schema, required)
+
+
+def finish_decoded(
+    table: pa.Table,
+    indices: list[int],
+    rejections: list[Rejection],
+    schema: pa.Schema,
+    required: tuple[str, ...],
+) -> Decoded:
+    """Reject rows with a null required field and report fields absent from ``schema``."""
     violation = _required_violations(table, required)
     if violation is not None and pc.any(violation).as_py():
         bad = set(pc.indices_nonzero(violation).to_pylist())
@@ -111,8 +122,7 @@ def decode_json(
             rejections.append(
                 Rejection(indices[position], "MissingRequiredField", f"required {missing} is null")
             )
-        keep = pc.invert(violation)
-        table = table.filter(keep)
+        table = table.filter(pc.invert(violation))
         indices = [index for position, index in enumerate(indices) if position not in bad]
     new_fields = {f.name: f.type for f in table.schema if f.name not in schema.names}
     rejections.sort(key=lambda r: r.index)

@@ -18,7 +18,8 @@ import pyarrow as pa
 
 from ingestion import errors
 from ingestion._pyiceberg_compat import write_data_files
-from ingestion.decode import Rejection, decode_json, decode_keys
+from ingestion.avro import decode_avro
+from ingestion.decode import Decoded, Rejection, decode_json, decode_keys
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.plan import OffsetRange
 
@@ -43,6 +44,8 @@ class TaskSpec:
     io_properties: dict[str, str]
     errors_tolerance: str
     commit_id: str
+    writer_schemas: dict[int, str] = field(default_factory=dict)
+    missing_schema_ids: frozenset[int] = frozenset()
     read_timeout_s: float = 60.0
     hooks: FailureHooks = NO_HOOKS
 
@@ -58,6 +61,7 @@ class TaskResult:
     quarantined: int = 0
     bytes_written: int = 0
     new_fields: dict[str, pa.DataType] = field(default_factory=dict)
+    unknown_schema_ids: set[int] = field(default_factory=set)
     max_timestamp_ms: int | None = None
 
 
@@ -144,6 +148,24 @@ def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
 
 
+def _decode_chunk(
+    spec: TaskSpec,
+    values: list[bytes | None],
+    schema: pa.Schema,
+    required: tuple[str, ...],
+    result: TaskResult,
+) -> Decoded:
+    """Decode one chunk of values in the pipeline's format."""
+    if spec.value_format == "json":
+        return decode_json(values, schema, required)
+    if spec.value_format == "avro":
+        decoded, unknown = decode_avro(values, spec.writer_schemas, schema, required)
+        result.unknown_schema_ids |= unknown - spec.missing_schema_ids
+        return decoded
+    column = pa.array(values, pa.large_binary())  # raw: the bytes as they are
+    return Decoded(pa.table({"value": column}), list(range(len(values))))
+
+
 def run_task(spec: TaskSpec) -> TaskResult:
     """Read, decode and write one offset range; return file metadata and counts.
 
@@ -169,7 +191,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
     pieces = []
     for chunk_start in range(0, len(raw.values), DECODE_CHUNK):
         chunk = raw.values[chunk_start : chunk_start + DECODE_CHUNK]
-        decoded = decode_json(chunk, user_schema, required)
+        decoded = _decode_chunk(spec, chunk, user_schema, required, result)
         result.new_fields.update(decoded.new_fields)
         rejected += [
             Rejection(r.index + chunk_start, r.error_class, r.message) for r in decoded.rejections
@@ -189,8 +211,8 @@ def run_task(spec: TaskSpec) -> TaskResult:
         for name, column in columns.items():
             table = table.append_column(name, column)
         pieces.append(table)
-    if result.new_fields:
-        return result  # the coordinator evolves the schema, then runs this range again
+    if result.new_fields or result.unknown_schema_ids:
+        return result  # the coordinator evolves the schema or fetches schemas, then reruns
     rejected.sort(key=lambda r: r.index)
     if rejected and spec.errors_tolerance == "none":
         first = rejected[0]

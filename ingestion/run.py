@@ -2,31 +2,27 @@
 
 from __future__ import annotations
 
-import pickle
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ingestion import errors
 from ingestion import offsets as props
-from ingestion.commit import commit_data, commit_quarantine, delete_files
+from ingestion.avro import avro_to_iceberg_schema, fetch_writer_schemas
+from ingestion.commit import commit_data, commit_quarantine
+from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets
 from ingestion.offsets import flatten
 from ingestion.plan import Key, Plan, build_plan
-from ingestion.read import TaskResult, TaskSpec, run_task
+from ingestion.read import TaskResult
 from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyspark.sql import SparkSession
-
-MAX_SCHEMA_ROUNDS = 3
 
 
 @dataclass
@@ -65,86 +61,6 @@ class RunReport:
         return self.records / total if total > 0 else 0.0
 
 
-def _execute_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskResult]:
-    """Run one Spark task per range; rows never leave the executors, only file metadata."""
-    import pyarrow as pa
-    from pyspark import cloudpickle
-
-    payloads = [(i, cloudpickle.dumps(spec)) for i, spec in enumerate(specs)]
-    rdd = spark.sparkContext.parallelize(payloads, numSlices=len(payloads))
-    frame = spark.createDataFrame(rdd, "i int, task binary")
-
-    output = pa.schema([("i", pa.int32()), ("result", pa.binary())])
-
-    def prepare(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index, payload in zip(
-                batch.column("i").to_pylist(), batch.column("task").to_pylist(), strict=True
-            ):
-                result = run_task(pickle.loads(payload))  # noqa: S301 - our own payload
-                yield pa.RecordBatch.from_pydict(
-                    {"i": [index], "result": [cloudpickle.dumps(result)]}, schema=output
-                )
-
-    try:
-        rows = frame.mapInArrow(prepare, "i int, result binary").collect()
-    except Exception as exc:
-        raise errors.TaskFailedError(_task_failure_message(specs[0].pipeline, exc)) from exc
-    ordered = sorted(rows, key=lambda row: row["i"])
-    return [pickle.loads(row["result"]) for row in ordered]  # noqa: S301 - our own payload
-
-
-def _task_failure_message(pipeline: str, exc: Exception) -> str:
-    """The engine's own error line from a Spark task failure, else the first line."""
-    text = str(exc)
-    names = [name for name in dir(errors) if name.endswith("Error") or name == "InjectedFailure"]
-    for line in text.splitlines():
-        if any(line.startswith(f"ingestion.errors.{n}") or line.startswith(f"{n}:") for n in names):
-            return f"pipeline {pipeline!r}: a Spark task failed, nothing was committed: {line}"
-    first = text.strip().splitlines()[0] if text.strip() else repr(exc)
-    return f"pipeline {pipeline!r}: a Spark task failed, nothing was committed: {first}"
-
-
-def _execute_local(specs: list[TaskSpec]) -> list[TaskResult]:
-    """Run the tasks one after another in this process (debugging and small runs)."""
-    return [run_task(spec) for spec in specs]
-
-
-def _task_specs(
-    spec: PipelineSpec, plan: Plan, table: Table, quarantine: Table | None,
-    kafka_config: dict[str, Any], io_properties: dict[str, str], hooks: FailureHooks,
-) -> list[TaskSpec]:  # fmt: skip
-    table_json = table.metadata.model_dump_json()
-    quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
-    return [
-        TaskSpec(
-            pipeline=spec.name,
-            range=task,
-            kafka_config=kafka_config,
-            value_format=spec.value_format,
-            key_format=spec.key_format,
-            table_metadata_json=table_json,
-            quarantine_metadata_json=quarantine_json,
-            io_properties=io_properties,
-            errors_tolerance=spec.errors_tolerance,
-            commit_id=plan.commit_id,
-            hooks=hooks.only("in_task"),
-        )
-        for task in plan.tasks
-    ]
-
-
-def _evolve_schema(table: Table, new_fields: dict[str, pa.DataType]) -> list[str]:
-    """Add new optional columns (the coordinator's own schema commit, before the data commit)."""
-    import pyarrow as pa
-
-    with table.update_schema() as update:
-        update.union_by_name(
-            pa.schema([pa.field(n, t, nullable=True) for n, t in new_fields.items()])
-        )
-    return [f"added optional column {name} ({kind})" for name, kind in sorted(new_fields.items())]
-
-
 def run_pipeline(
     spec: PipelineSpec,
     kafka_config: dict[str, Any],
@@ -154,6 +70,7 @@ def run_pipeline(
     run_id: str | None = None,
     io_properties: dict[str, str] | None = None,
     hooks: FailureHooks = NO_HOOKS,
+    schema_registry: Any | None = None,
 ) -> RunReport:
     """Ingest what is new in the pipeline's topics into its table, exactly once.
 
@@ -167,6 +84,8 @@ def run_pipeline(
         run_id: the orchestrator's run id, stored in the snapshot.
         io_properties: FileIO properties for executors (defaults to the catalog's).
         hooks: failure points for tests.
+        schema_registry: a Schema Registry client for Avro values; by default one for the
+            spec's ``schema_registry_url``.
 
     Delivery: exactly once. A crash before the commit leaves only unreferenced files; the next
     run re-plans the same start offsets. A retried or replayed commit is idempotent. Running
@@ -181,7 +100,8 @@ def run_pipeline(
 
     started = time.monotonic()
     timings: dict[str, float] = {}
-    table = load_or_create_table(catalog, spec)
+    registry = _registry(spec, schema_registry)
+    table = _open_table(catalog, spec, registry)
     admin = AdminClient(dict(kafka_config))
     consumer = Consumer(
         {
@@ -213,9 +133,15 @@ def run_pipeline(
         load_or_create_quarantine_table(catalog, spec) if spec.errors_tolerance == "all" else None
     )
     io_properties = io_properties if io_properties is not None else dict(catalog.properties)
-    results = _prepare(
-        spec, plan, table, quarantine, kafka_config, io_properties, hooks, spark, report
+    writers = {}
+    if registry is not None:
+        writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
+    specs = build_task_specs(
+        spec, plan, table, quarantine, kafka_config, io_properties, hooks, writers
     )
+    prepared = prepare_files(specs, table, spark, registry)
+    results = prepared.results
+    report.schema_changes = prepared.schema_changes
     timings["prepare"] = time.monotonic() - started - timings["plan"]
     data_files = [f for r in results for f in r.data_files]
     quarantine_files = [f for r in results for f in r.quarantine_files]
@@ -247,34 +173,25 @@ def run_pipeline(
     return report
 
 
-def _prepare(
-    spec: PipelineSpec, plan: Plan, table: Table, quarantine: Table | None,
-    kafka_config: dict[str, Any], io_properties: dict[str, str], hooks: FailureHooks,
-    spark: SparkSession | None, report: RunReport,
-) -> list[TaskResult]:  # fmt: skip
-    """Run the tasks; when some report new fields, evolve the schema and run those again."""
-    specs = _task_specs(spec, plan, table, quarantine, kafka_config, io_properties, hooks)
-    results: dict[int, TaskResult] = {}
-    pending = list(range(len(specs)))
-    for _ in range(MAX_SCHEMA_ROUNDS):
-        batch = [specs[i] for i in pending]
-        outputs = _execute_spark(spark, batch) if spark is not None else _execute_local(batch)
-        results.update(zip(pending, outputs, strict=True))
-        evolving = [i for i in pending if results[i].new_fields]
-        if not evolving:
-            return [results[i] for i in range(len(specs))]
-        new_fields: dict[str, pa.DataType] = {}
-        for index in evolving:  # their files lack the new columns: discard and run again
-            delete_files(table, results[index].data_files + results[index].quarantine_files)
-            new_fields.update(results[index].new_fields)
-        report.schema_changes += _evolve_schema(table, new_fields)
-        table.refresh()
-        table_json = table.metadata.model_dump_json()
-        specs = [replace(s, table_metadata_json=table_json) for s in specs]
-        pending = evolving
-    raise errors.SchemaEvolutionError(
-        f"pipeline {spec.name!r}: the schema kept changing after {MAX_SCHEMA_ROUNDS} rounds"
-    )
+def _registry(spec: PipelineSpec, client: Any | None) -> Any | None:
+    """The Schema Registry client of an Avro pipeline (None for other formats)."""
+    if spec.value_format != "avro":
+        return None
+    if client is not None:
+        return client
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": spec.schema_registry_url})
+
+
+def _open_table(catalog: Catalog, spec: PipelineSpec, registry: Any | None) -> Table:
+    """Load the table; create it from the declared schema, or the subject's latest Avro one."""
+    derived = None
+    if registry is not None and not spec.schema_fields and not catalog.table_exists(spec.table):
+        subject = spec.value_subjects(spec.source_topics or ["<pattern>"])[0]
+        latest = registry.get_latest_version(subject)
+        derived = avro_to_iceberg_schema(latest.schema.schema_str)
+    return load_or_create_table(catalog, spec, derived)
 
 
 def _snapshot_properties(

@@ -112,6 +112,9 @@ class PipelineSpec(_Model):
     value_format: Literal["json", "avro", "raw"] = "json"
     key_format: Literal["raw", "string"] = "raw"
     schema_registry_url: str | None = None
+    schema_subject: str | None = Field(
+        default=None, description="Registry subject of the values; default '<topic>-value'."
+    )
     schema_fields: list[FieldSpec] | None = Field(default=None, alias="schema")
     partition_by: list[PartitionFieldSpec] = Field(default_factory=list)
     starting_position: StartingPosition = Field(default_factory=StartingPosition)
@@ -137,6 +140,10 @@ class PipelineSpec(_Model):
     def effective_quarantine_table(self) -> str:
         """The quarantine (dead-letter) table: configured, or ``<table>_quarantine``."""
         return self.quarantine_table or f"{self.table}_quarantine"
+
+    def value_subjects(self, topics: list[str]) -> list[str]:
+        """Schema Registry subjects of the values of ``topics`` (topic name strategy)."""
+        return [self.schema_subject] if self.schema_subject else [f"{t}-value" for t in topics]
 
     @property
     def source_topics(self) -> list[str]:

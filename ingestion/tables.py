@@ -51,8 +51,11 @@ def parse_type(name: str) -> IcebergType:
     return primitives[name]
 
 
-def build_schema(spec: PipelineSpec) -> Schema:
-    """Return the declared Iceberg schema of the pipeline's table, metadata columns last."""
+def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
+    """Return the table schema: declared (or ``derived``, e.g. from Avro) fields, metadata last.
+
+    A ``raw`` pipeline without a declared schema stores the value bytes in a ``value`` column.
+    """
     from pyiceberg.schema import Schema
     from pyiceberg.types import (
         BinaryType,
@@ -63,10 +66,17 @@ def build_schema(spec: PipelineSpec) -> Schema:
         TimestamptzType,
     )
 
-    fields = [
-        NestedField(i, f.name, parse_type(f.type), required=f.required, doc=f.doc)
-        for i, f in enumerate(spec.schema_fields or [], start=1)
-    ]
+    if spec.schema_fields:
+        fields = [
+            NestedField(i, f.name, parse_type(f.type), required=f.required, doc=f.doc)
+            for i, f in enumerate(spec.schema_fields, start=1)
+        ]
+    elif derived is not None:
+        fields = list(derived.fields)
+    elif spec.value_format == "raw":
+        fields = [NestedField(1, "value", BinaryType(), required=False)]
+    else:
+        raise ValueError(f"pipeline {spec.name!r}: no declared or derived schema")
     key_type = StringType() if spec.key_format == "string" else BinaryType()
     metadata = [
         ("_kafka_topic", StringType(), True),
@@ -75,7 +85,7 @@ def build_schema(spec: PipelineSpec) -> Schema:
         ("_kafka_timestamp", TimestamptzType(), False),
         ("_kafka_key", key_type, False),
     ]
-    first = len(fields) + 1
+    first = max(Schema(*fields).highest_field_id, len(fields)) + 1
     fields += [
         NestedField(first + i, name, kind, required=required)
         for i, (name, kind, required) in enumerate(metadata)
@@ -98,7 +108,9 @@ def build_partition_spec(spec: PipelineSpec, schema: Schema) -> PartitionSpec:
     return PartitionSpec(*fields)
 
 
-def load_or_create_table(catalog: Catalog, spec: PipelineSpec) -> Table:
+def load_or_create_table(
+    catalog: Catalog, spec: PipelineSpec, derived: Schema | None = None
+) -> Table:
     """Load the pipeline's table, creating it (and its namespace) from the spec if absent."""
     from pyiceberg.exceptions import NoSuchTableError
 
@@ -106,7 +118,7 @@ def load_or_create_table(catalog: Catalog, spec: PipelineSpec) -> Table:
         return catalog.load_table(spec.table)
     except NoSuchTableError:
         pass
-    schema = build_schema(spec)
+    schema = build_schema(spec, derived)
     namespace = spec.table.rsplit(".", 1)[0]
     catalog.create_namespace_if_not_exists(namespace)
     properties = {

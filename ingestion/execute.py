@@ -1,0 +1,165 @@
+"""Running the tasks of a plan: on Spark executors (or in-process), with the coordinator's
+between-rounds work: new columns (R36) and writer schemas looked up by id (R34)."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from ingestion import errors
+from ingestion.avro import fetch_schemas_by_id
+from ingestion.commit import delete_files
+from ingestion.hooks import FailureHooks
+from ingestion.plan import Plan
+from ingestion.read import TaskResult, TaskSpec, run_task
+from ingestion.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+
+MAX_ROUNDS = 3
+
+
+def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskResult]:
+    """Run one Spark task per range; rows never leave the executors, only file metadata."""
+    import pyarrow as pa
+    from pyspark import cloudpickle
+
+    payloads = [(i, cloudpickle.dumps(spec)) for i, spec in enumerate(specs)]
+    rdd = spark.sparkContext.parallelize(payloads, numSlices=len(payloads))
+    frame = spark.createDataFrame(rdd, "i int, task binary")
+    output = pa.schema([("i", pa.int32()), ("result", pa.binary())])
+
+    def prepare(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index, payload in zip(
+                batch.column("i").to_pylist(), batch.column("task").to_pylist(), strict=True
+            ):
+                result = run_task(pickle.loads(payload))  # noqa: S301 - our own payload
+                yield pa.RecordBatch.from_pydict(
+                    {"i": [index], "result": [cloudpickle.dumps(result)]}, schema=output
+                )
+
+    try:
+        rows = frame.mapInArrow(prepare, "i int, result binary").collect()
+    except Exception as exc:
+        raise errors.TaskFailedError(task_failure_message(specs[0].pipeline, exc)) from exc
+    ordered = sorted(rows, key=lambda row: row["i"])
+    return [pickle.loads(row["result"]) for row in ordered]  # noqa: S301 - our own payload
+
+
+def task_failure_message(pipeline: str, exc: Exception) -> str:
+    """The engine's own error line from a Spark task failure, else the first line."""
+    text = str(exc)
+    names = [n for n in dir(errors) if n.endswith("Error") or n == "InjectedFailure"]
+    for line in text.splitlines():
+        if any(line.startswith((f"ingestion.errors.{n}", f"{n}:")) for n in names):
+            return f"pipeline {pipeline!r}: a Spark task failed, nothing was committed: {line}"
+    first = text.strip().splitlines()[0] if text.strip() else repr(exc)
+    return f"pipeline {pipeline!r}: a Spark task failed, nothing was committed: {first}"
+
+
+def execute_locally(specs: list[TaskSpec]) -> list[TaskResult]:
+    """Run the tasks one after another in this process (debugging and small runs)."""
+    return [run_task(spec) for spec in specs]
+
+
+def build_task_specs(
+    spec: PipelineSpec, plan: Plan, table: Table, quarantine: Table | None,
+    kafka_config: dict[str, Any], io_properties: dict[str, str], hooks: FailureHooks,
+    writer_schemas: dict[int, str],
+) -> list[TaskSpec]:  # fmt: skip
+    """One task spec per planned range; executors receive only the ``in_task`` hook."""
+    table_json = table.metadata.model_dump_json()
+    quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
+    return [
+        TaskSpec(
+            pipeline=spec.name,
+            range=task,
+            kafka_config=kafka_config,
+            value_format=spec.value_format,
+            key_format=spec.key_format,
+            table_metadata_json=table_json,
+            quarantine_metadata_json=quarantine_json,
+            io_properties=io_properties,
+            errors_tolerance=spec.errors_tolerance,
+            commit_id=plan.commit_id,
+            writer_schemas=writer_schemas,
+            hooks=hooks.only("in_task"),
+        )
+        for task in plan.tasks
+    ]
+
+
+def evolve_schema(table: Table, new_fields: dict[str, pa.DataType]) -> list[str]:
+    """Add new optional columns: the coordinator's own schema commit, before the data commit.
+
+    Only additions happen here; a changed type of an existing column is a decode rejection
+    (dead-lettered or failing), so the table is never narrowed (R35).
+    """
+    import pyarrow as pa
+
+    fields = [pa.field(name, kind, nullable=True) for name, kind in new_fields.items()]
+    with table.update_schema() as update:
+        update.union_by_name(pa.schema(fields))
+    return [f"added optional column {name} ({kind})" for name, kind in sorted(new_fields.items())]
+
+
+@dataclass
+class Prepared:
+    """The tasks' results and what the coordinator changed between rounds."""
+
+    results: list[TaskResult]
+    schema_changes: list[str] = field(default_factory=list)
+
+
+def prepare_files(
+    specs: list[TaskSpec],
+    table: Table,
+    spark: SparkSession | None,
+    registry: Any | None = None,
+) -> Prepared:
+    """Run the tasks; rerun those that met new fields or unknown schema ids once resolved.
+
+    Delivery: a rerun task writes a new file set; the discarded set is deleted at once (it
+    was never committed, and the coordinator alone decides to rerun).
+    """
+    prepared = Prepared([])
+    results: dict[int, TaskResult] = {}
+    pending = list(range(len(specs)))
+    for _ in range(MAX_ROUNDS):
+        batch = [specs[i] for i in pending]
+        outputs = execute_on_spark(spark, batch) if spark is not None else execute_locally(batch)
+        results.update(zip(pending, outputs, strict=True))
+        rerun = [i for i in pending if results[i].new_fields or results[i].unknown_schema_ids]
+        if not rerun:
+            prepared.results = [results[i] for i in range(len(specs))]
+            return prepared
+        new_fields: dict[str, pa.DataType] = {}
+        unknown: set[int] = set()
+        for index in rerun:
+            delete_files(table, results[index].data_files + results[index].quarantine_files)
+            new_fields.update(results[index].new_fields)
+            unknown |= results[index].unknown_schema_ids
+        writers, missing = dict(specs[0].writer_schemas), set(specs[0].missing_schema_ids)
+        if unknown:
+            found, not_found = fetch_schemas_by_id(registry, unknown)
+            writers.update(found)
+            missing |= not_found
+        if new_fields:
+            prepared.schema_changes += evolve_schema(table, new_fields)
+            table.refresh()
+        table_json = table.metadata.model_dump_json()
+        specs = [
+            replace(s, table_metadata_json=table_json, writer_schemas=writers,
+                    missing_schema_ids=frozenset(missing))
+            for s in specs
+        ]  # fmt: skip
+        pending = rerun
+    raise errors.SchemaEvolutionError(
+        f"pipeline {specs[0].pipeline!r}: the schema kept changing after {MAX_ROUNDS} rounds"
+    )
