@@ -73,6 +73,13 @@ class Harness:
             self.spark if use_spark else None, self.cluster_id, run_id="test", hooks=hooks,
         )  # fmt: skip
 
+    def run_with_registry(self, spec: PipelineSpec, registry: Any) -> RunReport:
+        """One run of an Avro ``spec`` against an in-memory Schema Registry client."""
+        return run_pipeline(
+            spec, self.kafka.client_config(), self.catalog, self.spark, self.cluster_id,
+            run_id="test", schema_registry=registry,
+        )  # fmt: skip
+
     def table(self, spec: PipelineSpec) -> Table:
         """The pipeline's table, freshly loaded."""
         return self.catalog.load_table(spec.table)
