@@ -33,6 +33,38 @@ class Decoded:
     indices: list[int]
     rejections: list[Rejection] = field(default_factory=list)
     new_fields: dict[str, pa.DataType] = field(default_factory=dict)
+    promotions: dict[str, pa.DataType] = field(default_factory=dict)
+
+
+def widen(kind: pa.DataType) -> pa.DataType | None:
+    """The type an Iceberg promotion allows for ``kind``: int->long, float->double, decimal
+    precision widening (scale kept); None when there is none (R35).
+
+    Example:
+        >>> widen(pa.int32()), widen(pa.decimal128(12, 2)), widen(pa.string())
+        (DataType(int64), Decimal128Type(decimal128(38, 2)), None)
+    """
+    if kind == pa.int32():
+        return pa.int64()
+    if kind == pa.float32():
+        return pa.float64()
+    if pa.types.is_decimal(kind) and kind.precision < 38:
+        return pa.decimal128(38, kind.scale)
+    return None
+
+
+def find_promotion(payload: bytes, schema: pa.Schema) -> dict[str, pa.DataType]:
+    """The single-column promotion under which ``payload`` decodes, or {} if none does."""
+    for index, column in enumerate(schema):
+        wider = widen(column.type)
+        if wider is None:
+            continue
+        try:
+            _parse(payload, schema.set(index, column.with_type(wider)), newlines=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        return {column.name: wider}
+    return {}
 
 
 def _parse(payload: bytes, schema: pa.Schema, newlines: bool) -> pa.Table:
@@ -59,8 +91,10 @@ def decode_json(
 
     Fields absent from a record are null; fields absent from ``schema`` are reported in
     ``new_fields`` with their inferred type (the coordinator evolves the table, see R36) and
-    kept as extra columns. A null value (tombstone), a value that is not a JSON object, a value
-    that does not convert to its column type, or a null required field is a rejection.
+    kept as extra columns. A value that fits only a promoted column type (int->long,
+    float->double, wider decimal) is reported in ``promotions`` instead of rejected (R35).
+    A null value (tombstone), a value that is not a JSON object, a value that does not
+    convert to its column type, or a null required field is a rejection.
 
     Example:
         >>> schema = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(6, 2))])
@@ -84,6 +118,7 @@ def decode_json(
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             table = None
     indices = present
+    promotions: dict[str, pa.DataType] = {}
     if table is None and payloads:
         pieces, indices = [], []
         for index, payload in zip(present, payloads, strict=True):
@@ -92,7 +127,10 @@ def decode_json(
                 if piece.num_rows != 1:
                     raise pa.ArrowInvalid(f"expected one JSON object, found {piece.num_rows}")
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                rejections.append(Rejection(index, type(exc).__name__, str(exc)[:1000]))
+                promotion = find_promotion(payload, schema)
+                promotions.update(promotion)
+                if not promotion:
+                    rejections.append(Rejection(index, type(exc).__name__, str(exc)[:1000]))
                 continue
             pieces.append(piece)
             indices.append(index)
@@ -103,7 +141,9 @@ def decode_json(
         )
     if table is None:
         table = schema.empty_table()
-    return finish_decoded(table, indices, rejections, schema, required)
+    decoded = finish_decoded(table, indices, rejections, schema, required)
+    decoded.promotions = promotions
+    return decoded
 
 
 def finish_decoded(

@@ -95,18 +95,33 @@ def build_task_specs(
     ]
 
 
-def evolve_schema(table: Table, new_fields: dict[str, pa.DataType]) -> list[str]:
-    """Add new optional columns: the coordinator's own schema commit, before the data commit.
+def evolve_schema(
+    table: Table, new_fields: dict[str, pa.DataType], promotions: dict[str, pa.DataType]
+) -> list[str]:
+    """The coordinator's own schema commit, before the data commit: new optional columns
+    (R36) and promotions Iceberg allows (int->long, float->double, decimal widening, R35).
 
-    Only additions happen here; a changed type of an existing column is a decode rejection
-    (dead-lettered or failing), so the table is never narrowed (R35).
+    Any other type change is a decode rejection (dead-lettered or failing the run), so a
+    column is never narrowed or retyped.
     """
     import pyarrow as pa
+    from pyiceberg.types import DecimalType, DoubleType, LongType, PrimitiveType
+
+    def iceberg_type(kind: pa.DataType) -> PrimitiveType:
+        if pa.types.is_decimal(kind):
+            return DecimalType(kind.precision, kind.scale)
+        return LongType() if kind == pa.int64() else DoubleType()
 
     fields = [pa.field(name, kind, nullable=True) for name, kind in new_fields.items()]
     with table.update_schema() as update:
-        update.union_by_name(pa.schema(fields))
-    return [f"added optional column {name} ({kind})" for name, kind in sorted(new_fields.items())]
+        if fields:
+            update.union_by_name(pa.schema(fields))
+        for name, kind in promotions.items():
+            update.update_column(name, field_type=iceberg_type(kind))
+    changes = [
+        f"added optional column {name} ({kind})" for name, kind in sorted(new_fields.items())
+    ]
+    return changes + [f"promoted {name} to {kind}" for name, kind in sorted(promotions.items())]
 
 
 @dataclass
@@ -135,23 +150,25 @@ def prepare_files(
         batch = [specs[i] for i in pending]
         outputs = execute_on_spark(spark, batch) if spark is not None else execute_locally(batch)
         results.update(zip(pending, outputs, strict=True))
-        rerun = [i for i in pending if results[i].new_fields or results[i].unknown_schema_ids]
+        rerun = [i for i in pending if results[i].needs_rerun]
         if not rerun:
             prepared.results = [results[i] for i in range(len(specs))]
             return prepared
         new_fields: dict[str, pa.DataType] = {}
+        promotions: dict[str, pa.DataType] = {}
         unknown: set[int] = set()
         for index in rerun:
             delete_files(table, results[index].data_files + results[index].quarantine_files)
             new_fields.update(results[index].new_fields)
+            promotions.update(results[index].promotions)
             unknown |= results[index].unknown_schema_ids
         writers, missing = dict(specs[0].writer_schemas), set(specs[0].missing_schema_ids)
         if unknown:
             found, not_found = fetch_schemas_by_id(registry, unknown)
             writers.update(found)
             missing |= not_found
-        if new_fields:
-            prepared.schema_changes += evolve_schema(table, new_fields)
+        if new_fields or promotions:
+            prepared.schema_changes += evolve_schema(table, new_fields, promotions)
             table.refresh()
         table_json = table.metadata.model_dump_json()
         specs = [

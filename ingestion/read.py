@@ -62,7 +62,13 @@ class TaskResult:
     bytes_written: int = 0
     new_fields: dict[str, pa.DataType] = field(default_factory=dict)
     unknown_schema_ids: set[int] = field(default_factory=set)
+    promotions: dict[str, pa.DataType] = field(default_factory=dict)
     max_timestamp_ms: int | None = None
+
+    @property
+    def needs_rerun(self) -> bool:
+        """The coordinator must change the schema or fetch writer schemas, then rerun."""
+        return bool(self.new_fields or self.promotions or self.unknown_schema_ids)
 
 
 @dataclass
@@ -193,6 +199,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
         chunk = raw.values[chunk_start : chunk_start + DECODE_CHUNK]
         decoded = _decode_chunk(spec, chunk, user_schema, required, result)
         result.new_fields.update(decoded.new_fields)
+        result.promotions.update(decoded.promotions)
         rejected += [
             Rejection(r.index + chunk_start, r.error_class, r.message) for r in decoded.rejections
         ]
@@ -211,7 +218,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
         for name, column in columns.items():
             table = table.append_column(name, column)
         pieces.append(table)
-    if result.new_fields or result.unknown_schema_ids:
+    if result.needs_rerun:
         return result  # the coordinator evolves the schema or fetches schemas, then reruns
     rejected.sort(key=lambda r: r.index)
     if rejected and spec.errors_tolerance == "none":

@@ -81,3 +81,29 @@ def test_bad_records_are_quarantined_exactly_once(
 
 def crash(point: str, **context: Any) -> None:
     raise errors.InjectedFailure(f"injected crash at {point}")
+
+
+def test_valid_promotions_evolve_the_table(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R35: an int column receiving a long value is promoted to long (the coordinator's schema
+    commit), a decimal widens its precision; string into a number column is still rejected."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(
+        topic, "promotions", errors_tolerance="all",
+        schema=[{"name": "id", "type": "int", "required": True},
+                {"name": "amount", "type": "decimal(6,2)"}],
+    )  # fmt: skip
+    values = [b'{"id": 1, "amount": 12.50}', b'{"id": 3000000000, "amount": 1.00}',
+              b'{"id": 2, "amount": 123456789.12}', b'{"id": "three"}']  # fmt: skip
+    ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(values)])
+    report = harness.run(spec)
+    assert report.schema_changes == ["promoted amount to decimal128(38, 2)", "promoted id to int64"]
+    assert report.records == 3
+    assert report.quarantined == 1
+    table = harness.table(spec)
+    assert str(table.schema().find_field("id").field_type) == "long"
+    ids = sorted(table.scan().to_arrow().column("id").to_pylist())
+    assert ids == [1, 2, 3_000_000_000]
+    harness.assert_exactly_once(spec, ledger)
