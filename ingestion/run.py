@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from ingestion import offsets as props
 from ingestion.avro import avro_to_iceberg_schema, fetch_writer_schemas
 from ingestion.commit import commit_data, commit_quarantine
+from ingestion.deadletter import publish_dead_letters, unpublished_commits
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
-from ingestion.mirror import MirrorOutcome, mirror_offsets
+from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
 from ingestion.offsets import flatten
 from ingestion.plan import Key, Plan, build_plan
 from ingestion.read import TaskResult
@@ -20,6 +21,7 @@ from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyspark.sql import SparkSession
@@ -45,6 +47,7 @@ class RunReport:
     lost_ranges: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     mirror: MirrorOutcome | None = None
+    dead_letters_published: int = 0
     timings_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -126,7 +129,7 @@ def run_pipeline(
     if plan.is_empty:  # R10: nothing to read, no snapshot; still repair a stale mirror (R4)
         if plan.committed is not None:
             hooks.fire("before_mirror", plan=plan)
-            report.mirror = mirror_offsets(admin, spec.consumer_group_id, flatten(plan.committed))
+            _publish(spec, catalog, admin, kafka_config, flatten(plan.committed), report)
         report.timings_s = {**timings, "total": time.monotonic() - started}
         return report
     quarantine = (
@@ -168,9 +171,32 @@ def run_pipeline(
     timings["commit"] = time.monotonic() - started - timings["plan"] - timings["prepare"]
     hooks.fire("after_commit", plan=plan, snapshot_id=outcome.snapshot_id)
     hooks.fire("before_mirror", plan=plan)
-    report.mirror = mirror_offsets(admin, spec.consumer_group_id, dict(plan.end))
+    _publish(spec, catalog, admin, kafka_config, dict(plan.end), report)
     report.timings_s = {**timings, "total": time.monotonic() - started}
     return report
+
+
+def _publish(
+    spec: PipelineSpec, catalog: Catalog, admin: AdminClient, kafka_config: dict[str, Any],
+    offsets: dict[Key, int], report: RunReport,
+) -> None:  # fmt: skip
+    """Step 4: copy dead letters not yet copied, then mirror the offsets (both best effort)."""
+    group = spec.consumer_group_id
+    if spec.dead_letter_topic and catalog.table_exists(spec.effective_quarantine_table):
+        try:
+            pending = unpublished_commits(
+                catalog.load_table(spec.table), spec.effective_commit_group_id,
+                read_group_offsets(admin, group),
+            )  # fmt: skip
+            report.dead_letters_published = publish_dead_letters(
+                kafka_config, spec.dead_letter_topic,
+                catalog.load_table(spec.effective_quarantine_table), pending,
+            )  # fmt: skip
+        except Exception as exc:  # the mirror stays behind, so the next run copies again
+            error = f"copying dead letters to {spec.dead_letter_topic!r} failed: {exc}"
+            report.mirror = MirrorOutcome(group, error=error)
+            return
+    report.mirror = mirror_offsets(admin, group, offsets)
 
 
 def _registry(spec: PipelineSpec, client: Any | None) -> Any | None:

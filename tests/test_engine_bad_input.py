@@ -107,3 +107,37 @@ def test_valid_promotions_evolve_the_table(
     ids = sorted(table.scan().to_arrow().column("id").to_pylist())
     assert ids == [1, 2, 3_000_000_000]
     harness.assert_exactly_once(spec, ledger)
+
+
+def test_dead_letter_topic_copy_at_least_once_with_headers(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R33 + dead-letter topic: a crash after the commit loses no copy; the next run sends it,
+    with Kafka Connect's context headers, and the mirror follows."""
+    from confluent_kafka import TopicPartition
+
+    topic = create_topic(partitions=1)
+    dead = create_topic(partitions=1, name=f"{topic}-dlq")
+    spec = make_spec(topic, "dlq", errors_tolerance="all", dead_letter_topic=dead)
+    ledger_producer.produce(topic, [*records(5), (b"bad", b"{oops", None), *records(5, 5)])
+    with pytest.raises(errors.InjectedFailure):
+        harness.run(spec, hooks=FailureHooks({"before_mirror": crash}))
+    repaired = harness.run(spec)
+    assert not repaired.committed
+    assert repaired.dead_letters_published == 1
+    assert repaired.mirror is not None
+    assert repaired.mirror.ok
+    assert harness.run(spec).dead_letters_published == 0  # mirrored: nothing left to copy
+    harness.assert_exactly_once(spec, ledger)
+    consumer = harness.kafka.get_consumer()
+    try:
+        consumer.assign([TopicPartition(dead, 0, 0)])
+        messages = consumer.consume(10, timeout=5)
+    finally:
+        consumer.close()
+    assert [m.value() for m in messages] == [b"{oops"]
+    headers = dict(messages[0].headers() or [])
+    assert headers["__connect.errors.topic"] == topic.encode()
+    assert headers["__connect.errors.offset"] == b"5"
+    assert headers["__connect.errors.exception.class.name"] == b"ArrowInvalid"
