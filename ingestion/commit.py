@@ -80,6 +80,28 @@ def delete_files(table: Table, files: list[DataFile]) -> None:
         table.io.delete(data_file.file_path)
 
 
+def load_table_with_retry(
+    catalog: Catalog, identifier: str, attempts: int = 5, wait_s: float = 0.5
+) -> Table:
+    """Load a table, retrying a slow or unavailable catalog with backoff (R28).
+
+    A missing table is not retried (``NoSuchTableError`` is raised at once).
+    """
+    from pyiceberg.exceptions import NoSuchTableError
+    from tenacity import retry, retry_if_not_exception_type, stop_after_attempt, wait_exponential
+
+    @retry(
+        retry=retry_if_not_exception_type(NoSuchTableError),
+        stop=stop_after_attempt(attempts),
+        wait=wait_exponential(multiplier=wait_s, max=10),
+        reraise=True,
+    )
+    def load() -> Table:
+        return catalog.load_table(identifier)
+
+    return load()
+
+
 def commit_data(
     catalog: Catalog,
     plan: Plan,
@@ -103,7 +125,7 @@ def commit_data(
     group = plan.group_id
     for attempt in range(1, max_attempts + 1):
         try:
-            table = catalog.load_table(plan.table)
+            table = load_table_with_retry(catalog, plan.table)
         except NoSuchTableError as exc:
             raise errors.TableDroppedError(
                 f"pipeline {plan.pipeline!r}: table {plan.table} was dropped during the run; "
@@ -134,7 +156,7 @@ def commit_data(
             time.sleep(backoff_s(attempt))  # the head moved (R27): refresh and re-check
             continue
         except Exception as exc:  # ambiguous: the catalog may or may not have applied it (R3)
-            found = find_commit(catalog.load_table(plan.table), plan.commit_id)
+            found = find_commit(load_table_with_retry(catalog, plan.table), plan.commit_id)
             if found is not None:
                 return CommitOutcome(found.snapshot_id, replayed=False, attempts=attempt)
             raise errors.CommitOutcomeUnknownError(

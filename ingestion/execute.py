@@ -144,6 +144,8 @@ def prepare_files(
     was never committed, and the coordinator alone decides to rerun).
     """
     prepared = Prepared([])
+    if not specs:
+        return prepared
     results: dict[int, TaskResult] = {}
     pending = list(range(len(specs)))
     for _ in range(MAX_ROUNDS):

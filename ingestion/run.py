@@ -126,7 +126,11 @@ def run_pipeline(
         lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
         notes=list(plan.notes),
     )  # fmt: skip
-    if plan.is_empty:  # R10: nothing to read, no snapshot; still repair a stale mirror (R4)
+    # A first run from "latest", a timestamp or explicit offsets pins its start offsets in a
+    # snapshot even when there is nothing to read yet; otherwise the next run would resolve
+    # "latest" again and skip what arrived in between.
+    pin_start = plan.committed is None and spec.starting_position.mode != "earliest"
+    if plan.is_empty and not pin_start:  # R10: no snapshot; still repair a stale mirror (R4)
         if plan.committed is not None:
             hooks.fire("before_mirror", plan=plan)
             _publish(spec, catalog, admin, kafka_config, flatten(plan.committed), report)
