@@ -128,6 +128,9 @@ class PipelineSpec(_Model):
     max_lag_records: PositiveInt = 10_000
     max_lag_seconds: PositiveInt = 300
     freshness_bound_seconds: PositiveInt = 900
+    retention_margin_records: PositiveInt = 10_000
+    max_dead_letter_ratio: float = Field(default=0.01, ge=0, le=1)
+    fallback_cron: str = "*/15 * * * *"
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
