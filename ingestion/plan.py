@@ -76,6 +76,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     commit_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     planned_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    capped: bool = False
 
     @property
     def is_empty(self) -> bool:
@@ -317,7 +318,8 @@ def build_plan(
     start, end, lost, notes = plan_partitions(
         spec, committed, topics, starting, table_has_rows(table), other_groups
     )
-    end = cap_ends(start, end, spec.max_records_per_run)
+    capped_end = cap_ends(start, end, spec.max_records_per_run)
+    capped, end = capped_end != end, capped_end
     snapshot = table.current_snapshot()
     return Plan(
         pipeline=spec.name,
@@ -333,4 +335,5 @@ def build_plan(
         tasks=tuple(split_tasks(start, end, spec.max_records_per_task)),
         lost=tuple(lost),
         notes=tuple(notes),
+        capped=capped,
     )

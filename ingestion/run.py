@@ -48,6 +48,7 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     mirror: MirrorOutcome | None = None
     dead_letters_published: int = 0
+    valid_through_ms: int | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -124,7 +125,7 @@ def run_pipeline(
         pipeline=spec.name, commit_id=plan.commit_id,
         offsets_before=dict(plan.start), offsets_after=dict(plan.start), end_offsets=dict(plan.end),
         lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
-        notes=list(plan.notes),
+        notes=list(plan.notes), valid_through_ms=plan.planned_at_ms,
     )  # fmt: skip
     # A first run from "latest", a timestamp or explicit offsets pins its start offsets in a
     # snapshot even when there is nothing to read yet; otherwise the next run would resolve
@@ -158,6 +159,7 @@ def run_pipeline(
     report.files = len(data_files)
     hooks.fire("before_commit", plan=plan)
     properties = _snapshot_properties(plan, report, run_id, results)
+    report.valid_through_ms = int(properties[props.VALID_THROUGH_MS])
     if quarantine is not None:
         commit_quarantine(
             quarantine,
@@ -238,7 +240,8 @@ def _snapshot_properties(
         props.RUN_ID: run_id or f"adhoc-{uuid.uuid4().hex[:12]}",
         props.RECORDS: str(report.records),
         props.DEAD_LETTERED: str(report.quarantined),
-        props.VALID_THROUGH_MS: str(max(stamps) if stamps else plan.planned_at_ms),
+        # Every record produced before the plan is in, unless the run was capped.
+        props.VALID_THROUGH_MS: str(max(stamps) if plan.capped and stamps else plan.planned_at_ms),
     }
     if plan.lost:
         properties[props.LOST_RANGES] = ";".join(report.lost_ranges)

@@ -21,3 +21,24 @@ def topic_asset_keys(spec: PipelineSpec) -> list[AssetKey]:
     if spec.topic_pattern is not None:
         return [AssetKey(["kafka", f"{spec.name}_topics"])]
     return [AssetKey(["kafka", topic]) for topic in spec.source_topics]
+
+
+def table_key(spec: PipelineSpec) -> AssetKey:
+    """The Iceberg table asset: ``iceberg/<namespace>/<table>``."""
+    return AssetKey(["iceberg", *spec.table.split(".")])
+
+
+def quarantine_key(spec: PipelineSpec) -> AssetKey:
+    """The quarantine (dead-letter) table asset."""
+    return AssetKey(["iceberg", *spec.effective_quarantine_table.split(".")])
+
+
+def commit_state_key(spec: PipelineSpec) -> AssetKey:
+    """The coordinator's commit log of the pipeline."""
+    return AssetKey(["ingestion", spec.name, "commit_state"])
+
+
+def ingestion_keys(spec: PipelineSpec) -> list[AssetKey]:
+    """Every asset one ingestion run materializes."""
+    keys = [table_key(spec), commit_state_key(spec)]
+    return keys + ([quarantine_key(spec)] if spec.errors_tolerance == "all" else [])
