@@ -1,46 +1,46 @@
-"""Assets built from the pipeline specs: one external asset per Kafka topic."""
+"""Assets built from each pipeline spec: its Kafka topics (external, observed), and the Iceberg
+table, commit log and quarantine table that one ingestion run materializes."""
 
-from __future__ import annotations
+from collections.abc import Iterator
+from datetime import timedelta
 
-from datetime import UTC, datetime
-
-from dagster import AssetKey, AssetObservation, AssetSpec, MetadataValue
-
-from ingestion.spec import PipelineSpec
-from ingestion.topics import (
-    TopicState,
-    describe_topic,
-    list_matching_topics,
-    read_newest_timestamp_ms,
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetExecutionContext,
+    AssetKey,
+    AssetObservation,
+    AssetsDefinition,
+    AssetSpec,
+    Failure,
+    FreshnessPolicy,
+    MaterializeResult,
+    MetadataValue,
+    multi_asset,
 )
-from platform_assets.pipelines import topic_asset_keys
+
+from ingestion.health import check_group_consistency, commits_of
+from ingestion.run import run_pipeline
+from ingestion.spec import PipelineSpec
+from ingestion.topics import describe_topic, list_matching_topics, read_newest_timestamp_ms
+from platform_assets.metadata import commit_log_metadata, run_metadata, topic_metadata
+from platform_assets.pipelines import (
+    commit_state_key,
+    quarantine_key,
+    table_key,
+    topic_asset_keys,
+)
+from platform_assets.state import read_pipeline_state
+from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+from resources.spark import SparkResource
 
-
-def topic_metadata(states: list[TopicState], newest_ms: int | None) -> dict[str, MetadataValue]:
-    """Return the observation metadata of one topic asset (numbers typed for the UI's plots)."""
-    metadata: dict[str, MetadataValue] = {
-        "topics": MetadataValue.json({s.topic: s.topic_id for s in states}),
-        "partitions": MetadataValue.int(sum(len(s.partitions) for s in states)),
-        "end_offsets_total": MetadataValue.int(sum(sum(s.end_offsets.values()) for s in states)),
-        "records_in_log": MetadataValue.int(sum(s.record_span for s in states)),
-        "end_offsets": MetadataValue.json(
-            {
-                f"{s.topic}:{p.partition}": {"log_start": p.log_start_offset, "end": p.end_offset}
-                for s in states
-                for p in s.partitions
-            }
-        ),
-    }
-    if newest_ms is not None:
-        metadata["newest_record_time"] = MetadataValue.timestamp(
-            datetime.fromtimestamp(newest_ms / 1000, tz=UTC)
-        )
-    return metadata
+GROUP_CHECK = "group_id_consistency"
 
 
 def build_topic_spec(spec: PipelineSpec, key: AssetKey) -> AssetSpec:
-    """Return the external asset of one topic (or of a pattern pipeline's topics)."""
+    """The external asset of one topic (or of a pattern pipeline's topics)."""
     source = f"pattern {spec.topic_pattern!r}" if spec.topic_pattern else f"topic {key.path[-1]!r}"
     return AssetSpec(
         key=key,
@@ -54,10 +54,9 @@ def build_topic_spec(spec: PipelineSpec, key: AssetKey) -> AssetSpec:
 def observe_topic(kafka: KafkaResource, spec: PipelineSpec, key: AssetKey) -> AssetObservation:
     """Read the topic's partitions, end offsets and newest record time; join no group."""
     admin = kafka.get_admin_client()
-    if spec.topic_pattern:
-        topics = list_matching_topics(admin, spec.topic_pattern)
-    else:
-        topics = [key.path[-1]]
+    topics = (
+        list_matching_topics(admin, spec.topic_pattern) if spec.topic_pattern else [key.path[-1]]
+    )
     consumer = kafka.get_consumer()
     try:
         states = [describe_topic(admin, consumer, topic) for topic in topics]
@@ -68,6 +67,91 @@ def observe_topic(kafka: KafkaResource, spec: PipelineSpec, key: AssetKey) -> As
     return AssetObservation(asset_key=key, metadata=topic_metadata(states, newest_ms))
 
 
-def build_pipeline_assets(spec: PipelineSpec) -> list[AssetSpec]:
-    """Return every asset of one pipeline."""
-    return [build_topic_spec(spec, key) for key in topic_asset_keys(spec)]
+def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
+    """The multi-asset one ingestion run materializes, with the blocking group-id check.
+
+    The group check runs first, inside the run: when it fails with ERROR the run stops before
+    reading anything (ingestion is blocked), and the check result says why and how to fix it.
+    """
+    topics = topic_asset_keys(spec)
+    sources = ", ".join(k.path[-1] for k in topics)
+    table = AssetSpec(
+        table_key(spec), deps=topics, group_name=spec.name, kinds={"iceberg", "spark"},
+        description=f"Iceberg table {spec.table}: every record of {sources} exactly once, with "
+        f"its Kafka coordinates (group {spec.effective_commit_group_id!r}).",
+        freshness_policy=FreshnessPolicy.time_window(
+            # Dagster's minimum window is one minute.
+            fail_window=timedelta(seconds=max(60, spec.freshness_bound_seconds))
+        ),
+        metadata={"table": spec.table, "pipeline": spec.name},
+    )  # fmt: skip
+    specs = [table, AssetSpec(
+        commit_state_key(spec), deps=[table.key], group_name=spec.name, kinds={"iceberg"},
+        skippable=True,
+        description="The coordinator's commit log: one row per commit (snapshot, offsets, counts).",
+    )]  # fmt: skip
+    if spec.errors_tolerance == "all":
+        specs.append(AssetSpec(
+            quarantine_key(spec), deps=topics, group_name=spec.name, kinds={"iceberg"},
+            skippable=True,
+            description=f"Records of {spec.name!r} that could not be decoded, with the error.",
+        ))  # fmt: skip
+    check = AssetCheckSpec(
+        GROUP_CHECK, asset=table.key, blocking=True,
+        description="Group ids agree in the spec, the table and Kafka; no foreign consumers.",
+    )  # fmt: skip
+
+    @multi_asset(
+        name=f"ingest_{spec.name}", specs=specs, check_specs=[check], can_subset=True,
+        pool=f"ingest_{spec.name}",
+    )  # fmt: skip
+    def _ingest(
+        context: AssetExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource,
+        spark: SparkResource,
+    ) -> Iterator[MaterializeResult | AssetCheckResult]:  # fmt: skip
+        finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
+        if context.selected_asset_check_keys:
+            yield AssetCheckResult(
+                asset_key=table.key, check_name=GROUP_CHECK, passed=finding.passed,
+                severity=AssetCheckSeverity(finding.severity), description=finding.message,
+                metadata=finding.metadata,
+            )  # fmt: skip
+        if table.key in context.selected_asset_keys:
+            if not finding.passed and finding.severity == "ERROR":
+                raise Failure(f"pipeline {spec.name!r} blocked: {finding.message}")
+            catalog = iceberg.load_catalog()
+            report = run_pipeline(
+                spec, kafka.client_config(), catalog, spark.spark_session,
+                kafka.get_cluster_id(), run_id=context.run.run_id,
+                io_properties=iceberg.catalog_properties(),
+            )  # fmt: skip
+            for note in report.notes:
+                context.log.warning(note)
+            if report.mirror is not None and report.mirror.error:
+                context.log.warning(report.mirror.error)
+            yield MaterializeResult(asset_key=table.key, metadata=run_metadata(report))
+            if quarantine_key(spec) in context.selected_asset_keys:
+                yield MaterializeResult(asset_key=quarantine_key(spec), metadata={
+                    "dead_lettered_this_run": MetadataValue.int(report.quarantined),
+                    "table": MetadataValue.text(spec.effective_quarantine_table),
+                })  # fmt: skip
+        if commit_state_key(spec) in context.selected_asset_keys:
+            catalog = iceberg.load_catalog()
+            commits = (
+                commits_of(catalog.load_table(spec.table), spec.effective_commit_group_id)
+                if catalog.table_exists(spec.table) else []
+            )  # fmt: skip
+            yield MaterializeResult(
+                asset_key=commit_state_key(spec),
+                metadata=commit_log_metadata(commits, spec.effective_commit_group_id),
+            )
+
+    return _ingest
+
+
+def build_pipeline_assets(spec: PipelineSpec) -> list[AssetSpec | AssetsDefinition]:
+    """Every asset of one pipeline."""
+    topics: list[AssetSpec | AssetsDefinition] = [
+        build_topic_spec(spec, key) for key in topic_asset_keys(spec)
+    ]
+    return [*topics, build_ingestion_asset(spec)]

@@ -1,24 +1,53 @@
 """The code location: every definition is built from the pipeline specs by one loop."""
 
-from __future__ import annotations
-
 from dagster import Definitions
 
+from ingestion.spec import PipelineSpec
 from platform_assets.assets import build_pipeline_assets
-from platform_assets.jobs import build_observe_topics_job
+from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
+from platform_assets.jobs import (
+    build_ingest_all_job,
+    build_ingest_job,
+    build_observe_topics_job,
+    build_run_checks_job,
+)
 from platform_assets.pipelines import load_pipelines
 from platform_assets.resources import build_resources
-from platform_assets.schedules import build_observe_topics_schedule
+from platform_assets.schedules import (
+    build_checks_schedule,
+    build_fallback_schedule,
+    build_observe_topics_schedule,
+)
+from platform_assets.sensors import (
+    build_check_alert_sensor,
+    build_lag_sensor,
+    run_failure_alert_sensor,
+)
 
 
-def build_definitions() -> Definitions:
-    """Build the Definitions for every pipeline in ``pipelines.yaml``."""
-    specs = load_pipelines()
-    observe_topics = build_observe_topics_job(specs)
+def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
+    """Build the Definitions for ``specs`` (default: every pipeline in ``pipelines.yaml``)."""
+    specs = load_pipelines() if specs is None else specs
+    assets, checks, jobs, sensors, schedules = [], [], [], [], []
+    for spec in specs:
+        ingest = build_ingest_job(spec)
+        assets += build_pipeline_assets(spec)
+        checks.append(build_pipeline_checks(spec))
+        jobs.append(ingest)
+        sensors.append(build_lag_sensor(spec, ingest))
+        schedules.append(build_fallback_schedule(spec, ingest))
+    observe, run_checks = build_observe_topics_job(specs), build_run_checks_job(specs)
+    check_keys = [key for spec in specs for key in pipeline_check_keys(spec)]
     return Definitions(
-        assets=[asset for spec in specs for asset in build_pipeline_assets(spec)],
-        jobs=[observe_topics],
-        schedules=[build_observe_topics_schedule(observe_topics)],
+        assets=assets,
+        asset_checks=checks,
+        jobs=[*jobs, build_ingest_all_job(specs), observe, run_checks],
+        schedules=[
+            *schedules,
+            build_observe_topics_schedule(observe),
+            build_checks_schedule(run_checks),
+        ],
+        sensors=[*sensors, build_check_alert_sensor(check_keys), run_failure_alert_sensor],
         resources=build_resources(),
     )
 

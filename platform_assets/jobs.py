@@ -1,15 +1,52 @@
-"""Jobs: topic observation (an op job that reports observations of the external topic assets)."""
+"""Jobs: ingest one pipeline / all pipelines, observe topics, run all checks."""
 
-from dagster import JobDefinition, OpExecutionContext, job, op
+from typing import TYPE_CHECKING, TypeAlias
+
+from dagster import AssetSelection, JobDefinition, OpExecutionContext, define_asset_job, job, op
 
 from ingestion.spec import PipelineSpec
 from platform_assets.assets import observe_topic
-from platform_assets.pipelines import topic_asset_keys
+from platform_assets.pipelines import ingestion_keys, table_key, topic_asset_keys
 from resources.kafka import KafkaResource
+
+if TYPE_CHECKING:
+    # define_asset_job's return type is not exported by dagster 1.13; used for annotations only.
+    from dagster._core.definitions.unresolved_asset_job_definition import (
+        UnresolvedAssetJobDefinition,
+    )
+
+AssetJob: TypeAlias = "UnresolvedAssetJobDefinition"
+
+
+def ingest_job_name(spec: PipelineSpec) -> str:
+    """Name of the job that ingests one pipeline."""
+    return f"ingest_{spec.name}_job"
+
+
+def build_ingest_job(spec: PipelineSpec) -> AssetJob:
+    """Ingest one pipeline: its table, commit log and quarantine, with their checks."""
+    return define_asset_job(
+        ingest_job_name(spec),
+        selection=AssetSelection.assets(*ingestion_keys(spec)),
+        description=f"Ingest pipeline {spec.name!r} ({spec.table}) exactly once.",
+        tags={"pipeline": spec.name},
+    )
+
+
+def build_ingest_all_job(specs: list[PipelineSpec]) -> AssetJob:
+    """Ingest every pipeline (each still one run at a time through its pool)."""
+    keys = [key for spec in specs for key in ingestion_keys(spec)]
+    return define_asset_job("ingest_all", selection=AssetSelection.assets(*keys))
+
+
+def build_run_checks_job(specs: list[PipelineSpec]) -> AssetJob:
+    """Evaluate every table check without ingesting."""
+    tables = [table_key(spec) for spec in specs]
+    return define_asset_job("run_checks", selection=AssetSelection.checks_for_assets(*tables))
 
 
 def build_observe_topics_job(specs: list[PipelineSpec]) -> JobDefinition:
-    """Return the job that observes every pipeline's topics (reads offsets, commits nothing)."""
+    """Observe every pipeline's topics (reads offsets, commits nothing)."""
 
     @op(name="observe_topic_offsets")
     def _observe(context: OpExecutionContext, kafka: KafkaResource) -> None:

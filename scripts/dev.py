@@ -35,6 +35,12 @@ telemetry:
   enabled: false
 freshness:
   enabled: true
+concurrency:
+  pools:
+    granularity: run  # a pool caps runs: one ingestion run per pipeline at a time
+    default_limit: 1
+  runs:
+    max_concurrent_runs: 4
 """
 
 
@@ -118,6 +124,9 @@ def main() -> int:
             "DAGSTER_HOME": str(dagster_home),
             "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
             "PLATFORM_STATE_DIR": str(state_dir),
+            # Alert sinks: empty = off. Set them in your shell to try a webhook or Slack.
+            "PLATFORM_ALERT_WEBHOOK_URL": os.environ.get("PLATFORM_ALERT_WEBHOOK_URL", ""),
+            "PLATFORM_SLACK_TOKEN": os.environ.get("PLATFORM_SLACK_TOKEN", ""),
         }
         command = [
             str(Path(sys.executable).with_name("dagster")),

@@ -28,13 +28,22 @@ def load_workspace_definitions() -> Definitions:
 
 
 def test_asset_graph() -> None:
+    """Topic -> table -> commit state, plus the quarantine table, for the demo pipeline."""
     defs = load_workspace_definitions()
     graph = defs.resolve_asset_graph()
-    assert graph.get_all_asset_keys() == {AssetKey(["kafka", "orders"])}
-    topic = graph.get(AssetKey(["kafka", "orders"]))
-    assert topic.is_external
-    assert not topic.is_materializable
-    assert topic.group_name == "kafka"
+    topic, table = AssetKey(["kafka", "orders"]), AssetKey(["iceberg", "demo", "orders"])
+    commits = AssetKey(["ingestion", "orders", "commit_state"])
+    quarantine = AssetKey(["iceberg", "demo", "orders_quarantine"])
+    assert graph.get_all_asset_keys() == {topic, table, commits, quarantine}
+    assert graph.get(topic).is_external
+    assert not graph.get(topic).is_materializable
+    assert graph.get(table).parent_keys == {topic}
+    assert graph.get(commits).parent_keys == {table}
+    assert graph.get(quarantine).parent_keys == {topic}
+    assert {key.name for key in graph.asset_check_keys} == {
+        "group_id_consistency", "commit_freshness", "exactly_once_audit", "retention_risk",
+        "dead_letter_rate", "offsets_watermark_reachable",
+    }  # fmt: skip
 
 
 def test_jobs_schedules_and_resources() -> None:
@@ -42,7 +51,8 @@ def test_jobs_schedules_and_resources() -> None:
     assert defs.resolve_job_def("observe_topics").name == "observe_topics"
     schedule = defs.resolve_schedule_def("observe_topics_every_minute")
     assert schedule.default_status == DefaultScheduleStatus.RUNNING
-    assert set(defs.resources or {}) == {"kafka", "iceberg", "spark"}
+    assert set(defs.resources or {}) == {"kafka", "iceberg", "spark", "alerts"}
+    assert defs.resolve_sensor_def("orders_lag_sensor").job_name == "ingest_orders_job"
 
 
 @pytest.mark.integration

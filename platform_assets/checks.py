@@ -1,0 +1,122 @@
+"""Asset checks on each pipeline's table, evaluated from one read of the pipeline's state.
+
+The blocking ``group_id_consistency`` check lives on the ingestion multi-asset (it must run
+before ingestion); the others are here. Each message says what is wrong and how to fix it.
+"""
+
+from collections.abc import Callable, Iterator
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    multi_asset_check,
+)
+
+from ingestion.audit import audit_table
+from ingestion.health import (
+    Finding,
+    PipelineState,
+    check_commit_freshness,
+    check_dead_letter_rate,
+    check_retention_risk,
+    check_watermark_reachable,
+)
+from ingestion.spec import PipelineSpec
+from platform_assets.assets import GROUP_CHECK
+from platform_assets.pipelines import table_key
+from platform_assets.state import read_pipeline_state
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+STATE_CHECKS: dict[str, tuple[str, Callable[[PipelineState], Finding]]] = {
+    "commit_freshness": (
+        "Stale only while records wait and the last commit is older than the bound.",
+        check_commit_freshness,
+    ),
+    "retention_risk": (
+        "Committed offsets are not below, nor close to, the log start offset.",
+        check_retention_risk,
+    ),
+    "dead_letter_rate": (
+        "Quarantined / read over recent commits stays under the pipeline's bound.",
+        check_dead_letter_rate,
+    ),
+    "offsets_watermark_reachable": (
+        "The current snapshot's ancestry still carries this group's offsets.",
+        check_watermark_reachable,
+    ),
+}
+AUDIT_CHECK = "exactly_once_audit"
+
+
+def audit_finding(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> Finding:
+    """The oracle without ground truth: duplicates, regressions, shared files, overruns.
+
+    Reads only the metadata columns and the snapshot lineage, so it stays cheap.
+    """
+    catalog = iceberg.load_catalog()
+    if not catalog.table_exists(spec.table):
+        return Finding(True, "ERROR", "the table does not exist yet", {})
+    quarantine = None
+    if catalog.table_exists(spec.effective_quarantine_table):
+        quarantine = catalog.load_table(spec.effective_quarantine_table)
+    result = audit_table(catalog.load_table(spec.table), spec.effective_commit_group_id, quarantine)
+    metadata = {
+        "rows": result.rows, "quarantined": result.quarantined,
+        "duplicates": len(result.duplicates), "regressions": len(result.regressions),
+        "duplicate_files": len(result.duplicate_files),
+    }  # fmt: skip
+    if result.ok:
+        return Finding(
+            True, "ERROR", f"each (topic, partition, offset) once: {result.summary()}", metadata
+        )
+    return Finding(False, "ERROR", (
+        f"exactly-once violated: {result.summary()}. Stop the pipeline's runs, keep the "
+        "snapshots, and inspect the listed coordinates and snapshots."
+    ), metadata)  # fmt: skip
+
+
+def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
+    """A check result from a finding."""
+    return AssetCheckResult(
+        asset_key=table_key(spec), check_name=name, passed=finding.passed,
+        severity=AssetCheckSeverity(finding.severity), description=finding.message,
+        metadata=finding.metadata,
+    )  # fmt: skip
+
+
+def pipeline_check_keys(spec: PipelineSpec) -> list[AssetCheckKey]:
+    """Every check of the pipeline's table, the blocking group check included."""
+    names = [GROUP_CHECK, *STATE_CHECKS, AUDIT_CHECK]
+    return [AssetCheckKey(table_key(spec), name) for name in names]
+
+
+def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
+    """The table asset's checks (all but the blocking group check)."""
+    specs = [
+        AssetCheckSpec(name, asset=table_key(spec), description=description)
+        for name, (description, _) in STATE_CHECKS.items()
+    ]
+    specs.append(AssetCheckSpec(
+        AUDIT_CHECK, asset=table_key(spec),
+        description="No duplicate (topic, partition, offset), offset regression or shared file.",
+    ))  # fmt: skip
+
+    @multi_asset_check(name=f"{spec.name}_checks", specs=specs, can_subset=True)
+    def _checks(
+        context: AssetCheckExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
+    ) -> Iterator[AssetCheckResult]:
+        selected = {key.name for key in context.selected_asset_check_keys}
+        if selected & STATE_CHECKS.keys():
+            state = read_pipeline_state(spec, kafka, iceberg)
+            for name, (_, evaluate) in STATE_CHECKS.items():
+                if name in selected:
+                    yield to_result(spec, name, evaluate(state))
+        if AUDIT_CHECK in selected:
+            yield to_result(spec, AUDIT_CHECK, audit_finding(spec, iceberg))
+
+    return _checks

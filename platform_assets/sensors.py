@@ -1,0 +1,134 @@
+"""Sensors decide, assets do: the lag sensor reads offsets and requests runs (it never consumes
+or commits); the alert sensors turn failed checks and runs into alerts, once per change."""
+
+import json
+import time
+from typing import Any
+
+from dagster import (
+    AssetCheckEvaluation,
+    AssetCheckKey,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunFailureSensorContext,
+    RunRequest,
+    RunsFilter,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SkipReason,
+    run_failure_sensor,
+    sensor,
+)
+
+from ingestion.spec import PipelineSpec
+from platform_assets.jobs import AssetJob
+from platform_assets.state import read_pipeline_state
+from resources.alerts import Alert, AlertResource
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+          DagsterRunStatus.STARTED]  # fmt: skip
+
+
+def decide(
+    lag: int, first_lag_at: float | None, now: float, spec: PipelineSpec, busy: bool
+) -> tuple[bool, str, float | None]:
+    """Whether to request a run, why, and the new time lag was first seen (pure).
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> spec = parse_pipeline_spec({"name": "p", "topic": "t", "table": "n.t",
+        ...     "consumer_group_id": "g", "value_format": "raw", "max_lag_records": 100,
+        ...     "max_lag_seconds": 60})
+        >>> decide(0, None, 1000.0, spec, busy=False)[:2]
+        (False, 'idle: no uncommitted records')
+        >>> decide(150, None, 1000.0, spec, busy=False)[:2]
+        (True, 'lag 150 >= 100 records')
+        >>> decide(5, 900.0, 1000.0, spec, busy=False)[:2]
+        (True, 'oldest uncommitted lag is 100 s old >= 60 s')
+    """
+    if lag == 0:
+        return False, "idle: no uncommitted records", None
+    first = first_lag_at if first_lag_at is not None else now
+    age = now - first
+    if busy:
+        return False, f"lag {lag}: a run of {spec.name!r} is already queued or running", first
+    if lag >= spec.max_lag_records:
+        return True, f"lag {lag} >= {spec.max_lag_records} records", first
+    if age >= spec.max_lag_seconds:
+        return True, f"oldest uncommitted lag is {age:.0f} s old >= {spec.max_lag_seconds} s", first
+    return False, (
+        f"lag {lag} < {spec.max_lag_records} records and {age:.0f} s < {spec.max_lag_seconds} s"
+    ), first  # fmt: skip
+
+
+def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
+    """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds."""
+
+    @sensor(
+        name=f"{spec.name}_lag_sensor", job=job, minimum_interval_seconds=15,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Reads {spec.name!r} lag from offsets (no consumption) and requests runs.",
+    )  # fmt: skip
+    def _sensor(
+        context: SensorEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
+    ) -> RunRequest | SkipReason:
+        lag = sum(read_pipeline_state(spec, kafka, iceberg).lag().values())
+        cursor = json.loads(context.cursor) if context.cursor else {}
+        runs = context.instance.get_runs(RunsFilter(job_name=job.name, statuses=ACTIVE), limit=1)
+        launch, reason, first = decide(
+            lag, cursor.get("first_lag_at"), time.time(), spec, bool(runs)
+        )
+        context.update_cursor(json.dumps({"first_lag_at": None if launch else first, "lag": lag}))
+        if launch:
+            return RunRequest(tags={"trigger": "lag_sensor", "lag": str(lag)})
+        return SkipReason(reason)
+
+    return _sensor
+
+
+def build_check_alert_sensor(check_keys: list[AssetCheckKey]) -> SensorDefinition:
+    """Alert once when a check starts failing, and once when it passes again.
+
+    It reads the newest evaluation of each check; the cursor keeps each check's last state.
+    """
+
+    @sensor(name="check_alerts", minimum_interval_seconds=30,
+            default_status=DefaultSensorStatus.RUNNING)  # fmt: skip
+    def _alerts(context: SensorEvaluationContext, alerts: AlertResource) -> SkipReason:
+        states: dict[str, dict[str, Any]] = json.loads(context.cursor) if context.cursor else {}
+        sent = 0
+        for key in check_keys:
+            record = context.instance.get_latest_asset_check_evaluation_record(key)
+            name = f"{key.asset_key.to_user_string()} / {key.name}"
+            event = record.event.dagster_event if record and record.event else None
+            evaluation = event.event_specific_data if event else None
+            if record is None or not isinstance(evaluation, AssetCheckEvaluation):
+                continue  # never evaluated, or planned and not yet done
+            previous = states.get(name, {})
+            if previous.get("id") == record.id:
+                continue
+            message, details = evaluation.description or "", {"run_id": record.run_id}
+            if not evaluation.passed and previous.get("passed", True):
+                severity = evaluation.severity.value
+                alerts.send(Alert("check_failed", name, message, severity, details))
+                sent += 1
+            elif evaluation.passed and previous.get("passed") is False:
+                alerts.send(Alert("check_recovered", name, message, "INFO", details))
+                sent += 1
+            states[name] = {"id": record.id, "passed": evaluation.passed}
+        context.update_cursor(json.dumps(states))
+        return SkipReason(f"{len(check_keys)} checks read, {sent} alerts sent")
+
+    return _alerts
+
+
+@run_failure_sensor(name="run_failure_alerts", default_status=DefaultSensorStatus.RUNNING)
+def run_failure_alert_sensor(context: RunFailureSensorContext, alerts: AlertResource) -> None:
+    """Alert once per failed run, with the failure message."""
+    run = context.dagster_run
+    alerts.send(Alert(
+        "run_failed", f"run {run.run_id} of {run.job_name}",
+        context.failure_event.message or "run failed", "ERROR", {"run_id": run.run_id},
+    ))  # fmt: skip

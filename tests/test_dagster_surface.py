@@ -1,0 +1,252 @@
+"""The Dagster surface on the real stack: assets materialize, checks pass and fail with a fix,
+the seed misconfiguration blocks ingestion, sensors decide, alerts fire once per change."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pytest
+from dagster import (
+    AssetKey,
+    AssetSelection,
+    DagsterInstance,
+    RunRequest,
+    SkipReason,
+    build_sensor_context,
+    materialize,
+)
+
+from ingestion.spec import PipelineSpec
+from platform_assets.assets import build_pipeline_assets
+from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
+from platform_assets.definitions import build_definitions
+from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
+from platform_assets.sensors import build_check_alert_sensor, build_lag_sensor
+from resources.alerts import AlertResource
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from resources.spark import SparkResource
+from tests.support.ledger import LedgerProducer
+from tests.support.pipelines import make_spec, records
+
+pytestmark = pytest.mark.integration
+ALL_CHECKS = {
+    "group_id_consistency", "commit_freshness", "exactly_once_audit", "retention_risk",
+    "dead_letter_rate", "offsets_watermark_reachable",
+}  # fmt: skip
+
+
+@pytest.fixture
+def resources(
+    kafka: KafkaResource, catalog_resource: IcebergCatalogResource, spark_resource: SparkResource
+) -> dict[str, Any]:
+    return {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource,
+            "alerts": AlertResource()}  # fmt: skip
+
+
+def run_pipeline_assets(
+    spec: PipelineSpec, resources: dict[str, Any], checks_only: bool = False,
+    instance: DagsterInstance | None = None,
+) -> Any:  # fmt: skip
+    selection = AssetSelection.checks_for_assets(table_key(spec)) if checks_only else None
+    return materialize(
+        [*build_pipeline_assets(spec), build_pipeline_checks(spec)], resources=resources,
+        selection=selection, raise_on_error=False, instance=instance,
+    )  # fmt: skip
+
+
+def evaluations(result: Any) -> dict[str, Any]:
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_definitions_walk_every_spec_yields_its_surface() -> None:
+    specs = [
+        make_spec("orders", "walk_orders", errors_tolerance="all"),
+        make_spec("x", "walk_pattern", topic_pattern=r"clicks-.*"),
+    ]
+    defs = build_definitions(specs)
+    graph = defs.resolve_asset_graph()
+    checks = {(k.asset_key, k.name) for k in graph.asset_check_keys}
+    for spec in specs:
+        assert table_key(spec) in graph.get_all_asset_keys()
+        assert commit_state_key(spec) in graph.get_all_asset_keys()
+        assert {name for key, name in checks if key == table_key(spec)} == ALL_CHECKS
+        assert (
+            defs.resolve_sensor_def(f"{spec.name}_lag_sensor").job_name == f"ingest_{spec.name}_job"
+        )
+        assert defs.resolve_schedule_def(f"{spec.name}_fallback_schedule")
+        upstream = graph.get(table_key(spec)).parent_keys
+        assert upstream
+        assert all(key.path[0] == "kafka" for key in upstream)
+    assert quarantine_key(specs[0]) in graph.get_all_asset_keys()
+    assert AssetKey(["kafka", "walk_pattern_topics"]) in graph.get_all_asset_keys()
+    for name in ("ingest_all", "observe_topics", "run_checks"):
+        assert defs.resolve_job_def(name)
+    assert defs.resolve_sensor_def("check_alerts")
+    assert defs.resolve_sensor_def("run_failure_alerts")
+
+
+def test_materialize_ingests_and_every_check_passes(
+    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "dg_happy", errors_tolerance="all")
+    ledger_producer.produce(topic, records(300))
+    result = run_pipeline_assets(spec, resources)
+    assert result.success
+    table = result.asset_materializations_for_node(f"ingest_{spec.name}")
+    by_key = {m.asset_key: m.metadata for m in table}
+    metadata = by_key[table_key(spec)]
+    assert metadata["records"].value == 300
+    assert metadata["lag_after"].value == 0
+    assert metadata["committed"].value is True
+    assert metadata["files"].value >= 2
+    log = by_key[commit_state_key(spec)]["commit_log"].value
+    assert len(log.records) == 1
+    assert log.records[0].data["records"] == 300
+    assert quarantine_key(spec) in by_key
+    found = evaluations(result)
+    assert set(found) == ALL_CHECKS
+    assert all(e.passed for e in found.values()), {n: e.description for n, e in found.items()}
+
+
+def test_seed_misconfiguration_fails_the_check_and_blocks_ingestion(
+    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """Offsets live under the old default commit group; the pipeline now says
+    ``connect-sink-group``: the blocking check names both ids and the fix; nothing is read."""
+    topic = create_topic(partitions=1)
+    ledger_producer.produce(topic, records(20))
+    old = make_spec(topic, "seed", consumer_group_id="cg-control")
+    assert run_pipeline_assets(old, resources).success
+    ledger_producer.produce(topic, records(20, first=20))
+    seed = make_spec(topic, "seed", consumer_group_id="connect-sink-group")
+    before = resources["iceberg"].load_catalog().load_table(seed.table).current_snapshot()
+    result = run_pipeline_assets(seed, resources)
+    assert not result.success
+    check = evaluations(result)["group_id_consistency"]
+    assert not check.passed
+    assert "'cg-control'" in check.description
+    assert "'connect-sink-group'" in check.description
+    assert "Fix: set consumer_group_id back to 'cg-control'" in check.description
+    after = resources["iceberg"].load_catalog().load_table(seed.table).current_snapshot()
+    assert after.snapshot_id == before.snapshot_id  # ingestion was blocked
+
+
+def test_failing_checks_say_what_and_how(
+    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """commit_freshness (lag + old commit), dead_letter_rate, exactly_once_audit (a duplicate
+    appended behind the pipeline's back) and offsets_watermark_reachable (expired) fail."""
+    import time
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "dg_bad", errors_tolerance="all", freshness_bound_seconds=1,
+                     max_dead_letter_ratio=0.05)  # fmt: skip
+    ledger_producer.produce(topic, [*records(10), (b"bad", b"{nope", None)])
+    assert run_pipeline_assets(spec, resources).success
+    ledger_producer.produce(topic, records(5, first=10))
+    time.sleep(1.5)
+    found = evaluations(run_pipeline_assets(spec, resources, checks_only=True))
+    assert not found["commit_freshness"].passed
+    assert "5 records are waiting" in found["commit_freshness"].description
+    assert not found["dead_letter_rate"].passed
+    assert "1 of 11 records" in found["dead_letter_rate"].description
+    assert found["exactly_once_audit"].passed
+
+    table = resources["iceberg"].load_catalog().load_table(spec.table)
+    duplicate = table.scan(limit=1).to_arrow()
+    table.append(pa.Table.from_pylist(duplicate.to_pylist(), schema=table.schema().as_arrow()))
+    table = resources["iceberg"].load_catalog().load_table(spec.table)
+    current = table.current_snapshot()
+    older = [
+        s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current.snapshot_id
+    ]
+    table.maintenance.expire_snapshots().by_ids(older).commit()
+    found = evaluations(run_pipeline_assets(spec, resources, checks_only=True))
+    assert not found["exactly_once_audit"].passed
+    assert "duplicates: 1" in found["exactly_once_audit"].description
+    assert not found["offsets_watermark_reachable"].passed
+    assert "reset the offsets explicitly" in found["offsets_watermark_reachable"].description
+
+
+def test_lag_sensor_requests_runs_only_over_threshold(
+    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "dg_sensor", max_lag_records=50, max_lag_seconds=3600)
+    defs = build_definitions([spec])
+    sensor = build_lag_sensor(spec, defs.resolve_job_def(f"ingest_{spec.name}_job"))  # type: ignore[arg-type]
+    sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
+    with DagsterInstance.ephemeral() as instance:
+        context = build_sensor_context(instance=instance, resources=sensor_resources)
+        idle = sensor(context)
+        assert isinstance(idle, SkipReason)
+        assert "idle" in (idle.skip_message or "")
+        ledger_producer.produce(topic, records(10))
+        small = sensor(build_sensor_context(instance=instance, resources=sensor_resources,
+                                             cursor=context.cursor))  # fmt: skip
+        assert isinstance(small, SkipReason)
+        assert "lag 10 < 50 records" in (small.skip_message or "")
+        ledger_producer.produce(topic, records(60, first=10))
+        launched = sensor(build_sensor_context(instance=instance, resources=sensor_resources))
+        assert isinstance(launched, RunRequest)
+        assert launched.tags["lag"] == "70"
+
+
+class Collector(BaseHTTPRequestHandler):
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers["Content-Length"])
+        Collector.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+
+@pytest.fixture
+def webhook() -> Iterator[str]:
+    Collector.received = []
+    server = HTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/alerts"
+    server.shutdown()
+    server.server_close()
+
+
+def test_alert_sensor_one_webhook_per_state_change_and_recovery(
+    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    webhook: str,
+) -> None:  # fmt: skip
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "dg_alerts", errors_tolerance="all", max_dead_letter_ratio=0.05)
+    alerts = {"alerts": AlertResource(webhook_url=webhook)}
+    check_alert_sensor = build_check_alert_sensor(pipeline_check_keys(spec))
+    with DagsterInstance.ephemeral() as instance:
+        ledger_producer.produce(topic, [*records(5), (b"bad", b"{nope", None)])
+        assert run_pipeline_assets(spec, resources, instance=instance).success
+        context = build_sensor_context(instance=instance, resources=alerts)
+        check_alert_sensor(context)
+        failed = [a for a in Collector.received if a["kind"] == "check_failed"]
+        assert len(failed) == 1
+        assert "dead_letter_rate" in failed[0]["title"]
+        assert "went to tests.dg_alerts_quarantine" in failed[0]["message"]
+        run_pipeline_assets(spec, resources, checks_only=True, instance=instance)  # still failing
+        check_alert_sensor(build_sensor_context(instance=instance, resources=alerts,
+                                                cursor=context.cursor))  # fmt: skip
+        assert len(Collector.received) == 1
+        ledger_producer.produce(topic, records(200, first=5))
+        assert run_pipeline_assets(spec, resources, instance=instance).success
+        check_alert_sensor(build_sensor_context(instance=instance, resources=alerts,
+                                                cursor=context.cursor))  # fmt: skip
+    kinds = [a["kind"] for a in Collector.received]
+    assert kinds == ["check_failed", "check_recovered"]
