@@ -223,11 +223,11 @@ def check_retention_risk(state: PipelineState) -> Finding:
             "the loss, and lengthen the topic's retention."
         ), {"partitions_lost": len(lost)})  # fmt: skip
     lag = state.lag()
+    # A log that still starts at 0 has never lost a record to retention: no risk to report.
     close = sorted(
-        k
-        for k, o in committed.items()
-        if k in starts and lag.get(k, 0) > 0 and o - starts[k] < margin
-    )
+        k for k, o in committed.items()
+        if starts.get(k, 0) > 0 and lag.get(k, 0) > 0 and o - starts[k] < margin
+    )  # fmt: skip
     if close:
         return Finding(False, "WARN", (
             f"uncommitted records within {margin} offsets of deletion at {close[:5]}: ingest "

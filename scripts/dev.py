@@ -33,6 +33,8 @@ DAGSTER_YAML = """\
 # Written by scripts/dev.py for the embedded stack.
 telemetry:
   enabled: false
+nux:
+  enabled: false
 freshness:
   enabled: true
 concurrency:

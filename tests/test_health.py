@@ -1,0 +1,104 @@
+"""The check evaluations as pure functions over a pipeline state (unit level)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ingestion.health import (
+    Commit,
+    PipelineState,
+    check_commit_freshness,
+    check_dead_letter_rate,
+    check_group_consistency,
+    check_retention_risk,
+    check_watermark_reachable,
+)
+from ingestion.offsets import CommittedState, TopicOffsets
+from ingestion.topics import PartitionState, TopicState
+from tests.support.pipelines import make_spec
+
+SPEC = make_spec("orders", "health", retention_margin_records=100, freshness_bound_seconds=60)
+
+
+def state(
+    committed: dict[int, int] | None = None, ends: dict[int, int] | None = None,
+    starts: dict[int, int] | None = None, **changes: Any,
+) -> PipelineState:  # fmt: skip
+    ends = ends or {0: 10}
+    starts = starts or {}
+    parts = tuple(PartitionState(p, starts.get(p, 0), e) for p, e in ends.items())
+    result = PipelineState(SPEC, table_exists=True, topics=[TopicState("orders", "id", parts)])
+    if committed is not None:
+        result.committed = CommittedState(1, {"orders": TopicOffsets("id", committed)}, "c", "k")
+        result.group_offsets = {("orders", p): o for p, o in committed.items()}
+        result.table_has_rows = True
+    for key, value in changes.items():
+        setattr(result, key, value)
+    return result
+
+
+def commit(age_s: float, records: int = 10, dead: int = 0, now_ms: int = 1_000_000) -> Commit:
+    return Commit(1, now_ms - int(age_s * 1000), records, dead, {}, {})
+
+
+@pytest.mark.parametrize(
+    ("current", "passed", "severity", "text"),
+    [
+        (state({0: 10}), True, "ERROR", "group ids agree"),
+        (state(None, other_groups={"cg-control"}), False, "ERROR", "Fix: set consumer_group_id"),
+        (state({0: 10}, group_state="STABLE"), False, "ERROR", "active members"),
+        (state({0: 5}, group_offsets={("orders", 0): 9}), False, "ERROR", "ahead of the table"),
+        (state({0: 9}, group_offsets={("orders", 0): 5}), False, "WARN", "behind the table"),
+        (state({0: 9}, group_offsets={}), False, "WARN", "next run repairs it"),
+    ],
+    ids=["ok", "other-group", "foreign-member", "ahead", "behind", "missing-mirror"],
+)
+def test_group_consistency(current: PipelineState, passed: bool, severity: str, text: str) -> None:
+    finding = check_group_consistency(current)
+    assert (finding.passed, finding.severity) == (passed, severity)
+    assert text in finding.message
+
+
+@pytest.mark.parametrize(
+    ("current", "passed", "text"),
+    [
+        (state({0: 10}, commits=[commit(3600)]), True, "table is current"),  # idle is healthy
+        (state({0: 4}, commits=[commit(30)]), True, "6 records pending"),
+        (state({0: 4}, commits=[commit(120)]), False, "6 records are waiting"),
+        (state(None), False, "last commit was never"),
+    ],
+    ids=["idle", "lag-recent", "lag-stale", "never-committed"],
+)
+def test_commit_freshness(current: PipelineState, passed: bool, text: str) -> None:
+    finding = check_commit_freshness(current, now_ms=1_000_000)
+    assert finding.passed is passed
+    assert text in finding.message
+
+
+@pytest.mark.parametrize(
+    ("current", "passed", "severity", "text"),
+    [
+        (state({0: 5}, ends={0: 500}), True, "ERROR", "clear of the retention"),  # log starts at 0
+        (state({0: 5}, ends={0: 500}, starts={0: 8}), False, "ERROR", "deleted by retention"),
+        (state({0: 50}, ends={0: 500}, starts={0: 8}), False, "WARN", "within 100 offsets"),
+        (state({0: 500}, ends={0: 500}, starts={0: 450}), True, "ERROR", "clear"),  # no lag
+    ],
+    ids=["never-deleted", "lost", "at-risk", "caught-up"],
+)
+def test_retention_risk(current: PipelineState, passed: bool, severity: str, text: str) -> None:
+    finding = check_retention_risk(current)
+    assert (finding.passed, finding.severity) == (passed, severity)
+    assert text in finding.message
+
+
+def test_dead_letter_rate_and_watermark() -> None:
+    low = state({0: 10}, commits=[commit(1, records=990, dead=10)])
+    high = state({0: 10}, commits=[commit(1, records=90, dead=10)])
+    assert check_dead_letter_rate(low).passed
+    assert not check_dead_letter_rate(high).passed
+    assert "10 of 100 records (10.00%)" in check_dead_letter_rate(high).message
+    assert check_watermark_reachable(state({0: 1})).passed
+    lost = state(None, table_has_rows=True)
+    assert not check_watermark_reachable(lost).passed
