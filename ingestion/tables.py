@@ -51,6 +51,19 @@ def parse_type(name: str) -> IcebergType:
     return primitives[name]
 
 
+def coordinate_columns(key_type: IcebergType) -> list[tuple[str, IcebergType, bool]]:
+    """(name, type, required) of the Kafka metadata columns every row carries."""
+    from pyiceberg.types import IntegerType, LongType, StringType, TimestamptzType
+
+    return [
+        ("_kafka_topic", StringType(), True),
+        ("_kafka_partition", IntegerType(), True),
+        ("_kafka_offset", LongType(), True),
+        ("_kafka_timestamp", TimestamptzType(), False),
+        ("_kafka_key", key_type, False),
+    ]
+
+
 def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     """Return the table schema: declared (or ``derived``, e.g. from Avro) fields, metadata last.
 
@@ -59,11 +72,8 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     from pyiceberg.schema import Schema
     from pyiceberg.types import (
         BinaryType,
-        IntegerType,
-        LongType,
         NestedField,
         StringType,
-        TimestamptzType,
     )
 
     if spec.schema_fields:
@@ -77,14 +87,7 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
         fields = [NestedField(1, "value", BinaryType(), required=False)]
     else:
         raise ValueError(f"pipeline {spec.name!r}: no declared or derived schema")
-    key_type = StringType() if spec.key_format == "string" else BinaryType()
-    metadata = [
-        ("_kafka_topic", StringType(), True),
-        ("_kafka_partition", IntegerType(), True),
-        ("_kafka_offset", LongType(), True),
-        ("_kafka_timestamp", TimestamptzType(), False),
-        ("_kafka_key", key_type, False),
-    ]
+    metadata = coordinate_columns(StringType() if spec.key_format == "string" else BinaryType())
     first = max(Schema(*fields).highest_field_id, len(fields)) + 1
     fields += [
         NestedField(first + i, name, kind, required=required)
@@ -136,17 +139,12 @@ def build_quarantine_schema(spec: PipelineSpec) -> Schema:
     from pyiceberg.schema import Schema
     from pyiceberg.types import (
         BinaryType,
-        IntegerType,
-        LongType,
         NestedField,
         StringType,
-        TimestamptzType,
     )
 
     columns = [
-        ("_kafka_topic", StringType(), True), ("_kafka_partition", IntegerType(), True),
-        ("_kafka_offset", LongType(), True), ("_kafka_timestamp", TimestamptzType(), False),
-        ("_kafka_key", BinaryType(), False), ("value", BinaryType(), False),
+        *coordinate_columns(BinaryType()), ("value", BinaryType(), False),
         ("error_class", StringType(), True), ("error_message", StringType(), True),
         ("pipeline", StringType(), True), ("commit_id", StringType(), True),
     ]  # fmt: skip

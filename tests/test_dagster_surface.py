@@ -250,3 +250,32 @@ def test_alert_sensor_one_webhook_per_state_change_and_recovery(
                                                 cursor=context.cursor))  # fmt: skip
     kinds = [a["kind"] for a in Collector.received]
     assert kinds == ["check_failed", "check_recovered"]
+
+
+def test_run_failure_alert_names_the_run_and_the_cause(
+    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    webhook: str,
+) -> None:  # fmt: skip
+    """A blocked run (renamed group) fails; the run failure sensor sends one alert for it."""
+    from dagster import build_run_status_sensor_context
+
+    from platform_assets.sensors import run_failure_alert_sensor
+
+    topic = create_topic(partitions=1)
+    ledger_producer.produce(topic, records(5))
+    assert run_pipeline_assets(
+        make_spec(topic, "dg_runfail", consumer_group_id="a"), resources
+    ).success
+    renamed = make_spec(topic, "dg_runfail", consumer_group_id="b")
+    with DagsterInstance.ephemeral() as instance:
+        result = run_pipeline_assets(renamed, resources, instance=instance)
+        assert not result.success
+        context = build_run_status_sensor_context(
+            sensor_name="run_failure_alerts", dagster_event=result.get_run_failure_event(),
+            dagster_instance=instance, dagster_run=result.dagster_run,
+            resources={"alerts": AlertResource(webhook_url=webhook)},
+        ).for_run_failure()  # fmt: skip
+        run_failure_alert_sensor(context)
+    (alert,) = Collector.received
+    assert alert["kind"] == "run_failed"
+    assert result.dagster_run.run_id in alert["title"]

@@ -10,7 +10,12 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from ingestion.errors import TopicNotFoundError
-from ingestion.topics import describe_topic, list_matching_topics, read_newest_timestamp_ms
+from ingestion.topics import (
+    TopicState,
+    describe_topic,
+    list_matching_topics,
+    read_newest_timestamp_ms,
+)
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -71,16 +76,20 @@ def produce_mixed_transactions(kafka: KafkaResource, topic: str, ledger: Ledger)
     producer.produce_transaction(topic, [(b"e", b"5", 0)], commit=True)
 
 
+def describe(kafka: KafkaResource, topic: str) -> TopicState:
+    consumer = kafka.get_consumer()
+    try:
+        return describe_topic(kafka.get_admin_client(), consumer, topic)
+    finally:
+        consumer.close()
+
+
 def test_transaction_end_offsets_cover_the_markers(
     kafka: KafkaResource, create_topic: Callable[..., str], ledger: Ledger
 ) -> None:
     topic = create_topic(partitions=2)
     produce_mixed_transactions(kafka, topic, ledger)
-    consumer = kafka.get_consumer()
-    try:
-        state = describe_topic(kafka.get_admin_client(), consumer, topic)
-    finally:
-        consumer.close()
+    state = describe(kafka, topic)
     assert state.end_offsets == {0: 6, 1: 4}  # records + one control record per transaction
     assert len(ledger.aborted(topic)) == 2
     assert ledger.committed(topic) <= read_all(kafka, topic, state.end_offsets)
@@ -96,11 +105,7 @@ def test_read_committed_hides_aborted_records(
 ) -> None:
     topic = create_topic(partitions=2)
     produce_mixed_transactions(kafka, topic, ledger)
-    consumer = kafka.get_consumer()
-    try:
-        state = describe_topic(kafka.get_admin_client(), consumer, topic)
-    finally:
-        consumer.close()
+    state = describe(kafka, topic)
     assert not read_all(kafka, topic, state.end_offsets) & ledger.aborted(topic)
 
 
