@@ -21,7 +21,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-dev: java $(STAMP)
+# The dbt manifest the Dagster definitions load (dbt/target is git-ignored).
+DBT_MANIFEST := dbt/target/manifest.json
+DBT_SOURCES := $(shell find dbt -name '*.yml' -not -path 'dbt/target/*' -o -name '*.sql' -not -path 'dbt/target/*')
+
+$(DBT_MANIFEST): $(STAMP) $(DBT_SOURCES)
+	cd dbt && DBT_PROFILES_DIR=. ../$(BIN)/dbt parse --quiet
+
+dev: java $(STAMP) $(DBT_MANIFEST)
 	$(BIN)/python scripts/dev.py
 
 lint: $(STAMP)
@@ -31,14 +38,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-validate: $(STAMP)
+validate: $(STAMP) $(DBT_MANIFEST)
 	DAGSTER_HOME= $(BIN)/dagster definitions validate -w workspace.yaml
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
 
-pytest: java $(STAMP)
+pytest: java $(STAMP) $(DBT_MANIFEST)
 	$(BIN)/pytest
 
 test: java lint typecheck validate pytest
 
 clean:
-	rm -rf .platform
+	rm -rf .platform dbt/target dbt/logs

@@ -5,6 +5,7 @@ from dagster import Definitions
 from ingestion.spec import PipelineSpec
 from platform_assets.assets import build_pipeline_assets
 from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
+from platform_assets.dbt import build_dbt_assets, dbt_resource, load_dbt_project
 from platform_assets.jobs import (
     build_ingest_all_job,
     build_ingest_job,
@@ -38,8 +39,9 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
         schedules.append(build_fallback_schedule(spec, ingest))
     observe, run_checks = build_observe_topics_job(specs), build_run_checks_job(specs)
     check_keys = [key for spec in specs for key in pipeline_check_keys(spec)]
+    dbt_project = load_dbt_project()
     return Definitions(
-        assets=assets,
+        assets=[*assets, build_dbt_assets(dbt_project)],
         asset_checks=checks,
         jobs=[*jobs, build_ingest_all_job(specs), observe, run_checks],
         schedules=[
@@ -48,7 +50,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
             build_checks_schedule(run_checks),
         ],
         sensors=[*sensors, build_check_alert_sensor(check_keys), run_failure_alert_sensor],
-        resources=build_resources(),
+        resources={**build_resources(), "dbt": dbt_resource(dbt_project)},
     )
 
 

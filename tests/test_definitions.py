@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from dagster import AssetKey, DagsterInstance, DefaultScheduleStatus, Definitions
+from dagster import AssetCheckKey, AssetKey, DagsterInstance, DefaultScheduleStatus, Definitions
 
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
@@ -34,16 +34,29 @@ def test_asset_graph() -> None:
     topic, table = AssetKey(["kafka", "orders"]), AssetKey(["iceberg", "demo", "orders"])
     commits = AssetKey(["ingestion", "orders", "commit_state"])
     quarantine = AssetKey(["iceberg", "demo", "orders_quarantine"])
-    assert graph.get_all_asset_keys() == {topic, table, commits, quarantine}
+    staging, mart = AssetKey(["stg_orders"]), AssetKey(["daily_revenue"])
+    incremental = AssetKey(["orders_incremental"])
+    assert graph.get_all_asset_keys() == {
+        topic,
+        table,
+        commits,
+        quarantine,
+        staging,
+        mart,
+        incremental,
+    }
+    assert graph.get(staging).parent_keys == {table}  # lineage: topic -> table -> dbt
+    assert graph.get(mart).parent_keys == {staging}
     assert graph.get(topic).is_external
     assert not graph.get(topic).is_materializable
     assert graph.get(table).parent_keys == {topic}
     assert graph.get(commits).parent_keys == {table}
     assert graph.get(quarantine).parent_keys == {topic}
-    assert {key.name for key in graph.asset_check_keys} == {
+    assert {key.name for key in graph.asset_check_keys if key.asset_key == table} == {
         "group_id_consistency", "commit_freshness", "exactly_once_audit", "retention_risk",
         "dead_letter_rate", "offsets_watermark_reachable",
     }  # fmt: skip
+    assert AssetCheckKey(staging, "unique_stg_orders_order_id") in graph.asset_check_keys
 
 
 def test_jobs_schedules_and_resources() -> None:
@@ -51,7 +64,7 @@ def test_jobs_schedules_and_resources() -> None:
     assert defs.resolve_job_def("observe_topics").name == "observe_topics"
     schedule = defs.resolve_schedule_def("observe_topics_every_minute")
     assert schedule.default_status == DefaultScheduleStatus.RUNNING
-    assert set(defs.resources or {}) == {"kafka", "iceberg", "spark", "alerts"}
+    assert set(defs.resources or {}) == {"kafka", "iceberg", "spark", "alerts", "dbt"}
     assert defs.resolve_sensor_def("orders_lag_sensor").job_name == "ingest_orders_job"
 
 
