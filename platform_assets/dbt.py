@@ -11,7 +11,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from dagster import AssetExecutionContext, AutomationCondition
+from dagster import (
+    AssetExecutionContext,
+    AssetSelection,
+    AutomationCondition,
+    AutomationConditionSensorDefinition,
+    DefaultSensorStatus,
+)
 from dagster_dbt import (
     DagsterDbtTranslator,
     DagsterDbtTranslatorSettings,
@@ -24,12 +30,14 @@ DBT_PROJECT_DIR = Path(__file__).resolve().parent.parent / "dbt"
 
 
 def load_dbt_project() -> DbtProject:
-    """The dbt project, with its manifest prepared if it is missing."""
+    """The dbt project, with its manifest prepared (``dbt parse``) if it is missing.
+
+    ``make`` prepares the manifest beforehand; dagster-dbt's own ``prepare_if_dev`` is not used
+    because it looks for ``dbt`` on PATH, which a non-activated virtualenv does not provide.
+    """
     project = DbtProject(project_dir=DBT_PROJECT_DIR, profiles_dir=DBT_PROJECT_DIR)
     if not project.manifest_path.exists():
-        project.preparer.prepare(project)
-    else:
-        project.prepare_if_dev()
+        dbt_resource(project).cli(["parse"], target_path=project.target_path).wait()
     return project
 
 
@@ -47,9 +55,22 @@ class PlatformDbtTranslator(DagsterDbtTranslator):
 
 def dbt_resource(project: DbtProject) -> DbtCliResource:
     """The dbt CLI resource for the project (profiles in ``dbt/profiles.yml``)."""
-    executable = Path(sys.executable).with_name("dbt")  # this environment's dbt, PATH or not
+    local = Path(sys.executable).with_name("dbt")  # this environment's dbt, on PATH or not
     return DbtCliResource(
-        project_dir=project, profiles_dir=str(DBT_PROJECT_DIR), dbt_executable=str(executable)
+        project_dir=project,
+        profiles_dir=str(DBT_PROJECT_DIR),
+        dbt_executable=str(local) if local.exists() else "dbt",
+    )
+
+
+def build_dbt_automation_sensor() -> AutomationConditionSensorDefinition:
+    """Evaluates the models' eager conditions; on by default (Dagster's own default sensor
+    for automation conditions starts off and must be toggled in the UI)."""
+    return AutomationConditionSensorDefinition(
+        "analytics_automation",
+        target=AssetSelection.groups("analytics"),
+        default_status=DefaultSensorStatus.RUNNING,
+        minimum_interval_seconds=30,
     )
 
 

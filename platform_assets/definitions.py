@@ -5,7 +5,12 @@ from dagster import Definitions
 from ingestion.spec import PipelineSpec
 from platform_assets.assets import build_pipeline_assets
 from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
-from platform_assets.dbt import build_dbt_assets, dbt_resource, load_dbt_project
+from platform_assets.dbt import (
+    build_dbt_assets,
+    build_dbt_automation_sensor,
+    dbt_resource,
+    load_dbt_project,
+)
 from platform_assets.jobs import (
     build_ingest_all_job,
     build_ingest_job,
@@ -49,7 +54,12 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
             build_observe_topics_schedule(observe),
             build_checks_schedule(run_checks),
         ],
-        sensors=[*sensors, build_check_alert_sensor(check_keys), run_failure_alert_sensor],
+        sensors=[
+            *sensors,
+            build_check_alert_sensor(check_keys),
+            run_failure_alert_sensor,
+            build_dbt_automation_sensor(),
+        ],
         resources={**build_resources(), "dbt": dbt_resource(dbt_project)},
     )
 

@@ -66,6 +66,7 @@ def test_jobs_schedules_and_resources() -> None:
     assert schedule.default_status == DefaultScheduleStatus.RUNNING
     assert set(defs.resources or {}) == {"kafka", "iceberg", "spark", "alerts", "dbt"}
     assert defs.resolve_sensor_def("orders_lag_sensor").job_name == "ingest_orders_job"
+    assert defs.resolve_sensor_def("analytics_automation").default_status.value == "RUNNING"
 
 
 @pytest.mark.integration
