@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ingestion.offsets import (
     COMMIT_ID,
@@ -164,3 +164,48 @@ def _check_commit_counts(
                 f"snapshot {snapshot.snapshot_id}: added {added} != visible {visible}"
             )
         previous = current
+
+
+def verify_latest_commit(
+    table: Table, group_id: str, kafka_config: dict[str, Any], pipeline: str,
+    max_offsets: int = 100_000, timeout_s: float = 30.0,
+) -> tuple[bool | None, str]:  # fmt: skip
+    """Compare the newest commit's added + dead-lettered records with an independent
+    ``read_committed`` count of its offset ranges in Kafka (the oracle in production).
+
+    Returns (True, ...) when they match, (False, why) when they do not, and (None, why) when
+    the commit cannot be checked: it is the first one (its start is unknown), or its ranges
+    exceed ``max_offsets`` (the check stays cheap).
+    """
+    from confluent_kafka import Consumer
+
+    from ingestion.health import commits_of
+    from ingestion.plan import OffsetRange
+    from ingestion.read import iter_range, reader_config
+
+    commits = commits_of(table, group_id, limit=2)
+    if len(commits) < 2:
+        return None, "the first commit has no known start: not verified"
+    newest, previous = commits
+    ranges = [
+        OffsetRange(topic, partition, previous.offsets.get((topic, partition), end), end)
+        for (topic, partition), end in sorted(newest.offsets.items())
+    ]
+    ranges = [r for r in ranges if r.size > 0]
+    if sum(r.size for r in ranges) > max_offsets:
+        return None, f"the newest commit covers more than {max_offsets} offsets: not verified"
+    consumer = Consumer(reader_config(kafka_config, pipeline))
+    try:
+        visible = sum(
+            sum(1 for _ in iter_range(consumer, r, timeout_s, f"audit of {pipeline!r}"))
+            for r in ranges
+        )
+    finally:
+        consumer.close()
+    added = newest.records + newest.dead_lettered
+    if added != visible:
+        return False, (
+            f"snapshot {newest.snapshot_id} added {added} records (with dead letters) but Kafka "
+            f"holds {visible} visible records in its ranges"
+        )
+    return True, f"newest commit: {added} records = {visible} visible in Kafka"

@@ -11,6 +11,7 @@ one set per range is ever committed.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,7 @@ from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.plan import OffsetRange
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Message
     from pyiceberg.manifest import DataFile
     from pyiceberg.table.metadata import TableMetadata
 
@@ -79,44 +81,64 @@ class _Raw:
     timestamps: list[int] = field(default_factory=list)
 
 
-def read_range(spec: TaskSpec) -> _Raw:
-    """Read ``[start, end)`` of one partition; raise :class:`ReadError` if it cannot finish."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    rng = spec.range
-    where = f"pipeline {spec.pipeline!r}, {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})"
-    config = {
-        **spec.kafka_config,
-        "group.id": f"kafka-iceberg-{spec.pipeline}-reader",  # required; never joined (R25)
+def reader_config(kafka_config: dict[str, Any], pipeline: str) -> dict[str, Any]:
+    """Consumer settings for ``assign()`` reads: never joins or commits to a group (R25)."""
+    return {
+        **kafka_config,
+        "group.id": f"kafka-iceberg-{pipeline}-reader",  # required by librdkafka; never joined
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         "auto.offset.reset": "error",
         "isolation.level": "read_committed",
     }
+
+
+def iter_range(
+    consumer: Consumer, rng: OffsetRange, timeout_s: float, where: str
+) -> Iterator[Message]:
+    """Yield the visible records of ``[start, end)``; done when the position reaches the end.
+
+    Offsets may have gaps (transaction markers, compaction): the loop never waits for offset
+    end - 1. Records at or after the end (produced after the plan) are not yielded.
+
+    Raises:
+        ReadError: a broker error, or no progress for ``timeout_s`` (an impossible end, R17).
+    """
+    from confluent_kafka import TopicPartition
+
+    consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+    position, last_progress = rng.start, time.monotonic()
+    while position < rng.end:
+        for message in consumer.consume(num_messages=10_000, timeout=0.5):
+            if message.error() is not None:
+                raise errors.ReadError(f"{where}: {message.error()}")
+            if int(message.offset() or 0) < rng.end:
+                yield message
+        (current,) = consumer.position([TopicPartition(rng.topic, rng.partition)])
+        if current.offset > position:
+            position, last_progress = current.offset, time.monotonic()
+        elif time.monotonic() - last_progress > timeout_s:
+            raise errors.ReadError(
+                f"{where}: no progress past offset {position} for {timeout_s:.0f} s "
+                "(planned end beyond the log, or broker unavailable); nothing was committed"
+            )
+    consumer.unassign()
+
+
+def read_range(spec: TaskSpec) -> _Raw:
+    """Read ``[start, end)`` of one partition; raise :class:`ReadError` if it cannot finish."""
+    from confluent_kafka import Consumer
+
+    rng = spec.range
+    where = f"pipeline {spec.pipeline!r}, {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})"
     raw = _Raw()
-    consumer = Consumer(config)
+    consumer = Consumer(reader_config(spec.kafka_config, spec.pipeline))
     try:
-        consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-        position, last_progress = rng.start, time.monotonic()
-        while position < rng.end:
-            for message in consumer.consume(num_messages=10_000, timeout=0.5):
-                if message.error() is not None:
-                    raise errors.ReadError(f"{where}: {message.error()}")
-                offset = int(message.offset() or 0)
-                if offset >= rng.end:  # planned end is frozen: later records are the next run's
-                    continue
-                raw.offsets.append(offset)
-                raw.keys.append(message.key())
-                raw.values.append(message.value())
-                raw.timestamps.append(message.timestamp()[1])
-            (current,) = consumer.position([TopicPartition(rng.topic, rng.partition)])
-            if current.offset > position:
-                position, last_progress = current.offset, time.monotonic()
-            elif time.monotonic() - last_progress > spec.read_timeout_s:
-                raise errors.ReadError(
-                    f"{where}: no progress past offset {position} for {spec.read_timeout_s:.0f} s "
-                    "(planned end beyond the log, or broker unavailable); nothing was committed"
-                )
+        for message in iter_range(consumer, rng, spec.read_timeout_s, where):
+            raw.offsets.append(int(message.offset() or 0))
+            raw.keys.append(message.key())
+            raw.values.append(message.value())
+            raw.timestamps.append(message.timestamp()[1])
     finally:
         consumer.close()
     return raw

@@ -16,7 +16,7 @@ from dagster import (
     multi_asset_check,
 )
 
-from ingestion.audit import audit_table
+from ingestion.audit import audit_table, verify_latest_commit
 from ingestion.health import (
     Finding,
     PipelineState,
@@ -53,23 +53,30 @@ STATE_CHECKS: dict[str, tuple[str, Callable[[PipelineState], Finding]]] = {
 AUDIT_CHECK = "exactly_once_audit"
 
 
-def audit_finding(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> Finding:
-    """The oracle without ground truth: duplicates, regressions, shared files, overruns.
-
-    Reads only the metadata columns and the snapshot lineage, so it stays cheap.
-    """
+def audit_finding(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource, kafka: KafkaResource
+) -> Finding:
+    """The oracle in production: duplicates, regressions, shared files and overruns from the
+    metadata columns and the snapshot lineage, and the newest commit's record count against an
+    independent read_committed count of its ranges in Kafka."""
     catalog = iceberg.load_catalog()
     if not catalog.table_exists(spec.table):
         return Finding(True, "ERROR", "the table does not exist yet", {})
     quarantine = None
     if catalog.table_exists(spec.effective_quarantine_table):
         quarantine = catalog.load_table(spec.effective_quarantine_table)
-    result = audit_table(catalog.load_table(spec.table), spec.effective_commit_group_id, quarantine)
+    table = catalog.load_table(spec.table)
+    result = audit_table(table, spec.effective_commit_group_id, quarantine)
+    counted, counting = verify_latest_commit(
+        table, spec.effective_commit_group_id, kafka.client_config(), spec.name
+    )
     metadata = {
         "rows": result.rows, "quarantined": result.quarantined,
         "duplicates": len(result.duplicates), "regressions": len(result.regressions),
-        "duplicate_files": len(result.duplicate_files),
+        "duplicate_files": len(result.duplicate_files), "newest_commit_count": counting,
     }  # fmt: skip
+    if counted is False:
+        result.commit_mismatches.append(counting)
     if result.ok:
         return Finding(
             True, "ERROR", f"each (topic, partition, offset) once: {result.summary()}", metadata
@@ -117,6 +124,6 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
                 if name in selected:
                     yield to_result(spec, name, evaluate(state))
         if AUDIT_CHECK in selected:
-            yield to_result(spec, AUDIT_CHECK, audit_finding(spec, iceberg))
+            yield to_result(spec, AUDIT_CHECK, audit_finding(spec, iceberg, kafka))
 
     return _checks

@@ -466,3 +466,41 @@ def test_starting_positions_apply_only_without_offsets(
     ledger_producer.produce(topic, records(10, first=30))
     second = harness.run(spec)
     assert first.records + second.records == expected
+
+
+def test_production_oracle_counts_the_newest_commit_in_kafka(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+) -> None:
+    """The audit's independent read_committed count catches a commit that advanced offsets
+    past records it did not add (a simulated lost-data bug)."""
+    from ingestion import offsets as props
+    from ingestion.audit import verify_latest_commit
+
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "prod_oracle")
+    ledger_producer.produce(topic, records(40))
+    harness.run(spec)
+    group, config = spec.effective_commit_group_id, harness.kafka.client_config()
+    assert verify_latest_commit(harness.table(spec), group, config, spec.name)[0] is None
+    ledger_producer.produce(topic, records(20, first=40))
+    harness.run(spec)
+    ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)
+    assert ok is True, message
+    ledger_producer.produce(topic, records(10, first=60))
+    captured: dict[str, Any] = {}
+
+    def capture_and_crash(point: str, **context: Any) -> None:
+        captured["plan"] = context["plan"]
+        raise errors.InjectedFailure(point)
+
+    with pytest.raises(errors.InjectedFailure):
+        harness.run(spec, hooks=FailureHooks({"before_commit": capture_and_crash}))
+    plan = captured["plan"]
+    commit_data(harness.catalog, plan, [], {
+        props.OFFSETS_PREFIX + group: props.encode_offsets(plan.next_offsets()),
+        props.COMMIT_ID: plan.commit_id, props.RECORDS: "0", props.DEAD_LETTERED: "0",
+    })  # fmt: skip
+    ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)
+    assert ok is False
+    assert "added 0 records" in message
+    assert "holds 10 visible records" in message
