@@ -1,0 +1,114 @@
+"""The measured workloads: produce, the consume-only limit, a naive baseline, and ours."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import orjson
+import pyarrow as pa
+
+from ingestion.plan import OffsetRange
+from ingestion.read import iter_range, reader_config
+from platform_assets.demo import encode_event, make_order_event
+
+
+def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: int) -> float:
+    """Produce ``records`` order events round-robin; return records/s.
+
+    Each partition's last record goes in a batch of its own (after a flush), so the embedded
+    broker's end offsets are exact (Tansu reports the last batch's base offset + 1).
+    """
+    from confluent_kafka import Producer
+
+    producer = Producer({**kafka_config, "linger.ms": 50, "batch.size": 1_000_000,
+                         "compression.type": "lz4", "enable.idempotence": True})  # fmt: skip
+    rng = random.Random(42)
+    started = time.monotonic()
+    last = {}
+    for i in range(records):
+        event = make_order_event(rng, i)
+        partition = i % partitions
+        record = (event["order_id"].encode(), encode_event(event))
+        if i >= records - partitions:
+            last[partition] = record
+            continue
+        while True:
+            try:
+                producer.produce(topic, key=record[0], value=record[1], partition=partition)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    for partition, (key, value) in last.items():
+        producer.produce(topic, key=key, value=value, partition=partition)
+    producer.flush(60)
+    return records / (time.monotonic() - started)
+
+
+def _consume_only(args: tuple[dict[str, Any], list[OffsetRange]]) -> tuple[int, float]:
+    from confluent_kafka import Consumer
+
+    config, ranges = args
+    consumer = Consumer(reader_config(config, "bench-limit"))
+    started = time.monotonic()
+    try:
+        counted = sum(sum(1 for _ in iter_range(consumer, r, 60, "limit")) for r in ranges)
+    finally:
+        consumer.close()
+    return counted, time.monotonic() - started
+
+
+def limit(kafka_config: dict[str, Any], ranges: list[OffsetRange], processes: int) -> float:
+    """Consume-only records/s with ``processes`` processes (the job's task slots): no decode.
+
+    Timed inside the processes (start-up excluded, as the warm Spark session's is for ours).
+    """
+    shares = [ranges[i::processes] for i in range(processes)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        results = pool.map(_consume_only, [(kafka_config, share) for share in shares])
+    return sum(count for count, _ in results) / max(seconds for _, seconds in results)
+
+
+def baseline(
+    kafka_config: dict[str, Any], ranges: list[OffsetRange], table: Any, batch: int = 100_000
+) -> float:
+    """A naive single process: consume, orjson per record, ``table.append`` per batch with the
+    offsets in the snapshot properties (what dlt-style loaders do). Returns records/s."""
+    from confluent_kafka import Consumer
+
+    schema = table.schema().as_arrow()
+    consumer = Consumer(reader_config(kafka_config, "bench-baseline"))
+    started, total, rows, offsets = time.monotonic(), 0, [], {}
+
+    def flush() -> None:
+        table.append(pa.Table.from_pylist(rows, schema=schema),
+                     snapshot_properties={"offsets": orjson.dumps(offsets).decode()})  # fmt: skip
+        rows.clear()
+
+    try:
+        for r in ranges:
+            for message in iter_range(consumer, r, 60, "baseline"):
+                event = orjson.loads(message.value() or b"{}")
+                event["amount"] = Decimal(str(event["amount"]))
+                event["created_at"] = datetime.fromisoformat(event["created_at"])
+                event["_kafka_topic"], event["_kafka_partition"] = r.topic, r.partition
+                event["_kafka_offset"] = message.offset()
+                event["_kafka_key"] = (message.key() or b"").decode()
+                event["_kafka_timestamp"] = datetime.fromtimestamp(
+                    message.timestamp()[1] / 1000, UTC
+                )
+                rows.append(event)
+                offsets[f"{r.topic}:{r.partition}"] = int(message.offset() or 0) + 1
+                total += 1
+                if len(rows) >= batch:
+                    flush()
+        if rows:
+            flush()
+    finally:
+        consumer.close()
+    return total / (time.monotonic() - started)
