@@ -16,6 +16,7 @@ from ingestion.offsets import (
     COMMIT_ID,
     DEAD_LETTERED,
     OFFSETS_PREFIX,
+    RESET_BY,
     decode_offsets,
     flatten,
     iter_ancestry,
@@ -86,6 +87,9 @@ def _lineage_checks(table: Table, group_id: str, result: AuditResult) -> dict[tu
     previous: dict[tuple[str, int], int] = {}
     for snapshot in lineage:
         current = flatten(decode_offsets(snapshot_properties(snapshot)[key]))
+        if RESET_BY in snapshot_properties(snapshot):  # an operator's explicit reset may rewind
+            previous = current
+            continue
         for partition, offset in previous.items():
             if partition not in current:
                 result.regressions.append(f"snapshot {snapshot.snapshot_id}: {partition} vanished")
@@ -153,6 +157,9 @@ def _check_commit_counts(
         if key not in properties:
             continue
         current = flatten(decode_offsets(properties[key]))
+        if RESET_BY in properties:  # an explicit reset moves offsets without adding records
+            previous = current
+            continue
         visible = sum(
             1 for t, p, o in expected if previous.get((t, p), 0) <= o < current.get((t, p), 0)
         )
@@ -187,6 +194,8 @@ def verify_latest_commit(
     if len(commits) < 2:
         return None, "the first commit has no known start: not verified"
     newest, previous = commits
+    if RESET_BY in newest.properties:
+        return None, "the newest commit is an operator's offset reset: not verified"
     ranges = [
         OffsetRange(topic, partition, previous.offsets.get((topic, partition), end), end)
         for (topic, partition), end in sorted(newest.offsets.items())

@@ -49,7 +49,8 @@ def commit_view(table: Table) -> Table:
     return IcebergTable(table.name(), metadata, table.metadata_location, table.io, table.catalog)
 
 
-def _append(table: Table, files: list[DataFile], properties: dict[str, str]) -> int:
+def append_files(table: Table, files: list[DataFile], properties: dict[str, str]) -> int:
+    """Append ``files`` (possibly none) in one snapshot with ``properties``; no retry."""
     with (
         commit_view(table).transaction() as transaction,
         transaction.update_snapshot(snapshot_properties=properties).fast_append() as append,
@@ -150,7 +151,7 @@ def commit_data(
             )
         try:
             hooks.fire("before_catalog_call", plan=plan)
-            snapshot_id = _append(table, files, properties)
+            snapshot_id = append_files(table, files, properties)
             hooks.fire("after_catalog_call", plan=plan, snapshot_id=snapshot_id)
         except CommitFailedException:
             time.sleep(backoff_s(attempt))  # the head moved (R27): refresh and re-check
@@ -188,4 +189,4 @@ def commit_quarantine(
         delete_files(table, files)
         return existing.snapshot_id
     table.refresh()
-    return _append(table, files, properties)
+    return append_files(table, files, properties)

@@ -28,6 +28,9 @@ RECORDS = "kafka.records"
 DEAD_LETTERED = "kafka.dead-lettered"
 VALID_THROUGH_MS = "kafka.valid-through-ms"
 LOST_RANGES = "kafka.lost-ranges"
+RESET_BY = "kafka.reset-by"  # an operator's explicit offset change (reset or group migration)
+RESET_REASON = "kafka.reset-reason"
+MIGRATED_FROM = "kafka.migrated-from"
 
 TopicPartition = tuple[str, int]
 
