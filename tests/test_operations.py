@@ -99,3 +99,38 @@ def test_group_migration_reads_nothing_twice_and_passes_the_check(
     assert check_group_consistency(state).passed
     with pytest.raises(errors.CommitConflictError, match="already has offsets"):
         migrate_group(harness.catalog, old, "connect-sink-group", admin, "ops", "again")
+
+
+def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """R31 by construction: compact + expire + orphan removal, then ingest again: clean."""
+    from ingestion.maintenance import maintain_table
+    from ingestion.offsets import find_committed_state
+
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "maintained", max_records_per_task=15)
+    for batch in range(3):
+        ledger_producer.produce(topic, records(40, first=batch * 40))
+        if batch == 1:  # a crashed attempt leaves its written files behind as orphans (R2)
+            with pytest.raises(errors.InjectedFailure):
+                harness.run(spec, hooks=FailureHooks({"before_commit": crash}))
+        harness.run(spec)
+    table = harness.table(spec)
+    files_before = len(table.inspect.files())
+    report = maintain_table(table, snapshot_retention_s=0, orphan_window_s=0)
+    assert report.files_compacted == files_before
+    assert report.files_written < files_before
+    assert report.expired_snapshots >= 2
+    assert report.orphans_removed  # the crashed attempt's files
+    table = harness.table(spec)
+    assert find_committed_state(table, spec.effective_commit_group_id) is not None
+    assert table.scan().to_arrow().num_rows == 120
+    ledger_producer.produce(topic, records(20, first=120))
+    assert harness.run(spec).records == 20
+    harness.assert_exactly_once(spec, ledger)
+
+
+def crash(point: str, **context: Any) -> None:
+    raise errors.InjectedFailure(point)
