@@ -10,6 +10,9 @@ so the range is re-read exactly once.
 from __future__ import annotations
 
 import uuid
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,10 +98,18 @@ def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:
     return " or ".join(clauses) or None
 
 
+@contextmanager
+def _no_match_is_fine() -> Iterator[None]:
+    """pyiceberg warns when a delete matches nothing; for a reset that is an expected case."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Delete operation did not match any records")
+        yield
+
+
 def _commit_offsets(table: Table, properties: dict[str, str], delete_filter: str | None) -> int:
     """One snapshot carrying ``properties``: a delete when rows must go, else an empty append."""
     commit_id = properties[props.COMMIT_ID]
-    with commit_view(table).transaction() as transaction:
+    with commit_view(table).transaction() as transaction, _no_match_is_fine():
         if delete_filter is not None:
             transaction.delete(delete_filter, snapshot_properties=properties)
     table.refresh()
@@ -139,7 +150,7 @@ def apply_reset(
     delete_filter = _rewound_filter(reset.changes)
     if delete_filter and catalog.table_exists(spec.effective_quarantine_table):
         quarantine = catalog.load_table(spec.effective_quarantine_table)
-        with quarantine.transaction() as transaction:
+        with quarantine.transaction() as transaction, _no_match_is_fine():
             transaction.delete(delete_filter)
     properties = {
         props.OFFSETS_PREFIX + reset.group_id: props.encode_offsets(reset.target),

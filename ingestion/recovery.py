@@ -26,10 +26,17 @@ class OrphanFile:
 
 
 def referenced_paths(table: Table) -> set[str]:
-    """Every data and delete file referenced by any snapshot still in the metadata."""
-    if not table.metadata.snapshots:
-        return set()
-    return set(table.inspect.all_files().column("file_path").to_pylist())
+    """Every data and delete file referenced by any snapshot still in the metadata.
+
+    Read from the manifests: ``inspect.files()`` / ``all_files()`` fail in pyiceberg 0.12 when
+    a snapshot holds no file ("Must pass at least one table").
+    """
+    paths: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        for manifest in snapshot.manifests(table.io):
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                paths.add(entry.data_file.file_path)
+    return paths
 
 
 def list_orphan_files(
