@@ -59,6 +59,17 @@ def create_topic(kafka: KafkaResource, request: pytest.FixtureRequest) -> Callab
     return _create
 
 
+@pytest.fixture(scope="session")
+def demo_topic(kafka: KafkaResource) -> str:
+    """The demo pipeline's ``orders`` topic (pipelines.yaml), created once per session."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = kafka.get_admin_client()
+    for future in admin.create_topics([NewTopic("orders", 4, 1)]).values():
+        future.result(15)
+    return "orders"
+
+
 @pytest.fixture
 def ledger() -> Ledger:
     """An empty ledger for the test."""

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import NewTopic
 
 from ingestion.run import run_pipeline
 from platform_assets.cli import main
@@ -21,15 +20,11 @@ pytestmark = pytest.mark.integration
 
 def test_status_validate_reset_and_maintain(
     kafka: KafkaResource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer,
+    capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer, demo_topic: str,
 ) -> None:  # fmt: skip
-    admin = kafka.get_admin_client()
-    if "orders" not in admin.list_topics(timeout=10).topics:
-        for future in admin.create_topics([NewTopic("orders", 4, 1)]).values():
-            future.result(15)
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
-    ledger_producer.produce("orders", records(12))
+    ledger_producer.produce(demo_topic, records(12))
     (spec,) = load_pipelines()
     catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
     run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +70,18 @@ def test_jobs_schedules_and_resources() -> None:
 
 @pytest.mark.integration
 def test_observe_topics_reports_end_offsets(
-    kafka: KafkaResource, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+    kafka: KafkaResource, demo_topic: str, ledger_producer: LedgerProducer
 ) -> None:
-    create_topic(partitions=4, name="orders")
-    ledger_producer.produce("orders", [(f"o{i}".encode(), b"{}", None) for i in range(40)])
+    from ingestion.topics import describe_topic
+
+    consumer = kafka.get_consumer()
+    try:
+        before = sum(
+            describe_topic(kafka.get_admin_client(), consumer, demo_topic).end_offsets.values()
+        )
+    finally:
+        consumer.close()
+    ledger_producer.produce(demo_topic, [(f"o{i}".encode(), b"{}", None) for i in range(40)])
     job = load_workspace_definitions().resolve_job_def("observe_topics")
     with DagsterInstance.ephemeral() as instance:
         result = job.execute_in_process(instance=instance, resources={"kafka": kafka})
@@ -83,8 +90,8 @@ def test_observe_topics_reports_end_offsets(
     assert observation.asset_key == AssetKey(["kafka", "orders"])
     metadata: dict[str, Any] = {key: value.value for key, value in observation.metadata.items()}
     assert metadata["partitions"] == 4
-    assert metadata["end_offsets_total"] == 40
-    assert metadata["records_in_log"] == 40
-    assert sum(p["end"] for p in metadata["end_offsets"].values()) == 40
+    assert metadata["end_offsets_total"] == before + 40
+    assert metadata["records_in_log"] == before + 40
+    assert sum(p["end"] for p in metadata["end_offsets"].values()) == before + 40
     newest = max(e.timestamp_ms for e in ledger_producer.ledger.entries) / 1000
     assert metadata["newest_record_time"] == pytest.approx(newest)

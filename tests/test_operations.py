@@ -78,15 +78,17 @@ def test_group_migration_reads_nothing_twice_and_passes_the_check(
     ledger: Ledger,
 ) -> None:  # fmt: skip
     topic = create_topic(partitions=2)
-    old = make_spec(topic, "migrate", consumer_group_id="cg-control")
+    old = make_spec(topic, "migrate", consumer_group_id="migrate-cg-control")
     ledger_producer.produce(topic, records(30))
     harness.run(old)
     admin = harness.kafka.get_admin_client()
-    migration = migrate_group(harness.catalog, old, "connect-sink-group", admin, "ops", "seed fix")
+    migration = migrate_group(
+        harness.catalog, old, "migrate-connect-sink", admin, "ops", "seed fix"
+    )
     assert migration.mirror.ok
-    assert read_group_offsets(admin, "connect-sink-group") == migration.offsets
+    assert read_group_offsets(admin, "migrate-connect-sink") == migration.offsets
     assert migration.old_group_offsets == migration.offsets  # the old group is left as it was
-    new = make_spec(topic, "migrate", consumer_group_id="connect-sink-group")
+    new = make_spec(topic, "migrate", consumer_group_id="migrate-connect-sink")
     assert not harness.run(new).committed  # nothing read twice
     ledger_producer.produce(topic, records(5, first=30))
     assert harness.run(new).records == 5
@@ -98,7 +100,7 @@ def test_group_migration_reads_nothing_twice_and_passes_the_check(
         consumer.close()
     assert check_group_consistency(state).passed
     with pytest.raises(errors.CommitConflictError, match="already has offsets"):
-        migrate_group(harness.catalog, old, "connect-sink-group", admin, "ops", "again")
+        migrate_group(harness.catalog, old, "migrate-connect-sink", admin, "ops", "again")
 
 
 def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
