@@ -11,6 +11,7 @@ in product code, which uses the standard Kafka APIs.
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -69,7 +70,10 @@ class LedgerProducer:
     def __init__(self, kafka: KafkaResource, ledger: Ledger, **overrides: Any) -> None:
         self.kafka = kafka
         self.ledger = ledger
-        self._producer: Producer = kafka.get_producer(**overrides)
+        # librdkafka logs through Python logging: a producer kept alive by a failed test's
+        # traceback then does not print reconnect errors after the broker has stopped.
+        logger = {"logger": logging.getLogger("tests.ledger_producer")}
+        self._producer: Producer = kafka.get_producer(**{**logger, **overrides})
         self._partition_counts: dict[str, int] = {}
         self._transactions_ready = False
 
