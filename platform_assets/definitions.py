@@ -17,6 +17,7 @@ from platform_assets.jobs import (
     build_observe_topics_job,
     build_run_checks_job,
 )
+from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.pipelines import load_pipelines
 from platform_assets.resources import build_resources
 from platform_assets.schedules import (
@@ -48,7 +49,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
     return Definitions(
         assets=[*assets, build_dbt_assets(dbt_project)],
         asset_checks=checks,
-        jobs=[*jobs, build_ingest_all_job(specs), observe, run_checks],
+        jobs=[*jobs, build_ingest_all_job(specs), observe, run_checks, *build_ops_jobs(specs)],
         schedules=[
             *schedules,
             build_observe_topics_schedule(observe),

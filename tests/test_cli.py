@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +50,40 @@ def test_status_validate_reset_and_maintain(
     assert catalog.load_table("demo.orders").scan().to_arrow().num_rows == 0
     assert main(["maintain", "orders", "--retention-hours", "0"]) == 0
     assert "kept" in capsys.readouterr().out
+
+
+def test_operator_jobs_in_dagster(
+    kafka: KafkaResource, tmp_path: Path, ledger_producer: LedgerProducer,
+    create_topic: Callable[..., str],
+) -> None:  # fmt: skip
+    """The reset (dry run, then applied), migration and maintenance jobs with typed config."""
+    from dagster import DagsterInstance
+
+    from platform_assets.ops_jobs import build_ops_jobs
+    from tests.support.pipelines import make_spec
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "ops_jobs")
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
+    ledger_producer.produce(topic, records(10))
+    run_pipeline(spec, kafka.client_config(), iceberg.load_catalog(), None, kafka.get_cluster_id())
+    reset_job, migrate_job, maintain_job = build_ops_jobs([spec])
+    resources = {"kafka": kafka, "iceberg": iceberg}
+
+    def run(job: Any, config: dict[str, Any]) -> Any:
+        with DagsterInstance.ephemeral() as instance:
+            op_name = job.graph.node_defs[0].name
+            return job.execute_in_process(run_config={"ops": {op_name: {"config": config}}},
+                                          resources=resources, instance=instance)  # fmt: skip
+
+    dry = run(reset_job, {"pipeline": "ops_jobs", "to": "earliest"})
+    assert dry.success
+    table = iceberg.load_catalog().load_table(spec.table)
+    assert table.scan().to_arrow().num_rows == 10  # dry run: nothing changed
+    assert run(reset_job, {"pipeline": "ops_jobs", "to": "earliest", "apply": True}).success
+    assert iceberg.load_catalog().load_table(spec.table).scan().to_arrow().num_rows == 0
+    migrated = run(migrate_job, {"pipeline": "ops_jobs", "new_group_id": "ops-jobs-new",
+                                 "reason": "test"})  # fmt: skip
+    assert migrated.success
+    maintained = run(maintain_job, {"pipeline": "ops_jobs", "snapshot_retention_hours": 0})
+    assert maintained.success

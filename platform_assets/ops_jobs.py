@@ -1,0 +1,123 @@
+"""Operator jobs in the Dagster UI, with typed run config, on the same code as the CLI."""
+
+from typing import Literal
+
+from dagster import (
+    Config,
+    DagsterRunStatus,
+    Failure,
+    JobDefinition,
+    MetadataValue,
+    OpExecutionContext,
+    RunsFilter,
+    job,
+    op,
+)
+
+from ingestion.maintenance import maintain_table
+from ingestion.operations import migrate_group
+from ingestion.spec import PipelineSpec, StartingPosition
+from platform_assets.jobs import ingest_job_name
+from platform_assets.operations import reset_offsets
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+
+
+class ResetConfig(Config):
+    """Where to move the pipeline's offsets; a dry run unless ``apply``."""
+
+    pipeline: str
+    to: Literal["earliest", "latest", "timestamp"]
+    timestamp_ms: int | None = None
+    apply: bool = False
+    reason: str = ""
+
+
+class MigrateConfig(Config):
+    """The new group id for a pipeline, and why."""
+
+    pipeline: str
+    new_group_id: str
+    reason: str
+
+
+class MaintainConfig(Config):
+    """Retention of snapshots and the orphan safety window, in hours."""
+
+    pipeline: str
+    snapshot_retention_hours: float = 24 * 7
+    orphan_window_hours: float = 72
+    compact: bool = True
+
+
+def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
+    """reset_offsets, migrate_group and maintain_tables jobs for the given pipelines."""
+    by_name = {spec.name: spec for spec in specs}
+
+    def pick(name: str) -> PipelineSpec:
+        if name not in by_name:
+            raise Failure(f"unknown pipeline {name!r}; known: {sorted(by_name)}")
+        return by_name[name]
+
+    @op(name="reset_pipeline_offsets")
+    def _reset(
+        context: OpExecutionContext, config: ResetConfig, kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
+    ) -> None:  # fmt: skip
+        spec = pick(config.pipeline)
+        runs = context.instance.get_runs(
+            RunsFilter(job_name=ingest_job_name(spec), statuses=ACTIVE)
+        )
+        position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
+        requested_by = f"dagster run {context.run_id}"
+        lines = reset_offsets(
+            spec, kafka, iceberg, position, config.apply, requested_by, config.reason, len(runs)
+        )
+        context.add_output_metadata(
+            {"changes": MetadataValue.md("\n".join(f"- {x}" for x in lines))}
+        )
+
+    @op(name="migrate_pipeline_group")
+    def _migrate(
+        context: OpExecutionContext, config: MigrateConfig, kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
+    ) -> None:  # fmt: skip
+        spec = pick(config.pipeline)
+        migration = migrate_group(iceberg.load_catalog(), spec, config.new_group_id,
+                                  kafka.get_admin_client(), f"dagster run {context.run_id}",
+                                  config.reason)  # fmt: skip
+        context.log.info(f"now set consumer_group_id: {config.new_group_id} for {spec.name!r}")
+        context.add_output_metadata({
+            "snapshot_id": MetadataValue.text(str(migration.snapshot_id)),
+            "new_group_mirror": MetadataValue.text(migration.mirror.error or "ok"),
+        })  # fmt: skip
+
+    @op(name="maintain_pipeline_tables")
+    def _maintain(context: OpExecutionContext, config: MaintainConfig,
+                  iceberg: IcebergCatalogResource) -> None:  # fmt: skip
+        spec = pick(config.pipeline)
+        report = maintain_table(iceberg.load_catalog().load_table(spec.table),
+                                config.snapshot_retention_hours * 3600,
+                                config.orphan_window_hours * 3600, config.compact)  # fmt: skip
+        context.add_output_metadata({
+            "files_compacted": report.files_compacted, "files_written": report.files_written,
+            "snapshots_expired": report.expired_snapshots,
+            "snapshots_kept_for_watermark": report.kept_for_watermark,
+            "orphans_removed": len(report.orphans_removed),
+        })  # fmt: skip
+
+    @job(name="reset_offsets", description="Reset a pipeline's offsets (dry run by default).")
+    def reset_job() -> None:
+        _reset()
+
+    @job(name="migrate_group", description="Carry a pipeline's offsets to a new group id.")
+    def migrate_job() -> None:
+        _migrate()
+
+    @job(name="maintain_tables", description="Compact, expire (keeping offsets), drop orphans.")
+    def maintain_job() -> None:
+        _maintain()
+
+    return [reset_job, migrate_job, maintain_job]
