@@ -26,7 +26,7 @@ from ingestion.offsets import (
     table_has_rows,
 )  # fmt: skip
 from ingestion.spec import PipelineSpec
-from ingestion.topics import TopicState, describe_topic, list_matching_topics
+from ingestion.topics import TopicState, describe_topic, list_pipeline_topics
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -129,12 +129,7 @@ def read_state(
         state.committed = find_committed_state(table, group)
         state.other_groups = find_groups(table) - {group}
         state.commits = commits_of(table, group)
-    names = (
-        list_matching_topics(admin, spec.topic_pattern)
-        if spec.topic_pattern
-        else spec.source_topics
-    )
-    for name in names:
+    for name in list_pipeline_topics(admin, spec):
         try:
             state.topics.append(describe_topic(admin, consumer, name))
         except errors.TopicNotFoundError:

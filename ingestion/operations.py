@@ -23,7 +23,7 @@ from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
 from ingestion.offsets import OffsetMap, TopicOffsets, find_commit, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
 from ingestion.spec import PipelineSpec, StartingPosition
-from ingestion.topics import describe_topic, list_matching_topics
+from ingestion.topics import describe_topic, list_pipeline_topics
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -66,12 +66,7 @@ def plan_reset(
     position: StartingPosition,
 ) -> OffsetReset:  # fmt: skip
     """Resolve ``position`` against Kafka and compare it with the committed offsets (no write)."""
-    names = (
-        list_matching_topics(admin, spec.topic_pattern)
-        if spec.topic_pattern
-        else spec.source_topics
-    )
-    topics = [describe_topic(admin, consumer, name) for name in names]
+    topics = [describe_topic(admin, consumer, name) for name in list_pipeline_topics(admin, spec)]
     target_spec = spec.model_copy(update={"starting_position": position})
     target = resolve_starting_offsets(target_spec, consumer, topics)
     committed = find_committed_state(table, spec.effective_commit_group_id)

@@ -22,7 +22,7 @@ from ingestion.offsets import (
     table_has_rows,
 )
 from ingestion.spec import PipelineSpec
-from ingestion.topics import TopicState, describe_topic, list_matching_topics
+from ingestion.topics import TopicState, describe_topic, list_pipeline_topics
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -302,11 +302,9 @@ def build_plan(
             f"{committed.cluster_id!r}, the configured cluster is {cluster_id!r}. Point the "
             "Kafka resource at the original cluster, or reset the offsets explicitly."
         )
-    if spec.topic_pattern:
-        names = set(list_matching_topics(admin, spec.topic_pattern))
-        names |= set(committed.offsets) if committed else set()  # vanished topics fail below
-    else:
-        names = set(spec.source_topics)
+    names = set(list_pipeline_topics(admin, spec))
+    if spec.topic_pattern and committed:
+        names |= set(committed.offsets)  # a committed topic no longer matching fails below
     topics = []
     for name in sorted(names):
         try:

@@ -173,7 +173,7 @@ def run_pipeline(
         outcome.replayed,
         True,
     )
-    report.offsets_after = {k: v for k, v in plan.end.items()}
+    report.offsets_after = dict(plan.end)
     timings["commit"] = time.monotonic() - started - timings["plan"] - timings["prepare"]
     hooks.fire("after_commit", plan=plan, snapshot_id=outcome.snapshot_id)
     hooks.fire("before_mirror", plan=plan)

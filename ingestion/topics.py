@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
 
+    from ingestion.spec import PipelineSpec
+
 
 @dataclass(frozen=True)
 class PartitionState:
@@ -47,6 +49,13 @@ def list_matching_topics(admin: AdminClient, pattern: str, timeout_s: float = 10
     regex = re.compile(pattern)
     names = admin.list_topics(timeout=timeout_s).topics
     return sorted(name for name in names if regex.fullmatch(name))
+
+
+def list_pipeline_topics(admin: AdminClient, spec: PipelineSpec) -> list[str]:
+    """The pipeline's topics now: its fixed list, or those matching its pattern."""
+    if spec.topic_pattern:
+        return list_matching_topics(admin, spec.topic_pattern)
+    return list(spec.source_topics)
 
 
 def describe_topic(

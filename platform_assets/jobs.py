@@ -2,7 +2,17 @@
 
 from typing import TYPE_CHECKING, TypeAlias
 
-from dagster import AssetSelection, JobDefinition, OpExecutionContext, define_asset_job, job, op
+from dagster import (
+    AssetSelection,
+    DagsterInstance,
+    DagsterRunStatus,
+    JobDefinition,
+    OpExecutionContext,
+    RunsFilter,
+    define_asset_job,
+    job,
+    op,
+)
 
 from ingestion.spec import PipelineSpec
 from platform_assets.assets import observe_topic
@@ -16,6 +26,17 @@ if TYPE_CHECKING:
     )
 
 AssetJob: TypeAlias = "UnresolvedAssetJobDefinition"
+
+
+ACTIVE_RUN_STATUSES = [
+    DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]  # fmt: skip
+
+
+def count_active_runs(instance: DagsterInstance, job_name: str) -> int:
+    """Runs of ``job_name`` queued or in progress."""
+    return len(instance.get_runs(RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES)))
 
 
 def ingest_job_name(spec: PipelineSpec) -> str:

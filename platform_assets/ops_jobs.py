@@ -4,12 +4,10 @@ from typing import Literal
 
 from dagster import (
     Config,
-    DagsterRunStatus,
     Failure,
     JobDefinition,
     MetadataValue,
     OpExecutionContext,
-    RunsFilter,
     job,
     op,
 )
@@ -17,12 +15,10 @@ from dagster import (
 from ingestion.maintenance import maintain_table
 from ingestion.operations import migrate_group
 from ingestion.spec import PipelineSpec, StartingPosition
-from platform_assets.jobs import ingest_job_name
+from platform_assets.jobs import count_active_runs, ingest_job_name
 from platform_assets.operations import reset_offsets
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-
-ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 
 
 class ResetConfig(Config):
@@ -67,13 +63,11 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         iceberg: IcebergCatalogResource,
     ) -> None:  # fmt: skip
         spec = pick(config.pipeline)
-        runs = context.instance.get_runs(
-            RunsFilter(job_name=ingest_job_name(spec), statuses=ACTIVE)
-        )
+        active = count_active_runs(context.instance, ingest_job_name(spec))
         position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
         requested_by = f"dagster run {context.run_id}"
         lines = reset_offsets(
-            spec, kafka, iceberg, position, config.apply, requested_by, config.reason, len(runs)
+            spec, kafka, iceberg, position, config.apply, requested_by, config.reason, active
         )
         context.add_output_metadata(
             {"changes": MetadataValue.md("\n".join(f"- {x}" for x in lines))}

@@ -8,11 +8,9 @@ from typing import Any
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
-    DagsterRunStatus,
     DefaultSensorStatus,
     RunFailureSensorContext,
     RunRequest,
-    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SkipReason,
@@ -21,14 +19,11 @@ from dagster import (
 )
 
 from ingestion.spec import PipelineSpec
-from platform_assets.jobs import AssetJob
+from platform_assets.jobs import AssetJob, count_active_runs
 from platform_assets.state import read_pipeline_state
 from resources.alerts import Alert, AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-
-ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-          DagsterRunStatus.STARTED]  # fmt: skip
 
 
 def decide(
@@ -76,10 +71,8 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     ) -> RunRequest | SkipReason:
         lag = sum(read_pipeline_state(spec, kafka, iceberg).lag().values())
         cursor = json.loads(context.cursor) if context.cursor else {}
-        runs = context.instance.get_runs(RunsFilter(job_name=job.name, statuses=ACTIVE), limit=1)
-        launch, reason, first = decide(
-            lag, cursor.get("first_lag_at"), time.time(), spec, bool(runs)
-        )
+        busy = count_active_runs(context.instance, job.name) > 0
+        launch, reason, first = decide(lag, cursor.get("first_lag_at"), time.time(), spec, busy)
         context.update_cursor(json.dumps({"first_lag_at": None if launch else first, "lag": lag}))
         if launch:
             return RunRequest(tags={"trigger": "lag_sensor", "lag": str(lag)})

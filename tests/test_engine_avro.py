@@ -59,7 +59,7 @@ def test_avro_pipeline_derives_schema_evolves_and_quarantines(
                      schema_registry_url="http://unused", errors_tolerance="all")  # fmt: skip
     first = serialize(registry, V1, topic, [order(i) for i in range(30)])
     ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(first)])
-    report = harness.run_with_registry(spec, registry)
+    report = harness.run(spec, registry=registry)
     assert report.records == 30
     table = harness.table(spec)
     assert str(table.schema().find_field("amount").field_type) == "decimal(12, 2)"
@@ -73,7 +73,7 @@ def test_avro_pipeline_derives_schema_evolves_and_quarantines(
     ledger_producer.produce(
         topic, [*[(f"k{i}".encode(), v, None) for i, v in enumerate(second)], *bad]
     )
-    report = harness.run_with_registry(spec, registry)
+    report = harness.run(spec, registry=registry)
     assert report.records == 10
     assert report.quarantined == 2
     assert any("coupon" in change for change in report.schema_changes)

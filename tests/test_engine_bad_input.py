@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -11,7 +10,7 @@ from ingestion import errors
 from ingestion.audit import committed_ids, read_coordinates
 from ingestion.hooks import FailureHooks
 from tests.support.ledger import Ledger, LedgerProducer, Record
-from tests.support.pipelines import Harness, make_spec, records
+from tests.support.pipelines import Harness, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
 
@@ -77,10 +76,6 @@ def test_bad_records_are_quarantined_exactly_once(
     tombstone = next(r for r in live if r["value"] is None)
     assert tombstone["error_class"] == "NullValue"
     assert tombstone["_kafka_key"] == b"bad2"
-
-
-def crash(point: str, **context: Any) -> None:
-    raise errors.InjectedFailure(f"injected crash at {point}")
 
 
 def test_valid_promotions_evolve_the_table(

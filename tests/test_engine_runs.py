@@ -20,13 +20,9 @@ from ingestion.mirror import read_group_offsets
 from ingestion.offsets import OFFSETS_PREFIX, find_committed_state
 from ingestion.recovery import list_orphan_files, remove_orphan_files
 from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness, make_spec, records
+from tests.support.pipelines import Harness, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
-
-
-def crash(point: str, **context: Any) -> None:
-    raise errors.InjectedFailure(f"injected crash at {point}")
 
 
 def crash_once(marker: Path) -> Callable[..., None]:

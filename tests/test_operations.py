@@ -15,7 +15,7 @@ from ingestion.mirror import read_group_offsets
 from ingestion.operations import apply_reset, migrate_group, plan_reset
 from ingestion.spec import PipelineSpec, StartingPosition
 from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness, make_spec, records
+from tests.support.pipelines import Harness, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
 
@@ -132,7 +132,3 @@ def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
     ledger_producer.produce(topic, records(20, first=120))
     assert harness.run(spec).records == 20
     harness.assert_exactly_once(spec, ledger)
-
-
-def crash(point: str, **context: Any) -> None:
-    raise errors.InjectedFailure(point)

@@ -11,11 +11,17 @@ from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from ingestion.audit import AuditResult, audit_table
+from ingestion.errors import InjectedFailure
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.run import RunReport, run_pipeline
 from ingestion.spec import PipelineSpec, parse_pipeline_spec
 from resources.kafka import KafkaResource
 from tests.support.ledger import Coordinates, Ledger, Record
+
+
+def crash(point: str, **context: Any) -> None:
+    """A failure hook that crashes the run at ``point``."""
+    raise InjectedFailure(f"injected crash at {point}")
 
 
 def make_spec(topic: str, name: str, **overrides: Any) -> PipelineSpec:
@@ -65,19 +71,14 @@ class Harness:
     cluster_id: str
 
     def run(
-        self, spec: PipelineSpec, hooks: FailureHooks = NO_HOOKS, use_spark: bool = True
-    ) -> RunReport:
-        """One run of ``spec``."""
+        self, spec: PipelineSpec, hooks: FailureHooks = NO_HOOKS, use_spark: bool = True,
+        registry: Any | None = None,
+    ) -> RunReport:  # fmt: skip
+        """One run of ``spec`` (Avro specs take an in-memory Schema Registry client)."""
         return run_pipeline(
             spec, self.kafka.client_config(), self.catalog,
             self.spark if use_spark else None, self.cluster_id, run_id="test", hooks=hooks,
-        )  # fmt: skip
-
-    def run_with_registry(self, spec: PipelineSpec, registry: Any) -> RunReport:
-        """One run of an Avro ``spec`` against an in-memory Schema Registry client."""
-        return run_pipeline(
-            spec, self.kafka.client_config(), self.catalog, self.spark, self.cluster_id,
-            run_id="test", schema_registry=registry,
+            schema_registry=registry,
         )  # fmt: skip
 
     def table(self, spec: PipelineSpec) -> Table:
