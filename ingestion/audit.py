@@ -22,6 +22,7 @@ from ingestion.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
+from ingestion.recovery import list_file_paths
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -127,9 +128,8 @@ def audit_table(
         landed += quarantined
     counts = Counter(landed)
     result.duplicates = sorted(c for c, n in counts.items() if n > 1)
-    files = (
-        table.inspect.files().column("file_path").to_pylist() if table.current_snapshot() else []
-    )
+    current = table.current_snapshot()
+    files = list_file_paths(table, current) if current else []
     result.duplicate_files = sorted(p for p, n in Counter(files).items() if n > 1)
     watermark = _lineage_checks(table, group_id, result)
     result.beyond_watermark = sorted(c for c in counts if c[2] >= watermark.get((c[0], c[1]), 0))

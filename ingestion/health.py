@@ -74,6 +74,7 @@ class PipelineState:
     group_state: str = "UNKNOWN"
     group_members: int = 0
     group_error: str | None = None
+    read_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
 
     @property
     def committed_offsets(self) -> dict[Key, int]:
@@ -185,8 +186,9 @@ def check_group_consistency(state: PipelineState) -> Finding:
 
 
 def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> Finding:
-    """Stale only while there is lag and the last commit is older than the bound."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    """Stale only while there is lag and the last commit is older than the bound (at
+    ``now_ms``, by default when the state was read)."""
+    now_ms = state.read_at_ms if now_ms is None else now_ms
     lag = sum(state.lag().values())
     last = state.commits[0].timestamp_ms if state.commits else None
     age_s = (now_ms - last) / 1000 if last is not None else None

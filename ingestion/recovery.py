@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
 
 
 @dataclass(frozen=True)
@@ -25,18 +26,22 @@ class OrphanFile:
     modified_ms: int
 
 
-def referenced_paths(table: Table) -> set[str]:
-    """Every data and delete file referenced by any snapshot still in the metadata.
+def list_file_paths(table: Table, snapshot: Snapshot) -> list[str]:
+    """The live data and delete files of ``snapshot``, once per manifest entry.
 
     Read from the manifests: ``inspect.files()`` / ``all_files()`` fail in pyiceberg 0.12 when
     a snapshot holds no file ("Must pass at least one table").
     """
-    paths: set[str] = set()
-    for snapshot in table.metadata.snapshots:
-        for manifest in snapshot.manifests(table.io):
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                paths.add(entry.data_file.file_path)
-    return paths
+    return [
+        entry.data_file.file_path
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
+
+
+def referenced_paths(table: Table) -> set[str]:
+    """Every data and delete file referenced by any snapshot still in the metadata."""
+    return {path for s in table.metadata.snapshots for path in list_file_paths(table, s)}
 
 
 def list_orphan_files(

@@ -122,3 +122,34 @@ def read_newest_timestamp_ms(
     finally:
         consumer.unassign()
     return newest
+
+
+def read_first_timestamps_ms(
+    consumer: Consumer, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 5.0
+) -> dict[tuple[str, int], int]:
+    """Return the timestamp (ms) of the first visible record in each ``[start, end)`` range.
+
+    Reads with ``assign()``; joins no group and commits nothing. A range holding no visible
+    record (transaction markers or aborted records only) is absent from the result, as is one
+    not read within ``timeout_s``.
+    """
+    from confluent_kafka import TopicPartition
+
+    pending = dict(ranges)
+    consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in pending.items()])
+    found: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=len(pending), timeout=0.2):
+                key = (str(message.topic()), int(message.partition() or 0))
+                if message.error() is None and key in pending:
+                    found[key] = message.timestamp()[1]
+                    consumer.pause([TopicPartition(*key)])
+                    del pending[key]
+            for position in consumer.position([TopicPartition(*key) for key in pending]):
+                if position.offset >= pending[(position.topic, position.partition)][1]:
+                    del pending[(position.topic, position.partition)]
+    finally:
+        consumer.unassign()
+    return found

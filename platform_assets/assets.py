@@ -23,6 +23,7 @@ from dagster import (
 from ingestion.health import check_group_consistency, commits_of
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
+from ingestion.status import GROUP_CHECK
 from ingestion.topics import describe_topic, list_matching_topics, read_newest_timestamp_ms
 from platform_assets.metadata import commit_log_metadata, run_metadata, topic_metadata
 from platform_assets.pipelines import (
@@ -35,8 +36,6 @@ from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
-
-GROUP_CHECK = "group_id_consistency"
 
 
 def build_topic_spec(spec: PipelineSpec, key: AssetKey) -> AssetSpec:

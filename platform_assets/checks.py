@@ -4,7 +4,7 @@ The blocking ``group_id_consistency`` check lives on the ingestion multi-asset (
 before ingestion); the others are here. Each message says what is wrong and how to fix it.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -17,39 +17,14 @@ from dagster import (
 )
 
 from ingestion.audit import audit_table, verify_latest_commit
-from ingestion.health import (
-    Finding,
-    PipelineState,
-    check_commit_freshness,
-    check_dead_letter_rate,
-    check_retention_risk,
-    check_watermark_reachable,
-)
+from ingestion.health import Finding
 from ingestion.spec import PipelineSpec
-from platform_assets.assets import GROUP_CHECK
+from ingestion.status import GROUP_CHECK, STATE_CHECKS
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
-STATE_CHECKS: dict[str, tuple[str, Callable[[PipelineState], Finding]]] = {
-    "commit_freshness": (
-        "Stale only while records wait and the last commit is older than the bound.",
-        check_commit_freshness,
-    ),
-    "retention_risk": (
-        "Committed offsets are not below, nor close to, the log start offset.",
-        check_retention_risk,
-    ),
-    "dead_letter_rate": (
-        "Quarantined / read over recent commits stays under the pipeline's bound.",
-        check_dead_letter_rate,
-    ),
-    "offsets_watermark_reachable": (
-        "The current snapshot's ancestry still carries this group's offsets.",
-        check_watermark_reachable,
-    ),
-}
 AUDIT_CHECK = "exactly_once_audit"
 
 

@@ -1,6 +1,6 @@
 """``platform``: the operator's command line, on the same code as the Dagster jobs.
 
-    platform status [--json]            committed/end offsets, lag, last commit, mirror, checks
+    platform status [--json] [--skip-audit]   offsets, lag and its age, last commit, checks
     platform validate                   specs + Kafka + catalog + group-id consistency
     platform reset PIPELINE --to earliest|latest|timestamp:MS [--apply --by WHO --reason WHY]
     platform migrate-group PIPELINE NEW_GROUP --by WHO --reason WHY
@@ -16,16 +16,9 @@ import argparse
 import json
 import os
 import sys
-import time
-from typing import Any
 
-from ingestion.health import (
-    check_commit_freshness,
-    check_group_consistency,
-    check_retention_risk,
-    check_watermark_reachable,
-)
 from ingestion.spec import PipelineSpec, StartingPosition
+from ingestion.status import GROUP_CHECK, PipelineStatus, read_status
 from platform_assets.pipelines import load_pipelines
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
@@ -42,48 +35,38 @@ def connect() -> tuple[KafkaResource, IcebergCatalogResource]:
 
 
 def pipeline_status(
-    spec: PipelineSpec, kafka: KafkaResource, iceberg: IcebergCatalogResource
-) -> dict[str, Any]:
-    """One pipeline's status as data."""
+    spec: PipelineSpec, kafka: KafkaResource, iceberg: IcebergCatalogResource, audit: bool = True
+) -> PipelineStatus:
+    """One pipeline's status, every check included (the audit scans the table's offset columns:
+    ``audit=False`` skips it on very large tables)."""
+    from platform_assets.checks import AUDIT_CHECK, audit_finding
+
     state = read_pipeline_state(spec, kafka, iceberg)
-    now_ms = int(time.time() * 1000)
-    last = state.commits[0] if state.commits else None
-    findings = {
-        "group_id_consistency": check_group_consistency(state),
-        "commit_freshness": check_commit_freshness(state, now_ms),
-        "retention_risk": check_retention_risk(state),
-        "offsets_watermark_reachable": check_watermark_reachable(state),
-    }
-
-    def key(partition: tuple[str, int]) -> str:
-        return f"{partition[0]}:{partition[1]}"
-
-    return {
-        "pipeline": spec.name, "table": spec.table, "group_id": spec.effective_commit_group_id,
-        "committed": {key(k): o for k, o in sorted(state.committed_offsets.items())},
-        "end": {key(k): o for k, o in sorted(state.end_offsets.items())},
-        "mirrored": {key(k): o for k, o in sorted(state.group_offsets.items())},
-        "lag_records": sum(state.lag().values()),
-        "last_commit_age_s": round((now_ms - last.timestamp_ms) / 1000, 1) if last else None,
-        "valid_through_ms": int(last.properties.get("kafka.valid-through-ms", 0)) if last else None,
-        "failing_checks": {n: f.message for n, f in findings.items() if not f.passed},
-    }  # fmt: skip
+    extra = {AUDIT_CHECK: audit_finding(spec, iceberg, kafka)} if audit else {}
+    return read_status(state, kafka.client_config(), extra)
 
 
-def print_status(status: dict[str, Any]) -> None:
-    print(f"{status['pipeline']}  table={status['table']}  group={status['group_id']}")
+def print_status(status: PipelineStatus) -> None:
+    """The status as a terminal table."""
+    oldest = status.oldest_uncommitted_age_s
+    print(f"{status.pipeline}  table={status.table}  group={status.group_id}")
     print(
-        f"  lag: {status['lag_records']} records   last commit: {status['last_commit_age_s']} s ago"
+        f"  lag: {status.lag_records} records"
+        + (f" (oldest uncommitted {oldest} s old)" if oldest is not None else "")
+        + f"   last commit: {status.last_commit_age_s} s ago"
+        + f"   valid through: {status.valid_through}"
     )
-    for partition, end in status["end"].items():
-        committed, mirrored = status["committed"].get(partition), status["mirrored"].get(partition)
+    print(f"  {'partition':<20} {'committed':>10} {'end':>10} {'mirror':>10} {'lag':>8}  oldest")
+    for p in status.partitions:
+        age = f"{p.oldest_uncommitted_age_s} s" if p.oldest_uncommitted_age_s is not None else "-"
         print(
-            f"  {partition:<20} committed {committed!s:>10}  end {end:>10}  mirror {mirrored!s:>10}"
+            f"  {p.partition:<20} {p.committed!s:>10} {p.end:>10} {p.mirrored!s:>10} {p.lag:>8}"
+            f"  {age}"
         )
-    for name, message in status["failing_checks"].items():
+    for name, message in status.failing.items():
         print(f"  FAILING {name}: {message}")
-    if not status["failing_checks"]:
-        print("  checks: group ids, freshness, retention and watermark all pass")
+    if not status.failing:
+        print(f"  checks: all {len(status.checks)} pass ({', '.join(status.checks)})")
 
 
 def parse_position(text: str) -> StartingPosition:
@@ -98,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     status = commands.add_parser("status")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--skip-audit", action="store_true", help="skip the exactly-once audit")
     commands.add_parser("validate")
     reset = commands.add_parser("reset")
     reset.add_argument("pipeline")
@@ -118,15 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     specs = {spec.name: spec for spec in load_pipelines()}
     kafka, iceberg = connect()
     if args.command in ("status", "validate"):
-        statuses = [pipeline_status(spec, kafka, iceberg) for spec in specs.values()]
+        audit = args.command == "status" and not args.skip_audit
+        statuses = [pipeline_status(spec, kafka, iceberg, audit) for spec in specs.values()]
         if args.command == "status" and args.json:
-            print(json.dumps(statuses, indent=2))
+            print(json.dumps([item.to_dict() for item in statuses], indent=2))
         elif args.command == "status":
             for item in statuses:
                 print_status(item)
-        blocking = [s for s in statuses if "group_id_consistency" in s["failing_checks"]]
+        blocking = [s for s in statuses if GROUP_CHECK in s.failing]
         for item in blocking if args.command == "validate" else []:
-            print(f"{item['pipeline']}: {item['failing_checks']['group_id_consistency']}")
+            print(f"{item.pipeline}: {item.failing[GROUP_CHECK]}")
         if args.command == "validate" and not blocking:
             print(f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree")
         return 1 if args.command == "validate" and blocking else 0

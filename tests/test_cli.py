@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,13 +13,20 @@ import pytest
 
 from ingestion.run import run_pipeline
 from platform_assets.cli import main
+from platform_assets.demo import encode_event, make_order_event
 from platform_assets.pipelines import load_pipelines
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from tests.support.ledger import LedgerProducer
+from tests.support.ledger import LedgerProducer, Record
 from tests.support.pipelines import records
 
 pytestmark = pytest.mark.integration
+
+
+def orders(first: int, count: int) -> list[Record]:
+    """Valid demo order events."""
+    events = [make_order_event(random.Random(first), i) for i in range(first, first + count)]
+    return [(e["order_id"].encode(), encode_event(e), None) for e in events]
 
 
 def test_status_validate_reset_and_maintain(
@@ -26,7 +35,7 @@ def test_status_validate_reset_and_maintain(
 ) -> None:  # fmt: skip
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
-    ledger_producer.produce(demo_topic, records(12))
+    ledger_producer.produce(demo_topic, orders(0, 12))
     (spec,) = load_pipelines()
     catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
     run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
@@ -35,9 +44,27 @@ def test_status_validate_reset_and_maintain(
     text = capsys.readouterr().out
     assert "orders  table=demo.orders  group=platform-orders" in text
     assert "lag: 0 records" in text
+    assert "checks: all 6 pass" in text
+    assert "exactly_once_audit" in text
+    produced_ms = int(time.time() * 1000)
+    ledger_producer.produce(demo_topic, orders(100, 5))
+    time.sleep(1.0)
     assert main(["status", "--json"]) == 0
     (status,) = json.loads(capsys.readouterr().out)
-    assert status["committed"] == status["end"] == status["mirrored"]
+    assert status["lag_records"] == 5
+    assert status["checks"]["exactly_once_audit"]["passed"] is True
+    waited_s = (int(time.time() * 1000) - produced_ms) / 1000
+    assert 1.0 <= status["oldest_uncommitted_age_s"] <= waited_s + 0.2
+    lagging = [p for p in status["partitions"] if p["lag"]]
+    assert lagging and all(p["oldest_uncommitted_age_s"] is not None for p in lagging)
+    assert all(p["committed"] == p["mirrored"] for p in status["partitions"])
+    assert main(["status", "--skip-audit"]) == 0
+    text = capsys.readouterr().out
+    assert "lag: 5 records (oldest uncommitted" in text and "exactly_once_audit" not in text
+    ledger_producer.produce(demo_topic, records(3))  # not orders: quarantined
+    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+    assert main(["status"]) == 0  # status reports failing checks; it does not fail
+    assert "FAILING dead_letter_rate: 3 of 20 records" in capsys.readouterr().out
     assert main(["validate"]) == 0
     assert "1 pipeline(s) valid" in capsys.readouterr().out
 
@@ -48,6 +75,9 @@ def test_status_validate_reset_and_maintain(
     assert main(["reset", "orders", "--to", "earliest", "--apply", "--reason", "test"]) == 0
     assert "committed in snapshot" in capsys.readouterr().out
     assert catalog.load_table("demo.orders").scan().to_arrow().num_rows == 0
+    assert main(["status", "--json"]) == 0  # the audit reads a snapshot with no data file
+    (status,) = json.loads(capsys.readouterr().out)
+    assert status["lag_records"] == 20 and status["checks"]["exactly_once_audit"]["passed"]
     assert main(["maintain", "orders", "--retention-hours", "0"]) == 0
     assert "kept" in capsys.readouterr().out
 

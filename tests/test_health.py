@@ -16,6 +16,7 @@ from ingestion.health import (
     check_watermark_reachable,
 )
 from ingestion.offsets import CommittedState, TopicOffsets
+from ingestion.status import GROUP_CHECK, STATE_CHECKS, build_status, evaluate_checks
 from ingestion.topics import PartitionState, TopicState
 from tests.support.pipelines import make_spec
 
@@ -29,7 +30,9 @@ def state(
     ends = ends or {0: 10}
     starts = starts or {}
     parts = tuple(PartitionState(p, starts.get(p, 0), e) for p, e in ends.items())
-    result = PipelineState(SPEC, table_exists=True, topics=[TopicState("orders", "id", parts)])
+    result = PipelineState(
+        SPEC, table_exists=True, topics=[TopicState("orders", "id", parts)], read_at_ms=1_000_000
+    )
     if committed is not None:
         result.committed = CommittedState(1, {"orders": TopicOffsets("id", committed)}, "c", "k")
         result.group_offsets = {("orders", p): o for p, o in committed.items()}
@@ -102,3 +105,40 @@ def test_dead_letter_rate_and_watermark() -> None:
     assert check_watermark_reachable(state({0: 1})).passed
     lost = state(None, table_has_rows=True)
     assert not check_watermark_reachable(lost).passed
+
+
+@pytest.mark.parametrize(
+    ("current", "oldest_ms", "lag", "oldest_age", "last_age", "failing"),
+    [
+        (state({0: 10}, commits=[commit(5)]), {}, 0, None, 5.0, []),
+        (
+            state({0: 4}, commits=[commit(120)]), {("orders", 0): 1_000_000 - 90_000},
+            6, 90.0, 120.0, ["commit_freshness"],
+        ),
+        (state(None), {("orders", 0): 999_000}, 10, 1.0, None, ["commit_freshness"]),
+        (
+            state({0: 10}, ends={0: 10, 1: 3}, commits=[commit(1)]), {("orders", 1): 990_000},
+            3, 10.0, 1.0, [],  # a partition added to the topic: read from its log start
+        ),
+        (state({0: 10}, group_state="STABLE"), {}, 0, None, None, ["group_id_consistency"]),
+    ],
+    ids=["current", "stale", "never-committed", "new-partition", "foreign-member"],
+)  # fmt: skip
+def test_build_status(
+    current: PipelineState, oldest_ms: dict[tuple[str, int], int], lag: int,
+    oldest_age: float | None, last_age: float | None, failing: list[str],
+) -> None:  # fmt: skip
+    """Lag, its age (the oldest uncommitted record over all partitions) and the failing checks."""
+    status = build_status(current, oldest_ms, evaluate_checks(current), now_ms=1_000_000)
+    assert status.lag_records == lag
+    assert status.oldest_uncommitted_age_s == oldest_age
+    assert status.last_commit_age_s == last_age
+    assert sorted(status.failing) == failing
+    assert set(status.checks) == {GROUP_CHECK, *STATE_CHECKS}
+    by_partition = {p.partition: p for p in status.partitions}
+    assert sum(p.lag for p in status.partitions) == lag
+    for (topic, partition), stamp in oldest_ms.items():
+        assert by_partition[f"{topic}:{partition}"].oldest_uncommitted_age_s == round(
+            (1_000_000 - stamp) / 1000, 1
+        )
+    assert status.to_dict()["failing_checks"] == status.failing
