@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -63,7 +64,6 @@ class SparkResource(ConfigurableResource):
         default=False, description="Zip ingestion/ and add it to the executors' Python path."
     )
     _lazy: LazyPySparkResource | None = PrivateAttr(default=None)
-    _engine_shipped: bool = PrivateAttr(default=False)
 
     def _get_lazy(self) -> LazyPySparkResource:
         if self._lazy is None:
@@ -80,9 +80,8 @@ class SparkResource(ConfigurableResource):
     def spark_session(self) -> SparkSession:
         """The session, created on first access (about 10 s on a 2-core machine)."""
         session: Any = self._get_lazy().spark_session
-        if self.ship_engine and not self._engine_shipped:
-            session.sparkContext.addPyFile(zip_engine_package())
-            self._engine_shipped = True
+        if self.ship_engine:
+            ship_engine_package(session.sparkContext)
         return session
 
     def stop_session(self) -> None:
@@ -90,11 +89,23 @@ class SparkResource(ConfigurableResource):
         if self._lazy is not None:
             self._lazy.spark_session.stop()
             self._lazy = None
-            self._engine_shipped = False
 
 
+# Spark applications (by id) that already received the engine: Dagster copies resources per
+# run while getOrCreate() returns the same session, and Spark refuses a second ingestion.zip.
+_SHIPPED_TO: set[str] = set()
+
+
+def ship_engine_package(context: Any) -> None:
+    """Add the ``ingestion`` zip to a SparkContext's Python path, once per application."""
+    if context.applicationId not in _SHIPPED_TO:
+        context.addPyFile(zip_engine_package())
+        _SHIPPED_TO.add(context.applicationId)
+
+
+@functools.cache
 def zip_engine_package() -> str:
-    """Zip the ``ingestion`` package for ``addPyFile`` and return the archive's path."""
+    """Zip the ``ingestion`` package for ``addPyFile`` (once per process); the archive path."""
     import ingestion
 
     package_dir = Path(ingestion.__file__).parent

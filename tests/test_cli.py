@@ -56,11 +56,13 @@ def test_status_validate_reset_and_maintain(
     waited_s = (int(time.time() * 1000) - produced_ms) / 1000
     assert 1.0 <= status["oldest_uncommitted_age_s"] <= waited_s + 0.2
     lagging = [p for p in status["partitions"] if p["lag"]]
-    assert lagging and all(p["oldest_uncommitted_age_s"] is not None for p in lagging)
+    assert lagging
+    assert all(p["oldest_uncommitted_age_s"] is not None for p in lagging)
     assert all(p["committed"] == p["mirrored"] for p in status["partitions"])
     assert main(["status", "--skip-audit"]) == 0
     text = capsys.readouterr().out
-    assert "lag: 5 records (oldest uncommitted" in text and "exactly_once_audit" not in text
+    assert "lag: 5 records (oldest uncommitted" in text
+    assert "exactly_once_audit" not in text
     ledger_producer.produce(demo_topic, records(3))  # not orders: quarantined
     run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
     assert main(["status"]) == 0  # status reports failing checks; it does not fail
@@ -77,7 +79,8 @@ def test_status_validate_reset_and_maintain(
     assert catalog.load_table("demo.orders").scan().to_arrow().num_rows == 0
     assert main(["status", "--json"]) == 0  # the audit reads a snapshot with no data file
     (status,) = json.loads(capsys.readouterr().out)
-    assert status["lag_records"] == 20 and status["checks"]["exactly_once_audit"]["passed"]
+    assert status["lag_records"] == 20
+    assert status["checks"]["exactly_once_audit"]["passed"]
     assert main(["maintain", "orders", "--retention-hours", "0"]) == 0
     assert "kept" in capsys.readouterr().out
 

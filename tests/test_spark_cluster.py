@@ -1,0 +1,104 @@
+"""Beyond one machine: an ingestion through a Spark standalone cluster (``spark://``).
+
+A master and a worker run in their own JVMs; the driver is a separate process that
+materializes the pipeline through Dagster; executors run Python from an environment without
+the project, so they import the engine only from the zip the driver ships. The oracle then
+judges the table from this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingestion.spec import parse_pipeline_spec
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.pipelines import Harness, make_spec, records
+from tests.support.spark_cluster import StandaloneCluster, make_executor_python
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
+    with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")) as running:
+        yield running
+
+
+def run_driver(config: dict[str, Any], work_dir: Path) -> dict[str, Any]:
+    """Run the driver process; return its report (fail with its output if it fails)."""
+    path = work_dir / "driver.json"
+    path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}  # set by local Spark
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.cluster_driver", str(path)],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.startswith("CLUSTER-REPORT ")]
+    assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-8000:])
+    assert lines, done.stdout[-4000:]
+    report: dict[str, Any] = json.loads(lines[-1].removeprefix("CLUSTER-REPORT "))
+    return report
+
+
+def test_ingestion_through_a_standalone_cluster(
+    cluster: StandaloneCluster, kafka: KafkaResource, tmp_path: Path, harness: Harness,
+    create_topic: Callable[..., str], ledger: Ledger, ledger_producer: LedgerProducer,
+) -> None:  # fmt: skip
+    executor_python = make_executor_python(tmp_path / "executor-env")
+    isolated = subprocess.run(
+        [str(executor_python), "-c", "import pyarrow, pyiceberg, confluent_kafka, ingestion"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )  # fmt: skip
+    assert "No module named 'ingestion'" in isolated.stderr  # the executors cannot cheat
+
+    topic = create_topic(partitions=3)
+    ledger_producer.produce(topic, records(900))
+    raw = {
+        "name": "cluster", "topic": topic, "table": "cluster.events",
+        "consumer_group_id": "group-cluster", "value_format": "json", "key_format": "string",
+        "schema": [
+            {"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string"},
+            {"name": "amount", "type": "decimal(10,2)"}, {"name": "ts", "type": "timestamptz"},
+        ],
+        "max_records_per_task": 200,
+    }  # fmt: skip
+    assert parse_pipeline_spec(raw) == make_spec(topic, "cluster", **{
+        k: v for k, v in raw.items() if k not in ("name", "topic")
+    })  # fmt: skip
+    state_dir = tmp_path / "state"
+    report = run_driver(
+        {"spec": raw, "bootstrap_servers": kafka.bootstrap_servers, "state_dir": str(state_dir),
+         "master": cluster.master_url, "executor_python": str(executor_python)},
+        tmp_path,
+    )  # fmt: skip
+
+    assert report["success"]
+    assert report["master"] == cluster.master_url
+    executors = report["executors"]
+    assert isinstance(executors, list)
+    assert executors
+    for executor in executors:
+        assert executor["pid"] not in (report["driver_pid"], os.getpid())
+        assert executor["python"] == str(executor_python)
+        assert ".zip" in executor["engine"], executor  # shipped by the driver, not installed
+    (table_run,) = [m for m in report["materializations"] if m["asset"] == "iceberg/cluster/events"]
+    assert table_run["metadata"]["records"] == 900
+
+    catalog = IcebergCatalogResource(state_dir=str(state_dir)).load_catalog()
+    judge = dataclasses.replace(harness, catalog=catalog)
+    spec = parse_pipeline_spec(raw)
+    assert judge.assert_exactly_once(spec, ledger).rows == 900
+    files = catalog.load_table(spec.table).inspect.files()
+    assert files.num_rows >= 5  # 900 records / 200 per task, over 3 partitions: split tasks
