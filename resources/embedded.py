@@ -61,9 +61,12 @@ class EmbeddedBroker:
         cluster_id: str = "tansu_cluster",
         start_timeout_s: float = 15.0,
         stop_timeout_s: float = 5.0,
+        advertised_port: int | None = None,
     ) -> None:
         self.log_path = Path(log_path)
         self.port = port
+        # Advertise another port than the one listened on: a proxy in front of the broker.
+        self.advertised_port = advertised_port
         self.cluster_id = cluster_id
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
@@ -98,7 +101,7 @@ class EmbeddedBroker:
             "broker",
             "--storage-engine=memory://tansu/",
             f"--listener-url={url}",
-            f"--advertised-listener-url={url}",
+            f"--advertised-listener-url=tcp://127.0.0.1:{self.advertised_port or port}",
             f"--cluster-id={self.cluster_id}",
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
