@@ -89,6 +89,7 @@ def build_task_specs(
             errors_tolerance=spec.errors_tolerance,
             commit_id=plan.commit_id,
             writer_schemas=writer_schemas,
+            read_timeout_s=spec.read_timeout_seconds,
             hooks=hooks.only("in_task"),
         )
         for task in plan.tasks

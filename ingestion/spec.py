@@ -120,6 +120,11 @@ class PipelineSpec(_Model):
     starting_position: StartingPosition = Field(default_factory=StartingPosition)
     max_records_per_task: PositiveInt = 250_000
     max_records_per_run: PositiveInt | None = None
+    read_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A task fails (nothing committed) after this long without read progress.",
+    )
     target_file_size_bytes: PositiveInt = 128 * 1024 * 1024
     errors_tolerance: Literal["none", "all"] = "none"
     quarantine_table: str | None = None

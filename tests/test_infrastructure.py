@@ -1,0 +1,166 @@
+"""R37: hard bounces and pauses of the driver, an executor and the broker.
+
+Runs may fail and are retried; the oracle then shows 0 duplicates and 0 missing records. The
+crashes here are real: SIGKILL of the driver process or of a Spark Python worker, SIGSTOP of the
+broker process (Tansu keeps its data in memory only, so a broker *restart* would be a recreated
+topic, R20, covered in test_engine_runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingestion import errors
+from ingestion.hooks import FailureHooks
+from ingestion.mirror import read_group_offsets
+from ingestion.offsets import find_committed_state
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.pipelines import Harness, make_spec, records
+
+pytestmark = pytest.mark.integration
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def assert_mirror_matches_table(harness: Harness, spec: Any) -> None:
+    state = find_committed_state(harness.table(spec), spec.effective_commit_group_id)
+    assert state is not None
+    mirrored = read_group_offsets(harness.kafka.get_admin_client(), spec.consumer_group_id)
+    (topic,) = spec.source_topics
+    assert mirrored == {(topic, p): o for p, o in state.offsets[topic].next_offsets.items()}
+
+
+@pytest.mark.parametrize(
+    "point", ["after_plan", "before_catalog_call", "after_catalog_call", "before_mirror"]
+)
+def test_driver_killed_hard_then_rerun(
+    point: str, harness: Harness, catalog_resource: IcebergCatalogResource, tmp_path: Path,
+    create_topic: Callable[..., str], ledger_producer: LedgerProducer, ledger: Ledger,
+) -> None:  # fmt: skip
+    """SIGKILL of the driver before the commit, right after the catalog accepted it (the
+    ambiguous outcome) and before the mirror: the next runs lose and duplicate nothing."""
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, f"killed_{point}")
+    ledger_producer.produce(topic, records(300))
+    config = tmp_path / "driver.json"
+    config.write_text(json.dumps({
+        "spec": spec.model_dump(mode="json", by_alias=True), "point": point,
+        "bootstrap_servers": harness.kafka.bootstrap_servers,
+        "state_dir": catalog_resource.state_dir,
+    }))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.killed_driver", str(config)],
+        cwd=PROJECT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
+    committed = point in ("after_catalog_call", "before_mirror")
+    exists = harness.catalog.table_exists(spec.table)
+    assert (exists and harness.table(spec).scan().to_arrow().num_rows == 300) is committed
+
+    ledger_producer.produce(topic, records(50, first=300))
+    report = harness.run(spec)
+    assert report.records == (50 if committed else 350)
+    harness.run(spec)
+    harness.assert_exactly_once(spec, ledger)
+    assert_mirror_matches_table(harness, spec)
+
+
+def test_executor_killed_hard_task_is_retried(
+    tmp_path: Path, harness: Harness, create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer, ledger: Ledger,
+) -> None:  # fmt: skip
+    """SIGKILL of the Python worker running a task after it wrote its files: Spark retries the
+    task, one file set commits, the dead attempt's files stay unreferenced."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "executor_killed")
+    ledger_producer.produce(topic, records(300))
+    marker = tmp_path / "killed"
+
+    def kill_worker(point: str, **context: Any) -> None:
+        if context.get("stage") == "written" and not marker.exists():
+            marker.write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    report = harness.run(spec, hooks=FailureHooks({"in_task": kill_worker}))
+    assert marker.exists()
+    assert int(marker.read_text()) != os.getpid()  # an executor process died, not the driver
+    assert report.records == 300
+    harness.assert_exactly_once(spec, ledger)
+
+
+@contextmanager
+def broker_paused_for(broker: EmbeddedBroker, seconds: float) -> Iterator[threading.Event]:
+    """Resume the broker ``seconds`` after something SIGSTOPs it; always resume on exit."""
+    pid = broker.pid
+    assert pid is not None
+    paused = threading.Event()
+    stop = threading.Event()
+
+    def state() -> str:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+    def watch() -> None:
+        while not stop.is_set() and state() != "T":
+            time.sleep(0.05)
+        if not stop.is_set():
+            paused.set()
+            stop.wait(seconds)
+        os.kill(pid, signal.SIGCONT)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield paused
+    finally:
+        stop.set()
+        watcher.join(10)
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize(("pause_s", "read_timeout_s"), [(4.0, 60.0), (12.0, 3.0)])
+def test_broker_paused_during_a_task(
+    pause_s: float, read_timeout_s: float, tmp_path: Path, harness: Harness,
+    broker: EmbeddedBroker, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """The broker freezes while a task reads. A short pause: the run completes. A pause longer
+    than the read timeout: the run fails naming the range, nothing is committed, and a run
+    after the broker is back ingests everything once."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, f"paused_{int(pause_s)}", read_timeout_seconds=read_timeout_s)
+    ledger_producer.produce(topic, records(300))
+    marker, broker_pid = tmp_path / "paused", broker.pid
+
+    def pause_broker(point: str, **context: Any) -> None:
+        if context.get("stage") == "start" and not marker.exists():
+            marker.write_text("paused")
+            os.kill(int(broker_pid or 0), signal.SIGSTOP)
+
+    hooks = FailureHooks({"in_task": pause_broker})
+    with broker_paused_for(broker, pause_s) as paused:
+        if pause_s < read_timeout_s:
+            assert harness.run(spec, hooks=hooks).records == 300
+        else:
+            with pytest.raises(errors.IngestionError, match="no progress past offset 0"):
+                harness.run(spec, hooks=hooks)
+        assert paused.is_set()
+    if pause_s >= read_timeout_s:
+        assert not harness.catalog.table_exists(spec.table) or (
+            find_committed_state(harness.table(spec), spec.effective_commit_group_id) is None
+        )
+        assert harness.run(spec).records == 300
+    harness.assert_exactly_once(spec, ledger)
+    assert_mirror_matches_table(harness, spec)
