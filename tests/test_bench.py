@@ -1,0 +1,45 @@
+"""The README's benchmark commands run, at a size a test can afford (the figures are not judged:
+performance lives in the benchmarks, never in timed tests)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=PROJECT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-5000:])
+    return done.stdout
+
+
+def test_ingest_1m_reports_the_oracle() -> None:
+    out = run_bench("bench/ingest_1m.py", "--records", "2000")
+    assert "ingested 2,000 records, 0 quarantined" in out
+    assert "oracle: OK (2000 rows, 0 quarantined)" in out
+
+
+def test_run_prints_and_writes_every_figure(tmp_path: Path) -> None:
+    target = tmp_path / "figures.json"
+    out = run_bench(
+        "bench/run.py", "--records", "3000", "--freshness-seconds", "5", "--json", str(target)
+    )
+    figures = json.loads(target.read_text())
+    assert figures["records"] == 3000
+    assert set(figures["limit_per_s"]) == {"1", "2"}
+    assert figures["baseline_per_s"] > 0
+    assert [(r["slots"], r["records"]) for r in figures["ours"]] == [(1, 3000), (2, 3000)]
+    assert all(r["records_per_s"] > 0 and r["files"] >= 1 for r in figures["ours"])
+    assert figures["freshness"]["runs"] >= 1
+    assert figures["profile_top"]
+    for line in ("limit local[2]", "baseline (1 process)", "ours local[2]", "freshness"):
+        assert line in out
