@@ -24,14 +24,26 @@ from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
+CONNECT_TIMEOUT_S = 10.0
+
 
 def connect() -> tuple[KafkaResource, IcebergCatalogResource]:
-    """The resources, from the environment (read now, at run time)."""
+    """The resources, from the environment (read now, at run time); Kafka must answer."""
+    from confluent_kafka import KafkaException
+
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if not bootstrap:
         raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set (make dev prints the broker address)")
     state_dir = os.environ.get("PLATFORM_STATE_DIR", ".platform")
-    return KafkaResource(bootstrap_servers=bootstrap), IcebergCatalogResource(state_dir=state_dir)
+    kafka = KafkaResource(bootstrap_servers=bootstrap)
+    try:
+        kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
+    except KafkaException as exc:
+        raise SystemExit(
+            f"platform: no Kafka broker answered at {bootstrap} within {CONNECT_TIMEOUT_S:.0f} s "
+            f"({exc.args[0].str()}). Check KAFKA_BOOTSTRAP_SERVERS and that the broker is up."
+        ) from None
+    return kafka, IcebergCatalogResource(state_dir=state_dir)
 
 
 def pipeline_status(

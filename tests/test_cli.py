@@ -120,3 +120,15 @@ def test_operator_jobs_in_dagster(
     assert migrated.success
     maintained = run(maintain_job, {"pipeline": "ops_jobs", "snapshot_retention_hours": 0})
     assert maintained.success
+
+
+def test_unreachable_kafka_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No traceback: the command says which address did not answer and what to check."""
+    from platform_assets import cli
+    from resources.embedded import find_free_port
+
+    address = f"127.0.0.1:{find_free_port()}"  # nothing listens there
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", address)
+    monkeypatch.setattr(cli, "CONNECT_TIMEOUT_S", 2.0)
+    with pytest.raises(SystemExit, match=f"no Kafka broker answered at {address} within 2 s"):
+        main(["status"])
