@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.offsets import find_commit, find_committed_state, flatten
 from ingestion.plan import Plan
@@ -69,7 +69,7 @@ def _check_no_regression(plan: Plan) -> None:
     dropped = sorted(set(before) - set(after))
     backwards = sorted(k for k in before if k in after and after[k] < before[k])
     if dropped or backwards:
-        raise errors.OffsetRegressionError(
+        raise exceptions.OffsetRegressionError(
             f"pipeline {plan.pipeline!r}: refusing to commit; partitions dropped {dropped}, "
             f"offsets moving backwards {[(k, before[k], after[k]) for k in backwards]}"
         )
@@ -128,12 +128,12 @@ def commit_data(
         try:
             table = load_table_with_retry(catalog, plan.table)
         except NoSuchTableError as exc:
-            raise errors.TableDroppedError(
+            raise exceptions.TableDroppedError(
                 f"pipeline {plan.pipeline!r}: table {plan.table} was dropped during the run; "
                 "nothing was committed"
             ) from exc
         if str(table.metadata.table_uuid) != plan.table_uuid:
-            raise errors.TableDroppedError(
+            raise exceptions.TableDroppedError(
                 f"pipeline {plan.pipeline!r}: table {plan.table} was recreated during the run "
                 f"(uuid {table.metadata.table_uuid}, planned {plan.table_uuid}); nothing committed"
             )
@@ -144,7 +144,7 @@ def commit_data(
         if (current.offsets if current else None) != plan.committed:
             delete_files(table, files)
             winner = current.commit_id if current else None
-            raise errors.CommitConflictError(
+            raise exceptions.CommitConflictError(
                 f"pipeline {plan.pipeline!r}: group {group!r} offsets moved since the plan "
                 f"(commit {winner} in snapshot {current.snapshot_id if current else None}); "
                 f"this attempt ({plan.commit_id}) was aborted and its {len(files)} files deleted"
@@ -160,12 +160,12 @@ def commit_data(
             found = find_commit(load_table_with_retry(catalog, plan.table), plan.commit_id)
             if found is not None:
                 return CommitOutcome(found.snapshot_id, replayed=False, attempts=attempt)
-            raise errors.CommitOutcomeUnknownError(
+            raise exceptions.CommitOutcomeUnknownError(
                 f"pipeline {plan.pipeline!r}: the catalog call failed ({exc!r}) and commit "
                 f"{plan.commit_id} is not in the table; files were kept. The next run re-plans."
             ) from exc
         return CommitOutcome(snapshot_id, replayed=False, attempts=attempt)
-    raise errors.CommitConflictError(
+    raise exceptions.CommitConflictError(
         f"pipeline {plan.pipeline!r}: table {plan.table} kept changing; gave up after "
         f"{max_attempts} attempts with nothing committed"
     )

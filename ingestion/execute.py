@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.avro import fetch_schemas_by_id
 from ingestion.commit import delete_files
 from ingestion.hooks import FailureHooks
@@ -47,7 +47,7 @@ def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskRes
     try:
         rows = frame.mapInArrow(prepare, "i int, result binary").collect()
     except Exception as exc:
-        raise errors.TaskFailedError(task_failure_message(specs[0].pipeline, exc)) from exc
+        raise exceptions.TaskFailedError(task_failure_message(specs[0].pipeline, exc)) from exc
     ordered = sorted(rows, key=lambda row: row["i"])
     return [pickle.loads(row["result"]) for row in ordered]  # noqa: S301 - our own payload
 
@@ -55,9 +55,9 @@ def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskRes
 def task_failure_message(pipeline: str, exc: Exception) -> str:
     """The engine's own error line from a Spark task failure, else the first line."""
     text = str(exc)
-    names = [n for n in dir(errors) if n.endswith("Error") or n == "InjectedFailure"]
+    names = [n for n in dir(exceptions) if n.endswith("Error") or n == "InjectedFailure"]
     for line in text.splitlines():
-        if any(line.startswith((f"ingestion.errors.{n}", f"{n}:")) for n in names):
+        if any(line.startswith((f"ingestion.exceptions.{n}", f"{n}:")) for n in names):
             return f"pipeline {pipeline!r}: a Spark task failed, nothing was committed: {line}"
     first = text.strip().splitlines()[0] if text.strip() else repr(exc)
     return f"pipeline {pipeline!r}: a Spark task failed, nothing was committed: {first}"
@@ -180,6 +180,6 @@ def prepare_files(
             for s in specs
         ]  # fmt: skip
         pending = rerun
-    raise errors.SchemaEvolutionError(
+    raise exceptions.SchemaEvolutionError(
         f"pipeline {specs[0].pipeline!r}: the schema kept changing after {MAX_ROUNDS} rounds"
     )

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.offsets import (
     DEAD_LETTERED,
     OFFSETS_PREFIX,
@@ -133,7 +133,7 @@ def read_state(
     for name in list_pipeline_topics(admin, spec):
         try:
             state.topics.append(describe_topic(admin, consumer, name))
-        except errors.TopicNotFoundError:
+        except exceptions.TopicNotFoundError:
             continue
     from ingestion.mirror import read_group_offsets
 

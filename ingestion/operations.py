@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion import offsets as props
 from ingestion.commit import append_files, commit_view
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
@@ -128,7 +128,7 @@ def apply_reset(
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
     """
     if active_runs:
-        raise errors.CommitConflictError(
+        raise exceptions.CommitConflictError(
             f"pipeline {spec.name!r}: {active_runs} run(s) in progress; wait for them or stop "
             "them before resetting offsets"
         )
@@ -138,7 +138,7 @@ def apply_reset(
         str(table.metadata.table_uuid) != reset.table_uuid
         or (current.offsets if current else None) != reset.committed
     ):
-        raise errors.CommitConflictError(
+        raise exceptions.CommitConflictError(
             f"pipeline {spec.name!r}: offsets or table changed since the reset was planned; "
             "plan it again"
         )
@@ -179,11 +179,11 @@ def migrate_group(
     table = catalog.load_table(spec.table)
     old = find_committed_state(table, old_group)
     if old is None:
-        raise errors.MissingOffsetsError(
+        raise exceptions.MissingOffsetsError(
             f"pipeline {spec.name!r}: table {spec.table} has no offsets under {old_group!r}"
         )
     if find_committed_state(table, new_group_id) is not None:
-        raise errors.CommitConflictError(
+        raise exceptions.CommitConflictError(
             f"pipeline {spec.name!r}: table {spec.table} already has offsets under "
             f"{new_group_id!r}; reset them explicitly instead of migrating"
         )

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.offsets import (
     CommittedState,
     OffsetMap,
@@ -104,7 +104,7 @@ def _check_committed_partition(
     """Return the start offset for a committed partition, failing on every impossible case."""
     where = f"pipeline {spec.name!r}, {state.topic}[{partition}]"
     if committed > end:
-        raise errors.OffsetOutOfRangeError(
+        raise exceptions.OffsetOutOfRangeError(
             f"{where}: committed offset {committed} is above the end offset {end}; the log was "
             "truncated or the topic recreated. Inspect the topic, then reset the pipeline's "
             "offsets explicitly (see the README's offset reset operation)."
@@ -139,14 +139,14 @@ def plan_partitions(
     """
     name, group = spec.name, spec.effective_commit_group_id
     if committed is None and other_groups:
-        raise errors.GroupMismatchError(
+        raise exceptions.GroupMismatchError(
             f"pipeline {name!r}: table {spec.table} holds offsets under group(s) "
             f"{sorted(other_groups)} but none under {group!r}. A renamed group would re-read "
             f"everything and duplicate it. Set consumer_group_id back to one of "
             f"{sorted(other_groups)}, or migrate the offsets to {group!r} explicitly."
         )
     if committed is None and table_has_rows:
-        raise errors.MissingOffsetsError(
+        raise exceptions.MissingOffsetsError(
             f"pipeline {name!r}: table {spec.table} holds rows but no snapshot in its current "
             "ancestry carries offsets (expired snapshots, or data written by another tool). "
             "Refusing to restart from the starting position; reset the offsets explicitly."
@@ -155,19 +155,19 @@ def plan_partitions(
     old = committed.offsets if committed else {}
     for topic, stored in old.items():
         if topic not in current:
-            raise errors.TopicNotFoundError(
+            raise exceptions.TopicNotFoundError(
                 f"pipeline {name!r}: topic {topic!r} holds committed offsets but no longer "
                 "exists (deleted, or no longer matches the pattern). Restore it or reset offsets."
             )
         if stored.topic_id != current[topic].topic_id:
-            raise errors.TopicRecreatedError(
+            raise exceptions.TopicRecreatedError(
                 f"pipeline {name!r}: topic {topic!r} id is {current[topic].topic_id}, offsets "
                 f"were committed for id {stored.topic_id}: the topic was deleted and recreated. "
                 "Reset the pipeline's offsets explicitly once you know what the new topic holds."
             )
         missing = set(stored.next_offsets) - {p.partition for p in current[topic].partitions}
         if missing:
-            raise errors.PartitionVanishedError(
+            raise exceptions.PartitionVanishedError(
                 f"pipeline {name!r}: partitions {sorted(missing)} of {topic!r} hold committed "
                 "offsets but no longer exist. Refusing to drop them silently."
             )
@@ -201,7 +201,7 @@ def plan_partitions(
             start[key] = begin
     if lost and spec.on_data_loss == "fail":
         described = ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in lost)
-        raise errors.DataLossError(
+        raise exceptions.DataLossError(
             f"pipeline {name!r}: offsets {described} were deleted by retention before they were "
             "read. Nothing was committed. To skip them and record the loss in the snapshot, set "
             "on_data_loss: skip for this pipeline."
@@ -270,7 +270,7 @@ def resolve_starting_offsets(
             result[key] = found.offset if found.offset >= 0 else _end_of(topics, key)
     for key, offset in result.items():
         if offset > _end_of(topics, key):
-            raise errors.PipelineSpecError(
+            raise exceptions.PipelineSpecError(
                 f"pipeline {spec.name!r}: starting_position gives {key[0]}[{key[1]}] offset "
                 f"{offset}, above its end offset {_end_of(topics, key)}"
             )
@@ -297,7 +297,7 @@ def build_plan(
     group = spec.effective_commit_group_id
     committed = find_committed_state(table, group)
     if committed and committed.cluster_id and committed.cluster_id != cluster_id:
-        raise errors.ClusterChangedError(
+        raise exceptions.ClusterChangedError(
             f"pipeline {spec.name!r}: offsets were committed against Kafka cluster "
             f"{committed.cluster_id!r}, the configured cluster is {cluster_id!r}. Point the "
             "Kafka resource at the original cluster, or reset the offsets explicitly."
@@ -309,8 +309,8 @@ def build_plan(
     for name in sorted(names):
         try:
             topics.append(describe_topic(admin, consumer, name))
-        except errors.TopicNotFoundError as exc:
-            raise errors.TopicNotFoundError(f"pipeline {spec.name!r}: {exc}") from exc
+        except exceptions.TopicNotFoundError as exc:
+            raise exceptions.TopicNotFoundError(f"pipeline {spec.name!r}: {exc}") from exc
     starting = resolve_starting_offsets(spec, consumer, topics) if committed is None else {}
     other_groups = find_groups(table) - {group} if committed is None else set()
     start, end, lost, notes = plan_partitions(

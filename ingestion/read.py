@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion._pyiceberg_compat import write_data_files
 from ingestion.avro import decode_avro
 from ingestion.decode import Decoded, Rejection, decode_json, decode_keys
@@ -114,14 +114,14 @@ def iter_range(
         wanted = min(10_000, rng.end - position)
         for message in consumer.consume(num_messages=wanted, timeout=0.5):
             if message.error() is not None:
-                raise errors.ReadError(f"{where}: {message.error()}")
+                raise exceptions.ReadError(f"{where}: {message.error()}")
             if int(message.offset() or 0) < rng.end:
                 yield message
         (current,) = consumer.position([TopicPartition(rng.topic, rng.partition)])
         if current.offset > position:
             position, last_progress = current.offset, time.monotonic()
         elif time.monotonic() - last_progress > timeout_s:
-            raise errors.ReadError(
+            raise exceptions.ReadError(
                 f"{where}: no progress past offset {position} for {timeout_s:.0f} s "
                 "(planned end beyond the log, or broker unavailable); nothing was committed"
             )
@@ -248,7 +248,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
     rejected.sort(key=lambda r: r.index)
     if rejected and spec.errors_tolerance == "none":
         first = rejected[0]
-        raise errors.DecodeError(
+        raise exceptions.DecodeError(
             f"pipeline {spec.pipeline!r}: {spec.range.topic}[{spec.range.partition}] offset "
             f"{raw.offsets[first.index]} could not be decoded ({first.error_class}: "
             f"{first.message}); {len(rejected)} bad record(s) in [{spec.range.start}, "

@@ -96,7 +96,7 @@ def run_pipeline(
     the same pipeline twice at once commits one run; the other aborts (R7).
 
     Raises:
-        IngestionError: any named failure (see ingestion.errors); nothing was committed unless
+        IngestionError: any named failure (see ingestion.exceptions); nothing was committed unless
             the report of a previous call says so.
     """
     from confluent_kafka import Consumer

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ingestion.errors import PipelineSpecError
+from ingestion.exceptions import PipelineSpecError
 
 _NAME = r"^[a-z][a-z0-9_]*$"
 _TRANSFORM = re.compile(r"^(identity|year|month|day|hour|void|bucket\[(\d+)\]|truncate\[(\d+)\])$")

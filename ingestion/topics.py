@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ingestion.errors import TopicNotFoundError
+from ingestion.exceptions import TopicNotFoundError
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer

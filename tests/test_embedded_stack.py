@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import TopicPartition
 
-from ingestion.errors import TopicNotFoundError
+from ingestion.exceptions import TopicNotFoundError
 from ingestion.topics import (
     TopicState,
     describe_topic,

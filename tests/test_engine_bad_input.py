@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.audit import committed_ids, read_coordinates
 from ingestion.hooks import FailureHooks
 from tests.support.ledger import Ledger, LedgerProducer, Record
@@ -32,7 +32,7 @@ def test_bad_record_fails_the_run_by_default_naming_it(
     topic = create_topic(partitions=1)
     spec = make_spec(topic, "bad_default")
     ledger_producer.produce(topic, [*records(5), (b"k", b"{not json", None), *records(5, 5)])
-    with pytest.raises(errors.TaskFailedError) as excinfo:
+    with pytest.raises(exceptions.TaskFailedError) as excinfo:
         harness.run(spec)
     message = str(excinfo.value)
     assert f"{topic}[0] offset 5 could not be decoded" in message
@@ -52,7 +52,7 @@ def test_bad_records_are_quarantined_exactly_once(
     evolving: Record = (b"new", b'{"id": 99, "coupon": "XMAS", "nested": {"a": 1}}', 0)
     ledger_producer.produce(topic, [*records(40), *bad, evolving])
 
-    with pytest.raises(errors.IngestionError):  # dies after the quarantine commit (R33 replay)
+    with pytest.raises(exceptions.IngestionError):  # dies after the quarantine commit (R33 replay)
         harness.run(spec, hooks=FailureHooks({"before_catalog_call": crash}))
     report = harness.run(spec)
     assert report.committed
@@ -116,7 +116,7 @@ def test_dead_letter_topic_copy_at_least_once_with_headers(
     dead = create_topic(partitions=1, name=f"{topic}-dlq")
     spec = make_spec(topic, "dlq", errors_tolerance="all", dead_letter_topic=dead)
     ledger_producer.produce(topic, [*records(5), (b"bad", b"{oops", None), *records(5, 5)])
-    with pytest.raises(errors.InjectedFailure):
+    with pytest.raises(exceptions.InjectedFailure):
         harness.run(spec, hooks=FailureHooks({"before_mirror": crash}))
     repaired = harness.run(spec)
     assert not repaired.committed

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.commit import commit_data
 from ingestion.hooks import HOOK_POINTS, FailureHooks
 from ingestion.mirror import read_group_offsets
@@ -31,7 +31,7 @@ def crash_once(marker: Path) -> Callable[..., None]:
     def hook(point: str, **context: Any) -> None:
         if not marker.exists():
             marker.write_text(point)
-            raise errors.InjectedFailure(f"injected crash at {point}")
+            raise exceptions.InjectedFailure(f"injected crash at {point}")
 
     return hook
 
@@ -106,7 +106,7 @@ def test_crash_at_each_hook_then_rerun(
     if point == "after_catalog_call":
         assert harness.run(spec, hooks=FailureHooks({point: crash})).committed
     else:
-        with pytest.raises(errors.IngestionError):
+        with pytest.raises(exceptions.IngestionError):
             harness.run(spec, hooks=FailureHooks({point: crash}))
     ledger_producer.produce(topic, records(100, first=400))
     harness.run(spec)
@@ -180,7 +180,7 @@ def test_racing_coordinators_one_wins(
         if not winner:
             winner["report"] = harness.run(spec)
 
-    with pytest.raises(errors.CommitConflictError) as excinfo:
+    with pytest.raises(exceptions.CommitConflictError) as excinfo:
         harness.run(spec, hooks=FailureHooks({"before_commit": run_the_other_coordinator}))
     assert winner["report"].commit_id in str(excinfo.value)
     assert harness.table(spec).scan().to_arrow().num_rows == 200
@@ -228,14 +228,14 @@ def test_dropped_table_fails_and_nothing_advances(
         harness.catalog.drop_table(spec.table)
         load_or_create_table(harness.catalog, spec)
 
-    with pytest.raises(errors.TableDroppedError, match="recreated"):
+    with pytest.raises(exceptions.TableDroppedError, match="recreated"):
         harness.run(spec, hooks=FailureHooks({"before_commit": drop_and_recreate}))
     assert harness.table(spec).current_snapshot() is None
 
     def drop(point: str, **context: Any) -> None:
         harness.catalog.drop_table(spec.table)
 
-    with pytest.raises(errors.TableDroppedError, match="dropped"):
+    with pytest.raises(exceptions.TableDroppedError, match="dropped"):
         harness.run(spec, hooks=FailureHooks({"before_commit": drop}))
     assert read_group_offsets(harness.kafka.get_admin_client(), spec.consumer_group_id) == {}
 
@@ -251,10 +251,10 @@ def test_recreated_topic_fails_the_run(
     admin = harness.kafka.get_admin_client()
     for future in admin.delete_topics([topic]).values():
         future.result(15)
-    with pytest.raises(errors.TopicNotFoundError, match=topic):
+    with pytest.raises(exceptions.TopicNotFoundError, match=topic):
         harness.run(spec)
     create_topic(partitions=1, name=topic)
-    with pytest.raises(errors.TopicRecreatedError, match="Reset the pipeline's offsets"):
+    with pytest.raises(exceptions.TopicRecreatedError, match="Reset the pipeline's offsets"):
         harness.run(spec)
 
 
@@ -267,7 +267,7 @@ def test_renamed_group_is_refused(
     ledger_producer.produce(topic, records(10))
     harness.run(spec)
     renamed = make_spec(topic, "renamed", consumer_group_id="connect-sink-group")
-    with pytest.raises(errors.GroupMismatchError) as excinfo:
+    with pytest.raises(exceptions.GroupMismatchError) as excinfo:
         harness.run(renamed)
     assert "'group-renamed'" in str(excinfo.value)
     assert "'connect-sink-group'" in str(excinfo.value)
@@ -293,7 +293,7 @@ def test_expired_watermark_on_non_empty_table_fails(
         s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != current.snapshot_id
     ]
     table.maintenance.expire_snapshots().by_ids(older).commit()
-    with pytest.raises(errors.MissingOffsetsError, match="holds rows but no snapshot"):
+    with pytest.raises(exceptions.MissingOffsetsError, match="holds rows but no snapshot"):
         harness.run(spec)
 
 
@@ -334,7 +334,7 @@ def test_boundaries_single_record_and_impossible_end(
         table_metadata_json="{}", quarantine_metadata_json=None, io_properties={},
         errors_tolerance="none", commit_id="c", read_timeout_s=2.0,
     )  # fmt: skip
-    with pytest.raises(errors.ReadError, match=r"no progress past offset 1"):
+    with pytest.raises(exceptions.ReadError, match=r"no progress past offset 1"):
         read_range(task)
 
 
@@ -487,9 +487,9 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
 
     def capture_and_crash(point: str, **context: Any) -> None:
         captured["plan"] = context["plan"]
-        raise errors.InjectedFailure(point)
+        raise exceptions.InjectedFailure(point)
 
-    with pytest.raises(errors.InjectedFailure):
+    with pytest.raises(exceptions.InjectedFailure):
         harness.run(spec, hooks=FailureHooks({"before_commit": capture_and_crash}))
     plan = captured["plan"]
     commit_data(harness.catalog, plan, [], {

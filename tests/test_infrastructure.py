@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.hooks import FailureHooks
 from ingestion.mirror import read_group_offsets
 from ingestion.offsets import find_committed_state
@@ -154,7 +154,7 @@ def test_broker_paused_during_a_task(
         if pause_s < read_timeout_s:
             assert harness.run(spec, hooks=hooks).records == 300
         else:
-            with pytest.raises(errors.IngestionError, match="no progress past offset 0"):
+            with pytest.raises(exceptions.IngestionError, match="no progress past offset 0"):
                 harness.run(spec, hooks=hooks)
         assert paused.is_set()
     if pause_s >= read_timeout_s:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.health import check_group_consistency, read_state
 from ingestion.hooks import FailureHooks
 from ingestion.mirror import read_group_offsets
@@ -61,13 +61,13 @@ def test_reset_while_a_run_is_in_flight_wins_and_the_run_aborts(
     harness.run(spec)
     ledger_producer.produce(topic, records(10, first=10))
     reset = planned_reset(harness, spec, StartingPosition(mode="latest"))
-    with pytest.raises(errors.CommitConflictError, match="run\\(s\\) in progress"):
+    with pytest.raises(exceptions.CommitConflictError, match="run\\(s\\) in progress"):
         apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "x", active_runs=1)
 
     def reset_now(point: str, **context: Any) -> None:
         apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "skip the rest")
 
-    with pytest.raises(errors.CommitConflictError):
+    with pytest.raises(exceptions.CommitConflictError):
         harness.run(spec, hooks=FailureHooks({"before_commit": reset_now}))
     assert harness.table(spec).scan().to_arrow().num_rows == 10  # skipped, as the operator said
     assert not harness.run(spec).committed
@@ -99,7 +99,7 @@ def test_group_migration_reads_nothing_twice_and_passes_the_check(
     finally:
         consumer.close()
     assert check_group_consistency(state).passed
-    with pytest.raises(errors.CommitConflictError, match="already has offsets"):
+    with pytest.raises(exceptions.CommitConflictError, match="already has offsets"):
         migrate_group(harness.catalog, old, "migrate-connect-sink", admin, "ops", "again")
 
 
@@ -116,7 +116,7 @@ def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
     for batch in range(3):
         ledger_producer.produce(topic, records(40, first=batch * 40))
         if batch == 1:  # a crashed attempt leaves its written files behind as orphans (R2)
-            with pytest.raises(errors.InjectedFailure):
+            with pytest.raises(exceptions.InjectedFailure):
                 harness.run(spec, hooks=FailureHooks({"before_commit": crash}))
         harness.run(spec)
     table = harness.table(spec)

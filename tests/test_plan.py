@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ingestion import errors
+from ingestion import exceptions
 from ingestion.offsets import CommittedState, TopicOffsets
 from ingestion.plan import Plan, cap_ends, plan_partitions, split_tasks
 from ingestion.topics import PartitionState, TopicState
@@ -54,12 +54,15 @@ def test_resume_from_committed_offsets() -> None:
 @pytest.mark.parametrize(
     ("state", "current", "kwargs", "error", "text"),
     [
-        (None, topic({0: 1}), {"has_rows": True}, errors.MissingOffsetsError, "holds rows"),
-        (None, topic({0: 1}), {"other_groups": {"old"}}, errors.GroupMismatchError, "'old'"),
-        (committed({0: 1}), topic({0: 1}, topic_id="id2"), {}, errors.TopicRecreatedError, "id2"),
-        (committed({0: 1, 1: 1}), topic({0: 1}), {}, errors.PartitionVanishedError, "[1]"),
-        (committed({0: 9}), topic({0: 5}), {}, errors.OffsetOutOfRangeError, "above the end"),
-        (committed({0: 2}), topic({0: 9}, {0: 4}), {}, errors.DataLossError, "[2, 4)"),
+        (None, topic({0: 1}), {"has_rows": True}, exceptions.MissingOffsetsError, "holds rows"),
+        (None, topic({0: 1}), {"other_groups": {"old"}}, exceptions.GroupMismatchError, "'old'"),
+        (
+            committed({0: 1}), topic({0: 1}, topic_id="id2"), {},
+            exceptions.TopicRecreatedError, "id2",
+        ),
+        (committed({0: 1, 1: 1}), topic({0: 1}), {}, exceptions.PartitionVanishedError, "[1]"),
+        (committed({0: 9}), topic({0: 5}), {}, exceptions.OffsetOutOfRangeError, "above the end"),
+        (committed({0: 2}), topic({0: 9}, {0: 4}), {}, exceptions.DataLossError, "[2, 4)"),
     ],
     ids=["R31-rows-no-offsets", "R22-other-group", "R20-topic-id", "R19-partition-gone",
          "R20-truncated", "R12-retention"],
@@ -98,7 +101,7 @@ def test_regressing_commit_is_refused() -> None:
         committed={"orders": TopicOffsets("id1", {0: 9, 1: 3})}, cluster_id="c",
         topic_ids={"orders": "id1"}, start={("orders", 0): 9}, end={("orders", 0): 5}, tasks=(),
     )  # fmt: skip
-    with pytest.raises(errors.OffsetRegressionError, match=r"dropped \[\('orders', 1\)\]"):
+    with pytest.raises(exceptions.OffsetRegressionError, match=r"dropped \[\('orders', 1\)\]"):
         commit_data(catalog=None, plan=regressing, files=[], properties={})  # type: ignore[arg-type]
 
 

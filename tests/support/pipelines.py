@@ -11,7 +11,7 @@ from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
 from ingestion.audit import AuditResult, audit_table
-from ingestion.errors import InjectedFailure
+from ingestion.exceptions import InjectedFailure
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.run import RunReport, run_pipeline
 from ingestion.spec import PipelineSpec, parse_pipeline_spec
