@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ class RunReport:
     dead_letters_published: int = 0
     valid_through_ms: int | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    executed_in: str = ""
 
     @property
     def lag_after(self) -> int:
@@ -65,11 +67,20 @@ class RunReport:
         return self.records / total if total > 0 else 0.0
 
 
+def _spark_for(
+    spec: PipelineSpec, plan: Plan, spark: SparkSession | Callable[[], SparkSession] | None
+) -> SparkSession | None:
+    """The session for this run's tasks; None prepares them in this process."""
+    if spark is None or plan.planned_offsets <= spec.in_process_max_records:
+        return None
+    return spark() if callable(spark) else spark
+
+
 def run_pipeline(
     spec: PipelineSpec,
     kafka_config: dict[str, Any],
     catalog: Catalog,
-    spark: SparkSession | None,
+    spark: SparkSession | Callable[[], SparkSession] | None,
     cluster_id: str,
     run_id: str | None = None,
     io_properties: dict[str, str] | None = None,
@@ -83,7 +94,10 @@ def run_pipeline(
         kafka_config: librdkafka properties (bootstrap servers, security); the engine adds the
             read settings it owns.
         catalog: the Iceberg catalog holding the table.
-        spark: the session whose executors prepare the files; None runs tasks in-process.
+        spark: the session whose executors prepare the files, or a function returning it
+            (called only when the run needs Spark); None runs tasks in-process. Runs planning
+            at most ``spec.in_process_max_records`` offsets also run them in-process: the same
+            task code, without paying Spark's start-up for a trickle.
         cluster_id: the Kafka cluster id, stored with the offsets.
         run_id: the orchestrator's run id, stored in the snapshot.
         io_properties: FileIO properties for executors (defaults to the catalog's).
@@ -147,7 +161,9 @@ def run_pipeline(
     specs = build_task_specs(
         spec, plan, table, quarantine, kafka_config, io_properties, hooks, writers
     )
-    prepared = prepare_files(specs, table, spark, registry)
+    session = _spark_for(spec, plan, spark)
+    report.executed_in = "spark" if session is not None else "driver"
+    prepared = prepare_files(specs, table, session, registry)
     results = prepared.results
     report.schema_changes = prepared.schema_changes
     timings["prepare"] = time.monotonic() - started - timings["plan"]

@@ -120,6 +120,12 @@ class PipelineSpec(_Model):
     starting_position: StartingPosition = Field(default_factory=StartingPosition)
     max_records_per_task: PositiveInt = 250_000
     max_records_per_run: PositiveInt | None = None
+    in_process_max_records: int = Field(
+        default=0,
+        ge=0,
+        description="Runs planning at most this many offsets prepare their files in the driver "
+        "process without starting Spark (0: always Spark).",
+    )
     read_timeout_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -120,7 +120,7 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
                 raise Failure(f"pipeline {spec.name!r} blocked: {finding.message}")
             catalog = iceberg.load_catalog()
             report = run_pipeline(
-                spec, kafka.client_config(), catalog, spark.spark_session,
+                spec, kafka.client_config(), catalog, lambda: spark.spark_session,
                 kafka.get_cluster_id(), run_id=context.run.run_id,
                 io_properties=iceberg.catalog_properties(),
             )  # fmt: skip

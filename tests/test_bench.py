@@ -43,3 +43,9 @@ def test_run_prints_and_writes_every_figure(tmp_path: Path) -> None:
     assert figures["profile_top"]
     for line in ("limit local[2]", "baseline (1 process)", "ours local[2]", "freshness"):
         assert line in out
+
+
+def test_small_runs_compares_both_modes() -> None:
+    out = run_bench("bench/small_runs.py", "--runs", "1", "--records", "50")
+    assert "in-process / spark wall time:" in out
+    assert {line.split()[0] for line in out.splitlines()[1:3]} == {"spark", "driver"}

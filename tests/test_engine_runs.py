@@ -19,6 +19,7 @@ from ingestion.hooks import HOOK_POINTS, FailureHooks
 from ingestion.mirror import read_group_offsets
 from ingestion.offsets import OFFSETS_PREFIX, find_committed_state
 from ingestion.recovery import list_orphan_files, remove_orphan_files
+from ingestion.run import run_pipeline
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, crash, make_spec, records
 
@@ -500,3 +501,33 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
     assert ok is False
     assert "added 0 records" in message
     assert "holds 10 visible records" in message
+
+
+def test_small_runs_skip_spark_large_runs_use_it(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """``in_process_max_records``: a trickle is prepared in the driver and Spark is never asked
+    for; a backlog above the bound goes to Spark. Both commit exactly once, in one table."""
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "trickle", in_process_max_records=100)
+    asked: list[str] = []
+
+    def session() -> Any:
+        asked.append("spark")
+        return harness.spark
+
+    def ingest() -> Any:
+        return run_pipeline(
+            spec, harness.kafka.client_config(), harness.catalog, session,
+            harness.cluster_id,
+        )  # fmt: skip
+
+    ledger_producer.produce(topic, records(60))
+    small = ingest()
+    assert (small.records, small.executed_in, asked) == (60, "driver", [])
+    ledger_producer.produce(topic, records(300, first=60))
+    large = ingest()
+    assert (large.records, large.executed_in, asked) == (300, "spark", ["spark"])
+    assert ingest().executed_in == ""  # nothing to read: neither
+    harness.assert_exactly_once(spec, ledger)
