@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from ingestion.spec import PipelineSpec
 
 
+Key = tuple[str, int]
+Ranges = dict[Key, tuple[int, int]]  # (topic, partition) -> [start, end)
+
+
 @dataclass(frozen=True)
 class PartitionState:
     """Offsets of one partition: first offset still in the log and end (last stable) offset."""
@@ -85,71 +89,59 @@ def describe_topic(
     return TopicState(topic, str(description.topic_id), tuple(partitions))
 
 
-def read_newest_timestamp_ms(
-    consumer: Consumer, state: TopicState, tail: int = 8, timeout_s: float = 5.0
-) -> int | None:
-    """Return the newest record timestamp (ms) among the last ``tail`` offsets of each partition.
+def scan_timestamps_ms(
+    consumer: Consumer, ranges: Ranges, first_only: bool = False, timeout_s: float = 5.0
+) -> dict[Key, list[int]]:
+    """Return the timestamps (ms) of the visible records of each ``[start, end)`` range.
 
-    Reads with ``assign()`` until every partition's position reaches its end offset (the tail may
-    hold only transaction markers); joins no group and commits nothing. None if nothing is read.
-    """
-    from confluent_kafka import TopicPartition
-
-    ends = {
-        p.partition: p.end_offset for p in state.partitions if p.end_offset > p.log_start_offset
-    }
-    if not ends:
-        return None
-    consumer.assign(
-        [
-            TopicPartition(state.topic, p.partition, max(p.log_start_offset, p.end_offset - tail))
-            for p in state.partitions
-            if p.partition in ends
-        ]
-    )
-    newest: int | None = None
-    deadline = time.monotonic() + timeout_s
-    try:
-        while ends and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=500, timeout=0.2):
-                if message.error() is None:
-                    _, timestamp = message.timestamp()
-                    newest = timestamp if newest is None else max(newest, timestamp)
-            positions = consumer.position([TopicPartition(state.topic, p) for p in ends])
-            for position in positions:
-                if position.offset >= ends[position.partition]:
-                    del ends[position.partition]
-    finally:
-        consumer.unassign()
-    return newest
-
-
-def read_first_timestamps_ms(
-    consumer: Consumer, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 5.0
-) -> dict[tuple[str, int], int]:
-    """Return the timestamp (ms) of the first visible record in each ``[start, end)`` range.
-
-    Reads with ``assign()``; joins no group and commits nothing. A range holding no visible
-    record (transaction markers or aborted records only) is absent from the result, as is one
-    not read within ``timeout_s``.
+    Reads with ``assign()`` until each partition's position reaches its end (a range may hold
+    only transaction markers) or, with ``first_only``, until its first visible record; joins no
+    group and commits nothing. A range not finished within ``timeout_s`` keeps what was read.
     """
     from confluent_kafka import TopicPartition
 
     pending = dict(ranges)
+    found: dict[Key, list[int]] = {}
     consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in pending.items()])
-    found: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + timeout_s
     try:
         while pending and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=len(pending), timeout=0.2):
+            for message in consumer.consume(num_messages=500, timeout=0.2):
                 key = (str(message.topic()), int(message.partition() or 0))
-                if message.error() is None and key in pending:
-                    found[key] = message.timestamp()[1]
-                    consumer.pause([TopicPartition(*key)])
-                    del pending[key]
+                if message.error() is not None or key not in pending:
+                    continue
+                if int(message.offset() or 0) < pending[key][1]:
+                    found.setdefault(key, []).append(message.timestamp()[1])
+                    if first_only:
+                        consumer.pause([TopicPartition(*key)])
+                        del pending[key]
             for position in consumer.position([TopicPartition(*key) for key in pending]):
                 if position.offset >= pending[(position.topic, position.partition)][1]:
                     del pending[(position.topic, position.partition)]
     finally:
         consumer.unassign()
     return found
+
+
+def read_newest_timestamp_ms(
+    consumer: Consumer, state: TopicState, tail: int = 8, timeout_s: float = 5.0
+) -> int | None:
+    """Return the newest record timestamp (ms) among the last ``tail`` offsets of each partition;
+    None if nothing is read."""
+    ranges = {
+        (state.topic, p.partition): (max(p.log_start_offset, p.end_offset - tail), p.end_offset)
+        for p in state.partitions
+        if p.end_offset > p.log_start_offset
+    }
+    stamps = [t for found in scan_timestamps_ms(consumer, ranges, timeout_s=timeout_s).values()
+              for t in found]  # fmt: skip
+    return max(stamps) if stamps else None
+
+
+def read_first_timestamps_ms(
+    consumer: Consumer, ranges: Ranges, timeout_s: float = 5.0
+) -> dict[Key, int]:
+    """Return the timestamp (ms) of the first visible record of each ``[start, end)`` range;
+    a range holding none (markers or aborted records only) is absent."""
+    found = scan_timestamps_ms(consumer, ranges, first_only=True, timeout_s=timeout_s)
+    return {key: stamps[0] for key, stamps in found.items()}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 
 import pyarrow as pa
@@ -10,10 +11,12 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from ingestion.exceptions import TopicNotFoundError
+from ingestion.read import reader_config
 from ingestion.topics import (
     TopicState,
     describe_topic,
     list_matching_topics,
+    read_first_timestamps_ms,
     read_newest_timestamp_ms,
 )
 from resources.embedded import EmbeddedBroker
@@ -93,6 +96,27 @@ def test_transaction_end_offsets_cover_the_markers(
     assert state.end_offsets == {0: 6, 1: 4}  # records + one control record per transaction
     assert len(ledger.aborted(topic)) == 2
     assert ledger.committed(topic) <= read_all(kafka, topic, state.end_offsets)
+
+
+def test_first_timestamps_cross_marker_only_ranges_without_waiting(
+    kafka: KafkaResource, create_topic: Callable[..., str], ledger: Ledger
+) -> None:
+    """A range holding only a transaction marker ends when the position passes it, not at the
+    timeout; a range with a record yields that record's timestamp."""
+    from confluent_kafka import Consumer
+
+    topic = create_topic(partitions=2)
+    produce_mixed_transactions(kafka, topic, ledger)
+    consumer = Consumer(reader_config(kafka.client_config(), "first-timestamps"))
+    started = time.monotonic()
+    try:
+        found = read_first_timestamps_ms(
+            consumer, {(topic, 0): (5, 6), (topic, 1): (0, 4)}, timeout_s=60
+        )
+    finally:
+        consumer.close()
+    assert set(found) == {(topic, 1)}
+    assert time.monotonic() - started < 30  # not the 60 s timeout
 
 
 @pytest.mark.xfail(
