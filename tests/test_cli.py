@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +85,36 @@ def test_status_validate_reset_and_maintain(
     assert status["checks"]["exactly_once_audit"]["passed"]
     assert main(["maintain", "orders", "--retention-hours", "0"]) == 0
     assert "kept" in capsys.readouterr().out
+
+
+def readme_cli_examples() -> list[list[str]]:
+    """The README's ``platform`` command lines, in order, without their optional ``[...]``."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lines = re.findall(r"^\.venv/bin/platform (.+)$", text, flags=re.MULTILINE)
+    return [shlex.split(re.sub(r"\[[^]]*\]", "", line), comments=True) for line in lines]
+
+
+def test_readme_cli_examples_run(
+    kafka: KafkaResource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer, demo_topic: str,
+) -> None:  # fmt: skip
+    """Every ``platform`` example of the README, as written, on the demo pipeline."""
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
+    monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
+    ledger_producer.produce(demo_topic, orders(200, 10))
+    (spec,) = load_pipelines()
+    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
+    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+    capsys.readouterr()
+    examples = readme_cli_examples()
+    commands = [example[0] for example in examples]
+    assert commands == ["status", "validate", "reset", "reset", "migrate-group", "maintain"]
+    for example in examples:
+        assert main(example) == 0, example
+    out = capsys.readouterr().out
+    assert "dry run: nothing committed" in out
+    assert "committed in snapshot" in out
+    assert "connect-sink-group" in out
 
 
 def test_operator_jobs_in_dagster(
