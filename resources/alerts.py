@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 LOGGER = logging.getLogger("platform.alerts")
 
@@ -40,6 +40,8 @@ class AlertResource(ConfigurableResource):
     Give ``webhook_url`` and ``slack_token`` as ``EnvVar`` in a deployment; they never reach
     logs or metadata.
     """
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting fails at load
 
     webhook_url: str = Field(default="", description="POST target for JSON alerts; '' = off.")
     slack_token: str = Field(default="", description="Slack bot token; '' = off.")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -36,6 +36,8 @@ class IcebergCatalogResource(ConfigurableResource):
     PostgreSQL, S3 warehouse); give the one secret a catalog usually needs as ``credential``
     (an ``EnvVar``), which becomes pyiceberg's ``credential`` property.
     """
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting fails at load
 
     catalog_name: str = Field(default="platform", description="Name given to load_catalog.")
     properties: dict[str, str] = Field(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -35,6 +35,8 @@ class KafkaResource(ConfigurableResource):
         'ingest'
     """
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting fails at load
+
     bootstrap_servers: str = Field(description="Comma-separated host:port list of the brokers.")
     client_properties: dict[str, str] = Field(
         default_factory=dict,
@@ -48,18 +50,20 @@ class KafkaResource(ConfigurableResource):
         default=None, description="Password of the SSL client key; give it as an EnvVar."
     )
 
-    def client_config(self) -> dict[str, str]:
-        """Return the librdkafka configuration shared by every client, secrets included.
-
-        Raises:
-            ValueError: a pass-through property is one the engine must own.
-        """
-        owned = sorted(ENGINE_OWNED_PROPERTIES & self.client_properties.keys())
+    @field_validator("client_properties")
+    @classmethod
+    def _refuse_engine_owned(cls, properties: dict[str, str]) -> dict[str, str]:
+        """Refused when the resource is built, so ``dagster definitions validate`` fails."""
+        owned = sorted(ENGINE_OWNED_PROPERTIES & properties.keys())
         if owned:
             raise ValueError(
                 f"KafkaResource.client_properties sets {owned}: these are set by the ingestion "
                 "engine for exactly-once reads; remove them from client_properties."
             )
+        return properties
+
+    def client_config(self) -> dict[str, str]:
+        """Return the librdkafka configuration shared by every client, secrets included."""
         config = {"bootstrap.servers": self.bootstrap_servers, **self.client_properties}
         secrets = {
             "sasl.username": self.sasl_username,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import ConfigurableResource
 from dagster_pyspark import LazyPySparkResource
-from pydantic import Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -54,6 +54,8 @@ class SparkResource(ConfigurableResource):
     on the executors, or set ``ship_engine=True`` to send a zip of ``ingestion/`` with
     ``SparkContext.addPyFile`` when the session starts.
     """
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt setting fails at load
 
     master: str = Field(default="local[*]", description="Spark master URL.")
     app_name: str = Field(default="kafka-iceberg-platform", description="Spark application name.")

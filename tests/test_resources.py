@@ -32,9 +32,32 @@ def test_kafka_client_config_merges_pass_through_and_secrets() -> None:
     "owned", ["enable.auto.commit", "auto.offset.reset", "isolation.level", "group.id"]
 )
 def test_kafka_rejects_engine_owned_properties(owned: str) -> None:
-    kafka = KafkaResource(bootstrap_servers="b:1", client_properties={owned: "x"})
     with pytest.raises(ValueError, match=f"'{owned}'"):
-        kafka.client_config()
+        KafkaResource(bootstrap_servers="b:1", client_properties={owned: "x"})
+
+
+@pytest.mark.parametrize(
+    ("resource", "settings", "misspelt"),
+    [
+        ("KafkaResource", {"bootstrap_servers": "b:1", "sasl_pasword": "x"}, "sasl_pasword"),
+        ("IcebergCatalogResource", {"state_dirr": "/tmp/x"}, "state_dirr"),
+        ("SparkResource", {"mastr": "local[1]"}, "mastr"),
+        ("AlertResource", {"webhook": "http://x"}, "webhook"),
+    ],
+)
+def test_misspelt_resource_setting_fails_at_load(
+    resource: str, settings: dict[str, str], misspelt: str
+) -> None:
+    """A typo is an error when the definitions load, never a silently ignored setting."""
+    import resources.alerts
+    import resources.iceberg
+    import resources.kafka
+    import resources.spark
+
+    modules = (resources.alerts, resources.iceberg, resources.kafka, resources.spark)
+    cls = next(getattr(m, resource) for m in modules if hasattr(m, resource))
+    with pytest.raises(ValueError, match=misspelt):
+        cls(**settings)
 
 
 def test_secret_from_env_var_is_resolved_at_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
