@@ -13,7 +13,7 @@ import orjson
 import pyarrow as pa
 
 from ingestion.plan import OffsetRange
-from ingestion.read import iter_range, reader_config
+from ingestion.read import iter_batches, iter_range, reader_config
 from platform_assets.demo import encode_event, make_order_event
 
 
@@ -57,7 +57,7 @@ def _consume_only(args: tuple[dict[str, Any], list[OffsetRange]]) -> tuple[int, 
     consumer = Consumer(reader_config(config, "bench-limit"))
     started = time.monotonic()
     try:
-        counted = sum(sum(1 for _ in iter_range(consumer, r, 60, "limit")) for r in ranges)
+        counted = sum(len(b) for r in ranges for b in iter_batches(consumer, r, 60, "limit"))
     finally:
         consumer.close()
     return counted, time.monotonic() - started

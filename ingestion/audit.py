@@ -194,7 +194,7 @@ def verify_latest_commit(
 
     from ingestion.health import commits_of
     from ingestion.plan import OffsetRange
-    from ingestion.read import iter_range, reader_config
+    from ingestion.read import iter_batches, reader_config
 
     commits = commits_of(table, group_id, limit=2)
     if len(commits) < 2:
@@ -212,7 +212,7 @@ def verify_latest_commit(
     consumer = Consumer(reader_config(kafka_config, pipeline))
     try:
         visible = sum(
-            sum(1 for _ in iter_range(consumer, r, timeout_s, f"audit of {pipeline!r}"))
+            sum(len(b) for b in iter_batches(consumer, r, timeout_s, f"audit of {pipeline!r}"))
             for r in ranges
         )
     finally:

@@ -93,10 +93,11 @@ def reader_config(kafka_config: dict[str, Any], pipeline: str) -> dict[str, Any]
     }
 
 
-def iter_range(
+def iter_batches(
     consumer: Consumer, rng: OffsetRange, timeout_s: float, where: str
-) -> Iterator[Message]:
-    """Yield the visible records of ``[start, end)``; done when the position reaches the end.
+) -> Iterator[list[Message]]:
+    """Yield the visible records of ``[start, end)`` in batches; done when the position reaches
+    the end.
 
     Offsets may have gaps (transaction markers, compaction): the loop never waits for offset
     end - 1. Records at or after the end (produced after the plan) are not yielded.
@@ -112,11 +113,14 @@ def iter_range(
         # Ask for no more than the offsets left: consume() then returns as soon as they are
         # in, instead of waiting out its timeout at the end of every range.
         wanted = min(10_000, rng.end - position)
-        for message in consumer.consume(num_messages=wanted, timeout=0.5):
-            if message.error() is not None:
-                raise exceptions.ReadError(f"{where}: {message.error()}")
-            if int(message.offset() or 0) < rng.end:
-                yield message
+        batch = consumer.consume(num_messages=wanted, timeout=0.5)
+        failed = next((m for m in batch if m.error() is not None), None)
+        if failed is not None:
+            raise exceptions.ReadError(f"{where}: {failed.error()}")
+        if batch and int(batch[-1].offset() or 0) >= rng.end:  # only the last batch can
+            batch = [m for m in batch if int(m.offset() or 0) < rng.end]
+        if batch:
+            yield batch
         (current,) = consumer.position([TopicPartition(rng.topic, rng.partition)])
         if current.offset > position:
             position, last_progress = current.offset, time.monotonic()
@@ -128,6 +132,14 @@ def iter_range(
     consumer.unassign()
 
 
+def iter_range(
+    consumer: Consumer, rng: OffsetRange, timeout_s: float, where: str
+) -> Iterator[Message]:
+    """Yield the visible records of ``[start, end)`` one by one (see :func:`iter_batches`)."""
+    for batch in iter_batches(consumer, rng, timeout_s, where):
+        yield from batch
+
+
 def read_range(spec: TaskSpec) -> _Raw:
     """Read ``[start, end)`` of one partition; raise :class:`ReadError` if it cannot finish."""
     from confluent_kafka import Consumer
@@ -137,11 +149,11 @@ def read_range(spec: TaskSpec) -> _Raw:
     raw = _Raw()
     consumer = Consumer(reader_config(spec.kafka_config, spec.pipeline))
     try:
-        for message in iter_range(consumer, rng, spec.read_timeout_s, where):
-            raw.offsets.append(int(message.offset() or 0))
-            raw.keys.append(message.key())
-            raw.values.append(message.value())
-            raw.timestamps.append(message.timestamp()[1])
+        for batch in iter_batches(consumer, rng, spec.read_timeout_s, where):
+            raw.offsets += [m.offset() or 0 for m in batch]
+            raw.keys += [m.key() for m in batch]
+            raw.values += [m.value() for m in batch]
+            raw.timestamps += [m.timestamp()[1] for m in batch]
     finally:
         consumer.close()
     return raw
