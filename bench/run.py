@@ -29,7 +29,8 @@ from bench.rss import PeakRss  # noqa: E402
 from bench.workloads import baseline, limit, produce  # noqa: E402
 from ingestion.execute import build_task_specs, execute_locally  # noqa: E402
 from ingestion.hooks import NO_HOOKS  # noqa: E402
-from ingestion.plan import OffsetRange, Plan  # noqa: E402
+from ingestion.plan import Plan  # noqa: E402
+from ingestion.ranges import OffsetRange  # noqa: E402
 from ingestion.run import run_pipeline  # noqa: E402
 from ingestion.spec import PipelineSpec, load_pipeline_specs  # noqa: E402
 from ingestion.tables import load_or_create_table  # noqa: E402

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from ingestion.plan import OffsetRange
+from ingestion.ranges import OffsetRange
 from ingestion.read import iter_batches, iter_range, reader_config
 from platform_assets.demo import encode_event, make_order_event
 

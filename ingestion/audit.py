@@ -193,7 +193,7 @@ def verify_latest_commit(
     from confluent_kafka import Consumer
 
     from ingestion.health import commits_of
-    from ingestion.plan import OffsetRange
+    from ingestion.ranges import OffsetRange
     from ingestion.read import iter_batches, reader_config
 
     commits = commits_of(table, group_id, limit=2)

@@ -21,6 +21,7 @@ from ingestion.offsets import (
     find_groups,
     table_has_rows,
 )
+from ingestion.ranges import Key, LostRange, OffsetRange, cap_ends, split_tasks
 from ingestion.spec import PipelineSpec
 from ingestion.topics import TopicState, describe_topic, list_pipeline_topics
 
@@ -28,33 +29,6 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
     from pyiceberg.table import Table
-
-Key = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class OffsetRange:
-    """Offsets ``[start, end)`` of one partition; the unit of work of one Spark task."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-    @property
-    def size(self) -> int:
-        """Offsets covered (records may be fewer: markers, compaction)."""
-        return self.end - self.start
-
-
-@dataclass(frozen=True)
-class LostRange:
-    """Offsets deleted by retention before they were read (recorded when ``on_data_loss=skip``)."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
 
 
 @dataclass(frozen=True)
@@ -207,41 +181,6 @@ def plan_partitions(
             "on_data_loss: skip for this pipeline."
         )
     return start, end, lost, notes
-
-
-def cap_ends(start: Mapping[Key, int], end: Mapping[Key, int], cap: int | None) -> dict[Key, int]:
-    """Lower end offsets so that at most ``cap`` offsets are planned, shared fairly (R21).
-
-    Example:
-        >>> cap_ends({("t", 0): 0, ("t", 1): 0}, {("t", 0): 10, ("t", 1): 3}, 8)
-        {('t', 0): 5, ('t', 1): 3}
-    """
-    if cap is None or sum(end[k] - start[k] for k in end) <= cap:
-        return dict(end)
-    capped = dict(start)
-    budget = cap
-    pending = sorted(end, key=lambda k: end[k] - start[k])  # smallest first: water-filling
-    for index, key in enumerate(pending):
-        share = -(-budget // (len(pending) - index))  # ceiling of a fair share of what is left
-        take = min(end[key] - start[key], share, budget)
-        capped[key] = start[key] + take
-        budget -= take
-    return capped
-
-
-def split_tasks(start: Mapping[Key, int], end: Mapping[Key, int], size: int) -> list[OffsetRange]:
-    """Split each partition's range into tasks of at most ``size`` offsets.
-
-    Example:
-        >>> [(r.start, r.end) for r in split_tasks({("t", 0): 0}, {("t", 0): 5}, 2)]
-        [(0, 2), (2, 4), (4, 5)]
-    """
-    tasks = []
-    for key in sorted(end):
-        topic, partition = key
-        for offset in range(start[key], end[key], size):
-            tasks.append(OffsetRange(topic, partition, offset, min(offset + size, end[key])))
-    return tasks
 
 
 def resolve_starting_offsets(

@@ -22,7 +22,7 @@ from ingestion._pyiceberg_compat import write_data_files
 from ingestion.avro import decode_avro
 from ingestion.decode import Decoded, Rejection, decode_json, decode_keys
 from ingestion.hooks import NO_HOOKS, FailureHooks
-from ingestion.plan import OffsetRange
+from ingestion.ranges import OffsetRange
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message

@@ -16,7 +16,8 @@ from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
 from ingestion.offsets import flatten
-from ingestion.plan import Key, Plan, build_plan
+from ingestion.plan import Plan, build_plan
+from ingestion.ranges import Key
 from ingestion.read import TaskResult
 from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table

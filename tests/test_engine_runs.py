@@ -321,7 +321,7 @@ def test_boundaries_single_record_and_impossible_end(
     ledger: Ledger,
 ) -> None:  # fmt: skip
     """R17: exactly one record; a planned end past the real end fails the task, no commit."""
-    from ingestion.plan import OffsetRange
+    from ingestion.ranges import OffsetRange
     from ingestion.read import TaskSpec, read_range
 
     topic = create_topic(partitions=1)

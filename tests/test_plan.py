@@ -9,7 +9,8 @@ import pytest
 
 from ingestion import exceptions
 from ingestion.offsets import CommittedState, TopicOffsets
-from ingestion.plan import Plan, cap_ends, plan_partitions, split_tasks
+from ingestion.plan import Plan, plan_partitions
+from ingestion.ranges import cap_ends, split_tasks
 from ingestion.topics import PartitionState, TopicState
 from tests.support.pipelines import make_spec
 
