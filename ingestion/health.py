@@ -93,11 +93,19 @@ class PipelineState:
             (t.topic, p.partition): p.log_start_offset for t in self.topics for p in t.partitions
         }
 
+    def uncommitted_ranges(self) -> dict[Key, tuple[int, int]]:
+        """``[first uncommitted offset, end)`` of each partition with lag (a partition without
+        committed offsets starts at its log start)."""
+        committed, starts = self.committed_offsets, self.log_start_offsets
+        first = {k: committed.get(k, starts[k]) for k in self.end_offsets}
+        return {k: (first[k], end) for k, end in self.end_offsets.items() if end > first[k]}
+
     def lag(self) -> dict[Key, int]:
         """Records (offsets) not yet committed, per partition."""
-        committed = self.committed_offsets
-        starts = self.log_start_offsets
-        return {k: max(0, end - committed.get(k, starts[k])) for k, end in self.end_offsets.items()}
+        ranges = self.uncommitted_ranges()
+        return {
+            k: (end - ranges[k][0] if k in ranges else 0) for k, end in self.end_offsets.items()
+        }
 
 
 def commits_of(table: Table, group_id: str, limit: int = 100) -> list[Commit]:

@@ -140,11 +140,9 @@ def read_status(
     nothing. ``extra`` adds findings computed elsewhere (the exactly-once audit)."""
     from confluent_kafka import Consumer
 
-    committed, starts, ends = state.committed_offsets, state.log_start_offsets, state.end_offsets
-    lagging = {k: (committed.get(k, starts[k]), ends[k]) for k, n in state.lag().items() if n}
     consumer = Consumer(reader_config(kafka_config, state.spec.name))
     try:
-        oldest = read_first_timestamps_ms(consumer, lagging)
+        oldest = read_first_timestamps_ms(consumer, state.uncommitted_ranges())
     finally:
         consumer.close()
     return build_status(state, oldest, {**evaluate_checks(state), **(extra or {})})
