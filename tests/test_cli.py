@@ -8,12 +8,14 @@ import re
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pyiceberg.catalog import Catalog
 
-from ingestion.run import run_pipeline
+from ingestion.run import RunReport, run_pipeline
 from platform_assets.cli import main
 from platform_assets.demo import encode_event, make_order_event
 from platform_assets.pipelines import load_pipelines
@@ -31,16 +33,37 @@ def orders(first: int, count: int) -> list[Record]:
     return [(e["order_id"].encode(), encode_event(e), None) for e in events]
 
 
-def test_status_validate_reset_and_maintain(
+@dataclass
+class Demo:
+    """The demo pipeline's catalog (of its own) and ``ingest()``, one run of the pipeline."""
+
+    catalog: Catalog
+    ingest: Callable[[], RunReport]
+
+
+@pytest.fixture
+def demo(
     kafka: KafkaResource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer, demo_topic: str,
-) -> None:  # fmt: skip
+    ledger_producer: LedgerProducer, demo_topic: str,
+) -> Demo:  # fmt: skip
+    """The CLI's environment set, 12 orders produced and ingested once."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
-    ledger_producer.produce(demo_topic, orders(0, 12))
     (spec,) = load_pipelines()
     catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
-    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+
+    def ingest() -> RunReport:
+        return run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+
+    ledger_producer.produce(demo_topic, orders(0, 12))
+    ingest()
+    return Demo(catalog, ingest)
+
+
+def test_status_validate_reset_and_maintain(
+    demo: Demo, capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer,
+    demo_topic: str,
+) -> None:  # fmt: skip
 
     assert main(["status"]) == 0
     text = capsys.readouterr().out
@@ -66,7 +89,7 @@ def test_status_validate_reset_and_maintain(
     assert "lag: 5 records (oldest uncommitted" in text
     assert "exactly_once_audit" not in text
     ledger_producer.produce(demo_topic, records(3))  # not orders: quarantined
-    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+    demo.ingest()
     assert main(["status"]) == 0  # status reports failing checks; it does not fail
     assert "FAILING dead_letter_rate: 3 of 20 records" in capsys.readouterr().out
     assert main(["validate"]) == 0
@@ -78,7 +101,7 @@ def test_status_validate_reset_and_maintain(
     assert "dry run: nothing committed" in dry
     assert main(["reset", "orders", "--to", "earliest", "--apply", "--reason", "test"]) == 0
     assert "committed in snapshot" in capsys.readouterr().out
-    assert catalog.load_table("demo.orders").scan().to_arrow().num_rows == 0
+    assert demo.catalog.load_table("demo.orders").scan().to_arrow().num_rows == 0
     assert main(["status", "--json"]) == 0  # the audit reads a snapshot with no data file
     (status,) = json.loads(capsys.readouterr().out)
     assert status["lag_records"] == 20
@@ -94,17 +117,8 @@ def readme_cli_examples() -> list[list[str]]:
     return [shlex.split(re.sub(r"\[[^]]*\]", "", line), comments=True) for line in lines]
 
 
-def test_readme_cli_examples_run(
-    kafka: KafkaResource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer, demo_topic: str,
-) -> None:  # fmt: skip
+def test_readme_cli_examples_run(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
     """Every ``platform`` example of the README, as written, on the demo pipeline."""
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
-    monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
-    ledger_producer.produce(demo_topic, orders(200, 10))
-    (spec,) = load_pipelines()
-    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
-    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
     capsys.readouterr()
     examples = readme_cli_examples()
     commands = [example[0] for example in examples]
