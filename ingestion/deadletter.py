@@ -4,11 +4,16 @@ The quarantine table is the exactly-once home of a bad record; Kafka Connect use
 a dead-letter topic. The copy is produced after the data commit and before the group mirror,
 with Kafka Connect's context headers, so a consumer can recognise repeats. Because the mirror
 only moves after the copy is out, a commit whose offsets are ahead of the mirror may not have
-been copied yet: the next run copies it again (at least once).
+been copied yet. Before copying such a commit again, the run counts its copies already in the
+topic (by the ``__ingestion.commit.id`` header, from the commit's time on): a commit whose
+copies are all there is not sent twice, so a mirror that stays behind (foreign members in the
+group) does not multiply the copies. A partial copy is sent again whole (at least once).
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ingestion.offsets import (
@@ -32,12 +37,22 @@ HEADERS = {  # quarantine column -> Kafka Connect's dead-letter context header
     "error_message": "__connect.errors.exception.message",
     "commit_id": "__ingestion.commit.id",
 }
+COMMIT_HEADER = HEADERS["commit_id"]
+
+
+@dataclass(frozen=True)
+class PendingCopy:
+    """A commit with dead letters whose offsets are ahead of the Kafka group mirror."""
+
+    commit_id: str
+    committed_at_ms: int
+    records: int
 
 
 def unpublished_commits(
     table: Table, group_id: str, mirrored: dict[tuple[str, int], int]
-) -> list[str]:
-    """Commit ids with dead letters whose offsets are ahead of the mirror (newest first)."""
+) -> list[PendingCopy]:
+    """Commits with dead letters whose offsets are ahead of the mirror (newest first)."""
     key = OFFSETS_PREFIX + group_id
     pending = []
     for snapshot in iter_ancestry(table):
@@ -48,8 +63,46 @@ def unpublished_commits(
         if all(offset <= mirrored.get(tp, -1) for tp, offset in offsets.items()):
             break  # this commit and every older one were mirrored, hence copied
         if int(properties.get(DEAD_LETTERED, "0")) > 0:
-            pending.append(properties[COMMIT_ID])
+            pending.append(PendingCopy(
+                properties[COMMIT_ID], snapshot.timestamp_ms, int(properties[DEAD_LETTERED])
+            ))  # fmt: skip
     return pending
+
+
+def count_copies(
+    kafka_config: dict[str, Any], topic: str, pending: list[PendingCopy], pipeline: str,
+    timeout_s: float = 30.0, idle_s: float = 1.0,
+) -> dict[str, int]:  # fmt: skip
+    """Copies of each pending commit already in ``topic``, counted by their commit-id header
+    from the oldest pending commit's time until the topic has nothing more for ``idle_s``
+    (joins no group, commits nothing). An undercount only means a copy is sent again."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from ingestion.read import reader_config
+
+    if not pending:
+        return {}
+    since = min(p.committed_at_ms for p in pending)
+    counts = {p.commit_id: 0 for p in pending}
+    consumer = Consumer(reader_config(kafka_config, pipeline))
+    try:
+        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        query = [TopicPartition(topic, p, since) for p in sorted(partitions)]
+        starts = [s for s in consumer.offsets_for_times(query, timeout=timeout_s) if s.offset >= 0]
+        consumer.assign(starts)
+        deadline = time.monotonic() + timeout_s
+        while starts and time.monotonic() < deadline:
+            batch = consumer.consume(num_messages=1000, timeout=idle_s)
+            if not batch:
+                break
+            for message in batch:
+                value = dict(message.headers() or []).get(COMMIT_HEADER)
+                commit = value.decode() if isinstance(value, bytes) else value
+                if message.error() is None and commit in counts:
+                    counts[commit] += 1
+    finally:
+        consumer.close()
+    return counts
 
 
 def publish_dead_letters(

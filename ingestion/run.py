@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion import offsets as props
 from ingestion.avro import avro_to_iceberg_schema, fetch_writer_schemas
 from ingestion.commit import commit_data, commit_quarantine
-from ingestion.deadletter import publish_dead_letters, unpublished_commits
+from ingestion.deadletter import count_copies, publish_dead_letters, unpublished_commits
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
@@ -211,9 +211,11 @@ def _publish(
                 catalog.load_table(spec.table), spec.effective_commit_group_id,
                 read_group_offsets(admin, group),
             )  # fmt: skip
+            copied = count_copies(kafka_config, spec.dead_letter_topic, pending, spec.name)
             report.dead_letters_published = publish_dead_letters(
                 kafka_config, spec.dead_letter_topic,
-                catalog.load_table(spec.effective_quarantine_table), pending,
+                catalog.load_table(spec.effective_quarantine_table),
+                [p.commit_id for p in pending if copied[p.commit_id] < p.records],
             )  # fmt: skip
         except Exception as exc:  # the mirror stays behind, so the next run copies again
             error = f"copying dead letters to {spec.dead_letter_topic!r} failed: {exc}"

@@ -136,3 +136,40 @@ def test_dead_letter_topic_copy_at_least_once_with_headers(
     assert headers["__connect.errors.topic"] == topic.encode()
     assert headers["__connect.errors.offset"] == b"5"
     assert headers["__connect.errors.exception.class.name"] == b"ArrowInvalid"
+
+
+def test_dead_letters_already_copied_are_not_copied_again(
+    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:  # fmt: skip
+    """The copies went out but the Kafka group mirror stayed behind (rewound here, as a foreign
+    member would keep it): the next run finds the copies by commit id and sends none again."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    topic = create_topic(partitions=1)
+    dead = create_topic(partitions=2, name=f"{topic}-dlq")
+    spec = make_spec(topic, "dlq_once", errors_tolerance="all", dead_letter_topic=dead)
+    bad = [(b"bad1", b"{oops", None), (b"bad2", b"[1,", None)]
+    ledger_producer.produce(topic, [*records(5), *bad, *records(5, 5)])
+    assert harness.run(spec).dead_letters_published == 2
+    admin = harness.kafka.get_admin_client()
+    rewind = ConsumerGroupTopicPartitions(spec.consumer_group_id, [TopicPartition(topic, 0, 0)])
+    for future in admin.alter_consumer_group_offsets([rewind]).values():
+        future.result(10)
+
+    repaired = harness.run(spec)
+
+    assert not repaired.committed
+    assert repaired.dead_letters_published == 0
+    assert repaired.mirror is not None
+    assert repaired.mirror.ok
+    consumer = harness.kafka.get_consumer()
+    try:  # read to the end (Tansu's end offset counts a batch of two records as one)
+        consumer.assign([TopicPartition(dead, 0, 0), TopicPartition(dead, 1, 0)])
+        copies: list[bytes | None] = []
+        while batch := consumer.consume(10, timeout=3):
+            copies += [m.value() for m in batch]
+    finally:
+        consumer.close()
+    assert sorted(c or b"" for c in copies) == [b"[1,", b"{oops"]
+    harness.assert_exactly_once(spec, ledger)
