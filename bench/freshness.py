@@ -39,9 +39,13 @@ def _produce_steadily(kafka: KafkaResource, topic: str, rate: int, stop: threadi
 
 
 def measure_freshness(
-    kafka: KafkaResource, catalog: Any, state_dir: Path, seconds: int, rate: int = 200,
+    kafka: KafkaResource,
+    catalog: Any,
+    state_dir: Path,
+    seconds: int,
+    rate: int = 200,
     interval_s: float = 15.0,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Produce at ``rate`` for ``seconds`` while the sensor loop ingests; latency percentiles."""
     from bench.run import spec_for
 
@@ -79,8 +83,10 @@ def measure_freshness(
         time.sleep(interval_s)
     spark_resource.stop_session()
     table = catalog.load_table(spec.table)
-    commits = sorted(commits_of(table, spec.effective_commit_group_id, limit=10_000),
-                     key=lambda c: c.timestamp_ms)  # fmt: skip
+    commits = sorted(
+        commits_of(table, spec.effective_commit_group_id, limit=10_000),
+        key=lambda c: c.timestamp_ms,
+    )
     rows = table.scan(
         selected_fields=("_kafka_partition", "_kafka_offset", "_kafka_timestamp")
     ).to_arrow()
@@ -100,7 +106,11 @@ def measure_freshness(
         return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1)
 
     return {
-        "records": len(latencies), "rate_per_s": rate, "runs": runs,
-        "sensor_interval_s": interval_s, "p50_s": pct(0.5), "p95_s": pct(0.95),
+        "records": len(latencies),
+        "rate_per_s": rate,
+        "runs": runs,
+        "sensor_interval_s": interval_s,
+        "p50_s": pct(0.5),
+        "p95_s": pct(0.95),
         "max_s": round(latencies[-1], 1),
-    }  # fmt: skip
+    }

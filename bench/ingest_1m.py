@@ -56,8 +56,11 @@ def main() -> int:
             ]
             producer.produce("orders", batch)
         produce_s = time.monotonic() - started
-        print(f"produced {args.records:,} records in {produce_s:.1f} s "
-              f"({args.records / produce_s:,.0f} rec/s)", flush=True)  # fmt: skip
+        print(
+            f"produced {args.records:,} records in {produce_s:.1f} s "
+            f"({args.records / produce_s:,.0f} rec/s)",
+            flush=True,
+        )
 
         spec = load_pipeline_specs(ROOT / "platform_assets" / "pipelines.yaml")[0]
         spec = spec.model_copy(update={"max_records_per_run": None})
@@ -66,17 +69,21 @@ def main() -> int:
         spark = spark_resource.spark_session
         spark.range(4).collect()  # JVM and Python workers warm: measure the engine only
         report = run_pipeline(spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id())
-        print(f"ingested {report.records:,} records, {report.quarantined} quarantined, "
-              f"{report.files} files, {report.bytes_written / 1e6:.1f} MB in "
-              f"{report.timings_s['total']:.1f} s = {report.records_per_s:,.0f} rec/s "
-              f"(plan {report.timings_s['plan']:.2f} s, prepare "
-              f"{report.timings_s['prepare']:.1f} s, commit {report.timings_s['commit']:.2f} s)",
-              flush=True)  # fmt: skip
+        print(
+            f"ingested {report.records:,} records, {report.quarantined} quarantined, "
+            f"{report.files} files, {report.bytes_written / 1e6:.1f} MB in "
+            f"{report.timings_s['total']:.1f} s = {report.records_per_s:,.0f} rec/s "
+            f"(plan {report.timings_s['plan']:.2f} s, prepare "
+            f"{report.timings_s['prepare']:.1f} s, commit {report.timings_s['commit']:.2f} s)",
+            flush=True,
+        )
         table = catalog.load_table(spec.table)
         audit_started = time.monotonic()
         result = audit_table(table, spec.effective_commit_group_id, expected=ledger.committed())
-        print(f"oracle: {'OK' if result.ok else 'FAILED'} ({result.summary()}) "
-              f"in {time.monotonic() - audit_started:.1f} s")  # fmt: skip
+        print(
+            f"oracle: {'OK' if result.ok else 'FAILED'} ({result.summary()}) "
+            f"in {time.monotonic() - audit_started:.1f} s"
+        )
         spark_resource.stop_session()
         del producer
         gc.collect()  # close the Kafka clients while the broker is up: no reconnect noise

@@ -44,11 +44,16 @@ PARTITIONS = 8
 
 def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
     (orders,) = load_pipeline_specs(ROOT / "platform_assets" / "pipelines.yaml")
-    return orders.model_copy(update={
-        "name": name, "topic": topic, "table": f"bench.{name}",
-        "consumer_group_id": f"bench-{name}",
-        "max_records_per_run": cap, "max_records_per_task": 250_000,
-    })  # fmt: skip
+    return orders.model_copy(
+        update={
+            "name": name,
+            "topic": topic,
+            "table": f"bench.{name}",
+            "consumer_group_id": f"bench-{name}",
+            "max_records_per_run": cap,
+            "max_records_per_task": 250_000,
+        }
+    )
 
 
 def run_ours(
@@ -64,12 +69,19 @@ def run_ours(
             report = run_pipeline(
                 spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id()
             )
-        results.append({
-            "slots": slots, "records": report.records, "records_per_s": round(report.records_per_s),
-            "seconds": round(report.timings_s["total"], 2), "files": report.files,
-            "bytes": report.bytes_written, "driver_rss_mb": rss.driver // 2**20,
-            "jvm_rss_mb": rss.jvm // 2**20, "workers_rss_mb": rss.workers // 2**20,
-        })  # fmt: skip
+        results.append(
+            {
+                "slots": slots,
+                "records": report.records,
+                "records_per_s": round(report.records_per_s),
+                "seconds": round(report.timings_s["total"], 2),
+                "files": report.files,
+                "bytes": report.bytes_written,
+                "driver_rss_mb": rss.driver // 2**20,
+                "jvm_rss_mb": rss.jvm // 2**20,
+                "workers_rss_mb": rss.workers // 2**20,
+            }
+        )
         print(f"  ours local[{slots}] {results[-1]}", flush=True)
     spark_resource.stop_session()
     return results
@@ -79,12 +91,22 @@ def profile_engine(kafka: KafkaResource, catalog: Any, topic: str, records: int)
     """cProfile one in-process task over ``records`` offsets; return the top costs."""
     spec = spec_for("profiled", topic, records)
     table = load_or_create_table(catalog, spec)
-    plan = Plan(pipeline=spec.name, group_id="profile", table=spec.table,
-                table_uuid=str(table.metadata.table_uuid), base_snapshot_id=None, committed=None,
-                cluster_id="c", topic_ids={topic: "t"}, start={(topic, 0): 0},
-                end={(topic, 0): records}, tasks=(OffsetRange(topic, 0, 0, records),))  # fmt: skip
-    specs = build_task_specs(spec, plan, table, None, kafka.client_config(),
-                             dict(catalog.properties), NO_HOOKS, {})  # fmt: skip
+    plan = Plan(
+        pipeline=spec.name,
+        group_id="profile",
+        table=spec.table,
+        table_uuid=str(table.metadata.table_uuid),
+        base_snapshot_id=None,
+        committed=None,
+        cluster_id="c",
+        topic_ids={topic: "t"},
+        start={(topic, 0): 0},
+        end={(topic, 0): records},
+        tasks=(OffsetRange(topic, 0, 0, records),),
+    )
+    specs = build_task_specs(
+        spec, plan, table, None, kafka.client_config(), dict(catalog.properties), NO_HOOKS, {}
+    )
     profiler = cProfile.Profile()
     profiler.enable()
     execute_locally(specs)
@@ -144,8 +166,10 @@ def main() -> int:
 
 def print_table(figures: dict[str, Any]) -> None:
     limit_per_s, base = figures["limit_per_s"], figures["baseline_per_s"]
-    print(f"\n{'run':<22}{'records':>10}{'rec/s':>10}{'/limit':>8}{'/base':>7}{'files':>7}"
-          f"{'MB':>7}{'driverMB':>9}{'jvmMB':>7}{'wrkMB':>7}")  # fmt: skip
+    print(
+        f"\n{'run':<22}{'records':>10}{'rec/s':>10}{'/limit':>8}{'/base':>7}{'files':>7}"
+        f"{'MB':>7}{'driverMB':>9}{'jvmMB':>7}{'wrkMB':>7}"
+    )
     print(f"{'limit local[1]':<22}{figures['records']:>10}{limit_per_s[1]:>10}")
     print(f"{'limit local[2]':<22}{figures['records']:>10}{limit_per_s[2]:>10}")
     print(f"{'baseline (1 process)':<22}{figures['records']:>10}{base:>10}")

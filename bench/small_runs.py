@@ -70,17 +70,28 @@ def main() -> int:
             for mode in walls:  # alternate the modes: same backlog, same machine state
                 started = time.monotonic()
                 done = subprocess.run(
-                    [sys.executable, __file__, "--child", broker.bootstrap_servers, str(state),
-                     mode], capture_output=True, text=True, check=True,
-                )  # fmt: skip
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        broker.bootstrap_servers,
+                        str(state),
+                        mode,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 walls[mode].append(time.monotonic() - started)
                 records, executed_in = done.stdout.split()[-2:]
                 assert (int(records), executed_in) == (args.records, mode), done.stdout
     spark, driver = statistics.median(walls["spark"]), statistics.median(walls["driver"])
     print(f"{'mode':<8}{'runs':>6}{'records/run':>13}{'median s':>10}{'min s':>8}{'max s':>8}")
     for mode, values in walls.items():
-        print(f"{mode:<8}{len(values):>6}{args.records:>13}{statistics.median(values):>10.2f}"
-              f"{min(values):>8.2f}{max(values):>8.2f}")  # fmt: skip
+        print(
+            f"{mode:<8}{len(values):>6}{args.records:>13}{statistics.median(values):>10.2f}"
+            f"{min(values):>8.2f}{max(values):>8.2f}"
+        )
     print(f"in-process / spark wall time: {driver / spark:.2f}")
     return 0
 

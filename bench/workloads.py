@@ -25,8 +25,15 @@ def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: 
     """
     from confluent_kafka import Producer
 
-    producer = Producer({**kafka_config, "linger.ms": 50, "batch.size": 1_000_000,
-                         "compression.type": "lz4", "enable.idempotence": True})  # fmt: skip
+    producer = Producer(
+        {
+            **kafka_config,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+        }
+    )
     rng = random.Random(42)
     started = time.monotonic()
     last = {}
@@ -86,8 +93,10 @@ def baseline(
     started, total, rows, offsets = time.monotonic(), 0, [], {}
 
     def flush() -> None:
-        table.append(pa.Table.from_pylist(rows, schema=schema),
-                     snapshot_properties={"offsets": orjson.dumps(offsets).decode()})  # fmt: skip
+        table.append(
+            pa.Table.from_pylist(rows, schema=schema),
+            snapshot_properties={"offsets": orjson.dumps(offsets).decode()},
+        )
         rows.clear()
 
     try:

@@ -49,17 +49,27 @@ class AuditResult:
     def ok(self) -> bool:
         """No duplicate, loss, unexpected record, shared file, regression or overrun."""
         return not (
-            self.duplicates or self.missing or self.unexpected or self.duplicate_files
-            or self.regressions or self.beyond_watermark or self.commit_mismatches
-        )  # fmt: skip
+            self.duplicates
+            or self.missing
+            or self.unexpected
+            or self.duplicate_files
+            or self.regressions
+            or self.beyond_watermark
+            or self.commit_mismatches
+        )
 
     def summary(self) -> str:
         """One line per finding (at most five examples each)."""
         lines = [f"{self.rows} rows, {self.quarantined} quarantined"]
         for name in (
-            "duplicates", "missing", "unexpected", "duplicate_files", "regressions",
-            "beyond_watermark", "commit_mismatches",
-        ):  # fmt: skip
+            "duplicates",
+            "missing",
+            "unexpected",
+            "duplicate_files",
+            "regressions",
+            "beyond_watermark",
+            "commit_mismatches",
+        ):
             found = getattr(self, name)
             if found:
                 lines.append(f"{name}: {len(found)} e.g. {found[:5]}")
@@ -180,9 +190,13 @@ def _check_commit_counts(
 
 
 def verify_latest_commit(
-    table: Table, group_id: str, kafka_config: dict[str, Any], pipeline: str,
-    max_offsets: int = 100_000, timeout_s: float = 30.0,
-) -> tuple[bool | None, str]:  # fmt: skip
+    table: Table,
+    group_id: str,
+    kafka_config: dict[str, Any],
+    pipeline: str,
+    max_offsets: int = 100_000,
+    timeout_s: float = 30.0,
+) -> tuple[bool | None, str]:
     """Compare the newest commit's added + dead-lettered records with an independent
     ``read_committed`` count of its offset ranges in Kafka (the oracle in production).
 

@@ -63,16 +63,22 @@ def unpublished_commits(
         if all(offset <= mirrored.get(tp, -1) for tp, offset in offsets.items()):
             break  # this commit and every older one were mirrored, hence copied
         if int(properties.get(DEAD_LETTERED, "0")) > 0:
-            pending.append(PendingCopy(
-                properties[COMMIT_ID], snapshot.timestamp_ms, int(properties[DEAD_LETTERED])
-            ))  # fmt: skip
+            pending.append(
+                PendingCopy(
+                    properties[COMMIT_ID], snapshot.timestamp_ms, int(properties[DEAD_LETTERED])
+                )
+            )
     return pending
 
 
 def count_copies(
-    kafka_config: dict[str, Any], topic: str, pending: list[PendingCopy], pipeline: str,
-    timeout_s: float = 30.0, idle_s: float = 1.0,
-) -> dict[str, int]:  # fmt: skip
+    kafka_config: dict[str, Any],
+    topic: str,
+    pending: list[PendingCopy],
+    pipeline: str,
+    timeout_s: float = 30.0,
+    idle_s: float = 1.0,
+) -> dict[str, int]:
     """Copies of each pending commit already in ``topic``, counted by their commit-id header
     from the oldest pending commit's time until the topic has nothing more for ``idle_s``
     (joins no group, commits nothing). An undercount only means a copy is sent again."""
@@ -106,9 +112,12 @@ def count_copies(
 
 
 def publish_dead_letters(
-    kafka_config: dict[str, Any], topic: str, quarantine: Table, commit_ids: list[str],
+    kafka_config: dict[str, Any],
+    topic: str,
+    quarantine: Table,
+    commit_ids: list[str],
     timeout_s: float = 30.0,
-) -> int:  # fmt: skip
+) -> int:
     """Produce the quarantined records of ``commit_ids`` to ``topic``; return how many.
 
     Raises:
@@ -128,9 +137,12 @@ def publish_dead_letters(
             (name, str(row[column]).encode()) for column, name in HEADERS.items()
         ]
         producer.produce(
-            topic, key=row["_kafka_key"], value=row["value"], headers=headers,
+            topic,
+            key=row["_kafka_key"],
+            value=row["value"],
+            headers=headers,
             on_delivery=lambda error, _message: failures.append(error) if error else None,
-        )  # fmt: skip
+        )
     remaining = producer.flush(timeout_s)
     if failures or remaining:
         raise KafkaException(failures[0] if failures else f"{remaining} records unacknowledged")

@@ -69,10 +69,15 @@ def execute_locally(specs: list[TaskSpec]) -> list[TaskResult]:
 
 
 def build_task_specs(
-    spec: PipelineSpec, plan: Plan, table: Table, quarantine: Table | None,
-    kafka_config: dict[str, Any], io_properties: dict[str, str], hooks: FailureHooks,
+    spec: PipelineSpec,
+    plan: Plan,
+    table: Table,
+    quarantine: Table | None,
+    kafka_config: dict[str, Any],
+    io_properties: dict[str, str],
+    hooks: FailureHooks,
     writer_schemas: dict[int, str],
-) -> list[TaskSpec]:  # fmt: skip
+) -> list[TaskSpec]:
     """One task spec per planned range; executors receive only the ``in_task`` hook."""
     table_json = table.metadata.model_dump_json()
     quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
@@ -175,10 +180,14 @@ def prepare_files(
             table.refresh()
         table_json = table.metadata.model_dump_json()
         specs = [
-            replace(s, table_metadata_json=table_json, writer_schemas=writers,
-                    missing_schema_ids=frozenset(missing))
+            replace(
+                s,
+                table_metadata_json=table_json,
+                writer_schemas=writers,
+                missing_schema_ids=frozenset(missing),
+            )
             for s in specs
-        ]  # fmt: skip
+        ]
         pending = rerun
     raise exceptions.SchemaEvolutionError(
         f"pipeline {specs[0].pipeline!r}: the schema kept changing after {MAX_ROUNDS} rounds"

@@ -24,7 +24,7 @@ from ingestion.offsets import (
     iter_ancestry,
     snapshot_properties,
     table_has_rows,
-)  # fmt: skip
+)
 from ingestion.spec import PipelineSpec
 from ingestion.topics import TopicState, describe_topic, list_pipeline_topics
 
@@ -115,11 +115,16 @@ def commits_of(table: Table, group_id: str, limit: int = 100) -> list[Commit]:
     for snapshot in iter_ancestry(table):
         properties = snapshot_properties(snapshot)
         if key in properties:
-            found.append(Commit(
-                snapshot.snapshot_id, snapshot.timestamp_ms, int(properties.get(RECORDS, "0")),
-                int(properties.get(DEAD_LETTERED, "0")), flatten(decode_offsets(properties[key])),
-                properties,
-            ))  # fmt: skip
+            found.append(
+                Commit(
+                    snapshot.snapshot_id,
+                    snapshot.timestamp_ms,
+                    int(properties.get(RECORDS, "0")),
+                    int(properties.get(DEAD_LETTERED, "0")),
+                    flatten(decode_offsets(properties[key])),
+                    properties,
+                )
+            )
             if len(found) >= limit:
                 break
     return found
@@ -162,34 +167,59 @@ def check_group_consistency(state: PipelineState) -> Finding:
     consumer, commit = spec.consumer_group_id, spec.effective_commit_group_id
     meta: dict[str, Any] = {"consumer_group_id": consumer, "commit_group_id": commit}
     if consumer != commit:
-        return Finding(False, "ERROR", f"consumer_group_id {consumer!r} differs from "
-                       f"commit_group_id {commit!r}: set both to the same id.", meta)  # fmt: skip
+        return Finding(
+            False,
+            "ERROR",
+            f"consumer_group_id {consumer!r} differs from "
+            f"commit_group_id {commit!r}: set both to the same id.",
+            meta,
+        )
     if state.committed is None and state.other_groups:
         others = sorted(state.other_groups)
-        return Finding(False, "ERROR", (
-            f"table {spec.table} holds offsets under group(s) {others} but none under "
-            f"{commit!r}: ingestion is blocked (it would re-read everything). Fix: set "
-            f"consumer_group_id back to {others[0]!r}, or migrate the offsets to {commit!r}."
-        ), {**meta, "groups_in_table": ", ".join(others)})  # fmt: skip
+        return Finding(
+            False,
+            "ERROR",
+            (
+                f"table {spec.table} holds offsets under group(s) {others} but none under "
+                f"{commit!r}: ingestion is blocked (it would re-read everything). Fix: set "
+                f"consumer_group_id back to {others[0]!r}, or migrate the offsets to {commit!r}."
+            ),
+            {**meta, "groups_in_table": ", ".join(others)},
+        )
     if state.group_members > 0 or state.group_state in ACTIVE_GROUP_STATES:
-        return Finding(False, "ERROR", (
-            f"Kafka group {consumer!r} has active members ({state.group_state}): someone else "
-            "consumes with this pipeline's group id and may commit offsets under it. Give that "
-            "consumer its own group id."
-        ), {**meta, "group_state": state.group_state})  # fmt: skip
+        return Finding(
+            False,
+            "ERROR",
+            (
+                f"Kafka group {consumer!r} has active members ({state.group_state}): someone else "
+                "consumes with this pipeline's group id and may commit offsets under it. Give that "
+                "consumer its own group id."
+            ),
+            {**meta, "group_state": state.group_state},
+        )
     committed = state.committed_offsets
     ahead = {k: o for k, o in state.group_offsets.items() if o > committed.get(k, o)}
     if ahead:
-        return Finding(False, "ERROR", (
-            f"Kafka group {consumer!r} is ahead of the table at {sorted(ahead)[:5]}: another "
-            "writer commits offsets under this group id. Stop it, or give it its own group."
-        ), meta)  # fmt: skip
+        return Finding(
+            False,
+            "ERROR",
+            (
+                f"Kafka group {consumer!r} is ahead of the table at {sorted(ahead)[:5]}: another "
+                "writer commits offsets under this group id. Stop it, or give it its own group."
+            ),
+            meta,
+        )
     behind = {k for k, o in committed.items() if state.group_offsets.get(k, -1) < o}
     if behind:
-        return Finding(False, "WARN", (
-            f"Kafka group {consumer!r} mirror is behind the table on {len(behind)} partition(s); "
-            "the next run repairs it."
-        ), meta)  # fmt: skip
+        return Finding(
+            False,
+            "WARN",
+            (
+                f"Kafka group {consumer!r} mirror is behind the table on {len(behind)} "
+                "partition(s); the next run repairs it."
+            ),
+            meta,
+        )
     return Finding(True, "ERROR", f"group ids agree ({consumer!r}); no foreign members", meta)
 
 
@@ -209,10 +239,15 @@ def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> F
     if age_s is not None and age_s <= bound:
         return Finding(True, "WARN", f"{lag} records pending, last commit {age_s:.0f} s ago", meta)
     when = "never" if age_s is None else f"{age_s:.0f} s ago"
-    return Finding(False, "ERROR", (
-        f"{lag} records are waiting and the last commit was {when} (bound {bound} s). Check "
-        "that the lag sensor is running and recent ingestion runs succeeded."
-    ), meta)  # fmt: skip
+    return Finding(
+        False,
+        "ERROR",
+        (
+            f"{lag} records are waiting and the last commit was {when} (bound {bound} s). Check "
+            "that the lag sensor is running and recent ingestion runs succeeded."
+        ),
+        meta,
+    )
 
 
 def check_retention_risk(state: PipelineState) -> Finding:
@@ -222,22 +257,33 @@ def check_retention_risk(state: PipelineState) -> Finding:
     lost = {k: (o, starts[k]) for k, o in committed.items() if k in starts and o < starts[k]}
     if lost:
         examples = sorted(lost.items())[:5]
-        return Finding(False, "ERROR", (
-            f"records were deleted by retention before being ingested at {examples} "
-            "(committed offset, log start). The next run fails; set on_data_loss: skip to accept "
-            "the loss, and lengthen the topic's retention."
-        ), {"partitions_lost": len(lost)})  # fmt: skip
+        return Finding(
+            False,
+            "ERROR",
+            (
+                f"records were deleted by retention before being ingested at {examples} "
+                "(committed offset, log start). The next run fails; set on_data_loss: skip to "
+                "accept the loss, and lengthen the topic's retention."
+            ),
+            {"partitions_lost": len(lost)},
+        )
     lag = state.lag()
     # A log that still starts at 0 has never lost a record to retention: no risk to report.
     close = sorted(
-        k for k, o in committed.items()
+        k
+        for k, o in committed.items()
         if starts.get(k, 0) > 0 and lag.get(k, 0) > 0 and o - starts[k] < margin
-    )  # fmt: skip
+    )
     if close:
-        return Finding(False, "WARN", (
-            f"uncommitted records within {margin} offsets of deletion at {close[:5]}: ingest "
-            "more often or lengthen retention."
-        ), {"partitions_at_risk": len(close)})  # fmt: skip
+        return Finding(
+            False,
+            "WARN",
+            (
+                f"uncommitted records within {margin} offsets of deletion at {close[:5]}: ingest "
+                "more often or lengthen retention."
+            ),
+            {"partitions_at_risk": len(close)},
+        )
     return Finding(True, "ERROR", "committed offsets are clear of the retention boundary", {})
 
 
@@ -251,10 +297,15 @@ def check_dead_letter_rate(state: PipelineState, window: int = 20) -> Finding:
     meta = {"dead_lettered": dead, "read": read, "ratio": round(ratio, 6), "max_ratio": bound}
     if ratio > bound:
         quarantine = state.spec.effective_quarantine_table
-        return Finding(False, "WARN", (
-            f"{dead} of {read} records ({ratio:.2%}) went to {quarantine} in the last "
-            f"{len(recent)} commits (bound {bound:.2%}): inspect the quarantine table."
-        ), meta)  # fmt: skip
+        return Finding(
+            False,
+            "WARN",
+            (
+                f"{dead} of {read} records ({ratio:.2%}) went to {quarantine} in the last "
+                f"{len(recent)} commits (bound {bound:.2%}): inspect the quarantine table."
+            ),
+            meta,
+        )
     return Finding(True, "WARN", f"dead-letter rate {ratio:.2%} within {bound:.2%}", meta)
 
 
@@ -262,8 +313,13 @@ def check_watermark_reachable(state: PipelineState) -> Finding:
     """The current snapshot's ancestry still carries this group's offsets (R31)."""
     if state.committed is not None or not state.table_has_rows:
         return Finding(True, "ERROR", "the offsets watermark is reachable", {})
-    return Finding(False, "ERROR", (
-        f"table {state.spec.table} holds rows but no snapshot in its ancestry carries offsets "
-        f"for {state.spec.effective_commit_group_id!r} (expired, or rolled back past them). "
-        "Ingestion is blocked; reset the offsets explicitly."
-    ), {})  # fmt: skip
+    return Finding(
+        False,
+        "ERROR",
+        (
+            f"table {state.spec.table} holds rows but no snapshot in its ancestry carries offsets "
+            f"for {state.spec.effective_commit_group_id!r} (expired, or rolled back past them). "
+            "Ingestion is blocked; reset the offsets explicitly."
+        ),
+        {},
+    )

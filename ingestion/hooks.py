@@ -20,9 +20,14 @@ HookPoint = Literal[
     "before_mirror",
 ]
 HOOK_POINTS: tuple[HookPoint, ...] = (
-    "after_plan", "in_task", "before_commit", "before_catalog_call",
-    "after_catalog_call", "after_commit", "before_mirror",
-)  # fmt: skip
+    "after_plan",
+    "in_task",
+    "before_commit",
+    "before_catalog_call",
+    "after_catalog_call",
+    "after_commit",
+    "before_mirror",
+)
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,11 @@ def watermark_path(table: Table) -> set[int]:
     offsets: expiring any of them would make a watermark unreachable."""
     path: set[int] = set()
     groups = {
-        key for snapshot in iter_ancestry(table) for key in snapshot_properties(snapshot)
+        key
+        for snapshot in iter_ancestry(table)
+        for key in snapshot_properties(snapshot)
         if key.startswith(OFFSETS_PREFIX)
-    }  # fmt: skip
+    }
     for snapshot in iter_ancestry(table):
         path.add(snapshot.snapshot_id)
         groups -= set(snapshot_properties(snapshot))

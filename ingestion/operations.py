@@ -62,9 +62,12 @@ class OffsetReset:
 
 
 def plan_reset(
-    spec: PipelineSpec, table: Table, admin: AdminClient, consumer: Consumer,
+    spec: PipelineSpec,
+    table: Table,
+    admin: AdminClient,
+    consumer: Consumer,
     position: StartingPosition,
-) -> OffsetReset:  # fmt: skip
+) -> OffsetReset:
     """Resolve ``position`` against Kafka and compare it with the committed offsets (no write)."""
     topics = [describe_topic(admin, consumer, name) for name in list_pipeline_topics(admin, spec)]
     target_spec = spec.model_copy(update={"starting_position": position})
@@ -76,11 +79,13 @@ def plan_reset(
         by_topic.setdefault(topic, {})[partition] = offset
     ids = {state.topic: state.topic_id for state in topics}
     return OffsetReset(
-        spec.name, spec.effective_commit_group_id, str(table.metadata.table_uuid),
+        spec.name,
+        spec.effective_commit_group_id,
+        str(table.metadata.table_uuid),
         committed.offsets if committed else None,
         {topic: TopicOffsets(ids[topic], parts) for topic, parts in by_topic.items()},
         {key: (before.get(key), offset) for key, offset in target.items()},
-    )  # fmt: skip
+    )
 
 
 def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:
@@ -115,9 +120,14 @@ def _commit_offsets(table: Table, properties: dict[str, str], delete_filter: str
 
 
 def apply_reset(
-    catalog: Catalog, spec: PipelineSpec, reset: OffsetReset, cluster_id: str,
-    requested_by: str, reason: str, active_runs: int = 0,
-) -> int:  # fmt: skip
+    catalog: Catalog,
+    spec: PipelineSpec,
+    reset: OffsetReset,
+    cluster_id: str,
+    requested_by: str,
+    reason: str,
+    active_runs: int = 0,
+) -> int:
     """Commit ``reset``; return its snapshot id.
 
     Delivery: compare-and-set. If the offsets moved since the reset was planned, nothing is
@@ -149,10 +159,15 @@ def apply_reset(
             transaction.delete(delete_filter)
     properties = {
         props.OFFSETS_PREFIX + reset.group_id: props.encode_offsets(reset.target),
-        props.COMMIT_ID: uuid.uuid4().hex, props.GROUP_ID: reset.group_id,
-        props.CLUSTER_ID: cluster_id, props.PIPELINE: spec.name, props.RECORDS: "0",
-        props.DEAD_LETTERED: "0", props.RESET_BY: requested_by, props.RESET_REASON: reason,
-    }  # fmt: skip
+        props.COMMIT_ID: uuid.uuid4().hex,
+        props.GROUP_ID: reset.group_id,
+        props.CLUSTER_ID: cluster_id,
+        props.PIPELINE: spec.name,
+        props.RECORDS: "0",
+        props.DEAD_LETTERED: "0",
+        props.RESET_BY: requested_by,
+        props.RESET_REASON: reason,
+    }
     return _commit_offsets(table, properties, delete_filter)
 
 
@@ -167,9 +182,13 @@ class Migration:
 
 
 def migrate_group(
-    catalog: Catalog, spec: PipelineSpec, new_group_id: str, admin: AdminClient,
-    requested_by: str, reason: str,
-) -> Migration:  # fmt: skip
+    catalog: Catalog,
+    spec: PipelineSpec,
+    new_group_id: str,
+    admin: AdminClient,
+    requested_by: str,
+    reason: str,
+) -> Migration:
     """Carry the pipeline's offsets over to ``new_group_id`` in one commit and mirror them to
     the new Kafka group; the old Kafka group is left untouched and reported.
 
@@ -189,11 +208,16 @@ def migrate_group(
         )
     properties = {
         props.OFFSETS_PREFIX + new_group_id: props.encode_offsets(old.offsets),
-        props.COMMIT_ID: uuid.uuid4().hex, props.GROUP_ID: new_group_id,
-        props.CLUSTER_ID: old.cluster_id or "", props.PIPELINE: spec.name, props.RECORDS: "0",
-        props.DEAD_LETTERED: "0", props.MIGRATED_FROM: old_group, props.RESET_BY: requested_by,
+        props.COMMIT_ID: uuid.uuid4().hex,
+        props.GROUP_ID: new_group_id,
+        props.CLUSTER_ID: old.cluster_id or "",
+        props.PIPELINE: spec.name,
+        props.RECORDS: "0",
+        props.DEAD_LETTERED: "0",
+        props.MIGRATED_FROM: old_group,
+        props.RESET_BY: requested_by,
         props.RESET_REASON: reason,
-    }  # fmt: skip
+    }
     snapshot_id = _commit_offsets(table, properties, None)
     offsets = flatten(old.offsets)
     mirror = mirror_offsets(admin, new_group_id, offsets)

@@ -137,11 +137,15 @@ def run_pipeline(
     timings["plan"] = time.monotonic() - started
     hooks.fire("after_plan", plan=plan)
     report = RunReport(
-        pipeline=spec.name, commit_id=plan.commit_id,
-        offsets_before=dict(plan.start), offsets_after=dict(plan.start), end_offsets=dict(plan.end),
+        pipeline=spec.name,
+        commit_id=plan.commit_id,
+        offsets_before=dict(plan.start),
+        offsets_after=dict(plan.start),
+        end_offsets=dict(plan.end),
         lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
-        notes=list(plan.notes), valid_through_ms=plan.planned_at_ms,
-    )  # fmt: skip
+        notes=list(plan.notes),
+        valid_through_ms=plan.planned_at_ms,
+    )
     # A first run from "latest", a timestamp or explicit offsets pins its start offsets in a
     # snapshot even when there is nothing to read yet; otherwise the next run would resolve
     # "latest" again and skip what arrived in between.
@@ -200,23 +204,29 @@ def run_pipeline(
 
 
 def _publish(
-    spec: PipelineSpec, catalog: Catalog, admin: AdminClient, kafka_config: dict[str, Any],
-    offsets: dict[Key, int], report: RunReport,
-) -> None:  # fmt: skip
+    spec: PipelineSpec,
+    catalog: Catalog,
+    admin: AdminClient,
+    kafka_config: dict[str, Any],
+    offsets: dict[Key, int],
+    report: RunReport,
+) -> None:
     """Step 4: copy dead letters not yet copied, then mirror the offsets (both best effort)."""
     group = spec.consumer_group_id
     if spec.dead_letter_topic and catalog.table_exists(spec.effective_quarantine_table):
         try:
             pending = unpublished_commits(
-                catalog.load_table(spec.table), spec.effective_commit_group_id,
+                catalog.load_table(spec.table),
+                spec.effective_commit_group_id,
                 read_group_offsets(admin, group),
-            )  # fmt: skip
+            )
             copied = count_copies(kafka_config, spec.dead_letter_topic, pending, spec.name)
             report.dead_letters_published = publish_dead_letters(
-                kafka_config, spec.dead_letter_topic,
+                kafka_config,
+                spec.dead_letter_topic,
                 catalog.load_table(spec.effective_quarantine_table),
                 [p.commit_id for p in pending if copied[p.commit_id] < p.records],
-            )  # fmt: skip
+            )
         except Exception as exc:  # the mirror stays behind, so the next run copies again
             error = f"copying dead letters to {spec.dead_letter_topic!r} failed: {exc}"
             report.mirror = MirrorOutcome(group, error=error)

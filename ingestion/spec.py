@@ -19,9 +19,19 @@ from ingestion.exceptions import PipelineSpecError
 _NAME = r"^[a-z][a-z0-9_]*$"
 _TRANSFORM = re.compile(r"^(identity|year|month|day|hour|void|bucket\[(\d+)\]|truncate\[(\d+)\])$")
 _PRIMITIVES = {
-    "boolean", "int", "long", "float", "double", "date", "time", "timestamp",
-    "timestamptz", "string", "uuid", "binary",
-}  # fmt: skip
+    "boolean",
+    "int",
+    "long",
+    "float",
+    "double",
+    "date",
+    "time",
+    "timestamp",
+    "timestamptz",
+    "string",
+    "uuid",
+    "binary",
+}
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 
 

@@ -110,27 +110,34 @@ def build_status(
 
     partitions = [
         PartitionStatus(
-            f"{t}:{p}", committed.get((t, p)), end, state.group_offsets.get((t, p)),
-            lag.get((t, p), 0), age(oldest_ms.get((t, p))),
+            f"{t}:{p}",
+            committed.get((t, p)),
+            end,
+            state.group_offsets.get((t, p)),
+            lag.get((t, p), 0),
+            age(oldest_ms.get((t, p))),
         )
         for (t, p), end in sorted(state.end_offsets.items())
-    ]  # fmt: skip
+    ]
     spec = state.spec
     return PipelineStatus(
-        pipeline=spec.name, table=spec.table, group_id=spec.effective_commit_group_id,
+        pipeline=spec.name,
+        table=spec.table,
+        group_id=spec.effective_commit_group_id,
         lag_records=sum(lag.values()),
         oldest_uncommitted_age_s=age(min(oldest_ms.values())) if oldest_ms else None,
         last_commit_age_s=age(last.timestamp_ms) if last else None,
         valid_through=(
             datetime.fromtimestamp(valid_through / 1000, UTC).isoformat(timespec="seconds")
-            if valid_through else None
+            if valid_through
+            else None
         ),
         partitions=partitions,
         checks={
             name: {"passed": f.passed, "severity": f.severity, "message": f.message}
             for name, f in findings.items()
         },
-    )  # fmt: skip
+    )
 
 
 def read_status(

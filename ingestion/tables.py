@@ -42,12 +42,19 @@ def parse_type(name: str) -> IcebergType:
     if decimal:
         return types.DecimalType(int(decimal[1]), int(decimal[2]))
     primitives: dict[str, IcebergType] = {
-        "boolean": types.BooleanType(), "int": types.IntegerType(), "long": types.LongType(),
-        "float": types.FloatType(), "double": types.DoubleType(), "date": types.DateType(),
-        "time": types.TimeType(), "timestamp": types.TimestampType(),
-        "timestamptz": types.TimestamptzType(), "string": types.StringType(),
-        "uuid": types.UUIDType(), "binary": types.BinaryType(),
-    }  # fmt: skip
+        "boolean": types.BooleanType(),
+        "int": types.IntegerType(),
+        "long": types.LongType(),
+        "float": types.FloatType(),
+        "double": types.DoubleType(),
+        "date": types.DateType(),
+        "time": types.TimeType(),
+        "timestamp": types.TimestampType(),
+        "timestamptz": types.TimestamptzType(),
+        "string": types.StringType(),
+        "uuid": types.UUIDType(),
+        "binary": types.BinaryType(),
+    }
     return primitives[name]
 
 
@@ -129,9 +136,11 @@ def load_or_create_table(
         "write.target-file-size-bytes": str(spec.target_file_size_bytes),
     }
     return catalog.create_table_if_not_exists(
-        spec.table, schema=schema, partition_spec=build_partition_spec(spec, schema),
+        spec.table,
+        schema=schema,
+        partition_spec=build_partition_spec(spec, schema),
         properties=properties,
-    )  # fmt: skip
+    )
 
 
 def build_quarantine_schema(spec: PipelineSpec) -> Schema:
@@ -144,10 +153,13 @@ def build_quarantine_schema(spec: PipelineSpec) -> Schema:
     )
 
     columns = [
-        *coordinate_columns(BinaryType()), ("value", BinaryType(), False),
-        ("error_class", StringType(), True), ("error_message", StringType(), True),
-        ("pipeline", StringType(), True), ("commit_id", StringType(), True),
-    ]  # fmt: skip
+        *coordinate_columns(BinaryType()),
+        ("value", BinaryType(), False),
+        ("error_class", StringType(), True),
+        ("error_message", StringType(), True),
+        ("pipeline", StringType(), True),
+        ("commit_id", StringType(), True),
+    ]
     return Schema(
         *(NestedField(i, n, t, required=r) for i, (n, t, r) in enumerate(columns, start=1))
     )

@@ -133,8 +133,11 @@ def read_newest_timestamp_ms(
         for p in state.partitions
         if p.end_offset > p.log_start_offset
     }
-    stamps = [t for found in scan_timestamps_ms(consumer, ranges, timeout_s=timeout_s).values()
-              for t in found]  # fmt: skip
+    stamps = [
+        t
+        for found in scan_timestamps_ms(consumer, ranges, timeout_s=timeout_s).values()
+        for t in found
+    ]
     return max(stamps) if stamps else None
 
 

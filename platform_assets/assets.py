@@ -75,7 +75,10 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
     topics = topic_asset_keys(spec)
     sources = ", ".join(k.path[-1] for k in topics)
     table = AssetSpec(
-        table_key(spec), deps=topics, group_name=spec.name, kinds={"iceberg", "spark"},
+        table_key(spec),
+        deps=topics,
+        group_name=spec.name,
+        kinds={"iceberg", "spark"},
         description=f"Iceberg table {spec.table}: every record of {sources} exactly once, with "
         f"its Kafka coordinates (group {spec.effective_commit_group_id!r}).",
         freshness_policy=FreshnessPolicy.time_window(
@@ -83,63 +86,94 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
             fail_window=timedelta(seconds=max(60, spec.freshness_bound_seconds))
         ),
         metadata={"table": spec.table, "pipeline": spec.name},
-    )  # fmt: skip
-    specs = [table, AssetSpec(
-        commit_state_key(spec), deps=[table.key], group_name=spec.name, kinds={"iceberg"},
-        skippable=True,
-        description="The coordinator's commit log: one row per commit (snapshot, offsets, counts).",
-    )]  # fmt: skip
-    if spec.errors_tolerance == "all":
-        specs.append(AssetSpec(
-            quarantine_key(spec), deps=topics, group_name=spec.name, kinds={"iceberg"},
+    )
+    specs = [
+        table,
+        AssetSpec(
+            commit_state_key(spec),
+            deps=[table.key],
+            group_name=spec.name,
+            kinds={"iceberg"},
             skippable=True,
-            description=f"Records of {spec.name!r} that could not be decoded, with the error.",
-        ))  # fmt: skip
+            description=(
+                "The coordinator's commit log: one row per commit (snapshot, offsets, counts)."
+            ),
+        ),
+    ]
+    if spec.errors_tolerance == "all":
+        specs.append(
+            AssetSpec(
+                quarantine_key(spec),
+                deps=topics,
+                group_name=spec.name,
+                kinds={"iceberg"},
+                skippable=True,
+                description=f"Records of {spec.name!r} that could not be decoded, with the error.",
+            )
+        )
     check = AssetCheckSpec(
-        GROUP_CHECK, asset=table.key, blocking=True,
+        GROUP_CHECK,
+        asset=table.key,
+        blocking=True,
         description="Group ids agree in the spec, the table and Kafka; no foreign consumers.",
-    )  # fmt: skip
+    )
 
     @multi_asset(
-        name=f"ingest_{spec.name}", specs=specs, check_specs=[check], can_subset=True,
+        name=f"ingest_{spec.name}",
+        specs=specs,
+        check_specs=[check],
+        can_subset=True,
         pool=f"ingest_{spec.name}",
-    )  # fmt: skip
+    )
     def _ingest(
-        context: AssetExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource,
+        context: AssetExecutionContext,
+        kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
         spark: SparkResource,
-    ) -> Iterator[MaterializeResult | AssetCheckResult]:  # fmt: skip
+    ) -> Iterator[MaterializeResult | AssetCheckResult]:
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if context.selected_asset_check_keys:
             yield AssetCheckResult(
-                asset_key=table.key, check_name=GROUP_CHECK, passed=finding.passed,
-                severity=AssetCheckSeverity(finding.severity), description=finding.message,
+                asset_key=table.key,
+                check_name=GROUP_CHECK,
+                passed=finding.passed,
+                severity=AssetCheckSeverity(finding.severity),
+                description=finding.message,
                 metadata=finding.metadata,
-            )  # fmt: skip
+            )
         if table.key in context.selected_asset_keys:
             if not finding.passed and finding.severity == "ERROR":
                 raise Failure(f"pipeline {spec.name!r} blocked: {finding.message}")
             catalog = iceberg.load_catalog()
             report = run_pipeline(
-                spec, kafka.client_config(), catalog, lambda: spark.spark_session,
-                kafka.get_cluster_id(), run_id=context.run.run_id,
+                spec,
+                kafka.client_config(),
+                catalog,
+                lambda: spark.spark_session,
+                kafka.get_cluster_id(),
+                run_id=context.run.run_id,
                 io_properties=iceberg.catalog_properties(),
-            )  # fmt: skip
+            )
             for note in report.notes:
                 context.log.warning(note)
             if report.mirror is not None and report.mirror.error:
                 context.log.warning(report.mirror.error)
             yield MaterializeResult(asset_key=table.key, metadata=run_metadata(report))
             if quarantine_key(spec) in context.selected_asset_keys:
-                yield MaterializeResult(asset_key=quarantine_key(spec), metadata={
-                    "dead_lettered_this_run": MetadataValue.int(report.quarantined),
-                    "table": MetadataValue.text(spec.effective_quarantine_table),
-                })  # fmt: skip
+                yield MaterializeResult(
+                    asset_key=quarantine_key(spec),
+                    metadata={
+                        "dead_lettered_this_run": MetadataValue.int(report.quarantined),
+                        "table": MetadataValue.text(spec.effective_quarantine_table),
+                    },
+                )
         if commit_state_key(spec) in context.selected_asset_keys:
             catalog = iceberg.load_catalog()
             commits = (
                 commits_of(catalog.load_table(spec.table), spec.effective_commit_group_id)
-                if catalog.table_exists(spec.table) else []
-            )  # fmt: skip
+                if catalog.table_exists(spec.table)
+                else []
+            )
             yield MaterializeResult(
                 asset_key=commit_state_key(spec),
                 metadata=commit_log_metadata(commits, spec.effective_commit_group_id),

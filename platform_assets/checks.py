@@ -46,29 +46,40 @@ def audit_finding(
         table, spec.effective_commit_group_id, kafka.client_config(), spec.name
     )
     metadata = {
-        "rows": result.rows, "quarantined": result.quarantined,
-        "duplicates": len(result.duplicates), "regressions": len(result.regressions),
-        "duplicate_files": len(result.duplicate_files), "newest_commit_count": counting,
-    }  # fmt: skip
+        "rows": result.rows,
+        "quarantined": result.quarantined,
+        "duplicates": len(result.duplicates),
+        "regressions": len(result.regressions),
+        "duplicate_files": len(result.duplicate_files),
+        "newest_commit_count": counting,
+    }
     if counted is False:
         result.commit_mismatches.append(counting)
     if result.ok:
         return Finding(
             True, "ERROR", f"each (topic, partition, offset) once: {result.summary()}", metadata
         )
-    return Finding(False, "ERROR", (
-        f"exactly-once violated: {result.summary()}. Stop the pipeline's runs, keep the "
-        "snapshots, and inspect the listed coordinates and snapshots."
-    ), metadata)  # fmt: skip
+    return Finding(
+        False,
+        "ERROR",
+        (
+            f"exactly-once violated: {result.summary()}. Stop the pipeline's runs, keep the "
+            "snapshots, and inspect the listed coordinates and snapshots."
+        ),
+        metadata,
+    )
 
 
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
     """A check result from a finding."""
     return AssetCheckResult(
-        asset_key=table_key(spec), check_name=name, passed=finding.passed,
-        severity=AssetCheckSeverity(finding.severity), description=finding.message,
+        asset_key=table_key(spec),
+        check_name=name,
+        passed=finding.passed,
+        severity=AssetCheckSeverity(finding.severity),
+        description=finding.message,
         metadata=finding.metadata,
-    )  # fmt: skip
+    )
 
 
 def pipeline_check_keys(spec: PipelineSpec) -> list[AssetCheckKey]:
@@ -83,10 +94,15 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
         AssetCheckSpec(name, asset=table_key(spec), description=description)
         for name, (description, _) in STATE_CHECKS.items()
     ]
-    specs.append(AssetCheckSpec(
-        AUDIT_CHECK, asset=table_key(spec),
-        description="No duplicate (topic, partition, offset), offset regression or shared file.",
-    ))  # fmt: skip
+    specs.append(
+        AssetCheckSpec(
+            AUDIT_CHECK,
+            asset=table_key(spec),
+            description=(
+                "No duplicate (topic, partition, offset), offset regression or shared file."
+            ),
+        )
+    )
 
     @multi_asset_check(name=f"{spec.name}_checks", specs=specs, can_subset=True)
     def _checks(

@@ -29,9 +29,11 @@ AssetJob: TypeAlias = "UnresolvedAssetJobDefinition"
 
 
 ACTIVE_RUN_STATUSES = [
-    DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
     DagsterRunStatus.STARTED,
-]  # fmt: skip
+]
 
 
 def count_active_runs(instance: DagsterInstance, job_name: str) -> int:

@@ -52,11 +52,14 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
 
 
 COMMIT_COLUMNS = [
-    TableColumn("committed_at", "string"), TableColumn("snapshot_id", "string"),
-    TableColumn("commit_id", "string"), TableColumn("records", "int"),
-    TableColumn("dead_lettered", "int"), TableColumn("run_id", "string"),
+    TableColumn("committed_at", "string"),
+    TableColumn("snapshot_id", "string"),
+    TableColumn("commit_id", "string"),
+    TableColumn("records", "int"),
+    TableColumn("dead_lettered", "int"),
+    TableColumn("run_id", "string"),
     TableColumn("offsets", "string"),
-]  # fmt: skip
+]
 
 
 def commit_log_metadata(commits: list[Commit], group_id: str, shown: int = 20) -> dict[str, Any]:

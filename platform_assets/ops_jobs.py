@@ -59,9 +59,11 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
 
     @op(name="reset_pipeline_offsets")
     def _reset(
-        context: OpExecutionContext, config: ResetConfig, kafka: KafkaResource,
+        context: OpExecutionContext,
+        config: ResetConfig,
+        kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
-    ) -> None:  # fmt: skip
+    ) -> None:
         spec = pick(config.pipeline)
         active = count_active_runs(context.instance, ingest_job_name(spec))
         position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
@@ -75,32 +77,48 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
 
     @op(name="migrate_pipeline_group")
     def _migrate(
-        context: OpExecutionContext, config: MigrateConfig, kafka: KafkaResource,
+        context: OpExecutionContext,
+        config: MigrateConfig,
+        kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
-    ) -> None:  # fmt: skip
+    ) -> None:
         spec = pick(config.pipeline)
-        migration = migrate_group(iceberg.load_catalog(), spec, config.new_group_id,
-                                  kafka.get_admin_client(), f"dagster run {context.run_id}",
-                                  config.reason)  # fmt: skip
+        migration = migrate_group(
+            iceberg.load_catalog(),
+            spec,
+            config.new_group_id,
+            kafka.get_admin_client(),
+            f"dagster run {context.run_id}",
+            config.reason,
+        )
         context.log.info(f"now set consumer_group_id: {config.new_group_id} for {spec.name!r}")
-        context.add_output_metadata({
-            "snapshot_id": MetadataValue.text(str(migration.snapshot_id)),
-            "new_group_mirror": MetadataValue.text(migration.mirror.error or "ok"),
-        })  # fmt: skip
+        context.add_output_metadata(
+            {
+                "snapshot_id": MetadataValue.text(str(migration.snapshot_id)),
+                "new_group_mirror": MetadataValue.text(migration.mirror.error or "ok"),
+            }
+        )
 
     @op(name="maintain_pipeline_tables")
-    def _maintain(context: OpExecutionContext, config: MaintainConfig,
-                  iceberg: IcebergCatalogResource) -> None:  # fmt: skip
+    def _maintain(
+        context: OpExecutionContext, config: MaintainConfig, iceberg: IcebergCatalogResource
+    ) -> None:
         spec = pick(config.pipeline)
-        report = maintain_table(iceberg.load_catalog().load_table(spec.table),
-                                config.snapshot_retention_hours * 3600,
-                                config.orphan_window_hours * 3600, config.compact)  # fmt: skip
-        context.add_output_metadata({
-            "files_compacted": report.files_compacted, "files_written": report.files_written,
-            "snapshots_expired": report.expired_snapshots,
-            "snapshots_kept_for_watermark": report.kept_for_watermark,
-            "orphans_removed": len(report.orphans_removed),
-        })  # fmt: skip
+        report = maintain_table(
+            iceberg.load_catalog().load_table(spec.table),
+            config.snapshot_retention_hours * 3600,
+            config.orphan_window_hours * 3600,
+            config.compact,
+        )
+        context.add_output_metadata(
+            {
+                "files_compacted": report.files_compacted,
+                "files_written": report.files_written,
+                "snapshots_expired": report.expired_snapshots,
+                "snapshots_kept_for_watermark": report.kept_for_watermark,
+                "orphans_removed": len(report.orphans_removed),
+            }
+        )
 
     @job(name="reset_offsets", description="Reset a pipeline's offsets (dry run by default).")
     def reset_job() -> None:

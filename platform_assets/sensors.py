@@ -53,19 +53,23 @@ def decide(
         return True, f"lag {lag} >= {spec.max_lag_records} records", first
     if age >= spec.max_lag_seconds:
         return True, f"oldest uncommitted lag is {age:.0f} s old >= {spec.max_lag_seconds} s", first
-    return False, (
-        f"lag {lag} < {spec.max_lag_records} records and {age:.0f} s < {spec.max_lag_seconds} s"
-    ), first  # fmt: skip
+    return (
+        False,
+        (f"lag {lag} < {spec.max_lag_records} records and {age:.0f} s < {spec.max_lag_seconds} s"),
+        first,
+    )
 
 
 def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds."""
 
     @sensor(
-        name=f"{spec.name}_lag_sensor", job=job, minimum_interval_seconds=15,
+        name=f"{spec.name}_lag_sensor",
+        job=job,
+        minimum_interval_seconds=15,
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Reads {spec.name!r} lag from offsets (no consumption) and requests runs.",
-    )  # fmt: skip
+    )
     def _sensor(
         context: SensorEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
@@ -87,8 +91,9 @@ def build_check_alert_sensor(check_keys: list[AssetCheckKey]) -> SensorDefinitio
     It reads the newest evaluation of each check; the cursor keeps each check's last state.
     """
 
-    @sensor(name="check_alerts", minimum_interval_seconds=30,
-            default_status=DefaultSensorStatus.RUNNING)  # fmt: skip
+    @sensor(
+        name="check_alerts", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING
+    )
     def _alerts(context: SensorEvaluationContext, alerts: AlertResource) -> SkipReason:
         states: dict[str, dict[str, Any]] = json.loads(context.cursor) if context.cursor else {}
         sent = 0
@@ -121,7 +126,12 @@ def build_check_alert_sensor(check_keys: list[AssetCheckKey]) -> SensorDefinitio
 def run_failure_alert_sensor(context: RunFailureSensorContext, alerts: AlertResource) -> None:
     """Alert once per failed run, with the failure message."""
     run = context.dagster_run
-    alerts.send(Alert(
-        "run_failed", f"run {run.run_id} of {run.job_name}",
-        context.failure_event.message or "run failed", "ERROR", {"run_id": run.run_id},
-    ))  # fmt: skip
+    alerts.send(
+        Alert(
+            "run_failed",
+            f"run {run.run_id} of {run.job_name}",
+            context.failure_event.message or "run failed",
+            "ERROR",
+            {"run_id": run.run_id},
+        )
+    )

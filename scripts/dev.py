@@ -142,9 +142,13 @@ def main() -> int:
         ]
         with (state_dir / "logs" / "dagster.log").open("ab") as log:
             dagster = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                command,
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         print(f"Kafka (Tansu):  {broker.bootstrap_servers}  (log: {broker.log_path})", flush=True)
         print(f"Iceberg:        SQLite catalog + warehouse under {state_dir}", flush=True)
         print(f"Dagster UI:     http://127.0.0.1:{ui_port}  (log: {state_dir}/logs/dagster.log)")

@@ -102,9 +102,11 @@ def harness(
 ) -> Harness:
     """Runs pipelines on the session's broker, catalog and Spark, and audits them."""
     return Harness(
-        kafka, catalog_resource.load_catalog(), spark_resource.spark_session,
+        kafka,
+        catalog_resource.load_catalog(),
+        spark_resource.spark_session,
         kafka.get_cluster_id(),
-    )  # fmt: skip
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

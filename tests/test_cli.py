@@ -43,9 +43,12 @@ class Demo:
 
 @pytest.fixture
 def demo(
-    kafka: KafkaResource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    ledger_producer: LedgerProducer, demo_topic: str,
-) -> Demo:  # fmt: skip
+    kafka: KafkaResource,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    ledger_producer: LedgerProducer,
+    demo_topic: str,
+) -> Demo:
     """The CLI's environment set, 12 orders produced and ingested once."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
@@ -61,9 +64,11 @@ def demo(
 
 
 def test_status_validate_reset_and_maintain(
-    demo: Demo, capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer,
+    demo: Demo,
+    capsys: pytest.CaptureFixture[str],
+    ledger_producer: LedgerProducer,
     demo_topic: str,
-) -> None:  # fmt: skip
+) -> None:
 
     assert main(["status"]) == 0
     text = capsys.readouterr().out
@@ -132,9 +137,11 @@ def test_readme_cli_examples_run(demo: Demo, capsys: pytest.CaptureFixture[str])
 
 
 def test_operator_jobs_in_dagster(
-    kafka: KafkaResource, tmp_path: Path, ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+    tmp_path: Path,
+    ledger_producer: LedgerProducer,
     create_topic: Callable[..., str],
-) -> None:  # fmt: skip
+) -> None:
     """The reset (dry run, then applied), migration and maintenance jobs with typed config."""
     from dagster import DagsterInstance
 
@@ -152,8 +159,11 @@ def test_operator_jobs_in_dagster(
     def run(job: Any, config: dict[str, Any]) -> Any:
         with DagsterInstance.ephemeral() as instance:
             op_name = job.graph.node_defs[0].name
-            return job.execute_in_process(run_config={"ops": {op_name: {"config": config}}},
-                                          resources=resources, instance=instance)  # fmt: skip
+            return job.execute_in_process(
+                run_config={"ops": {op_name: {"config": config}}},
+                resources=resources,
+                instance=instance,
+            )
 
     dry = run(reset_job, {"pipeline": "ops_jobs", "to": "earliest"})
     assert dry.success
@@ -161,8 +171,9 @@ def test_operator_jobs_in_dagster(
     assert table.scan().to_arrow().num_rows == 10  # dry run: nothing changed
     assert run(reset_job, {"pipeline": "ops_jobs", "to": "earliest", "apply": True}).success
     assert iceberg.load_catalog().load_table(spec.table).scan().to_arrow().num_rows == 0
-    migrated = run(migrate_job, {"pipeline": "ops_jobs", "new_group_id": "ops-jobs-new",
-                                 "reason": "test"})  # fmt: skip
+    migrated = run(
+        migrate_job, {"pipeline": "ops_jobs", "new_group_id": "ops-jobs-new", "reason": "test"}
+    )
     assert migrated.success
     maintained = run(maintain_job, {"pipeline": "ops_jobs", "snapshot_retention_hours": 0})
     assert maintained.success

@@ -36,28 +36,41 @@ from tests.support.pipelines import make_spec, records
 
 pytestmark = pytest.mark.integration
 ALL_CHECKS = {
-    "group_id_consistency", "commit_freshness", "exactly_once_audit", "retention_risk",
-    "dead_letter_rate", "offsets_watermark_reachable",
-}  # fmt: skip
+    "group_id_consistency",
+    "commit_freshness",
+    "exactly_once_audit",
+    "retention_risk",
+    "dead_letter_rate",
+    "offsets_watermark_reachable",
+}
 
 
 @pytest.fixture
 def resources(
     kafka: KafkaResource, catalog_resource: IcebergCatalogResource, spark_resource: SparkResource
 ) -> dict[str, Any]:
-    return {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource,
-            "alerts": AlertResource()}  # fmt: skip
+    return {
+        "kafka": kafka,
+        "iceberg": catalog_resource,
+        "spark": spark_resource,
+        "alerts": AlertResource(),
+    }
 
 
 def run_pipeline_assets(
-    spec: PipelineSpec, resources: dict[str, Any], checks_only: bool = False,
+    spec: PipelineSpec,
+    resources: dict[str, Any],
+    checks_only: bool = False,
     instance: DagsterInstance | None = None,
-) -> Any:  # fmt: skip
+) -> Any:
     selection = AssetSelection.checks_for_assets(table_key(spec)) if checks_only else None
     return materialize(
-        [*build_pipeline_assets(spec), build_pipeline_checks(spec)], resources=resources,
-        selection=selection, raise_on_error=False, instance=instance,
-    )  # fmt: skip
+        [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
+        resources=resources,
+        selection=selection,
+        raise_on_error=False,
+        instance=instance,
+    )
 
 
 def evaluations(result: Any) -> dict[str, Any]:
@@ -146,8 +159,13 @@ def test_failing_checks_say_what_and_how(
     import time
 
     topic = create_topic(partitions=1)
-    spec = make_spec(topic, "dg_bad", errors_tolerance="all", freshness_bound_seconds=1,
-                     max_dead_letter_ratio=0.05)  # fmt: skip
+    spec = make_spec(
+        topic,
+        "dg_bad",
+        errors_tolerance="all",
+        freshness_bound_seconds=1,
+        max_dead_letter_ratio=0.05,
+    )
     ledger_producer.produce(topic, [*records(10), (b"bad", b"{nope", None)])
     assert run_pipeline_assets(spec, resources).success
     ledger_producer.produce(topic, records(5, first=10))
@@ -189,8 +207,11 @@ def test_lag_sensor_requests_runs_only_over_threshold(
         assert isinstance(idle, SkipReason)
         assert "idle" in (idle.skip_message or "")
         ledger_producer.produce(topic, records(10))
-        small = sensor(build_sensor_context(instance=instance, resources=sensor_resources,
-                                             cursor=context.cursor))  # fmt: skip
+        small = sensor(
+            build_sensor_context(
+                instance=instance, resources=sensor_resources, cursor=context.cursor
+            )
+        )
         assert isinstance(small, SkipReason)
         assert "lag 10 < 50 records" in (small.skip_message or "")
         ledger_producer.produce(topic, records(60, first=10))
@@ -224,9 +245,11 @@ def webhook() -> Iterator[str]:
 
 
 def test_alert_sensor_one_webhook_per_state_change_and_recovery(
-    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    resources: dict[str, Any],
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     webhook: str,
-) -> None:  # fmt: skip
+) -> None:
     topic = create_topic(partitions=1)
     spec = make_spec(topic, "dg_alerts", errors_tolerance="all", max_dead_letter_ratio=0.05)
     alerts = {"alerts": AlertResource(webhook_url=webhook)}
@@ -241,21 +264,25 @@ def test_alert_sensor_one_webhook_per_state_change_and_recovery(
         assert "dead_letter_rate" in failed[0]["title"]
         assert "went to tests.dg_alerts_quarantine" in failed[0]["message"]
         run_pipeline_assets(spec, resources, checks_only=True, instance=instance)  # still failing
-        check_alert_sensor(build_sensor_context(instance=instance, resources=alerts,
-                                                cursor=context.cursor))  # fmt: skip
+        check_alert_sensor(
+            build_sensor_context(instance=instance, resources=alerts, cursor=context.cursor)
+        )
         assert len(Collector.received) == 1
         ledger_producer.produce(topic, records(200, first=5))
         assert run_pipeline_assets(spec, resources, instance=instance).success
-        check_alert_sensor(build_sensor_context(instance=instance, resources=alerts,
-                                                cursor=context.cursor))  # fmt: skip
+        check_alert_sensor(
+            build_sensor_context(instance=instance, resources=alerts, cursor=context.cursor)
+        )
     kinds = [a["kind"] for a in Collector.received]
     assert kinds == ["check_failed", "check_recovered"]
 
 
 def test_run_failure_alert_names_the_run_and_the_cause(
-    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    resources: dict[str, Any],
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     webhook: str,
-) -> None:  # fmt: skip
+) -> None:
     """A blocked run (renamed group) fails; the run failure sensor sends one alert for it."""
     from dagster import build_run_status_sensor_context
 
@@ -271,10 +298,12 @@ def test_run_failure_alert_names_the_run_and_the_cause(
         result = run_pipeline_assets(renamed, resources, instance=instance)
         assert not result.success
         context = build_run_status_sensor_context(
-            sensor_name="run_failure_alerts", dagster_event=result.get_run_failure_event(),
-            dagster_instance=instance, dagster_run=result.dagster_run,
+            sensor_name="run_failure_alerts",
+            dagster_event=result.get_run_failure_event(),
+            dagster_instance=instance,
+            dagster_run=result.dagster_run,
             resources={"alerts": AlertResource(webhook_url=webhook)},
-        ).for_run_failure()  # fmt: skip
+        ).for_run_failure()
         run_failure_alert_sensor(context)
     (alert,) = Collector.received
     assert alert["kind"] == "run_failed"

@@ -65,15 +65,17 @@ def expected_revenue(entries: list[LedgerEntry]) -> dict[tuple[str, str], tuple[
 
 def ingest(spec: PipelineSpec, kafka: KafkaResource, state_dir: Path, spark: SparkResource) -> int:
     catalog = IcebergCatalogResource(state_dir=str(state_dir)).load_catalog()
-    report = run_pipeline(spec, kafka.client_config(), catalog, spark.spark_session,
-                          kafka.get_cluster_id())  # fmt: skip
+    report = run_pipeline(
+        spec, kafka.client_config(), catalog, spark.spark_session, kafka.get_cluster_id()
+    )
     return report.records
 
 
 def build_dbt() -> Any:
     project = load_dbt_project()
-    return materialize([build_dbt_assets(project)], resources={"dbt": dbt_resource(project)},
-                       raise_on_error=False)  # fmt: skip
+    return materialize(
+        [build_dbt_assets(project)], resources={"dbt": dbt_resource(project)}, raise_on_error=False
+    )
 
 
 def query(state_dir: Path, sql: str) -> list[tuple[Any, ...]]:
@@ -87,9 +89,12 @@ def mart_totals(state_dir: Path) -> dict[tuple[str, str], tuple[int, Decimal]]:
 
 
 def test_mart_matches_ledger_and_incremental_adds_exactly_the_new_records(
-    state_dir: Path, kafka: KafkaResource, spark_resource: SparkResource,
-    create_topic: Callable[..., str], ledger_producer: LedgerProducer,
-) -> None:  # fmt: skip
+    state_dir: Path,
+    kafka: KafkaResource,
+    spark_resource: SparkResource,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+) -> None:
     topic = create_topic(partitions=3)
     spec = demo_spec(topic)
     first = ledger_producer.produce(topic, orders(0, 120, duplicates=7, seed=1))
@@ -110,9 +115,12 @@ def test_mart_matches_ledger_and_incremental_adds_exactly_the_new_records(
 
 
 def test_failing_dbt_test_fails_its_asset_check(
-    state_dir: Path, kafka: KafkaResource, spark_resource: SparkResource,
-    create_topic: Callable[..., str], ledger_producer: LedgerProducer,
-) -> None:  # fmt: skip
+    state_dir: Path,
+    kafka: KafkaResource,
+    spark_resource: SparkResource,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+) -> None:
     topic = create_topic(partitions=1)
     event = make_order_event(random.Random(3), 1, now=DAY) | {"status": "lost-in-transit"}
     ledger_producer.produce(topic, [(b"ord-1", encode_event(event), None)])

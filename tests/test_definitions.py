@@ -52,9 +52,13 @@ def test_asset_graph() -> None:
     assert graph.get(commits).parent_keys == {table}
     assert graph.get(quarantine).parent_keys == {topic}
     assert {key.name for key in graph.asset_check_keys if key.asset_key == table} == {
-        "group_id_consistency", "commit_freshness", "exactly_once_audit", "retention_risk",
-        "dead_letter_rate", "offsets_watermark_reachable",
-    }  # fmt: skip
+        "group_id_consistency",
+        "commit_freshness",
+        "exactly_once_audit",
+        "retention_risk",
+        "dead_letter_rate",
+        "offsets_watermark_reachable",
+    }
     assert AssetCheckKey(staging, "unique_stg_orders_order_id") in graph.asset_check_keys
 
 

@@ -49,9 +49,16 @@ def test_run_demo_producer_on_librdkafka_mock_cluster() -> None:
     stats = DemoProducerStats()
     thread = threading.Thread(
         target=run_demo_producer,
-        kwargs={"producer": producer, "topic": "orders", "stop": stop, "rate_per_s": 200.0,
-                "duplicate_ratio": 0.5, "seed": 3, "stats": stats},
-    )  # fmt: skip
+        kwargs={
+            "producer": producer,
+            "topic": "orders",
+            "stop": stop,
+            "rate_per_s": 200.0,
+            "duplicate_ratio": 0.5,
+            "seed": 3,
+            "stats": stats,
+        },
+    )
     thread.start()
     stop.wait(1.2)
     stop.set()

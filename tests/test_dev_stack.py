@@ -61,10 +61,21 @@ def graphql(port: int, query: str) -> dict[str, object]:
 def test_dev_stack_serves_ui_produces_and_stops_cleanly(tmp_path: Path) -> None:
     port = find_free_port()
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "dev.py"), "--state-dir", str(tmp_path),
-         "--ui-port", str(port), "--rate", "50"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "dev.py"),
+            "--state-dir",
+            str(tmp_path),
+            "--ui-port",
+            str(port),
+            "--rate",
+            "50",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         banner = "".join(process.stdout.readline() for _ in range(4))

@@ -63,8 +63,10 @@ def test_production_examples_build_their_resources(block: str) -> None:
     from resources.spark import SparkResource
 
     namespace = {
-        "EnvVar": EnvVar, "KafkaResource": KafkaResource, "SparkResource": SparkResource,
+        "EnvVar": EnvVar,
+        "KafkaResource": KafkaResource,
+        "SparkResource": SparkResource,
         "IcebergCatalogResource": IcebergCatalogResource,
-    }  # fmt: skip
+    }
     resource = eval(compile(block, "production.md", "eval"), namespace)  # our own docs
     assert isinstance(resource, ConfigurableResource)

@@ -50,9 +50,11 @@ def read_all(kafka: KafkaResource, topic: str, ends: dict[int, int]) -> set[tupl
 
 
 def test_ledger_matches_broker_and_end_offsets_are_exact(
-    kafka: KafkaResource, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     topic = create_topic(partitions=3)
     records = [(f"k{i}".encode(), f'{{"n": {i}}}'.encode(), None) for i in range(300)]
     ledger_producer.produce(topic, records)

@@ -20,14 +20,18 @@ from tests.support.pipelines import Harness, make_spec
 from tests.support.registry import make_registry
 
 V1 = {
-    "type": "record", "name": "Order", "fields": [
+    "type": "record",
+    "name": "Order",
+    "fields": [
         {"name": "id", "type": "long"},
-        {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal", "precision": 12,
-                                    "scale": 2}},
+        {
+            "name": "amount",
+            "type": {"type": "bytes", "logicalType": "decimal", "precision": 12, "scale": 2},
+        },
         {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
         {"name": "note", "type": ["null", "string"], "default": None},
     ],
-}  # fmt: skip
+}
 V2 = {
     **V1,
     "fields": [*V1["fields"], {"name": "coupon", "type": ["null", "string"], "default": None}],
@@ -49,14 +53,22 @@ def order(i: int, **extra: Any) -> dict[str, Any]:
 
 @pytest.mark.integration
 def test_avro_pipeline_derives_schema_evolves_and_quarantines(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     topic = create_topic(partitions=2)
     registry = make_registry()
     registry.register_schema(f"{topic}-value", Schema(orjson.dumps(V1).decode(), "AVRO"))
-    spec = make_spec(topic, "avro", value_format="avro", schema=None,
-                     schema_registry_url="http://unused", errors_tolerance="all")  # fmt: skip
+    spec = make_spec(
+        topic,
+        "avro",
+        value_format="avro",
+        schema=None,
+        schema_registry_url="http://unused",
+        errors_tolerance="all",
+    )
     first = serialize(registry, V1, topic, [order(i) for i in range(30)])
     ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(first)])
     report = harness.run(spec, registry=registry)

@@ -41,9 +41,11 @@ def test_bad_record_fails_the_run_by_default_naming_it(
 
 
 def test_bad_records_are_quarantined_exactly_once(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R33, R35, R36: bad records quarantined once (even when a run dies after quarantining
     them), good records land, new fields become optional columns before the data commit."""
     topic = create_topic(partitions=2)
@@ -79,19 +81,29 @@ def test_bad_records_are_quarantined_exactly_once(
 
 
 def test_valid_promotions_evolve_the_table(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R35: an int column receiving a long value is promoted to long (the coordinator's schema
     commit), a decimal widens its precision; string into a number column is still rejected."""
     topic = create_topic(partitions=1)
     spec = make_spec(
-        topic, "promotions", errors_tolerance="all",
-        schema=[{"name": "id", "type": "int", "required": True},
-                {"name": "amount", "type": "decimal(6,2)"}],
-    )  # fmt: skip
-    values = [b'{"id": 1, "amount": 12.50}', b'{"id": 3000000000, "amount": 1.00}',
-              b'{"id": 2, "amount": 123456789.12}', b'{"id": "three"}']  # fmt: skip
+        topic,
+        "promotions",
+        errors_tolerance="all",
+        schema=[
+            {"name": "id", "type": "int", "required": True},
+            {"name": "amount", "type": "decimal(6,2)"},
+        ],
+    )
+    values = [
+        b'{"id": 1, "amount": 12.50}',
+        b'{"id": 3000000000, "amount": 1.00}',
+        b'{"id": 2, "amount": 123456789.12}',
+        b'{"id": "three"}',
+    ]
     ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(values)])
     report = harness.run(spec)
     assert report.schema_changes == ["promoted amount to decimal128(38, 2)", "promoted id to int64"]
@@ -105,9 +117,11 @@ def test_valid_promotions_evolve_the_table(
 
 
 def test_dead_letter_topic_copy_at_least_once_with_headers(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R33 + dead-letter topic: a crash after the commit loses no copy; the next run sends it,
     with Kafka Connect's context headers, and the mirror follows."""
     from confluent_kafka import TopicPartition
@@ -139,9 +153,11 @@ def test_dead_letter_topic_copy_at_least_once_with_headers(
 
 
 def test_dead_letters_already_copied_are_not_copied_again(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """The copies went out but the Kafka group mirror stayed behind (rewound here, as a foreign
     member would keep it): the next run finds the copies by commit id and sends none again."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition

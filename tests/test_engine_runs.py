@@ -38,9 +38,11 @@ def crash_once(marker: Path) -> Callable[..., None]:
 
 
 def test_ingest_then_idle_run_makes_no_snapshot(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R10, R25: one run ingests everything; an idle run commits nothing; no reader groups."""
     topic = create_topic(partitions=3)
     spec = make_spec(topic, "basic")
@@ -69,9 +71,11 @@ def test_ingest_then_idle_run_makes_no_snapshot(
 
 
 def test_capped_runs_resume_from_the_table(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R21, R17: capped end offsets are exactly what is committed; records after plan wait."""
     topic = create_topic(partitions=2)
     spec = make_spec(topic, "capped", max_records_per_run=300, max_records_per_task=100)
@@ -93,9 +97,12 @@ def test_capped_runs_resume_from_the_table(
 
 @pytest.mark.parametrize("point", HOOK_POINTS)
 def test_crash_at_each_hook_then_rerun(
-    point: str, harness: Harness, create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer, ledger: Ledger,
-) -> None:  # fmt: skip
+    point: str,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
     """R2, R3, R4, R6, R9: a crash at any point, then a normal run: 0 lost, 0 duplicated.
 
     A crash right after the catalog call is an ambiguous outcome: the run reconciles by commit
@@ -121,9 +128,12 @@ def test_crash_at_each_hook_then_rerun(
 
 
 def test_task_retry_commits_one_file_set(
-    tmp_path: Path, harness: Harness, create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer, ledger: Ledger,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
     """R1: a task crashes after writing its files and is retried: the retry's files commit."""
     topic = create_topic(partitions=1)
     spec = make_spec(topic, "task_retry")
@@ -148,9 +158,11 @@ def test_task_retry_commits_one_file_set(
 
 
 def test_replayed_commit_is_idempotent(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R5: the commit step runs twice with the same plan: no second snapshot."""
     topic = create_topic(partitions=1)
     spec = make_spec(topic, "replay")
@@ -168,9 +180,11 @@ def test_replayed_commit_is_idempotent(
 
 
 def test_racing_coordinators_one_wins(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R7, R8: a second run commits while the first is paused; the first aborts, names it."""
     topic = create_topic(partitions=2)
     spec = make_spec(topic, "race")
@@ -190,9 +204,11 @@ def test_racing_coordinators_one_wins(
 
 
 def test_concurrent_foreign_commit_is_retried(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R27: another writer commits (no offsets) between load and commit: refresh, retry."""
     import pyarrow as pa
 
@@ -299,9 +315,11 @@ def test_expired_watermark_on_non_empty_table_fails(
 
 
 def test_new_topic_matching_pattern_starts_at_earliest(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R18: a topic that starts matching the pattern is read from its earliest offset."""
     first = create_topic(partitions=1, name="patt-a")
     ledger_producer.produce(first, records(20))
@@ -317,9 +335,11 @@ def test_new_topic_matching_pattern_starts_at_earliest(
 
 
 def test_boundaries_single_record_and_impossible_end(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R17: exactly one record; a planned end past the real end fails the task, no commit."""
     from ingestion.ranges import OffsetRange
     from ingestion.read import TaskSpec, read_range
@@ -330,11 +350,18 @@ def test_boundaries_single_record_and_impossible_end(
     assert harness.run(spec).records == 1
     harness.assert_exactly_once(spec, ledger)
     task = TaskSpec(
-        pipeline="one_record", range=OffsetRange(topic, 0, 0, 5),
-        kafka_config=harness.kafka.client_config(), value_format="json", key_format="string",
-        table_metadata_json="{}", quarantine_metadata_json=None, io_properties={},
-        errors_tolerance="none", commit_id="c", read_timeout_s=2.0,
-    )  # fmt: skip
+        pipeline="one_record",
+        range=OffsetRange(topic, 0, 0, 5),
+        kafka_config=harness.kafka.client_config(),
+        value_format="json",
+        key_format="string",
+        table_metadata_json="{}",
+        quarantine_metadata_json=None,
+        io_properties={},
+        errors_tolerance="none",
+        commit_id="c",
+        read_timeout_s=2.0,
+    )
     with pytest.raises(exceptions.ReadError, match=r"no progress past offset 1"):
         read_range(task)
 
@@ -359,9 +386,11 @@ def test_transaction_markers_leave_gaps_that_tasks_cross(
 
 
 def test_foreign_member_rejects_the_mirror_not_the_ingestion(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R23, R24: someone else consumes with our group id: the mirror is rejected and reported,
     the ingestion commits. Once they leave, the next run recreates the mirror."""
     import time
@@ -450,9 +479,12 @@ def test_aborted_transactions_never_land(
     ],
 )
 def test_starting_positions_apply_only_without_offsets(
-    position: dict[str, Any], expected: int, harness: Harness,
-    create_topic: Callable[..., str], ledger_producer: LedgerProducer,
-) -> None:  # fmt: skip
+    position: dict[str, Any],
+    expected: int,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+) -> None:
     """The starting position is used for the first run only; later runs resume from the table."""
     topic = create_topic(partitions=1)
     if "offsets" in position:
@@ -493,10 +525,17 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
     with pytest.raises(exceptions.InjectedFailure):
         harness.run(spec, hooks=FailureHooks({"before_commit": capture_and_crash}))
     plan = captured["plan"]
-    commit_data(harness.catalog, plan, [], {
-        props.OFFSETS_PREFIX + group: props.encode_offsets(plan.next_offsets()),
-        props.COMMIT_ID: plan.commit_id, props.RECORDS: "0", props.DEAD_LETTERED: "0",
-    })  # fmt: skip
+    commit_data(
+        harness.catalog,
+        plan,
+        [],
+        {
+            props.OFFSETS_PREFIX + group: props.encode_offsets(plan.next_offsets()),
+            props.COMMIT_ID: plan.commit_id,
+            props.RECORDS: "0",
+            props.DEAD_LETTERED: "0",
+        },
+    )
     ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)
     assert ok is False
     assert "added 0 records" in message
@@ -504,9 +543,11 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
 
 
 def test_small_runs_skip_spark_large_runs_use_it(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """``in_process_max_records``: a trickle is prepared in the driver and Spark is never asked
     for; a backlog above the bound goes to Spark. Both commit exactly once, in one table."""
     topic = create_topic(partitions=2)
@@ -519,9 +560,12 @@ def test_small_runs_skip_spark_large_runs_use_it(
 
     def ingest() -> Any:
         return run_pipeline(
-            spec, harness.kafka.client_config(), harness.catalog, session,
+            spec,
+            harness.kafka.client_config(),
+            harness.catalog,
+            session,
             harness.cluster_id,
-        )  # fmt: skip
+        )
 
     ledger_producer.produce(topic, records(60))
     small = ingest()

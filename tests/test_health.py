@@ -24,9 +24,11 @@ SPEC = make_spec("orders", "health", retention_margin_records=100, freshness_bou
 
 
 def state(
-    committed: dict[int, int] | None = None, ends: dict[int, int] | None = None,
-    starts: dict[int, int] | None = None, **changes: Any,
-) -> PipelineState:  # fmt: skip
+    committed: dict[int, int] | None = None,
+    ends: dict[int, int] | None = None,
+    starts: dict[int, int] | None = None,
+    **changes: Any,
+) -> PipelineState:
     ends = ends or {0: 10}
     starts = starts or {}
     parts = tuple(PartitionState(p, starts.get(p, 0), e) for p, e in ends.items())
@@ -112,22 +114,34 @@ def test_dead_letter_rate_and_watermark() -> None:
     [
         (state({0: 10}, commits=[commit(5)]), {}, 0, None, 5.0, []),
         (
-            state({0: 4}, commits=[commit(120)]), {("orders", 0): 1_000_000 - 90_000},
-            6, 90.0, 120.0, ["commit_freshness"],
+            state({0: 4}, commits=[commit(120)]),
+            {("orders", 0): 1_000_000 - 90_000},
+            6,
+            90.0,
+            120.0,
+            ["commit_freshness"],
         ),
         (state(None), {("orders", 0): 999_000}, 10, 1.0, None, ["commit_freshness"]),
         (
-            state({0: 10}, ends={0: 10, 1: 3}, commits=[commit(1)]), {("orders", 1): 990_000},
-            3, 10.0, 1.0, [],  # a partition added to the topic: read from its log start
+            state({0: 10}, ends={0: 10, 1: 3}, commits=[commit(1)]),
+            {("orders", 1): 990_000},
+            3,
+            10.0,
+            1.0,
+            [],  # a partition added to the topic: read from its log start
         ),
         (state({0: 10}, group_state="STABLE"), {}, 0, None, None, ["group_id_consistency"]),
     ],
     ids=["current", "stale", "never-committed", "new-partition", "foreign-member"],
-)  # fmt: skip
+)
 def test_build_status(
-    current: PipelineState, oldest_ms: dict[tuple[str, int], int], lag: int,
-    oldest_age: float | None, last_age: float | None, failing: list[str],
-) -> None:  # fmt: skip
+    current: PipelineState,
+    oldest_ms: dict[tuple[str, int], int],
+    lag: int,
+    oldest_age: float | None,
+    last_age: float | None,
+    failing: list[str],
+) -> None:
     """Lag, its age (the oldest uncommitted record over all partitions) and the failing checks."""
     status = build_status(current, oldest_ms, evaluate_checks(current), now_ms=1_000_000)
     assert status.lag_records == lag

@@ -47,24 +47,37 @@ def assert_mirror_matches_table(harness: Harness, spec: Any) -> None:
     "point", ["after_plan", "before_catalog_call", "after_catalog_call", "before_mirror"]
 )
 def test_driver_killed_hard_then_rerun(
-    point: str, harness: Harness, catalog_resource: IcebergCatalogResource, tmp_path: Path,
-    create_topic: Callable[..., str], ledger_producer: LedgerProducer, ledger: Ledger,
-) -> None:  # fmt: skip
+    point: str,
+    harness: Harness,
+    catalog_resource: IcebergCatalogResource,
+    tmp_path: Path,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
     """SIGKILL of the driver before the commit, right after the catalog accepted it (the
     ambiguous outcome) and before the mirror: the next runs lose and duplicate nothing."""
     topic = create_topic(partitions=2)
     spec = make_spec(topic, f"killed_{point}")
     ledger_producer.produce(topic, records(300))
     config = tmp_path / "driver.json"
-    config.write_text(json.dumps({
-        "spec": spec.model_dump(mode="json", by_alias=True), "point": point,
-        "bootstrap_servers": harness.kafka.bootstrap_servers,
-        "state_dir": catalog_resource.state_dir,
-    }))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "spec": spec.model_dump(mode="json", by_alias=True),
+                "point": point,
+                "bootstrap_servers": harness.kafka.bootstrap_servers,
+                "state_dir": catalog_resource.state_dir,
+            }
+        )
+    )
     done = subprocess.run(
         [sys.executable, "-m", "tests.support.killed_driver", str(config)],
-        cwd=PROJECT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr[-4000:]
     committed = point in ("after_catalog_call", "before_mirror")
     exists = harness.catalog.table_exists(spec.table)
@@ -79,9 +92,12 @@ def test_driver_killed_hard_then_rerun(
 
 
 def test_executor_killed_hard_task_is_retried(
-    tmp_path: Path, harness: Harness, create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer, ledger: Ledger,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
     """SIGKILL of the Python worker running a task after it wrote its files: Spark retries the
     task, one file set commits, the dead attempt's files stay unreferenced."""
     topic = create_topic(partitions=1)
@@ -132,10 +148,15 @@ def broker_paused_for(broker: EmbeddedBroker, seconds: float) -> Iterator[thread
 
 @pytest.mark.parametrize(("pause_s", "read_timeout_s"), [(4.0, 60.0), (12.0, 3.0)])
 def test_broker_paused_during_a_task(
-    pause_s: float, read_timeout_s: float, tmp_path: Path, harness: Harness,
-    broker: EmbeddedBroker, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    pause_s: float,
+    read_timeout_s: float,
+    tmp_path: Path,
+    harness: Harness,
+    broker: EmbeddedBroker,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """The broker freezes while a task reads. A short pause: the run completes. A pause longer
     than the read timeout: the run fails naming the range, nothing is committed, and a run
     after the broker is back ingests everything once."""

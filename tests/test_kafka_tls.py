@@ -67,9 +67,12 @@ def test_ingestion_status_and_checks_over_tls(
     bad = [(b"bad", b"not json", None)]
     LedgerProducer(kafka, ledger).produce("tls-events", records(40) + bad + records(9, first=40))
     spec = make_spec(
-        "tls-events", "tls", errors_tolerance="all", dead_letter_topic="tls-dlq",
+        "tls-events",
+        "tls",
+        errors_tolerance="all",
+        dead_letter_topic="tls-dlq",
         max_dead_letter_ratio=0.5,
-    )  # fmt: skip
+    )
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
     tls_harness = dataclasses.replace(
         harness, kafka=kafka, catalog=iceberg.load_catalog(), cluster_id=kafka.get_cluster_id()

@@ -23,16 +23,19 @@ pytestmark = pytest.mark.integration
 def planned_reset(harness: Harness, spec: PipelineSpec, position: StartingPosition) -> Any:
     consumer = harness.kafka.get_consumer()
     try:
-        return plan_reset(spec, harness.table(spec), harness.kafka.get_admin_client(), consumer,
-                          position)  # fmt: skip
+        return plan_reset(
+            spec, harness.table(spec), harness.kafka.get_admin_client(), consumer, position
+        )
     finally:
         consumer.close()
 
 
 def test_reset_to_timestamp_rereads_exactly_once(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     topic = create_topic(partitions=2)
     spec = make_spec(topic, "reset_ts", errors_tolerance="all")
     ledger_producer.produce(topic, [*records(20), (b"bad", b"{", 0)])
@@ -52,9 +55,11 @@ def test_reset_to_timestamp_rereads_exactly_once(
 
 
 def test_reset_while_a_run_is_in_flight_wins_and_the_run_aborts(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     topic = create_topic(partitions=1)
     spec = make_spec(topic, "reset_race")
     ledger_producer.produce(topic, records(10))
@@ -74,9 +79,11 @@ def test_reset_while_a_run_is_in_flight_wins_and_the_run_aborts(
 
 
 def test_group_migration_reads_nothing_twice_and_passes_the_check(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     topic = create_topic(partitions=2)
     old = make_spec(topic, "migrate", consumer_group_id="migrate-cg-control")
     ledger_producer.produce(topic, records(30))
@@ -104,9 +111,11 @@ def test_group_migration_reads_nothing_twice_and_passes_the_check(
 
 
 def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """R31 by construction: compact + expire + orphan removal, then ingest again: clean."""
     from ingestion.maintenance import maintain_table
     from ingestion.offsets import find_committed_state

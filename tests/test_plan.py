@@ -33,9 +33,13 @@ def plan(
     state: CommittedState | None, current: TopicState, spec: Any = SPEC, **kwargs: Any
 ) -> tuple[Any, ...]:
     return plan_partitions(
-        spec, state, [current], kwargs.get("starting", {}), kwargs.get("has_rows", False),
+        spec,
+        state,
+        [current],
+        kwargs.get("starting", {}),
+        kwargs.get("has_rows", False),
         kwargs.get("other_groups", set()),
-    )  # fmt: skip
+    )
 
 
 def test_first_run_uses_the_starting_position() -> None:
@@ -58,20 +62,32 @@ def test_resume_from_committed_offsets() -> None:
         (None, topic({0: 1}), {"has_rows": True}, exceptions.MissingOffsetsError, "holds rows"),
         (None, topic({0: 1}), {"other_groups": {"old"}}, exceptions.GroupMismatchError, "'old'"),
         (
-            committed({0: 1}), topic({0: 1}, topic_id="id2"), {},
-            exceptions.TopicRecreatedError, "id2",
+            committed({0: 1}),
+            topic({0: 1}, topic_id="id2"),
+            {},
+            exceptions.TopicRecreatedError,
+            "id2",
         ),
         (committed({0: 1, 1: 1}), topic({0: 1}), {}, exceptions.PartitionVanishedError, "[1]"),
         (committed({0: 9}), topic({0: 5}), {}, exceptions.OffsetOutOfRangeError, "above the end"),
         (committed({0: 2}), topic({0: 9}, {0: 4}), {}, exceptions.DataLossError, "[2, 4)"),
     ],
-    ids=["R31-rows-no-offsets", "R22-other-group", "R20-topic-id", "R19-partition-gone",
-         "R20-truncated", "R12-retention"],
-)  # fmt: skip
+    ids=[
+        "R31-rows-no-offsets",
+        "R22-other-group",
+        "R20-topic-id",
+        "R19-partition-gone",
+        "R20-truncated",
+        "R12-retention",
+    ],
+)
 def test_inconsistencies_fail_by_name(
-    state: CommittedState | None, current: TopicState, kwargs: dict[str, Any],
-    error: type[Exception], text: str,
-) -> None:  # fmt: skip
+    state: CommittedState | None,
+    current: TopicState,
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    text: str,
+) -> None:
     with pytest.raises(error) as excinfo:
         plan(state, current, **kwargs)
     assert text in str(excinfo.value)
@@ -98,10 +114,18 @@ def test_regressing_commit_is_refused() -> None:
     from ingestion.commit import commit_data
 
     regressing = Plan(
-        pipeline="unit", group_id="g", table="t.t", table_uuid="u", base_snapshot_id=None,
-        committed={"orders": TopicOffsets("id1", {0: 9, 1: 3})}, cluster_id="c",
-        topic_ids={"orders": "id1"}, start={("orders", 0): 9}, end={("orders", 0): 5}, tasks=(),
-    )  # fmt: skip
+        pipeline="unit",
+        group_id="g",
+        table="t.t",
+        table_uuid="u",
+        base_snapshot_id=None,
+        committed={"orders": TopicOffsets("id1", {0: 9, 1: 3})},
+        cluster_id="c",
+        topic_ids={"orders": "id1"},
+        start={("orders", 0): 9},
+        end={("orders", 0): 5},
+        tasks=(),
+    )
     with pytest.raises(exceptions.OffsetRegressionError, match=r"dropped \[\('orders', 1\)\]"):
         commit_data(catalog=None, plan=regressing, files=[], properties={})  # type: ignore[arg-type]
 

@@ -43,8 +43,12 @@ def run_driver(config: dict[str, Any], work_dir: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}  # set by local Spark
     done = subprocess.run(
         [sys.executable, "-m", "tests.support.cluster_driver", str(path)],
-        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("CLUSTER-REPORT ")]
     assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-8000:])
     assert lines, done.stdout[-4000:]
@@ -53,36 +57,54 @@ def run_driver(config: dict[str, Any], work_dir: Path) -> dict[str, Any]:
 
 
 def test_ingestion_through_a_standalone_cluster(
-    cluster: StandaloneCluster, kafka: KafkaResource, tmp_path: Path, harness: Harness,
-    create_topic: Callable[..., str], ledger: Ledger, ledger_producer: LedgerProducer,
-) -> None:  # fmt: skip
+    cluster: StandaloneCluster,
+    kafka: KafkaResource,
+    tmp_path: Path,
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger: Ledger,
+    ledger_producer: LedgerProducer,
+) -> None:
     executor_python = make_executor_python(tmp_path / "executor-env")
     isolated = subprocess.run(
         [str(executor_python), "-c", "import pyarrow, pyiceberg, confluent_kafka, ingestion"],
-        cwd=tmp_path, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert "No module named 'ingestion'" in isolated.stderr  # the executors cannot cheat
 
     topic = create_topic(partitions=3)
     ledger_producer.produce(topic, records(900))
     raw = {
-        "name": "cluster", "topic": topic, "table": "cluster.events",
-        "consumer_group_id": "group-cluster", "value_format": "json", "key_format": "string",
+        "name": "cluster",
+        "topic": topic,
+        "table": "cluster.events",
+        "consumer_group_id": "group-cluster",
+        "value_format": "json",
+        "key_format": "string",
         "schema": [
-            {"name": "id", "type": "long", "required": True}, {"name": "name", "type": "string"},
-            {"name": "amount", "type": "decimal(10,2)"}, {"name": "ts", "type": "timestamptz"},
+            {"name": "id", "type": "long", "required": True},
+            {"name": "name", "type": "string"},
+            {"name": "amount", "type": "decimal(10,2)"},
+            {"name": "ts", "type": "timestamptz"},
         ],
         "max_records_per_task": 200,
-    }  # fmt: skip
-    assert parse_pipeline_spec(raw) == make_spec(topic, "cluster", **{
-        k: v for k, v in raw.items() if k not in ("name", "topic")
-    })  # fmt: skip
+    }
+    assert parse_pipeline_spec(raw) == make_spec(
+        topic, "cluster", **{k: v for k, v in raw.items() if k not in ("name", "topic")}
+    )
     state_dir = tmp_path / "state"
     report = run_driver(
-        {"spec": raw, "bootstrap_servers": kafka.bootstrap_servers, "state_dir": str(state_dir),
-         "master": cluster.master_url, "executor_python": str(executor_python)},
+        {
+            "spec": raw,
+            "bootstrap_servers": kafka.bootstrap_servers,
+            "state_dir": str(state_dir),
+            "master": cluster.master_url,
+            "executor_python": str(executor_python),
+        },
         tmp_path,
-    )  # fmt: skip
+    )
 
     assert report["success"]
     assert report["master"] == cluster.master_url

@@ -37,13 +37,17 @@ def main(config_path: str) -> int:
     config = json.loads(Path(config_path).read_text())
     spec = parse_pipeline_spec(config["spec"])
     spark = SparkResource(
-        master=config["master"], app_name="cluster-test", ship_engine=True,
+        master=config["master"],
+        app_name="cluster-test",
+        ship_engine=True,
         spark_config={
             "spark.pyspark.python": config["executor_python"],
-            "spark.executor.memory": "1g", "spark.cores.max": "2",
-            "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+            "spark.executor.memory": "1g",
+            "spark.cores.max": "2",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
         },
-    )  # fmt: skip
+    )
     result = materialize(
         build_pipeline_assets(spec),
         resources={
@@ -60,13 +64,17 @@ def main(config_path: str) -> int:
         "driver_pid": os.getpid(),
         "executors": probe_executors(session),
         "materializations": [
-            {"asset": str(e.asset_key and e.asset_key.to_user_string()), "metadata": {
-                k: v.value for k, v in e.materialization.metadata.items()
-                if isinstance(v.value, int | float | str)
-            }}
+            {
+                "asset": str(e.asset_key and e.asset_key.to_user_string()),
+                "metadata": {
+                    k: v.value
+                    for k, v in e.materialization.metadata.items()
+                    if isinstance(v.value, int | float | str)
+                },
+            }
             for e in result.get_asset_materialization_events()
         ],
-    }  # fmt: skip
+    }
     spark.stop_session()
     print("CLUSTER-REPORT " + json.dumps(report))
     return 0 if result.success else 1

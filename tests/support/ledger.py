@@ -87,27 +87,45 @@ class LedgerProducer:
         """Give every record a partition: its own, else crc32(key), else round robin."""
         count = self._partitions(topic)
         return [
-            (key, value, partition if partition is not None
-             else zlib.crc32(key) % count if key is not None else index % count)
+            (
+                key,
+                value,
+                partition
+                if partition is not None
+                else zlib.crc32(key) % count
+                if key is not None
+                else index % count,
+            )
             for index, (key, value, partition) in enumerate(records)
-        ]  # fmt: skip
+        ]
 
-    def _send(self, topic: str, records: Sequence[tuple[bytes | None, bytes | None, int]],
-              committed: bool, pending: list[LedgerEntry]) -> None:  # fmt: skip
+    def _send(
+        self,
+        topic: str,
+        records: Sequence[tuple[bytes | None, bytes | None, int]],
+        committed: bool,
+        pending: list[LedgerEntry],
+    ) -> None:
         def on_delivery(error: Any, message: Message) -> None:
             if error is not None:
                 raise KafkaException(error)
             _, timestamp = message.timestamp()
             pending.append(
                 LedgerEntry(
-                    topic, int(message.partition() or 0), int(message.offset() or 0),
-                    message.key(), message.value(), timestamp, committed,
+                    topic,
+                    int(message.partition() or 0),
+                    int(message.offset() or 0),
+                    message.key(),
+                    message.value(),
+                    timestamp,
+                    committed,
                 )
-            )  # fmt: skip
+            )
 
         for key, value, partition in records:
-            self._producer.produce(topic, value=value, key=key, partition=partition,
-                                   on_delivery=on_delivery)  # fmt: skip
+            self._producer.produce(
+                topic, value=value, key=key, partition=partition, on_delivery=on_delivery
+            )
 
     def _flush(self) -> None:
         if self._producer.flush(30) != 0:

@@ -71,15 +71,23 @@ class Harness:
     cluster_id: str
 
     def run(
-        self, spec: PipelineSpec, hooks: FailureHooks = NO_HOOKS, use_spark: bool = True,
+        self,
+        spec: PipelineSpec,
+        hooks: FailureHooks = NO_HOOKS,
+        use_spark: bool = True,
         registry: Any | None = None,
-    ) -> RunReport:  # fmt: skip
+    ) -> RunReport:
         """One run of ``spec`` (Avro specs take an in-memory Schema Registry client)."""
         return run_pipeline(
-            spec, self.kafka.client_config(), self.catalog,
-            self.spark if use_spark else None, self.cluster_id, run_id="test", hooks=hooks,
+            spec,
+            self.kafka.client_config(),
+            self.catalog,
+            self.spark if use_spark else None,
+            self.cluster_id,
+            run_id="test",
+            hooks=hooks,
             schema_registry=registry,
-        )  # fmt: skip
+        )
 
     def table(self, spec: PipelineSpec) -> Table:
         """The pipeline's table, freshly loaded."""
@@ -95,8 +103,9 @@ class Harness:
         ):
             quarantine = self.catalog.load_table(spec.effective_quarantine_table)
         expected = {c for c in ledger.committed() if c[0] in self.topics(spec, ledger)}
-        return audit_table(self.table(spec), spec.effective_commit_group_id, quarantine,
-                           expected, lost)  # fmt: skip
+        return audit_table(
+            self.table(spec), spec.effective_commit_group_id, quarantine, expected, lost
+        )
 
     @staticmethod
     def topics(spec: PipelineSpec, ledger: Ledger) -> set[str]:

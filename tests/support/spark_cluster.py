@@ -60,11 +60,20 @@ class StandaloneCluster:
         properties = self.work_dir / "cluster.properties"
         properties.write_text("spark.master.rest.enabled false\nspark.ui.enabled false\n")
         with log.open("wb") as out:
-            self._processes.append(subprocess.Popen(
-                [str(spark_home() / "bin" / "spark-class"), *args,
-                 "--properties-file", str(properties)],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            ))  # fmt: skip
+            self._processes.append(
+                subprocess.Popen(
+                    [
+                        str(spark_home() / "bin" / "spark-class"),
+                        *args,
+                        "--properties-file",
+                        str(properties),
+                    ],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
         return log
 
     def _wait_for(self, log: Path, pattern: str, timeout_s: float = 90.0) -> None:
@@ -80,15 +89,31 @@ class StandaloneCluster:
     def __enter__(self) -> StandaloneCluster:
         try:
             master = self._start(
-                "master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                "--port", str(self.port), "--webui-port", str(find_free_port()),
-            )  # fmt: skip
+                "master",
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(find_free_port()),
+            )
             self._wait_for(master, r"I have been elected leader")
             self._start(
-                "worker", "org.apache.spark.deploy.worker.Worker", self.master_url,
-                "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
-                "--webui-port", str(find_free_port()), "--work-dir", str(self.work_dir / "work"),
-            )  # fmt: skip
+                "worker",
+                "org.apache.spark.deploy.worker.Worker",
+                self.master_url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--webui-port",
+                str(find_free_port()),
+                "--work-dir",
+                str(self.work_dir / "work"),
+            )
             self._wait_for(master, r"Registering worker")
         except BaseException:
             self.stop()
