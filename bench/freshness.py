@@ -16,10 +16,11 @@ from typing import Any
 
 from confluent_kafka.admin import NewTopic
 
-from ingestion.health import commits_of, read_state
+from bench.workloads import spec_for
 from ingestion.run import run_pipeline
+from ingestion.state import commits_of, read_state
+from ingestion.triggers import decide
 from platform_assets.demo import encode_event, make_order_event
-from platform_assets.sensors import decide
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 
@@ -47,8 +48,6 @@ def measure_freshness(
     interval_s: float = 15.0,
 ) -> dict[str, Any]:
     """Produce at ``rate`` for ``seconds`` while the sensor loop ingests; latency percentiles."""
-    from bench.run import spec_for
-
     topic = "fresh"
     admin = kafka.get_admin_client()
     for future in admin.create_topics([NewTopic(topic, 4, 1)]).values():
@@ -84,7 +83,7 @@ def measure_freshness(
     spark_resource.stop_session()
     table = catalog.load_table(spec.table)
     commits = sorted(
-        commits_of(table, spec.effective_commit_group_id, limit=10_000),
+        commits_of(table, spec.consumer_group_id, limit=10_000),
         key=lambda c: c.timestamp_ms,
     )
     rows = table.scan(

@@ -79,7 +79,7 @@ def main() -> int:
         )
         table = catalog.load_table(spec.table)
         audit_started = time.monotonic()
-        result = audit_table(table, spec.effective_commit_group_id, expected=ledger.committed())
+        result = audit_table(table, spec.consumer_group_id, expected=ledger.committed())
         print(
             f"oracle: {'OK' if result.ok else 'FAILED'} ({result.summary()}) "
             f"in {time.monotonic() - audit_started:.1f} s"

@@ -26,13 +26,12 @@ from confluent_kafka import TopicPartition  # noqa: E402
 
 from bench.freshness import measure_freshness  # noqa: E402
 from bench.rss import PeakRss  # noqa: E402
-from bench.workloads import baseline, limit, produce  # noqa: E402
+from bench.workloads import baseline, limit, produce, spec_for  # noqa: E402
 from ingestion.execute import build_task_specs, execute_locally  # noqa: E402
 from ingestion.hooks import NO_HOOKS  # noqa: E402
 from ingestion.plan import Plan  # noqa: E402
 from ingestion.ranges import OffsetRange  # noqa: E402
 from ingestion.run import run_pipeline  # noqa: E402
-from ingestion.spec import PipelineSpec, load_pipeline_specs  # noqa: E402
 from ingestion.tables import load_or_create_table  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
@@ -40,20 +39,6 @@ from resources.kafka import KafkaResource  # noqa: E402
 from resources.spark import SparkResource  # noqa: E402
 
 PARTITIONS = 8
-
-
-def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
-    (orders,) = load_pipeline_specs(ROOT / "platform_assets" / "pipelines.yaml")
-    return orders.model_copy(
-        update={
-            "name": name,
-            "topic": topic,
-            "table": f"bench.{name}",
-            "consumer_group_id": f"bench-{name}",
-            "max_records_per_run": cap,
-            "max_records_per_task": 250_000,
-        }
-    )
 
 
 def run_ours(

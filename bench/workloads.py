@@ -7,14 +7,32 @@ import random
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pyarrow as pa
 
+from ingestion.consumer import consumer_config, iter_batches, iter_range, open_consumer
 from ingestion.ranges import OffsetRange
-from ingestion.read import iter_batches, iter_range, reader_config
+from ingestion.spec import PipelineSpec, load_pipeline_specs
 from platform_assets.demo import encode_event, make_order_event
+
+PIPELINES_FILE = Path(__file__).resolve().parent.parent / "platform_assets" / "pipelines.yaml"
+
+
+def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
+    (orders,) = load_pipeline_specs(PIPELINES_FILE)
+    return orders.model_copy(
+        update={
+            "name": name,
+            "topic": topic,
+            "table": f"bench.{name}",
+            "consumer_group_id": f"bench-{name}",
+            "max_records_per_run": cap,
+            "max_records_per_task": 250_000,
+        }
+    )
 
 
 def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: int) -> float:
@@ -58,15 +76,10 @@ def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: 
 
 
 def _consume_only(args: tuple[dict[str, Any], list[OffsetRange]]) -> tuple[int, float]:
-    from confluent_kafka import Consumer
-
     config, ranges = args
-    consumer = Consumer(reader_config(config, "bench-limit"))
-    started = time.monotonic()
-    try:
+    with open_consumer(config, "bench-limit") as consumer:
+        started = time.monotonic()
         counted = sum(len(b) for r in ranges for b in iter_batches(consumer, r, 60, "limit"))
-    finally:
-        consumer.close()
     return counted, time.monotonic() - started
 
 
@@ -89,7 +102,7 @@ def baseline(
     from confluent_kafka import Consumer
 
     schema = table.schema().as_arrow()
-    consumer = Consumer(reader_config(kafka_config, "bench-baseline"))
+    consumer = Consumer(consumer_config(kafka_config, "bench-baseline"))
     started, total, rows, offsets = time.monotonic(), 0, [], {}
 
     def flush() -> None:

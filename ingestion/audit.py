@@ -1,4 +1,4 @@
-"""The oracle of RELIABILITY.md as code: is every record in the table exactly once?
+"""The oracle of docs/reliability.md as code: is every record in the table exactly once?
 
 It reads only the Kafka metadata columns (and the snapshot lineage), so it stays cheap on a
 large table. Ground truth is optional: with an ``expected`` set (a test's producer ledger, or an
@@ -10,22 +10,28 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ingestion.consumer import count_visible
 from ingestion.offsets import (
     COMMIT_ID,
-    DEAD_LETTERED,
     OFFSETS_PREFIX,
+    QUARANTINED,
     RESET_BY,
     decode_offsets,
     flatten,
     iter_ancestry,
     snapshot_properties,
 )
+from ingestion.ranges import Key, OffsetRange
 from ingestion.recovery import list_file_paths
+from ingestion.state import commits_of
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
+
+    from ingestion.spec import PipelineSpec
 
 Coordinates = tuple[str, int, int]
 COORDINATE_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
@@ -91,11 +97,11 @@ def read_coordinates(table: Table, commit_ids: set[str] | None = None) -> list[C
     return [(t, p, o) for t, p, o, k in zip(topics, partitions, offsets, keep, strict=True) if k]
 
 
-def _lineage_checks(table: Table, group_id: str, result: AuditResult) -> dict[tuple[str, int], int]:
+def _lineage_checks(table: Table, group_id: str, result: AuditResult) -> dict[Key, int]:
     """Offsets never decrease and no partition vanishes along the lineage; return the newest."""
     key = OFFSETS_PREFIX + group_id
     lineage = [s for s in reversed(list(iter_ancestry(table))) if key in snapshot_properties(s)]
-    previous: dict[tuple[str, int], int] = {}
+    previous: dict[Key, int] = {}
     for snapshot in lineage:
         current = flatten(decode_offsets(snapshot_properties(snapshot)[key]))
         if RESET_BY in snapshot_properties(snapshot):  # an operator's explicit reset may rewind
@@ -165,7 +171,7 @@ def _check_commit_counts(
     lineage = list(reversed(list(iter_ancestry(table))))
     # Expired ancestors (the oldest remaining snapshot is not the table's first; expiry clears
     # its parent id, so its sequence number tells): that commit's range start is unknown.
-    previous: dict[tuple[str, int], int] | None = {}
+    previous: dict[Key, int] | None = {}
     if lineage and (lineage[0].sequence_number or 0) > 1:
         previous = None
     for snapshot in lineage:
@@ -181,12 +187,19 @@ def _check_commit_counts(
         )
         summary = snapshot.summary
         added = int(summary.get("added-records", "0") or 0) if summary else 0
-        added += int(properties.get(DEAD_LETTERED, "0"))
+        added += int(properties.get(QUARANTINED, "0"))
         if added != visible:
             result.commit_mismatches.append(
                 f"snapshot {snapshot.snapshot_id}: added {added} != visible {visible}"
             )
         previous = current
+
+
+class CommitVerification(NamedTuple):
+    """The newest commit's count against Kafka: ``matches`` is None when not verifiable."""
+
+    matches: bool | None
+    message: str
 
 
 def verify_latest_commit(
@@ -196,45 +209,50 @@ def verify_latest_commit(
     pipeline: str,
     max_offsets: int = 100_000,
     timeout_s: float = 30.0,
-) -> tuple[bool | None, str]:
-    """Compare the newest commit's added + dead-lettered records with an independent
+) -> CommitVerification:
+    """Compare the newest commit's added + quarantined records with an independent
     ``read_committed`` count of its offset ranges in Kafka (the oracle in production).
 
-    Returns (True, ...) when they match, (False, why) when they do not, and (None, why) when
-    the commit cannot be checked: it is the first one (its start is unknown), or its ranges
-    exceed ``max_offsets`` (the check stays cheap).
+    ``matches`` is None when the commit cannot be checked: it is the first one (its start is
+    unknown), an operator's reset, or its ranges exceed ``max_offsets`` (the check stays cheap).
     """
-    from confluent_kafka import Consumer
-
-    from ingestion.health import commits_of
-    from ingestion.ranges import OffsetRange
-    from ingestion.read import iter_batches, reader_config
-
     commits = commits_of(table, group_id, limit=2)
     if len(commits) < 2:
-        return None, "the first commit has no known start: not verified"
+        return CommitVerification(None, "the first commit has no known start: not verified")
     newest, previous = commits
     if RESET_BY in newest.properties:
-        return None, "the newest commit is an operator's offset reset: not verified"
+        return CommitVerification(None, "the newest commit is an operator's action: not verified")
     ranges = [
         OffsetRange(topic, partition, previous.offsets.get((topic, partition), end), end)
         for (topic, partition), end in sorted(newest.offsets.items())
     ]
     ranges = [r for r in ranges if r.size > 0]
     if sum(r.size for r in ranges) > max_offsets:
-        return None, f"the newest commit covers more than {max_offsets} offsets: not verified"
-    consumer = Consumer(reader_config(kafka_config, pipeline))
-    try:
-        visible = sum(
-            sum(len(b) for b in iter_batches(consumer, r, timeout_s, f"audit of {pipeline!r}"))
-            for r in ranges
+        return CommitVerification(
+            None, f"the newest commit covers more than {max_offsets} offsets: not verified"
         )
-    finally:
-        consumer.close()
-    added = newest.records + newest.dead_lettered
+    visible = count_visible(kafka_config, ranges, f"{pipeline}-audit", timeout_s)
+    added = newest.records + newest.quarantined
     if added != visible:
-        return False, (
-            f"snapshot {newest.snapshot_id} added {added} records (with dead letters) but Kafka "
-            f"holds {visible} visible records in its ranges"
+        return CommitVerification(
+            False,
+            f"snapshot {newest.snapshot_id} added {added} records (quarantined included) but "
+            f"Kafka holds {visible} visible records in its ranges",
         )
-    return True, f"newest commit: {added} records = {visible} visible in Kafka"
+    return CommitVerification(True, f"newest commit: {added} records = {visible} visible in Kafka")
+
+
+def audit_pipeline(
+    spec: PipelineSpec, catalog: Catalog, kafka_config: dict[str, Any]
+) -> tuple[AuditResult | None, CommitVerification | None]:
+    """The production oracle of one pipeline: :func:`audit_table` on its table and quarantine
+    table, and :func:`verify_latest_commit`; ``(None, None)`` when the table does not exist."""
+    if not catalog.table_exists(spec.table):
+        return None, None
+    quarantine = None
+    if catalog.table_exists(spec.quarantine_table):
+        quarantine = catalog.load_table(spec.quarantine_table)
+    table = catalog.load_table(spec.table)
+    result = audit_table(table, spec.consumer_group_id, quarantine)
+    newest = verify_latest_commit(table, spec.consumer_group_id, kafka_config, spec.name)
+    return result, newest

@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ingestion.consumer import open_consumer
 from ingestion.offsets import (
     COMMIT_ID,
-    DEAD_LETTERED,
     OFFSETS_PREFIX,
+    QUARANTINED,
     decode_offsets,
     flatten,
     iter_ancestry,
@@ -62,10 +63,10 @@ def unpublished_commits(
         offsets = flatten(decode_offsets(properties[key]))
         if all(offset <= mirrored.get(tp, -1) for tp, offset in offsets.items()):
             break  # this commit and every older one were mirrored, hence copied
-        if int(properties.get(DEAD_LETTERED, "0")) > 0:
+        if int(properties.get(QUARANTINED, "0")) > 0:
             pending.append(
                 PendingCopy(
-                    properties[COMMIT_ID], snapshot.timestamp_ms, int(properties[DEAD_LETTERED])
+                    properties[COMMIT_ID], snapshot.timestamp_ms, int(properties[QUARANTINED])
                 )
             )
     return pending
@@ -82,16 +83,13 @@ def count_copies(
     """Copies of each pending commit already in ``topic``, counted by their commit-id header
     from the oldest pending commit's time until the topic has nothing more for ``idle_s``
     (joins no group, commits nothing). An undercount only means a copy is sent again."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from ingestion.read import reader_config
+    from confluent_kafka import TopicPartition
 
     if not pending:
         return {}
     since = min(p.committed_at_ms for p in pending)
     counts = {p.commit_id: 0 for p in pending}
-    consumer = Consumer(reader_config(kafka_config, pipeline))
-    try:
+    with open_consumer(kafka_config, f"{pipeline}-dead-letter-count") as consumer:
         partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
         query = [TopicPartition(topic, p, since) for p in sorted(partitions)]
         starts = [s for s in consumer.offsets_for_times(query, timeout=timeout_s) if s.offset >= 0]
@@ -106,8 +104,6 @@ def count_copies(
                 commit = value.decode() if isinstance(value, bytes) else value
                 if message.error() is None and commit in counts:
                     counts[commit] += 1
-    finally:
-        consumer.close()
     return counts
 
 

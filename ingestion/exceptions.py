@@ -43,10 +43,6 @@ class GroupMismatchError(MissingOffsetsError):
     """The table holds offsets only under other group ids."""
 
 
-class WatermarkUnreachableError(MissingOffsetsError):
-    """No snapshot in the current ancestry carries offsets, yet the table is not empty."""
-
-
 class TableDroppedError(IngestionError):
     """The target table was dropped, or recreated under another UUID, during the run."""
 

@@ -13,8 +13,8 @@ from ingestion.avro import fetch_schemas_by_id
 from ingestion.commit import delete_files
 from ingestion.hooks import FailureHooks
 from ingestion.plan import Plan
-from ingestion.read import TaskResult, TaskSpec, run_task
 from ingestion.spec import PipelineSpec
+from ingestion.task import TaskResult, TaskSpec, run_task
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ingestion.ranges import Key
+
 if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
@@ -25,14 +27,12 @@ CLUSTER_ID = "kafka.cluster-id"
 RUN_ID = "kafka.run-id"
 PIPELINE = "kafka.pipeline"
 RECORDS = "kafka.records"
-DEAD_LETTERED = "kafka.dead-lettered"
+QUARANTINED = "kafka.quarantined"  # records set aside in the quarantine table
 VALID_THROUGH_MS = "kafka.valid-through-ms"
 LOST_RANGES = "kafka.lost-ranges"
 RESET_BY = "kafka.reset-by"  # an operator's explicit offset change (reset or group migration)
 RESET_REASON = "kafka.reset-reason"
 MIGRATED_FROM = "kafka.migrated-from"
-
-TopicPartition = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,56 @@ def decode_offsets(text: str) -> OffsetMap:
     }
 
 
-def flatten(offsets: OffsetMap) -> dict[TopicPartition, int]:
+def commit_properties(
+    *,
+    group_id: str,
+    offsets: OffsetMap,
+    commit_id: str,
+    cluster_id: str,
+    pipeline: str,
+    records: int = 0,
+    quarantined: int = 0,
+    run_id: str | None = None,
+    valid_through_ms: int | None = None,
+    lost_ranges: list[str] | None = None,
+    requested_by: str | None = None,
+    reason: str | None = None,
+    migrated_from: str | None = None,
+) -> dict[str, str]:
+    """The snapshot properties of every commit that sets a group's offsets: an ingestion run,
+    an offset reset or a group migration (``requested_by`` marks an operator's action).
+
+    No secrets go in: these properties are readable by anyone who can read the table.
+
+    Example:
+        >>> properties = commit_properties(
+        ...     group_id="g", offsets={"t": TopicOffsets("id1", {0: 5})}, commit_id="c1",
+        ...     cluster_id="k", pipeline="p", records=5)
+        >>> properties["kafka.offsets.g"], properties["kafka.records"]
+        ('{"t":{"id":"id1","next":{"0":5}}}', '5')
+    """
+    properties = {
+        OFFSETS_PREFIX + group_id: encode_offsets(offsets),
+        COMMIT_ID: commit_id,
+        GROUP_ID: group_id,
+        CLUSTER_ID: cluster_id,
+        PIPELINE: pipeline,
+        RECORDS: str(records),
+        QUARANTINED: str(quarantined),
+    }
+    optional = {
+        RUN_ID: run_id,
+        VALID_THROUGH_MS: None if valid_through_ms is None else str(valid_through_ms),
+        LOST_RANGES: ";".join(lost_ranges) if lost_ranges else None,
+        RESET_BY: requested_by,
+        RESET_REASON: reason,
+        MIGRATED_FROM: migrated_from,
+    }
+    properties.update({key: value for key, value in optional.items() if value is not None})
+    return properties
+
+
+def flatten(offsets: OffsetMap) -> dict[Key, int]:
     """(topic, partition) -> next offset."""
     return {(t, p): o for t, v in offsets.items() for p, o in v.next_offsets.items()}
 

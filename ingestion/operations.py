@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ingestion import exceptions
 from ingestion import offsets as props
@@ -22,6 +22,7 @@ from ingestion.commit import append_files, commit_view
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
 from ingestion.offsets import OffsetMap, TopicOffsets, find_commit, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
+from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.topics import describe_topic, list_pipeline_topics
 
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
-
-Key = tuple[str, int]
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ def plan_reset(
     topics = [describe_topic(admin, consumer, name) for name in list_pipeline_topics(admin, spec)]
     target_spec = spec.model_copy(update={"starting_position": position})
     target = resolve_starting_offsets(target_spec, consumer, topics)
-    committed = find_committed_state(table, spec.effective_commit_group_id)
+    committed = find_committed_state(table, spec.consumer_group_id)
     before = flatten(committed.offsets) if committed else {}
     by_topic: dict[str, dict[int, int]] = {}
     for (topic, partition), offset in target.items():
@@ -80,7 +79,7 @@ def plan_reset(
     ids = {state.topic: state.topic_id for state in topics}
     return OffsetReset(
         spec.name,
-        spec.effective_commit_group_id,
+        spec.consumer_group_id,
         str(table.metadata.table_uuid),
         committed.offsets if committed else None,
         {topic: TopicOffsets(ids[topic], parts) for topic, parts in by_topic.items()},
@@ -153,21 +152,19 @@ def apply_reset(
             "plan it again"
         )
     delete_filter = _rewound_filter(reset.changes)
-    if delete_filter and catalog.table_exists(spec.effective_quarantine_table):
-        quarantine = catalog.load_table(spec.effective_quarantine_table)
+    if delete_filter and catalog.table_exists(spec.quarantine_table):
+        quarantine = catalog.load_table(spec.quarantine_table)
         with quarantine.transaction() as transaction, _no_match_is_fine():
             transaction.delete(delete_filter)
-    properties = {
-        props.OFFSETS_PREFIX + reset.group_id: props.encode_offsets(reset.target),
-        props.COMMIT_ID: uuid.uuid4().hex,
-        props.GROUP_ID: reset.group_id,
-        props.CLUSTER_ID: cluster_id,
-        props.PIPELINE: spec.name,
-        props.RECORDS: "0",
-        props.DEAD_LETTERED: "0",
-        props.RESET_BY: requested_by,
-        props.RESET_REASON: reason,
-    }
+    properties = props.commit_properties(
+        group_id=reset.group_id,
+        offsets=reset.target,
+        commit_id=uuid.uuid4().hex,
+        cluster_id=cluster_id,
+        pipeline=spec.name,
+        requested_by=requested_by,
+        reason=reason,
+    )
     return _commit_offsets(table, properties, delete_filter)
 
 
@@ -194,7 +191,7 @@ def migrate_group(
 
     Then set ``consumer_group_id: <new>`` in the spec: the next run reads nothing twice.
     """
-    old_group = spec.effective_commit_group_id
+    old_group = spec.consumer_group_id
     table = catalog.load_table(spec.table)
     old = find_committed_state(table, old_group)
     if old is None:
@@ -206,26 +203,19 @@ def migrate_group(
             f"pipeline {spec.name!r}: table {spec.table} already has offsets under "
             f"{new_group_id!r}; reset them explicitly instead of migrating"
         )
-    properties = {
-        props.OFFSETS_PREFIX + new_group_id: props.encode_offsets(old.offsets),
-        props.COMMIT_ID: uuid.uuid4().hex,
-        props.GROUP_ID: new_group_id,
-        props.CLUSTER_ID: old.cluster_id or "",
-        props.PIPELINE: spec.name,
-        props.RECORDS: "0",
-        props.DEAD_LETTERED: "0",
-        props.MIGRATED_FROM: old_group,
-        props.RESET_BY: requested_by,
-        props.RESET_REASON: reason,
-    }
+    properties = props.commit_properties(
+        group_id=new_group_id,
+        offsets=old.offsets,
+        commit_id=uuid.uuid4().hex,
+        cluster_id=old.cluster_id or "",
+        pipeline=spec.name,
+        requested_by=requested_by,
+        reason=reason,
+        migrated_from=old_group,
+    )
     snapshot_id = _commit_offsets(table, properties, None)
     offsets = flatten(old.offsets)
     mirror = mirror_offsets(admin, new_group_id, offsets)
     return Migration(
         snapshot_id, offsets, mirror, read_group_offsets(admin, spec.consumer_group_id)
     )
-
-
-def reset_summary(reset: OffsetReset) -> dict[str, Any]:
-    """The dry run as data (for run metadata and ``--json``)."""
-    return {"pipeline": reset.pipeline, "group_id": reset.group_id, "changes": reset.describe()}

@@ -111,7 +111,7 @@ def plan_partitions(
         GroupMismatchError, MissingOffsetsError, TopicNotFoundError, TopicRecreatedError,
         PartitionVanishedError, OffsetOutOfRangeError, DataLossError: as named.
     """
-    name, group = spec.name, spec.effective_commit_group_id
+    name, group = spec.name, spec.consumer_group_id
     if committed is None and other_groups:
         raise exceptions.GroupMismatchError(
             f"pipeline {name!r}: table {spec.table} holds offsets under group(s) "
@@ -233,7 +233,7 @@ def build_plan(
     default), so end offsets never pass an open transaction. Delivery: planning reads only;
     running it twice gives the same start offsets until a commit lands.
     """
-    group = spec.effective_commit_group_id
+    group = spec.consumer_group_id
     committed = find_committed_state(table, group)
     if committed and committed.cluster_id and committed.cluster_id != cluster_id:
         raise exceptions.ClusterChangedError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-Key = tuple[str, int]
+Key = tuple[str, int]  # (topic, partition): the key of every offset map
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ingestion import offsets as props
 from ingestion.avro import avro_to_iceberg_schema, fetch_writer_schemas
 from ingestion.commit import commit_data, commit_quarantine
+from ingestion.consumer import open_consumer
 from ingestion.deadletter import count_copies, publish_dead_letters, unpublished_commits
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
-from ingestion.offsets import flatten
+from ingestion.offsets import COMMIT_ID, PIPELINE, commit_properties, flatten
 from ingestion.plan import Plan, build_plan
 from ingestion.ranges import Key
-from ingestion.read import TaskResult
 from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table
 
@@ -49,7 +48,8 @@ class RunReport:
     lost_ranges: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     mirror: MirrorOutcome | None = None
-    dead_letters_published: int = 0
+    dead_letter_copies: int = 0
+    dead_letter_error: str | None = None
     valid_through_ms: int | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
     executed_in: str = ""
@@ -114,7 +114,6 @@ def run_pipeline(
         IngestionError: any named failure (see ingestion.exceptions); nothing was committed unless
             the report of a previous call says so.
     """
-    from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
 
     started = time.monotonic()
@@ -122,18 +121,9 @@ def run_pipeline(
     registry = _registry(spec, schema_registry)
     table = _open_table(catalog, spec, registry)
     admin = AdminClient(dict(kafka_config))
-    consumer = Consumer(
-        {
-            **kafka_config,
-            "group.id": f"kafka-iceberg-{spec.name}-planner",  # never joined (R25)
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",  # end offsets = last stable offsets
-        }
-    )
-    try:
+    # read_committed: the planned end offsets are the last stable offsets (R16).
+    with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
         plan = build_plan(spec, table, admin, consumer, cluster_id)
-    finally:
-        consumer.close()
     timings["plan"] = time.monotonic() - started
     hooks.fire("after_plan", plan=plan)
     report = RunReport(
@@ -179,14 +169,27 @@ def run_pipeline(
     report.bytes_written = sum(r.bytes_written for r in results)
     report.files = len(data_files)
     hooks.fire("before_commit", plan=plan)
-    properties = _snapshot_properties(plan, report, run_id, results)
-    report.valid_through_ms = int(properties[props.VALID_THROUGH_MS])
+    stamps = [r.max_timestamp_ms for r in results if r.max_timestamp_ms is not None]
+    # Every record produced before the plan is in, unless the run was capped.
+    report.valid_through_ms = max(stamps) if plan.capped and stamps else plan.planned_at_ms
+    properties = commit_properties(
+        group_id=plan.group_id,
+        offsets=plan.next_offsets(),
+        commit_id=plan.commit_id,
+        cluster_id=plan.cluster_id,
+        pipeline=plan.pipeline,
+        records=report.records,
+        quarantined=report.quarantined,
+        run_id=run_id or f"adhoc-{uuid.uuid4().hex[:12]}",
+        valid_through_ms=report.valid_through_ms,
+        lost_ranges=report.lost_ranges,
+    )
     if quarantine is not None:
         commit_quarantine(
             quarantine,
             plan.commit_id,
             quarantine_files,
-            {props.COMMIT_ID: plan.commit_id, props.PIPELINE: spec.name},
+            {COMMIT_ID: plan.commit_id, PIPELINE: spec.name},
         )
     outcome = commit_data(catalog, plan, data_files, properties, hooks)
     report.snapshot_id, report.replayed, report.committed = (
@@ -211,25 +214,29 @@ def _publish(
     offsets: dict[Key, int],
     report: RunReport,
 ) -> None:
-    """Step 4: copy dead letters not yet copied, then mirror the offsets (both best effort)."""
+    """Step 4: copy dead letters not yet copied, then mirror the offsets (both best effort).
+
+    The mirror moves only once the copies are out: a failed copy leaves the mirror behind, so
+    the next run copies again (at least once) and repairs the mirror (R4).
+    """
     group = spec.consumer_group_id
-    if spec.dead_letter_topic and catalog.table_exists(spec.effective_quarantine_table):
+    if spec.dead_letter_topic and catalog.table_exists(spec.quarantine_table):
         try:
             pending = unpublished_commits(
-                catalog.load_table(spec.table),
-                spec.effective_commit_group_id,
-                read_group_offsets(admin, group),
+                catalog.load_table(spec.table), group, read_group_offsets(admin, group)
             )
             copied = count_copies(kafka_config, spec.dead_letter_topic, pending, spec.name)
-            report.dead_letters_published = publish_dead_letters(
+            report.dead_letter_copies = publish_dead_letters(
                 kafka_config,
                 spec.dead_letter_topic,
-                catalog.load_table(spec.effective_quarantine_table),
+                catalog.load_table(spec.quarantine_table),
                 [p.commit_id for p in pending if copied[p.commit_id] < p.records],
             )
-        except Exception as exc:  # the mirror stays behind, so the next run copies again
-            error = f"copying dead letters to {spec.dead_letter_topic!r} failed: {exc}"
-            report.mirror = MirrorOutcome(group, error=error)
+        except Exception as exc:
+            report.dead_letter_error = (
+                f"copying dead letters to {spec.dead_letter_topic!r} failed ({exc}); the Kafka "
+                f"group {group!r} mirror was left behind so the next run copies them again"
+            )
             return
     report.mirror = mirror_offsets(admin, group, offsets)
 
@@ -253,25 +260,3 @@ def _open_table(catalog: Catalog, spec: PipelineSpec, registry: Any | None) -> T
         latest = registry.get_latest_version(subject)
         derived = avro_to_iceberg_schema(latest.schema.schema_str)
     return load_or_create_table(catalog, spec, derived)
-
-
-def _snapshot_properties(
-    plan: Plan, report: RunReport, run_id: str | None, results: list[TaskResult]
-) -> dict[str, str]:
-    """Snapshot properties of the data commit (offsets, ids, counts); no secrets."""
-    stamps = [r.max_timestamp_ms for r in results if r.max_timestamp_ms is not None]
-    properties = {
-        props.OFFSETS_PREFIX + plan.group_id: props.encode_offsets(plan.next_offsets()),
-        props.COMMIT_ID: plan.commit_id,
-        props.GROUP_ID: plan.group_id,
-        props.CLUSTER_ID: plan.cluster_id,
-        props.PIPELINE: plan.pipeline,
-        props.RUN_ID: run_id or f"adhoc-{uuid.uuid4().hex[:12]}",
-        props.RECORDS: str(report.records),
-        props.DEAD_LETTERED: str(report.quarantined),
-        # Every record produced before the plan is in, unless the run was capped.
-        props.VALID_THROUGH_MS: str(max(stamps) if plan.capped and stamps else plan.planned_at_ms),
-    }
-    if plan.lost:
-        properties[props.LOST_RANGES] = ";".join(report.lost_ranges)
-    return properties

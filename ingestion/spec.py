@@ -115,9 +115,15 @@ class PipelineSpec(_Model):
     topics: list[str] | None = None
     topic_pattern: str | None = None
     table: str = Field(description="Iceberg identifier 'namespace.table'.")
-    consumer_group_id: str = Field(min_length=1)
+    consumer_group_id: str = Field(
+        min_length=1,
+        description="The Kafka group where progress is mirrored, and the key of the offsets in "
+        "the table: one id for both.",
+    )
     commit_group_id: str | None = Field(
-        default=None, description="Key of the offsets in the table; defaults to the consumer group."
+        default=None,
+        description="Accepted for Kafka Connect users (iceberg.connect.group-id); must equal "
+        "consumer_group_id, which is the one the platform uses.",
     )
     value_format: Literal["json", "avro", "raw"] = "json"
     key_format: Literal["raw", "string"] = "raw"
@@ -143,7 +149,9 @@ class PipelineSpec(_Model):
     )
     target_file_size_bytes: PositiveInt = 128 * 1024 * 1024
     errors_tolerance: Literal["none", "all"] = "none"
-    quarantine_table: str | None = None
+    quarantine_table: str = Field(
+        default="", description="The quarantine (dead-letter) table; '<table>_quarantine' if unset."
+    )
     dead_letter_topic: str | None = None
     on_data_loss: Literal["fail", "skip"] = "fail"
     max_lag_records: PositiveInt = 10_000
@@ -155,16 +163,6 @@ class PipelineSpec(_Model):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    @property
-    def effective_commit_group_id(self) -> str:
-        """The group id the offsets are stored under in the table."""
-        return self.commit_group_id or self.consumer_group_id
-
-    @property
-    def effective_quarantine_table(self) -> str:
-        """The quarantine (dead-letter) table: configured, or ``<table>_quarantine``."""
-        return self.quarantine_table or f"{self.table}_quarantine"
-
     def value_subjects(self, topics: list[str]) -> list[str]:
         """Schema Registry subjects of the values of ``topics`` (topic name strategy)."""
         return [self.schema_subject] if self.schema_subject else [f"{t}-value" for t in topics]
@@ -173,6 +171,13 @@ class PipelineSpec(_Model):
     def source_topics(self) -> list[str]:
         """The fixed topic list (empty for a pattern pipeline, whose topics are listed at plan)."""
         return [self.topic] if self.topic else list(self.topics or [])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_quarantine_table(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("quarantine_table") and "table" in data:
+            return {**data, "quarantine_table": f"{data['table']}_quarantine"}
+        return data
 
     @model_validator(mode="after")
     def _check_consistency(self) -> PipelineSpec:

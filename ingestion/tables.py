@@ -12,20 +12,12 @@ from typing import TYPE_CHECKING
 from ingestion.spec import PipelineSpec
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyiceberg.catalog import Catalog
     from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyiceberg.types import IcebergType
 
-METADATA_COLUMNS = (
-    "_kafka_topic",
-    "_kafka_partition",
-    "_kafka_offset",
-    "_kafka_timestamp",
-    "_kafka_key",
-)
 TABLE_PROPERTIES = {"format-version": "2", "write.parquet.compression-codec": "zstd"}
 
 
@@ -169,7 +161,7 @@ def load_or_create_quarantine_table(catalog: Catalog, spec: PipelineSpec) -> Tab
     """Load the pipeline's quarantine (dead-letter) table, creating it if absent."""
     from pyiceberg.exceptions import NoSuchTableError
 
-    identifier = spec.effective_quarantine_table
+    identifier = spec.quarantine_table
     try:
         return catalog.load_table(identifier)
     except NoSuchTableError:
@@ -178,10 +170,3 @@ def load_or_create_quarantine_table(catalog: Catalog, spec: PipelineSpec) -> Tab
     return catalog.create_table_if_not_exists(
         identifier, schema=build_quarantine_schema(spec), properties=TABLE_PROPERTIES
     )
-
-
-def arrow_schema(table_schema: Schema) -> pa.Schema:
-    """The Arrow schema matching an Iceberg schema (field ids kept as metadata)."""
-    from pyiceberg.io.pyarrow import schema_to_pyarrow
-
-    return schema_to_pyarrow(table_schema)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ingestion.exceptions import TopicNotFoundError
+from ingestion.ranges import Key
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
     from ingestion.spec import PipelineSpec
 
 
-Key = tuple[str, int]
 Ranges = dict[Key, tuple[int, int]]  # (topic, partition) -> [start, end)
 
 

@@ -6,8 +6,6 @@ from datetime import timedelta
 
 from dagster import (
     AssetCheckResult,
-    AssetCheckSeverity,
-    AssetCheckSpec,
     AssetExecutionContext,
     AssetKey,
     AssetObservation,
@@ -20,11 +18,12 @@ from dagster import (
     multi_asset,
 )
 
-from ingestion.health import check_group_consistency, commits_of
+from ingestion.checks import GROUP_CHECK, check_group_consistency
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
-from ingestion.status import GROUP_CHECK
+from ingestion.state import commits_of
 from ingestion.topics import describe_topic, list_matching_topics, read_newest_timestamp_ms
+from platform_assets.checks import check_spec, to_result
 from platform_assets.metadata import commit_log_metadata, run_metadata, topic_metadata
 from platform_assets.pipelines import (
     commit_state_key,
@@ -80,7 +79,7 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
         group_name=spec.name,
         kinds={"iceberg", "spark"},
         description=f"Iceberg table {spec.table}: every record of {sources} exactly once, with "
-        f"its Kafka coordinates (group {spec.effective_commit_group_id!r}).",
+        f"its Kafka coordinates (group {spec.consumer_group_id!r}).",
         freshness_policy=FreshnessPolicy.time_window(
             # Dagster's minimum window is one minute.
             fail_window=timedelta(seconds=max(60, spec.freshness_bound_seconds))
@@ -111,12 +110,7 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
                 description=f"Records of {spec.name!r} that could not be decoded, with the error.",
             )
         )
-    check = AssetCheckSpec(
-        GROUP_CHECK,
-        asset=table.key,
-        blocking=True,
-        description="Group ids agree in the spec, the table and Kafka; no foreign consumers.",
-    )
+    check = check_spec(spec, GROUP_CHECK, blocking=True)
 
     @multi_asset(
         name=f"ingest_{spec.name}",
@@ -133,16 +127,9 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if context.selected_asset_check_keys:
-            yield AssetCheckResult(
-                asset_key=table.key,
-                check_name=GROUP_CHECK,
-                passed=finding.passed,
-                severity=AssetCheckSeverity(finding.severity),
-                description=finding.message,
-                metadata=finding.metadata,
-            )
+            yield to_result(spec, GROUP_CHECK.name, finding)
         if table.key in context.selected_asset_keys:
-            if not finding.passed and finding.severity == "ERROR":
+            if finding.blocks:
                 raise Failure(f"pipeline {spec.name!r} blocked: {finding.message}")
             catalog = iceberg.load_catalog()
             report = run_pipeline(
@@ -156,27 +143,28 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
             )
             for note in report.notes:
                 context.log.warning(note)
-            if report.mirror is not None and report.mirror.error:
-                context.log.warning(report.mirror.error)
+            for error in (report.dead_letter_error, report.mirror and report.mirror.error):
+                if error:
+                    context.log.warning(error)
             yield MaterializeResult(asset_key=table.key, metadata=run_metadata(report))
             if quarantine_key(spec) in context.selected_asset_keys:
                 yield MaterializeResult(
                     asset_key=quarantine_key(spec),
                     metadata={
-                        "dead_lettered_this_run": MetadataValue.int(report.quarantined),
-                        "table": MetadataValue.text(spec.effective_quarantine_table),
+                        "quarantined_this_run": MetadataValue.int(report.quarantined),
+                        "table": MetadataValue.text(spec.quarantine_table),
                     },
                 )
         if commit_state_key(spec) in context.selected_asset_keys:
             catalog = iceberg.load_catalog()
             commits = (
-                commits_of(catalog.load_table(spec.table), spec.effective_commit_group_id)
+                commits_of(catalog.load_table(spec.table), spec.consumer_group_id)
                 if catalog.table_exists(spec.table)
                 else []
             )
             yield MaterializeResult(
                 asset_key=commit_state_key(spec),
-                metadata=commit_log_metadata(commits, spec.effective_commit_group_id),
+                metadata=commit_log_metadata(commits, spec.consumer_group_id),
             )
 
     return _ingest

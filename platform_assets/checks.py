@@ -1,7 +1,9 @@
-"""Asset checks on each pipeline's table, evaluated from one read of the pipeline's state.
+"""The table's asset checks: the engine's checks (:mod:`ingestion.checks`), as Dagster results.
 
-The blocking ``group_id_consistency`` check lives on the ingestion multi-asset (it must run
-before ingestion); the others are here. Each message says what is wrong and how to fix it.
+Nothing is evaluated here: this module reads through the resources, asks the engine's check
+functions, and translates each finding into an ``AssetCheckResult``. The blocking
+``group_id_consistency`` check is declared on the ingestion multi-asset (it must run before
+ingestion, see assets.py); the others are here.
 """
 
 from collections.abc import Iterator
@@ -16,62 +18,32 @@ from dagster import (
     multi_asset_check,
 )
 
-from ingestion.audit import audit_table, verify_latest_commit
-from ingestion.health import Finding
+from ingestion.audit import audit_pipeline
+from ingestion.checks import (
+    ALL_CHECKS,
+    AUDIT_CHECK,
+    STATE_CHECKS,
+    CheckDef,
+    Finding,
+    check_exactly_once,
+)
 from ingestion.spec import PipelineSpec
-from ingestion.status import GROUP_CHECK, STATE_CHECKS
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
-AUDIT_CHECK = "exactly_once_audit"
-
 
 def audit_finding(
     spec: PipelineSpec, iceberg: IcebergCatalogResource, kafka: KafkaResource
 ) -> Finding:
-    """The oracle in production: duplicates, regressions, shared files and overruns from the
-    metadata columns and the snapshot lineage, and the newest commit's record count against an
-    independent read_committed count of its ranges in Kafka."""
-    catalog = iceberg.load_catalog()
-    if not catalog.table_exists(spec.table):
-        return Finding(True, "ERROR", "the table does not exist yet", {})
-    quarantine = None
-    if catalog.table_exists(spec.effective_quarantine_table):
-        quarantine = catalog.load_table(spec.effective_quarantine_table)
-    table = catalog.load_table(spec.table)
-    result = audit_table(table, spec.effective_commit_group_id, quarantine)
-    counted, counting = verify_latest_commit(
-        table, spec.effective_commit_group_id, kafka.client_config(), spec.name
-    )
-    metadata = {
-        "rows": result.rows,
-        "quarantined": result.quarantined,
-        "duplicates": len(result.duplicates),
-        "regressions": len(result.regressions),
-        "duplicate_files": len(result.duplicate_files),
-        "newest_commit_count": counting,
-    }
-    if counted is False:
-        result.commit_mismatches.append(counting)
-    if result.ok:
-        return Finding(
-            True, "ERROR", f"each (topic, partition, offset) once: {result.summary()}", metadata
-        )
-    return Finding(
-        False,
-        "ERROR",
-        (
-            f"exactly-once violated: {result.summary()}. Stop the pipeline's runs, keep the "
-            "snapshots, and inspect the listed coordinates and snapshots."
-        ),
-        metadata,
-    )
+    """The exactly-once audit of the pipeline's table (reads the table and recounts Kafka)."""
+    audit, newest = audit_pipeline(spec, iceberg.load_catalog(), kafka.client_config())
+    return check_exactly_once(spec.table, audit, newest)
 
 
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
-    """A check result from a finding."""
+    """A check result from a (not skipped) finding."""
     return AssetCheckResult(
         asset_key=table_key(spec),
         check_name=name,
@@ -82,39 +54,43 @@ def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResu
     )
 
 
+def check_spec(spec: PipelineSpec, check: CheckDef, blocking: bool = False) -> AssetCheckSpec:
+    """The Dagster spec of one of the engine's checks on the pipeline's table."""
+    return AssetCheckSpec(
+        check.name, asset=table_key(spec), description=check.description, blocking=blocking
+    )
+
+
 def pipeline_check_keys(spec: PipelineSpec) -> list[AssetCheckKey]:
     """Every check of the pipeline's table, the blocking group check included."""
-    names = [GROUP_CHECK, *STATE_CHECKS, AUDIT_CHECK]
-    return [AssetCheckKey(table_key(spec), name) for name in names]
+    return [AssetCheckKey(table_key(spec), check.name) for check in ALL_CHECKS]
 
 
 def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
-    """The table asset's checks (all but the blocking group check)."""
-    specs = [
-        AssetCheckSpec(name, asset=table_key(spec), description=description)
-        for name, (description, _) in STATE_CHECKS.items()
-    ]
-    specs.append(
-        AssetCheckSpec(
-            AUDIT_CHECK,
-            asset=table_key(spec),
-            description=(
-                "No duplicate (topic, partition, offset), offset regression or shared file."
-            ),
-        )
-    )
+    """The table asset's checks (all but the blocking group check).
+
+    A check that cannot be evaluated (the audit before the table exists) yields no result: the
+    run logs why and Dagster records the check as skipped.
+    """
+    specs = [check_spec(spec, check) for check in (*STATE_CHECKS, AUDIT_CHECK)]
 
     @multi_asset_check(name=f"{spec.name}_checks", specs=specs, can_subset=True)
     def _checks(
         context: AssetCheckExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> Iterator[AssetCheckResult]:
         selected = {key.name for key in context.selected_asset_check_keys}
-        if selected & STATE_CHECKS.keys():
+        findings: dict[str, Finding] = {}
+        if selected & {check.name for check in STATE_CHECKS}:
             state = read_pipeline_state(spec, kafka, iceberg)
-            for name, (_, evaluate) in STATE_CHECKS.items():
-                if name in selected:
-                    yield to_result(spec, name, evaluate(state))
-        if AUDIT_CHECK in selected:
-            yield to_result(spec, AUDIT_CHECK, audit_finding(spec, iceberg, kafka))
+            for check in STATE_CHECKS:
+                if check.name in selected and check.evaluate is not None:
+                    findings[check.name] = check.evaluate(state)
+        if AUDIT_CHECK.name in selected:
+            findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka)
+        for name, finding in findings.items():
+            if finding.skipped:
+                context.log.info(f"{name} skipped: {finding.message}")
+            else:
+                yield to_result(spec, name, finding)
 
     return _checks

@@ -17,8 +17,15 @@ import json
 import os
 import sys
 
+from ingestion.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks
 from ingestion.spec import PipelineSpec, StartingPosition
-from ingestion.status import GROUP_CHECK, PipelineStatus, read_status
+from ingestion.status import PipelineStatus, build_status
+from platform_assets.checks import audit_finding
+from platform_assets.operations import (
+    maintain_pipeline_table,
+    migrate_group_offsets,
+    reset_offsets,
+)
 from platform_assets.pipelines import load_pipelines
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
@@ -51,11 +58,11 @@ def pipeline_status(
 ) -> PipelineStatus:
     """One pipeline's status, every check included (the audit scans the table's offset columns:
     ``audit=False`` skips it on very large tables)."""
-    from platform_assets.checks import AUDIT_CHECK, audit_finding
-
-    state = read_pipeline_state(spec, kafka, iceberg)
-    extra = {AUDIT_CHECK: audit_finding(spec, iceberg, kafka)} if audit else {}
-    return read_status(state, kafka.client_config(), extra)
+    state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
+    findings = evaluate_state_checks(state)
+    if audit:
+        findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka)
+    return build_status(state, findings)
 
 
 def print_status(status: PipelineStatus) -> None:
@@ -77,8 +84,12 @@ def print_status(status: PipelineStatus) -> None:
         )
     for name, message in status.failing.items():
         print(f"  FAILING {name}: {message}")
+    skipped = {n: c["message"] for n, c in status.checks.items() if c["skipped"]}
+    for name, message in skipped.items():
+        print(f"  skipped {name}: {message}")
     if not status.failing:
-        print(f"  checks: all {len(status.checks)} pass ({', '.join(status.checks)})")
+        ran = [name for name in status.checks if name not in skipped]
+        print(f"  checks: all {len(ran)} pass ({', '.join(ran)})")
 
 
 def parse_position(text: str) -> StartingPosition:
@@ -121,15 +132,26 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "status":
             for item in statuses:
                 print_status(item)
-        blocking = [s for s in statuses if GROUP_CHECK in s.failing]
+        blocking = [s for s in statuses if GROUP_CHECK.name in s.failing]
         for item in blocking if args.command == "validate" else []:
-            print(f"{item.pipeline}: {item.failing[GROUP_CHECK]}")
+            print(f"{item.pipeline}: {item.failing[GROUP_CHECK.name]}")
         if args.command == "validate" and not blocking:
             print(f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree")
         return 1 if args.command == "validate" and blocking else 0
-    from platform_assets import operations
-
-    return operations.run_command(args, specs[args.pipeline], kafka, iceberg)
+    if args.pipeline not in specs:
+        raise SystemExit(f"platform: unknown pipeline {args.pipeline!r}; known: {sorted(specs)}")
+    spec = specs[args.pipeline]
+    if args.command == "reset":
+        position = parse_position(args.to)
+        lines = reset_offsets(spec, kafka, iceberg, position, args.apply, args.by, args.reason)
+    elif args.command == "migrate-group":
+        lines = migrate_group_offsets(spec, kafka, iceberg, args.new_group, args.by, args.reason)
+    else:
+        lines = maintain_pipeline_table(
+            spec, iceberg, args.retention_hours * 3600, args.orphan_window_hours * 3600
+        )
+    print("\n".join(lines))
+    return 0
 
 
 if __name__ == "__main__":

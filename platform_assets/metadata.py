@@ -7,12 +7,13 @@ from typing import Any
 
 from dagster import MetadataValue, TableColumn, TableRecord, TableSchema
 
-from ingestion.health import Commit
+from ingestion.ranges import Key
 from ingestion.run import RunReport
+from ingestion.state import Commit
 from ingestion.topics import TopicState
 
 
-def _offsets(offsets: dict[tuple[str, int], int]) -> MetadataValue:
+def _offsets(offsets: dict[Key, int]) -> MetadataValue:
     return MetadataValue.json({f"{t}:{p}": o for (t, p), o in sorted(offsets.items())})
 
 
@@ -25,7 +26,7 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
     metadata: dict[str, Any] = {
         "committed": MetadataValue.bool(report.committed),
         "records": MetadataValue.int(report.records),
-        "dead_lettered": MetadataValue.int(report.quarantined),
+        "quarantined": MetadataValue.int(report.quarantined),
         "bytes": MetadataValue.int(report.bytes_written),
         "files": MetadataValue.int(report.files),
         "lag_after": MetadataValue.int(report.lag_after),
@@ -48,6 +49,10 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
         metadata["lost_ranges"] = MetadataValue.text("; ".join(report.lost_ranges))
     if report.mirror is not None:
         metadata["kafka_group_mirror"] = MetadataValue.text(report.mirror.error or "ok")
+    if report.dead_letter_error is not None:
+        metadata["dead_letter_topic_copy"] = MetadataValue.text(report.dead_letter_error)
+    elif report.dead_letter_copies:
+        metadata["dead_letter_copies"] = MetadataValue.int(report.dead_letter_copies)
     return metadata
 
 
@@ -56,7 +61,7 @@ COMMIT_COLUMNS = [
     TableColumn("snapshot_id", "string"),
     TableColumn("commit_id", "string"),
     TableColumn("records", "int"),
-    TableColumn("dead_lettered", "int"),
+    TableColumn("quarantined", "int"),
     TableColumn("run_id", "string"),
     TableColumn("offsets", "string"),
 ]
@@ -73,7 +78,7 @@ def commit_log_metadata(commits: list[Commit], group_id: str, shown: int = 20) -
                 "snapshot_id": str(c.snapshot_id),
                 "commit_id": c.properties.get(COMMIT_ID, ""),
                 "records": c.records,
-                "dead_lettered": c.dead_lettered,
+                "quarantined": c.quarantined,
                 "run_id": c.properties.get(RUN_ID, ""),
                 "offsets": ", ".join(f"{t}:{p}={o}" for (t, p), o in sorted(c.offsets.items())),
             }

@@ -1,8 +1,9 @@
-"""Operator actions shared by the CLI (and the Dagster operation jobs): reset, migrate, maintain."""
+"""Operator actions shared by the CLI and the Dagster operation jobs: reset, migrate, maintain.
+
+Each returns the lines that describe what it did; the caller prints or records them."""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from ingestion.maintenance import maintain_table
@@ -40,42 +41,35 @@ def reset_offsets(
     return [*lines, f"committed in snapshot {snapshot}"]
 
 
-def run_command(
-    args: argparse.Namespace,
+def migrate_group_offsets(
     spec: PipelineSpec,
     kafka: KafkaResource,
     iceberg: IcebergCatalogResource,
-) -> int:
-    """Run ``reset``, ``migrate-group`` or ``maintain`` for the CLI."""
-    from platform_assets.cli import parse_position
+    new_group: str,
+    requested_by: str,
+    reason: str,
+) -> list[str]:
+    """Carry the offsets to ``new_group`` (one commit); return the lines describing it."""
+    migration = migrate_group(
+        iceberg.load_catalog(), spec, new_group, kafka.get_admin_client(), requested_by, reason
+    )
+    return [
+        f"offsets carried to {new_group!r} in snapshot {migration.snapshot_id}",
+        f"Kafka group {new_group!r} mirror: {migration.mirror.error or 'ok'}",
+        f"old Kafka group {spec.consumer_group_id!r} left as is: {migration.old_group_offsets}",
+        f"now set consumer_group_id: {new_group} for pipeline {spec.name!r}",
+    ]
 
-    if args.command == "reset":
-        for line in reset_offsets(
-            spec, kafka, iceberg, parse_position(args.to), args.apply, args.by, args.reason
-        ):
-            print(line)
-    elif args.command == "migrate-group":
-        migration = migrate_group(
-            iceberg.load_catalog(),
-            spec,
-            args.new_group,
-            kafka.get_admin_client(),
-            args.by,
-            args.reason,
-        )
-        print(f"offsets carried to {args.new_group!r} in snapshot {migration.snapshot_id}")
-        print(f"Kafka group {args.new_group!r} mirror: {migration.mirror.error or 'ok'}")
-        print(
-            f"old Kafka group {spec.consumer_group_id!r} left as is: {migration.old_group_offsets}"
-        )
-        print(f"now set consumer_group_id: {args.new_group} for pipeline {spec.name!r}")
-    else:
-        table = iceberg.load_catalog().load_table(spec.table)
-        report = maintain_table(table, args.retention_hours * 3600, args.orphan_window_hours * 3600)
-        print(
-            f"compacted {report.files_compacted} files into {report.files_written} "
-            f"({report.rows_rewritten} rows); expired {report.expired_snapshots} snapshots, kept "
-            f"{report.kept_for_watermark} for the offsets watermark; removed "
-            f"{len(report.orphans_removed)} orphan files"
-        )
-    return 0
+
+def maintain_pipeline_table(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource, retention_s: float, orphan_window_s: float
+) -> list[str]:
+    """Compact, expire and remove orphans on the pipeline's table; return the summary line."""
+    table = iceberg.load_catalog().load_table(spec.table)
+    report = maintain_table(table, retention_s, orphan_window_s)
+    return [
+        f"compacted {report.files_compacted} files into {report.files_written} "
+        f"({report.rows_rewritten} rows); expired {report.expired_snapshots} snapshots, kept "
+        f"{report.kept_for_watermark} for the offsets watermark; removed "
+        f"{len(report.orphans_removed)} orphan files"
+    ]

@@ -30,7 +30,7 @@ def table_key(spec: PipelineSpec) -> AssetKey:
 
 def quarantine_key(spec: PipelineSpec) -> AssetKey:
     """The quarantine (dead-letter) table asset."""
-    return AssetKey(["iceberg", *spec.effective_quarantine_table.split(".")])
+    return AssetKey(["iceberg", *spec.quarantine_table.split(".")])
 
 
 def commit_state_key(spec: PipelineSpec) -> AssetKey:

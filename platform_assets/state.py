@@ -1,21 +1,31 @@
-"""Reading a pipeline's state for checks and sensors, through the resources."""
+"""Reading a pipeline's state for checks, sensors and the CLI, through the resources."""
 
 from __future__ import annotations
 
-from ingestion.health import PipelineState, read_state
 from ingestion.spec import PipelineSpec
+from ingestion.state import PipelineState, read_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
 
 def read_pipeline_state(
-    spec: PipelineSpec, kafka: KafkaResource, iceberg: IcebergCatalogResource
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+    with_oldest: bool = False,
 ) -> PipelineState:
-    """The table's offsets and Kafka's metadata for ``spec``; consumes and commits nothing."""
+    """The table's offsets and Kafka's metadata for ``spec`` (with ``with_oldest``, also the
+    timestamp of each lagging partition's oldest uncommitted record); commits nothing."""
     catalog = iceberg.load_catalog()
     table = catalog.load_table(spec.table) if catalog.table_exists(spec.table) else None
     consumer = kafka.get_consumer()
     try:
-        return read_state(spec, table, kafka.get_admin_client(), consumer)
+        return read_state(
+            spec,
+            table,
+            kafka.get_admin_client(),
+            consumer,
+            kafka.client_config() if with_oldest else None,
+        )
     finally:
         consumer.close()

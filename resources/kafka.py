@@ -7,15 +7,11 @@ from typing import TYPE_CHECKING, Any
 from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field, field_validator
 
+from ingestion.consumer import ENGINE_OWNED_PROPERTIES, consumer_config
+
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient
-
-# Properties the engine owns: a user-supplied value would break exactly-once reads (see
-# ARCHITECTURE.md, rule 3), so they are rejected instead of silently overridden.
-ENGINE_OWNED_PROPERTIES = frozenset(
-    {"enable.auto.commit", "auto.offset.reset", "isolation.level", "group.id"}
-)
 
 
 class KafkaResource(ConfigurableResource):
@@ -87,21 +83,12 @@ class KafkaResource(ConfigurableResource):
         return Producer({**defaults, **self.client_config(), **overrides})
 
     def get_consumer(self, **overrides: Any) -> Consumer:
-        """Return a consumer for ``assign()`` reads: no group membership, no auto commit.
-
-        ``isolation.level=read_committed`` and ``auto.offset.reset=error`` are the defaults, so
-        a read never sees aborted records and never jumps silently to another offset.
-        """
+        """Return a consumer for ``assign()`` reads with the engine's settings
+        (:func:`ingestion.consumer.consumer_config`: no group membership, no commit,
+        ``read_committed``, ``auto.offset.reset=error``); ``overrides`` win (tests only)."""
         from confluent_kafka import Consumer
 
-        defaults = {
-            "group.id": "kafka-iceberg-platform-reader",  # required by librdkafka; never joined
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "error",
-            "isolation.level": "read_committed",
-        }
-        return Consumer({**defaults, **self.client_config(), **overrides})
+        return Consumer({**consumer_config(self.client_config(), "platform-reader"), **overrides})
 
     def get_cluster_id(self, timeout_s: float = 10.0) -> str:
         """Return the Kafka cluster id, stored next to the offsets to detect a swapped cluster."""

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import TopicPartition
 
+from ingestion.consumer import open_consumer
 from ingestion.exceptions import TopicNotFoundError
-from ingestion.read import reader_config
 from ingestion.topics import (
     TopicState,
     describe_topic,
@@ -105,18 +105,13 @@ def test_first_timestamps_cross_marker_only_ranges_without_waiting(
 ) -> None:
     """A range holding only a transaction marker ends when the position passes it, not at the
     timeout; a range with a record yields that record's timestamp."""
-    from confluent_kafka import Consumer
-
     topic = create_topic(partitions=2)
     produce_mixed_transactions(kafka, topic, ledger)
-    consumer = Consumer(reader_config(kafka.client_config(), "first-timestamps"))
     started = time.monotonic()
-    try:
+    with open_consumer(kafka.client_config(), "first-timestamps") as consumer:
         found = read_first_timestamps_ms(
             consumer, {(topic, 0): (5, 6), (topic, 1): (0, 4)}, timeout_s=60
         )
-    finally:
-        consumer.close()
     assert set(found) == {(topic, 1)}
     assert time.monotonic() - started < 30  # not the 60 s timeout
 

@@ -91,7 +91,7 @@ def test_avro_pipeline_derives_schema_evolves_and_quarantines(
     assert any("coupon" in change for change in report.schema_changes)
     result = harness.assert_exactly_once(spec, ledger)
     assert result.rows == 40
-    quarantine = harness.catalog.load_table(spec.effective_quarantine_table).scan().to_arrow()
+    quarantine = harness.catalog.load_table(spec.quarantine_table).scan().to_arrow()
     assert sorted(quarantine.column("error_class").to_pylist()) == [
         "BadMagicByte",
         "UnknownSchemaId",

@@ -69,7 +69,7 @@ def test_bad_records_are_quarantined_exactly_once(
     row = table.scan(row_filter="id = 99").to_arrow().to_pylist()[0]
     assert row["coupon"] == "XMAS"
     assert row["nested"] == {"a": 1}
-    quarantine = harness.catalog.load_table(spec.effective_quarantine_table)
+    quarantine = harness.catalog.load_table(spec.quarantine_table)
     all_rows = read_coordinates(quarantine)
     assert len(all_rows) == 2 * len(BAD_VALUES), "the dead run's rows stay, under its commit id"
     live = quarantine.scan().to_arrow().to_pylist()
@@ -134,10 +134,10 @@ def test_dead_letter_topic_copy_at_least_once_with_headers(
         harness.run(spec, hooks=FailureHooks({"before_mirror": crash}))
     repaired = harness.run(spec)
     assert not repaired.committed
-    assert repaired.dead_letters_published == 1
+    assert repaired.dead_letter_copies == 1
     assert repaired.mirror is not None
     assert repaired.mirror.ok
-    assert harness.run(spec).dead_letters_published == 0  # mirrored: nothing left to copy
+    assert harness.run(spec).dead_letter_copies == 0  # mirrored: nothing left to copy
     harness.assert_exactly_once(spec, ledger)
     consumer = harness.kafka.get_consumer()
     try:
@@ -167,7 +167,7 @@ def test_dead_letters_already_copied_are_not_copied_again(
     spec = make_spec(topic, "dlq_once", errors_tolerance="all", dead_letter_topic=dead)
     bad = [(b"bad1", b"{oops", None), (b"bad2", b"[1,", None)]
     ledger_producer.produce(topic, [*records(5), *bad, *records(5, 5)])
-    assert harness.run(spec).dead_letters_published == 2
+    assert harness.run(spec).dead_letter_copies == 2
     admin = harness.kafka.get_admin_client()
     rewind = ConsumerGroupTopicPartitions(spec.consumer_group_id, [TopicPartition(topic, 0, 0)])
     for future in admin.alter_consumer_group_offsets([rewind]).values():
@@ -176,7 +176,7 @@ def test_dead_letters_already_copied_are_not_copied_again(
     repaired = harness.run(spec)
 
     assert not repaired.committed
-    assert repaired.dead_letters_published == 0
+    assert repaired.dead_letter_copies == 0
     assert repaired.mirror is not None
     assert repaired.mirror.ok
     consumer = harness.kafka.get_consumer()

@@ -120,7 +120,7 @@ def test_crash_at_each_hook_then_rerun(
     harness.run(spec)
     harness.run(spec)
     harness.assert_exactly_once(spec, ledger)
-    state = find_committed_state(harness.table(spec), spec.effective_commit_group_id)
+    state = find_committed_state(harness.table(spec), spec.consumer_group_id)
     assert state is not None
     group = harness.kafka.get_admin_client()
     mirrored = read_group_offsets(group, spec.consumer_group_id)
@@ -342,7 +342,7 @@ def test_boundaries_single_record_and_impossible_end(
 ) -> None:
     """R17: exactly one record; a planned end past the real end fails the task, no commit."""
     from ingestion.ranges import OffsetRange
-    from ingestion.read import TaskSpec, read_range
+    from ingestion.task import TaskSpec, read_range
 
     topic = create_topic(partitions=1)
     spec = make_spec(topic, "one_record")
@@ -509,7 +509,7 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
     spec = make_spec(topic, "prod_oracle")
     ledger_producer.produce(topic, records(40))
     harness.run(spec)
-    group, config = spec.effective_commit_group_id, harness.kafka.client_config()
+    group, config = spec.consumer_group_id, harness.kafka.client_config()
     assert verify_latest_commit(harness.table(spec), group, config, spec.name)[0] is None
     ledger_producer.produce(topic, records(20, first=40))
     harness.run(spec)
@@ -533,7 +533,7 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
             props.OFFSETS_PREFIX + group: props.encode_offsets(plan.next_offsets()),
             props.COMMIT_ID: plan.commit_id,
             props.RECORDS: "0",
-            props.DEAD_LETTERED: "0",
+            props.QUARANTINED: "0",
         },
     )
     ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)

@@ -36,7 +36,7 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 
 def assert_mirror_matches_table(harness: Harness, spec: Any) -> None:
-    state = find_committed_state(harness.table(spec), spec.effective_commit_group_id)
+    state = find_committed_state(harness.table(spec), spec.consumer_group_id)
     assert state is not None
     mirrored = read_group_offsets(harness.kafka.get_admin_client(), spec.consumer_group_id)
     (topic,) = spec.source_topics
@@ -180,7 +180,7 @@ def test_broker_paused_during_a_task(
         assert paused.is_set()
     if pause_s >= read_timeout_s:
         assert not harness.catalog.table_exists(spec.table) or (
-            find_committed_state(harness.table(spec), spec.effective_commit_group_id) is None
+            find_committed_state(harness.table(spec), spec.consumer_group_id) is None
         )
         assert harness.run(spec).records == 300
     harness.assert_exactly_once(spec, ledger)

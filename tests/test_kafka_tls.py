@@ -81,7 +81,7 @@ def test_ingestion_status_and_checks_over_tls(
 
     report = tls_harness.run(spec)  # Spark executors read through TLS too
 
-    assert (report.records, report.quarantined, report.dead_letters_published) == (49, 1, 1)
+    assert (report.records, report.quarantined, report.dead_letter_copies) == (49, 1, 1)
     tls_harness.assert_exactly_once(spec, ledger)
     status = pipeline_status(spec, kafka, iceberg)  # checks, mirror, audit's Kafka recount
     assert status.failing == {}

@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from ingestion import exceptions
-from ingestion.health import check_group_consistency, read_state
+from ingestion.checks import check_group_consistency
 from ingestion.hooks import FailureHooks
 from ingestion.mirror import read_group_offsets
 from ingestion.operations import apply_reset, migrate_group, plan_reset
 from ingestion.spec import PipelineSpec, StartingPosition
+from ingestion.state import read_state
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, crash, make_spec, records
 
@@ -136,7 +137,7 @@ def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
     assert report.expired_snapshots >= 2
     assert report.orphans_removed  # the crashed attempt's files
     table = harness.table(spec)
-    assert find_committed_state(table, spec.effective_commit_group_id) is not None
+    assert find_committed_state(table, spec.consumer_group_id) is not None
     assert table.scan().to_arrow().num_rows == 120
     ledger_producer.produce(topic, records(20, first=120))
     assert harness.run(spec).records == 20

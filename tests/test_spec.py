@@ -27,8 +27,8 @@ def base_spec(**changes: Any) -> dict[str, Any]:
 
 def test_valid_spec_defaults() -> None:
     spec = parse_pipeline_spec(base_spec())
-    assert spec.effective_commit_group_id == "g"
-    assert spec.effective_quarantine_table == "demo.orders_quarantine"
+    assert spec.consumer_group_id == "g"
+    assert spec.quarantine_table == "demo.orders_quarantine"
     assert spec.source_topics == ["orders"]
     assert spec.errors_tolerance == "none"
     assert spec.on_data_loss == "fail"

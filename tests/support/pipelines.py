@@ -98,14 +98,10 @@ class Harness:
     ) -> AuditResult:
         """The oracle against the ledger's committed records of the spec's topics."""
         quarantine = None
-        if spec.errors_tolerance == "all" and self.catalog.table_exists(
-            spec.effective_quarantine_table
-        ):
-            quarantine = self.catalog.load_table(spec.effective_quarantine_table)
+        if spec.errors_tolerance == "all" and self.catalog.table_exists(spec.quarantine_table):
+            quarantine = self.catalog.load_table(spec.quarantine_table)
         expected = {c for c in ledger.committed() if c[0] in self.topics(spec, ledger)}
-        return audit_table(
-            self.table(spec), spec.effective_commit_group_id, quarantine, expected, lost
-        )
+        return audit_table(self.table(spec), spec.consumer_group_id, quarantine, expected, lost)
 
     @staticmethod
     def topics(spec: PipelineSpec, ledger: Ledger) -> set[str]:

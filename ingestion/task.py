@@ -1,4 +1,4 @@
-"""Step 2, prepare (Spark executors): read one offset range, decode it, write data files.
+"""Step 2, prepare (the executor task): read one offset range, decode it, write data files.
 
 A task joins no consumer group and commits nothing: it ``assign()``s its partition, seeks to
 its start, reads ``read_committed`` until its position reaches the planned end (offsets may
@@ -10,8 +10,6 @@ one set per range is ever committed.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +18,12 @@ import pyarrow as pa
 from ingestion import exceptions
 from ingestion._pyiceberg_compat import write_data_files
 from ingestion.avro import decode_avro
+from ingestion.consumer import iter_batches, open_consumer
 from ingestion.decode import Decoded, Rejection, decode_json, decode_keys
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.ranges import OffsetRange
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer, Message
     from pyiceberg.manifest import DataFile
     from pyiceberg.table.metadata import TableMetadata
 
@@ -81,81 +79,17 @@ class _Raw:
     timestamps: list[int] = field(default_factory=list)
 
 
-def reader_config(kafka_config: dict[str, Any], pipeline: str) -> dict[str, Any]:
-    """Consumer settings for ``assign()`` reads: never joins or commits to a group (R25)."""
-    return {
-        **kafka_config,
-        "group.id": f"kafka-iceberg-{pipeline}-reader",  # required by librdkafka; never joined
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "error",
-        "isolation.level": "read_committed",
-    }
-
-
-def iter_batches(
-    consumer: Consumer, rng: OffsetRange, timeout_s: float, where: str
-) -> Iterator[list[Message]]:
-    """Yield the visible records of ``[start, end)`` in batches; done when the position reaches
-    the end.
-
-    Offsets may have gaps (transaction markers, compaction): the loop never waits for offset
-    end - 1. Records at or after the end (produced after the plan) are not yielded.
-
-    Raises:
-        ReadError: a broker error, or no progress for ``timeout_s`` (an impossible end, R17).
-    """
-    from confluent_kafka import TopicPartition
-
-    consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-    position, last_progress = rng.start, time.monotonic()
-    while position < rng.end:
-        # Ask for no more than the offsets left: consume() then returns as soon as they are
-        # in, instead of waiting out its timeout at the end of every range.
-        wanted = min(10_000, rng.end - position)
-        batch = consumer.consume(num_messages=wanted, timeout=0.5)
-        failed = next((m for m in batch if m.error() is not None), None)
-        if failed is not None:
-            raise exceptions.ReadError(f"{where}: {failed.error()}")
-        if batch and int(batch[-1].offset() or 0) >= rng.end:  # only the last batch can
-            batch = [m for m in batch if int(m.offset() or 0) < rng.end]
-        if batch:
-            yield batch
-        (current,) = consumer.position([TopicPartition(rng.topic, rng.partition)])
-        if current.offset > position:
-            position, last_progress = current.offset, time.monotonic()
-        elif time.monotonic() - last_progress > timeout_s:
-            raise exceptions.ReadError(
-                f"{where}: no progress past offset {position} for {timeout_s:.0f} s "
-                "(planned end beyond the log, or broker unavailable); nothing was committed"
-            )
-    consumer.unassign()
-
-
-def iter_range(
-    consumer: Consumer, rng: OffsetRange, timeout_s: float, where: str
-) -> Iterator[Message]:
-    """Yield the visible records of ``[start, end)`` one by one (see :func:`iter_batches`)."""
-    for batch in iter_batches(consumer, rng, timeout_s, where):
-        yield from batch
-
-
 def read_range(spec: TaskSpec) -> _Raw:
     """Read ``[start, end)`` of one partition; raise :class:`ReadError` if it cannot finish."""
-    from confluent_kafka import Consumer
-
     rng = spec.range
     where = f"pipeline {spec.pipeline!r}, {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})"
     raw = _Raw()
-    consumer = Consumer(reader_config(spec.kafka_config, spec.pipeline))
-    try:
+    with open_consumer(spec.kafka_config, f"{spec.pipeline}-reader") as consumer:
         for batch in iter_batches(consumer, rng, spec.read_timeout_s, where):
             raw.offsets += [m.offset() or 0 for m in batch]
             raw.keys += [m.key() for m in batch]
             raw.values += [m.value() for m in batch]
             raw.timestamps += [m.timestamp()[1] for m in batch]
-    finally:
-        consumer.close()
     return raw
 
 

@@ -1,4 +1,4 @@
-"""The check evaluations as pure functions over a pipeline state (unit level)."""
+"""The checks as pure functions over what was read: a pipeline state, an audit (unit level)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,22 @@ from typing import Any
 
 import pytest
 
-from ingestion.health import (
-    Commit,
-    PipelineState,
+from ingestion.audit import AuditResult, CommitVerification
+from ingestion.checks import (
+    AUDIT_CHECK,
+    GROUP_CHECK,
+    STATE_CHECKS,
     check_commit_freshness,
     check_dead_letter_rate,
+    check_exactly_once,
     check_group_consistency,
     check_retention_risk,
     check_watermark_reachable,
+    evaluate_state_checks,
 )
 from ingestion.offsets import CommittedState, TopicOffsets
-from ingestion.status import GROUP_CHECK, STATE_CHECKS, build_status, evaluate_checks
+from ingestion.state import Commit, PipelineState
+from ingestion.status import build_status
 from ingestion.topics import PartitionState, TopicState
 from tests.support.pipelines import make_spec
 
@@ -45,7 +50,14 @@ def state(
 
 
 def commit(age_s: float, records: int = 10, dead: int = 0, now_ms: int = 1_000_000) -> Commit:
-    return Commit(1, now_ms - int(age_s * 1000), records, dead, {}, {})
+    return Commit(
+        snapshot_id=1,
+        timestamp_ms=now_ms - int(age_s * 1000),
+        records=records,
+        quarantined=dead,
+        offsets={},
+        properties={},
+    )
 
 
 @pytest.mark.parametrize(
@@ -143,12 +155,13 @@ def test_build_status(
     failing: list[str],
 ) -> None:
     """Lag, its age (the oldest uncommitted record over all partitions) and the failing checks."""
-    status = build_status(current, oldest_ms, evaluate_checks(current), now_ms=1_000_000)
+    current.oldest_uncommitted_ms = oldest_ms
+    status = build_status(current, evaluate_state_checks(current), now_ms=1_000_000)
     assert status.lag_records == lag
     assert status.oldest_uncommitted_age_s == oldest_age
     assert status.last_commit_age_s == last_age
     assert sorted(status.failing) == failing
-    assert set(status.checks) == {GROUP_CHECK, *STATE_CHECKS}
+    assert set(status.checks) == {GROUP_CHECK.name, *(check.name for check in STATE_CHECKS)}
     by_partition = {p.partition: p for p in status.partitions}
     assert sum(p.lag for p in status.partitions) == lag
     for (topic, partition), stamp in oldest_ms.items():
@@ -156,3 +169,43 @@ def test_build_status(
             (1_000_000 - stamp) / 1000, 1
         )
     assert status.to_dict()["failing_checks"] == status.failing
+
+
+@pytest.mark.parametrize(
+    ("audit", "newest", "outcome", "text"),
+    [
+        (None, None, "skipped", "does not exist yet"),
+        (AuditResult(rows=5), CommitVerification(True, "5 = 5"), "passed", "once: 5 rows"),
+        (AuditResult(rows=5), CommitVerification(None, "first commit"), "passed", "once"),
+        (
+            AuditResult(rows=5, duplicates=[("t", 0, 3)]),
+            CommitVerification(True, "5 = 5"),
+            "failed",
+            "duplicates: 1",
+        ),
+        (
+            AuditResult(rows=5),
+            CommitVerification(False, "added 5 but Kafka holds 6"),
+            "failed",
+            "commit count: added 5 but Kafka holds 6",
+        ),
+    ],
+    ids=["no-table", "clean", "not-verifiable", "duplicate", "count-mismatch"],
+)
+def test_exactly_once_audit(
+    audit: AuditResult | None, newest: CommitVerification | None, outcome: str, text: str
+) -> None:
+    """Loss shows as a count mismatch, duplicates as such; a missing table is not a pass."""
+    finding = check_exactly_once("demo.orders", audit, newest)
+    observed = "skipped" if finding.skipped else "passed" if finding.passed else "failed"
+    assert observed == outcome
+    assert text in finding.message
+    assert finding.blocks is (outcome == "failed")
+
+
+def test_every_check_has_one_name() -> None:
+    """The registry names each check once; the Dagster layer and the CLI take names from it."""
+    names = [check.name for check in (GROUP_CHECK, *STATE_CHECKS, AUDIT_CHECK)]
+    assert len(set(names)) == len(names) == 6
+    assert GROUP_CHECK.blocking
+    assert not any(check.blocking for check in STATE_CHECKS)
