@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("platform_assets", "resources", "ingestion", "bench", "scripts")
-# Each layer may import only from the layers after it (ARCHITECTURE: dependencies point down).
+# Each layer may import only from the layers after it: dependencies point down (README, Layout).
 LAYERS = ("bench", "scripts", "platform_assets", "resources", "ingestion")
 
 
