@@ -105,16 +105,15 @@ def test_dependencies_point_down(layer: str) -> None:
 
 
 def test_engine_imports_no_dagster() -> None:
-    offenders = [
-        str(path.relative_to(ROOT))
-        for path in (ROOT / "ingestion").rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        and any(
-            name.split(".")[0] == "dagster"
-            for name in (
-                [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            )
-        )
-    ]
+    offenders = []
+    for path in (ROOT / "ingestion").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            if any(name.split(".")[0] == "dagster" for name in names):
+                offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
