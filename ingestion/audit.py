@@ -1,4 +1,4 @@
-"""The oracle of RELIABILITY.md as code: is every record in the table exactly once?
+"""The oracle of docs/reliability.md as code: is every record in the table exactly once?
 
 It reads only the Kafka metadata columns (and the snapshot lineage), so it stays cheap on a
 large table. Ground truth is optional: with an ``expected`` set (a test's producer ledger, or an

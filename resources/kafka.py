@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
 # Properties the engine owns: a user-supplied value would break exactly-once reads (see
-# ARCHITECTURE.md, rule 3), so they are rejected instead of silently overridden.
+# docs/reliability.md, rule 3), so they are rejected instead of silently overridden.
 ENGINE_OWNED_PROPERTIES = frozenset(
     {"enable.auto.commit", "auto.offset.reset", "isolation.level", "group.id"}
 )
