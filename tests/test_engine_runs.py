@@ -1,6 +1,6 @@
 """The exactly-once engine end to end on the real stack (Tansu, SQLite catalog, local Spark).
 
-Every test names its RELIABILITY.md scenario and is judged by the same oracle
+Every test names its docs/reliability.md scenario and is judged by the same oracle
 (``Harness.assert_exactly_once``: ingestion.audit against the producer's ledger).
 """
 
