@@ -17,10 +17,15 @@ from ingestion import exceptions
 from ingestion.commit import commit_data
 from ingestion.hooks import HOOK_POINTS, FailureHooks
 from ingestion.mirror import read_group_offsets
-from ingestion.offsets import OFFSETS_PREFIX, find_committed_state
+from ingestion.offsets import (
+    OFFSETS_PREFIX,
+    find_committed_state,
+    iter_ancestry,
+    snapshot_properties,
+)
 from ingestion.recovery import list_orphan_files, remove_orphan_files
 from ingestion.run import run_pipeline
-from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.ledger import Ledger, LedgerEntry, LedgerProducer
 from tests.support.pipelines import Harness, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
@@ -163,9 +168,10 @@ def test_replayed_commit_is_idempotent(
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """R5: the commit step runs twice with the same plan: no second snapshot."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "replay")
+    """R5: the commit step runs twice with the same plan (an op retry resubmits the plan, its
+    files and its snapshot properties): success, no second snapshot, no file touched."""
+    topic = create_topic(partitions=2)
+    spec = make_spec(topic, "replay", max_records_per_task=20)
     ledger_producer.produce(topic, records(50))
     captured: dict[str, Any] = {}
 
@@ -173,9 +179,25 @@ def test_replayed_commit_is_idempotent(
         captured.setdefault("plan", context["plan"])
 
     first = harness.run(spec, hooks=FailureHooks({"after_commit": capture}))
-    outcome = commit_data(harness.catalog, captured["plan"], [], {"x": "y"})
-    assert outcome.replayed
-    assert outcome.snapshot_id == first.snapshot_id
+    table = harness.table(spec)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert snapshot.snapshot_id == first.snapshot_id
+    files = [  # the first commit of the table: every live file is one the run committed
+        entry.data_file
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
+    assert len(files) == first.files >= 3
+    properties = {  # the engine's own properties, as the run passed them
+        k: v for k, v in snapshot_properties(snapshot).items() if k.startswith("kafka.")
+    }
+    outcome = commit_data(harness.catalog, captured["plan"], files, properties)
+    assert (outcome.replayed, outcome.snapshot_id) == (True, first.snapshot_id)
+    table = harness.table(spec)
+    assert [s.snapshot_id for s in table.metadata.snapshots] == [first.snapshot_id]
+    assert all(table.io.new_input(f.file_path).exists() for f in files), "a replay deletes none"
+    assert table.scan().to_arrow().num_rows == 50
     harness.assert_exactly_once(spec, ledger)
 
 
@@ -209,25 +231,34 @@ def test_concurrent_foreign_commit_is_retried(
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """R27: another writer commits (no offsets) between load and commit: refresh, retry."""
+    """R27: another writer commits (no offsets) between load and commit: refresh, re-check,
+    retry; the run commits once, on top of the foreign snapshot."""
     import pyarrow as pa
 
     topic = create_topic(partitions=1)
     spec = make_spec(topic, "foreign_writer")
     ledger_producer.produce(topic, records(30))
-    harness.run(spec)
+    before = harness.run(spec)
     ledger_producer.produce(topic, records(30, first=30))
+    fired: list[str] = []
     foreign: list[int] = []
 
-    def foreign_commit(point: str, **context: Any) -> None:
-        if not foreign:
+    def foreign_commit_on_first_attempt(point: str, **context: Any) -> None:
+        fired.append(point)
+        if point == "before_catalog_call" and not foreign:
             table = harness.table(spec)
             table.append(pa.Table.from_pylist([], schema=table.schema().as_arrow()))
-            foreign.append(1)
+            foreign.append(harness.table(spec).current_snapshot().snapshot_id)  # type: ignore[union-attr]
 
-    report = harness.run(spec, hooks=FailureHooks({"before_catalog_call": foreign_commit}))
+    hooks = FailureHooks(
+        {p: foreign_commit_on_first_attempt for p in ("before_catalog_call", "after_catalog_call")}
+    )
+    report = harness.run(spec, hooks=hooks)
     assert report.committed
-    assert foreign
+    assert fired == ["before_catalog_call", "before_catalog_call", "after_catalog_call"]
+    table = harness.table(spec)
+    lineage = [s.snapshot_id for s in iter_ancestry(table)]
+    assert lineage == [report.snapshot_id, foreign[0], before.snapshot_id]
     harness.assert_exactly_once(spec, ledger)
 
 
@@ -498,11 +529,13 @@ def test_starting_positions_apply_only_without_offsets(
 
 
 def test_production_oracle_counts_the_newest_commit_in_kafka(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
 ) -> None:
     """The audit's independent read_committed count catches a commit that advanced offsets
-    past records it did not add (a simulated lost-data bug)."""
-    from ingestion import offsets as props
+    past records it did not add (a simulated lost-data bug in a real run)."""
     from ingestion.audit import verify_latest_commit
 
     topic = create_topic(partitions=2)
@@ -516,30 +549,23 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
     ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)
     assert ok is True, message
     ledger_producer.produce(topic, records(10, first=60))
-    captured: dict[str, Any] = {}
+    skipped: list[LedgerEntry] = []
 
-    def capture_and_crash(point: str, **context: Any) -> None:
-        captured["plan"] = context["plan"]
-        raise exceptions.InjectedFailure(point)
+    def commit_past_what_was_read(point: str, **context: Any) -> None:
+        """A lost-data bug: the commit's offsets pass records that no task read."""
+        plan = context["plan"]
+        skipped.extend(ledger_producer.produce(topic, records(5, first=70)))
+        for entry in skipped:
+            key = (entry.topic, entry.partition)
+            plan.end[key] = max(plan.end[key], entry.offset + 1)
 
-    with pytest.raises(exceptions.InjectedFailure):
-        harness.run(spec, hooks=FailureHooks({"before_commit": capture_and_crash}))
-    plan = captured["plan"]
-    commit_data(
-        harness.catalog,
-        plan,
-        [],
-        {
-            props.OFFSETS_PREFIX + group: props.encode_offsets(plan.next_offsets()),
-            props.COMMIT_ID: plan.commit_id,
-            props.RECORDS: "0",
-            props.DEAD_LETTERED: "0",
-        },
-    )
+    report = harness.run(spec, hooks=FailureHooks({"before_commit": commit_past_what_was_read}))
+    assert report.records == 10
     ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)
     assert ok is False
-    assert "added 0 records" in message
-    assert "holds 10 visible records" in message
+    assert f"snapshot {report.snapshot_id} added 10 records" in message
+    assert "holds 15 visible records" in message
+    assert harness.audit(spec, ledger).missing == sorted(e.coordinates for e in skipped)
 
 
 def test_small_runs_skip_spark_large_runs_use_it(
