@@ -4,7 +4,6 @@ offsets on the real broker (integration)."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from ingestion.ranges import cap_ends, split_tasks
 from ingestion.topics import PartitionState, TopicState
 from resources.kafka import KafkaResource
 from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness, make_spec, records
+from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 
 SPEC = make_spec("orders", "unit")
 
@@ -180,7 +179,7 @@ def watermark(kafka: KafkaResource, topic: str, isolation: str) -> int:
 @pytest.mark.integration
 def test_planner_never_plans_past_an_open_transaction(
     harness: Harness,
-    create_topic: Callable[..., str],
+    new_pipeline: NewPipeline,
     kafka: KafkaResource,
     ledger_producer: LedgerProducer,
     ledger: Ledger,
@@ -192,8 +191,7 @@ def test_planner_never_plans_past_an_open_transaction(
     (a real Kafka answers the last stable offset, 3 here); either way it is below the high
     watermark (past the open records), which a read_uncommitted planner would take.
     """
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "open_transaction")
+    topic, spec = new_pipeline("open_transaction")
     ledger_producer.produce(topic, records(3, partition=0))
     transactional = LedgerProducer(kafka, ledger, **{"transactional.id": f"tx-{topic}"})
     planned: list[Plan] = []
