@@ -31,7 +31,7 @@ def test_iso_text_dates_and_times_decode(value: bytes, row: tuple[object, object
 
 def test_a_bad_date_is_rejected_alone() -> None:
     """One impossible date in a batch rejects that record only; the others decode."""
-    values = [
+    values: list[bytes | None] = [
         b'{"id": 1, "day": "2026-11-23"}',
         b'{"id": 2, "day": "2026-02-30"}',
         b'{"id": 3, "day": "2026-11-24"}',
