@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 HookPoint = Literal[
     "after_plan",
@@ -19,15 +19,7 @@ HookPoint = Literal[
     "after_commit",
     "before_mirror",
 ]
-HOOK_POINTS: tuple[HookPoint, ...] = (
-    "after_plan",
-    "in_task",
-    "before_commit",
-    "before_catalog_call",
-    "after_catalog_call",
-    "after_commit",
-    "before_mirror",
-)
+HOOK_POINTS: tuple[HookPoint, ...] = get_args(HookPoint)
 
 
 @dataclass(frozen=True)
