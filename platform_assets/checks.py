@@ -17,7 +17,7 @@ from dagster import (
 )
 
 from ingestion.audit import audit_table, verify_latest_commit
-from ingestion.health import Finding
+from ingestion.health import Finding, check_group_consistency
 from ingestion.spec import PipelineSpec
 from ingestion.status import GROUP_CHECK, STATE_CHECKS
 from platform_assets.pipelines import table_key
@@ -70,6 +70,21 @@ def audit_finding(
     )
 
 
+def not_evaluated(spec: PipelineSpec) -> Finding:
+    """What a state check reports while the blocking group check fails: the state was read
+    under a group id that holds no progress, so its figures (lag, commits) would be false."""
+    return Finding(
+        False,
+        "WARN",
+        (
+            f"not evaluated: ingestion of {spec.name!r} is blocked by {GROUP_CHECK}, so the "
+            f"offsets under {spec.effective_commit_group_id!r} say nothing about the pipeline. "
+            f"Fix {GROUP_CHECK} first (its message says how)."
+        ),
+        {"blocked_by": GROUP_CHECK},
+    )
+
+
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
     """A check result from a finding."""
     return AssetCheckResult(
@@ -111,9 +126,11 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
         selected = {key.name for key in context.selected_asset_check_keys}
         if selected & STATE_CHECKS.keys():
             state = read_pipeline_state(spec, kafka, iceberg)
+            group = check_group_consistency(state)
+            blocked = not group.passed and group.severity == "ERROR"
             for name, (_, evaluate) in STATE_CHECKS.items():
                 if name in selected:
-                    yield to_result(spec, name, evaluate(state))
+                    yield to_result(spec, name, not_evaluated(spec) if blocked else evaluate(state))
         if AUDIT_CHECK in selected:
             yield to_result(spec, AUDIT_CHECK, audit_finding(spec, iceberg, kafka))
 
