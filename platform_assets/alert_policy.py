@@ -3,13 +3,13 @@
 Per check, only a change of state alerts: ok -> failing is one FAILED, a change of severity while
 failing (WARN <-> ERROR) is one FAILED, failing -> ok is one RECOVERED. A check that stays
 failing is re-sent as STILL FAILING every ``reminder_s`` seconds (0 = never). Evaluations are
-read once, in storage order, so each one counts once whoever ran it (a run, the schedule).
+read once, oldest first, so each one counts once whoever ran it (a run, the schedule).
 
-While a *blocking* check of an asset fails with ERROR, the asset's other checks are
-consequences of the block (they read the pipeline under the wrong group id, or see the lag the
-block causes): their failures neither alert nor change their state, so the first evaluation
-after the block clears decides. A run that failed only because a blocking check failed is not a
-second alert: the check's FAILED already says why and how to fix it.
+While a *blocking* check of a pipeline fails, its other checks report "not evaluated" with
+``blocked_by`` metadata (read under the wrong group id, their figures would be false): such an
+evaluation neither alerts nor changes the check's state, so the first real evaluation after the
+block clears decides. A run that failed only because a blocking check failed is not a second
+alert either: the check's FAILED already says why and how to fix it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Evaluation:
     timestamp: float
     run_id: str = ""
     blocking: bool = False
+    blocked_by: str = ""  # "not evaluated" because this blocking check fails
 
     @property
     def name(self) -> str:
@@ -59,11 +60,6 @@ class Notice:
     message: str
     run_id: str
     failing_since: float
-
-
-def blocked_assets(states: Mapping[str, State]) -> set[str]:
-    """Assets whose blocking check currently fails with ERROR."""
-    return {s["asset"] for s in states.values() if s.get("blocking") and s["status"] == "ERROR"}
 
 
 def _state(e: Evaluation, since: float, alerted_at: float | None) -> State:
@@ -94,7 +90,7 @@ def _notice(kind: NoticeKind, state: State) -> Notice:
 def apply_evaluations(
     states: Mapping[str, State], evaluations: Iterable[Evaluation], now: float, reminder_s: float
 ) -> tuple[dict[str, State], list[Notice]]:
-    """The new alert states and the notices to send, for ``evaluations`` in storage order.
+    """The new alert states and the notices to send, for ``evaluations`` oldest first.
 
     Example:
         >>> fail = Evaluation("t", "c", False, "ERROR", "broken. Fix: x", 10.0)
@@ -109,8 +105,8 @@ def apply_evaluations(
     notices: list[Notice] = []
     for e in evaluations:
         previous = new.get(e.name)
-        if e.status != OK and not e.blocking and e.asset in blocked_assets(new):
-            continue  # a consequence of the blocked pipeline: the blocking check alerts
+        if e.blocked_by:
+            continue  # not evaluated while the pipeline is blocked: the blocking check alerts
         if e.status == OK:
             if previous is not None and previous["status"] != OK:
                 notices.append(
@@ -133,18 +129,18 @@ def apply_evaluations(
         else:
             new[e.name] = {**previous, "message": e.message, "run_id": e.run_id}
     if reminder_s > 0:
-        blocked = blocked_assets(new)
         for state in new.values():
-            if state["status"] == OK or (not state["blocking"] and state["asset"] in blocked):
-                continue
-            if now - (state["alerted_at"] or 0.0) >= reminder_s:
+            if state["status"] != OK and now - (state["alerted_at"] or 0.0) >= reminder_s:
                 state["alerted_at"] = now
                 notices.append(_notice("check_still_failing", state))
     return new, notices
 
 
-def load_cursor(raw: str | None, now: float) -> tuple[int | None, dict[str, State]]:
-    """``(storage id read up to, states)`` from the sensor's cursor; ``None`` = first tick.
+ReadUpTo = dict[str, float]  # check name -> timestamp of the newest evaluation read
+
+
+def load_cursor(raw: str | None, now: float) -> tuple[ReadUpTo | None, dict[str, State]]:
+    """``(what was read, states)`` from the sensor's cursor; ``None`` read = first tick.
 
     A cursor of the earlier alert sensor (``{name: {"id", "passed"}}``) keeps its states, as
     already alerted, so an upgrade re-sends nothing.
@@ -152,15 +148,15 @@ def load_cursor(raw: str | None, now: float) -> tuple[int | None, dict[str, Stat
     Example:
         >>> load_cursor(None, 0.0)
         (None, {})
-        >>> after, states = load_cursor('{"t / c": {"id": 3, "passed": false}}', 5.0)
-        >>> after, states["t / c"]["status"], states["t / c"]["alerted_at"]
+        >>> read, states = load_cursor('{"t / c": {"id": 3, "passed": false}}', 5.0)
+        >>> read, states["t / c"]["status"], states["t / c"]["alerted_at"]
         (None, 'ERROR', 5.0)
     """
     if not raw:
         return None, {}
     data = json.loads(raw)
-    if "after" in data and "checks" in data:
-        return data["after"], data["checks"]
+    if "read" in data and "checks" in data:
+        return data["read"], data["checks"]
     legacy: dict[str, State] = {}
     for name, old in data.items():
         asset, _, check = name.partition(" / ")
@@ -178,9 +174,9 @@ def load_cursor(raw: str | None, now: float) -> tuple[int | None, dict[str, Stat
     return None, legacy
 
 
-def dump_cursor(after: int, states: Mapping[str, State]) -> str:
-    """The sensor's cursor: the last storage id read and each check's alert state."""
-    return json.dumps({"after": after, "checks": states}, sort_keys=True)
+def dump_cursor(read: ReadUpTo, states: Mapping[str, State]) -> str:
+    """The sensor's cursor: what was read of each check, and each check's alert state."""
+    return json.dumps({"read": read, "checks": states}, sort_keys=True)
 
 
 def failed_only_because_blocked(failed_steps: set[str], blocked_steps: set[str]) -> bool:

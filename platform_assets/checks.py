@@ -71,8 +71,9 @@ def audit_finding(
 
 
 def not_evaluated(spec: PipelineSpec) -> Finding:
-    """What a state check reports while the blocking group check fails: the state was read
-    under a group id that holds no progress, so its figures (lag, commits) would be false."""
+    """What the table's other checks report while the blocking group check fails: read under
+    a group id that holds no progress, their figures (lag, commits, audit range) would be
+    false. ``blocked_by`` tells the alert policy this is no failure of its own."""
     return Finding(
         False,
         "WARN",
@@ -124,13 +125,15 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
         context: AssetCheckExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> Iterator[AssetCheckResult]:
         selected = {key.name for key in context.selected_asset_check_keys}
-        if selected & STATE_CHECKS.keys():
-            state = read_pipeline_state(spec, kafka, iceberg)
-            group = check_group_consistency(state)
-            blocked = not group.passed and group.severity == "ERROR"
-            for name, (_, evaluate) in STATE_CHECKS.items():
-                if name in selected:
-                    yield to_result(spec, name, not_evaluated(spec) if blocked else evaluate(state))
+        state = read_pipeline_state(spec, kafka, iceberg)
+        group = check_group_consistency(state)
+        if not group.passed and group.severity == "ERROR":
+            for name in sorted(selected):  # every figure would be read under the wrong group
+                yield to_result(spec, name, not_evaluated(spec))
+            return
+        for name, (_, evaluate) in STATE_CHECKS.items():
+            if name in selected:
+                yield to_result(spec, name, evaluate(state))
         if AUDIT_CHECK in selected:
             yield to_result(spec, AUDIT_CHECK, audit_finding(spec, iceberg, kafka))
 

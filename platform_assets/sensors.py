@@ -20,8 +20,7 @@ from dagster import (
     DagsterEventType,
     DagsterInstance,
     DefaultSensorStatus,
-    EventLogRecord,
-    EventRecordsFilter,
+    EventLogEntry,
     RunFailureSensorContext,
     RunRequest,
     SensorDefinition,
@@ -194,41 +193,49 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
 
 
 def read_new_evaluations(
-    instance: DagsterInstance, after: int | None, limit: int = 1000
-) -> tuple[list[EventLogRecord], int]:
-    """Completed check evaluations stored after ``after``, oldest first, and the new cursor.
+    instance: DagsterInstance,
+    keys: Sequence[AssetCheckKey],
+    read: Mapping[str, float] | None,
+    limit: int = 50,
+) -> tuple[list[Evaluation], dict[str, float]]:
+    """Completed evaluations of ``keys`` newer than ``read`` (check name -> timestamp of the
+    newest one read), oldest first, and the new ``read``.
 
-    ``after=None`` (the sensor's first tick): only the newest evaluation of each check, so
-    starting the sensor on an old instance does not replay its history.
+    A check not read before (``read=None``: the sensor's first tick) gives only its newest
+    evaluation, so starting the sensor on an old instance does not replay its history. The
+    asset-check index is read, not the event log: the default SQLite event log is sharded per
+    run, and its storage ids cannot serve as one cursor.
     """
-    if after is not None:
-        records = instance.get_event_records(
-            EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION, after_cursor=after),
-            limit=limit,
-            ascending=True,
-        )
-        return list(records), records[-1].storage_id if records else after
-    records = instance.get_event_records(
-        EventRecordsFilter(DagsterEventType.ASSET_CHECK_EVALUATION), limit=limit, ascending=False
+    # dagster 1.13.27 (pinned): the completed statuses are not exported at the top level.
+    from dagster._core.storage.asset_check_execution_record import (
+        COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES,
     )
-    newest: dict[AssetCheckKey, EventLogRecord] = {}
-    for record in records:
-        evaluation = record.event_log_entry.dagster_event
-        if evaluation is not None:
-            data = evaluation.event_specific_data
-            if isinstance(data, AssetCheckEvaluation):
-                newest.setdefault(data.asset_check_key, record)
-    ordered = sorted(newest.values(), key=lambda r: r.storage_id)
-    return ordered, max((r.storage_id for r in records), default=0)
+
+    new_read = dict(read or {})
+    found: list[Evaluation] = []
+    for key in keys:
+        name = f"{key.asset_key.to_user_string()} / {key.name}"
+        after = (read or {}).get(name)
+        records = instance.event_log_storage.get_asset_check_execution_history(
+            key,
+            limit=limit if after is not None else 1,
+            status=set(COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES),
+        )
+        for record in records:
+            evaluation = to_evaluation(record.event) if record.event else None
+            if evaluation is not None and (after is None or evaluation.timestamp > after):
+                found.append(evaluation)
+                new_read[name] = max(new_read.get(name, 0.0), evaluation.timestamp)
+    return sorted(found, key=lambda e: e.timestamp), new_read
 
 
-def to_evaluation(record: EventLogRecord) -> tuple[AssetCheckKey, Evaluation] | None:
+def to_evaluation(entry: EventLogEntry) -> Evaluation | None:
     """The alert policy's view of one stored check evaluation."""
-    entry = record.event_log_entry
     data = entry.dagster_event.event_specific_data if entry.dagster_event else None
     if not isinstance(data, AssetCheckEvaluation):
         return None
-    evaluation = Evaluation(
+    blocked_by = data.metadata.get("blocked_by")
+    return Evaluation(
         asset=data.asset_key.to_user_string(),
         check=data.check_name,
         passed=data.passed,
@@ -237,8 +244,8 @@ def to_evaluation(record: EventLogRecord) -> tuple[AssetCheckKey, Evaluation] | 
         timestamp=entry.timestamp,
         run_id=entry.run_id,
         blocking=bool(data.blocking),
+        blocked_by=str(blocked_by.value) if blocked_by is not None else "",
     )
-    return data.asset_check_key, evaluation
 
 
 def check_alert(notice: Notice, pipeline: str | None, alerts: AlertResource, now: float) -> Alert:
@@ -279,7 +286,7 @@ def build_check_alert_sensor(
     each check's alert state); planned evaluations never count. ``pipelines`` names the
     pipeline of each table asset in the alert.
     """
-    wanted = set(check_keys)
+    wanted = list(check_keys)
     owners = {key.to_user_string(): name for key, name in (pipelines or {}).items()}
 
     @sensor(
@@ -291,15 +298,12 @@ def build_check_alert_sensor(
     )
     def _alerts(context: SensorEvaluationContext, alerts: AlertResource) -> SkipReason:
         now = time.time()
-        after, states = load_cursor(context.cursor, now)
-        records, after = read_new_evaluations(context.instance, after)
-        evaluations = [
-            item[1] for item in map(to_evaluation, records) if item and item[0] in wanted
-        ]
+        read, states = load_cursor(context.cursor, now)
+        evaluations, read = read_new_evaluations(context.instance, wanted, read)
         states, notices = apply_evaluations(states, evaluations, now, alerts.reminder_hours * 3600)
         for notice in notices:
             alerts.send(check_alert(notice, owners.get(notice.asset), alerts, now))
-        context.update_cursor(dump_cursor(after, states))
+        context.update_cursor(dump_cursor(read, states))
         return SkipReason(
             f"{len(evaluations)} new evaluations of {len(wanted)} checks; "
             f"{len(notices)} alerts sent"

@@ -46,8 +46,8 @@ class Alert:
             >>> Alert("check_recovered", "pipeline 'p', check c on t", "ok", "INFO").to_text()
             "[RECOVERED] pipeline 'p', check c on t: ok"
         """
-        see = f" See {self.link}" if self.link else ""
-        return f"[{LABELS[self.kind]}] {self.title}: {self.message}{see}"
+        text = f"[{LABELS[self.kind]}] {self.title}: {self.message}"
+        return f"{text.rstrip('.')}. See {self.link}" if self.link else text
 
 
 class AlertResource(ConfigurableResource):
