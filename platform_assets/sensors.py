@@ -12,6 +12,7 @@ because the pipeline is blocked to that check alert.
 import json
 import time
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from dagster import (
     AssetCheckEvaluation,
@@ -49,6 +50,9 @@ from platform_assets.state import read_pipeline_state
 from resources.alerts import Alert, AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+
+if TYPE_CHECKING:
+    from dagster_shared.error import SerializableErrorInfo  # dagster's own error record
 
 
 def decide(
@@ -333,6 +337,13 @@ def blocked_steps(instance: DagsterInstance, run_id: str) -> tuple[set[str], dic
     return failed, blocked
 
 
+def root_cause(error: "SerializableErrorInfo") -> str:
+    """The innermost error of a step failure (Dagster wraps the op's own exception)."""
+    while error.cause is not None:
+        error = error.cause
+    return error.message.strip()
+
+
 @run_failure_sensor(name="run_failure_alerts", default_status=DefaultSensorStatus.RUNNING)
 def run_failure_alert_sensor(context: RunFailureSensorContext, alerts: AlertResource) -> None:
     """Alert once per failed run, with the failure message and a link to the run; a run that
@@ -348,7 +359,7 @@ def run_failure_alert_sensor(context: RunFailureSensorContext, alerts: AlertReso
     pipeline = run.tags.get("pipeline")
     owner = f"pipeline {pipeline!r}, " if pipeline else ""
     causes = [
-        f"{event.step_key}: {event.step_failure_data.error.message.strip()}"
+        f"{event.step_key}: {root_cause(event.step_failure_data.error)}"
         for event in context.get_step_failure_events()
         if event.step_failure_data.error is not None
     ]
