@@ -8,6 +8,7 @@ functions, so they never disagree on what a check means.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -37,8 +38,28 @@ class Finding:
 
     @property
     def blocks(self) -> bool:
-        """A failure of ERROR severity (a blocking check's failure stops ingestion)."""
+        """A failure of ERROR severity (a blocking check's failure stops ingestion).
+
+        Example:
+            >>> failed("ERROR", "x").blocks, failed("WARN", "x").blocks, passed("x").blocks
+            (True, False, False)
+        """
         return not self.passed and not self.skipped and self.severity == "ERROR"
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable while the cause is the same: messages name ids and partitions, never offsets
+        or times, so a new fingerprint means a new cause (or its fix). Sensors act once per
+        fingerprint.
+
+        Example:
+            >>> failed("ERROR", "a").fingerprint == failed("ERROR", "a").fingerprint
+            True
+            >>> failed("ERROR", "a").fingerprint == failed("ERROR", "b").fingerprint
+            False
+        """
+        text = f"{self.passed}|{self.severity}|{self.message}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def passed(message: str, metadata: dict[str, Any] | None = None) -> Finding:

@@ -22,10 +22,13 @@ from ingestion.audit import audit_pipeline
 from ingestion.checks import (
     ALL_CHECKS,
     AUDIT_CHECK,
+    GROUP_CHECK,
     STATE_CHECKS,
     CheckDef,
     Finding,
     check_exactly_once,
+    check_group_consistency,
+    failed,
 )
 from ingestion.spec import PipelineSpec
 from platform_assets.pipelines import table_key
@@ -40,6 +43,19 @@ def audit_finding(
     """The exactly-once audit of the pipeline's table (reads the table and recounts Kafka)."""
     audit, newest = audit_pipeline(spec, iceberg.load_catalog(), kafka.client_config())
     return check_exactly_once(spec.table, audit, newest)
+
+
+def not_evaluated(spec: PipelineSpec) -> Finding:
+    """What the table's other checks report while the blocking group check fails: read under
+    a group id that holds no progress, their figures (lag, commits, audit range) would be
+    false. ``blocked_by`` tells the alert policy this is no failure of its own."""
+    return failed(
+        "WARN",
+        f"not evaluated: ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}, so the "
+        f"offsets under {spec.consumer_group_id!r} say nothing about the pipeline. "
+        f"Fix {GROUP_CHECK.name} first (its message says how).",
+        {"blocked_by": GROUP_CHECK.name},
+    )
 
 
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
@@ -80,13 +96,16 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
     ) -> Iterator[AssetCheckResult]:
         selected = {key.name for key in context.selected_asset_check_keys}
         findings: dict[str, Finding] = {}
-        if selected & {check.name for check in STATE_CHECKS}:
-            state = read_pipeline_state(spec, kafka, iceberg)
+        state = read_pipeline_state(spec, kafka, iceberg)
+        if check_group_consistency(state).blocks:
+            # Read under a group id that holds no progress, every figure would be false.
+            findings = {name: not_evaluated(spec) for name in sorted(selected)}
+        else:
             for check in STATE_CHECKS:
                 if check.name in selected and check.evaluate is not None:
                     findings[check.name] = check.evaluate(state)
-        if AUDIT_CHECK.name in selected:
-            findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka)
+            if AUDIT_CHECK.name in selected:
+                findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka)
         for name, finding in findings.items():
             if finding.skipped:
                 context.log.info(f"{name} skipped: {finding.message}")
