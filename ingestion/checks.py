@@ -72,9 +72,9 @@ def failed(severity: Severity, message: str, metadata: dict[str, Any] | None = N
     return Finding(passed=False, severity=severity, message=message, metadata=metadata or {})
 
 
-def skipped(message: str) -> Finding:
+def skipped(message: str, metadata: dict[str, Any] | None = None) -> Finding:
     """A check that could not be evaluated, and why."""
-    return Finding(passed=False, skipped=True, message=message)
+    return Finding(passed=False, skipped=True, message=message, metadata=metadata or {})
 
 
 def check_group_consistency(state: PipelineState) -> Finding:
@@ -133,6 +133,14 @@ def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> F
     meta: dict[str, Any] = {"lag_records": lag, "freshness_bound_s": bound}
     if age_s is not None:
         meta["last_commit_age_s"] = round(age_s, 1)
+    if state.missing_topics:
+        return failed(
+            "ERROR",
+            f"topic(s) {state.missing_topics} of pipeline {state.spec.name!r} do not exist "
+            "(deleted, or misspelt in the spec): nothing can be ingested from them. Create "
+            "them, or fix the pipeline's topics.",
+            {**meta, "missing_topics": ", ".join(state.missing_topics)},
+        )
     if lag == 0:
         return passed("no uncommitted records: the table is current", meta)
     if age_s is not None and age_s <= bound:
@@ -283,10 +291,25 @@ AUDIT_CHECK = CheckDef(
 ALL_CHECKS = (GROUP_CHECK, *STATE_CHECKS, AUDIT_CHECK)
 
 
+def not_evaluated(state: PipelineState) -> Finding:
+    """What the other checks report while the blocking group check fails (skipped): read under
+    a group id that holds no progress, their figures (lag, commits, audit range) would be false.
+    ``blocked_by`` names the check that blocks them."""
+    spec = state.spec
+    return skipped(
+        f"not evaluated: ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}, so the "
+        f"offsets under {spec.consumer_group_id!r} say nothing about the pipeline. "
+        f"Fix {GROUP_CHECK.name} first (its message says how).",
+        {"blocked_by": GROUP_CHECK.name},
+    )
+
+
 def evaluate_state_checks(state: PipelineState) -> dict[str, Finding]:
-    """Every check computed from one state read, the blocking group-id check first."""
-    return {
-        check.name: check.evaluate(state)
-        for check in (GROUP_CHECK, *STATE_CHECKS)
-        if check.evaluate is not None
-    }
+    """Every check computed from one state read, the blocking group-id check first; while it
+    blocks, the others are :func:`not_evaluated`."""
+    group = check_group_consistency(state)
+    findings = {GROUP_CHECK.name: group}
+    for check in STATE_CHECKS:
+        if check.evaluate is not None:
+            findings[check.name] = not_evaluated(state) if group.blocks else check.evaluate(state)
+    return findings

@@ -27,8 +27,8 @@ from ingestion.checks import (
     CheckDef,
     Finding,
     check_exactly_once,
-    check_group_consistency,
-    failed,
+    evaluate_state_checks,
+    not_evaluated,
 )
 from ingestion.spec import PipelineSpec
 from platform_assets.pipelines import table_key
@@ -45,26 +45,15 @@ def audit_finding(
     return check_exactly_once(spec.table, audit, newest)
 
 
-def not_evaluated(spec: PipelineSpec) -> Finding:
-    """What the table's other checks report while the blocking group check fails: read under
-    a group id that holds no progress, their figures (lag, commits, audit range) would be
-    false. ``blocked_by`` tells the alert policy this is no failure of its own."""
-    return failed(
-        "WARN",
-        f"not evaluated: ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}, so the "
-        f"offsets under {spec.consumer_group_id!r} say nothing about the pipeline. "
-        f"Fix {GROUP_CHECK.name} first (its message says how).",
-        {"blocked_by": GROUP_CHECK.name},
-    )
-
-
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
-    """A check result from a (not skipped) finding."""
+    """A check result from a finding. A check skipped because ingestion is blocked is shown as
+    a WARN failure that says why (Dagster records no reason for a skipped check); its
+    ``blocked_by`` metadata keeps it out of the alerts."""
     return AssetCheckResult(
         asset_key=table_key(spec),
         check_name=name,
         passed=finding.passed,
-        severity=AssetCheckSeverity(finding.severity),
+        severity=AssetCheckSeverity("WARN" if finding.skipped else finding.severity),
         description=finding.message,
         metadata=finding.metadata,
     )
@@ -95,20 +84,17 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
         context: AssetCheckExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> Iterator[AssetCheckResult]:
         selected = {key.name for key in context.selected_asset_check_keys}
-        findings: dict[str, Finding] = {}
         state = read_pipeline_state(spec, kafka, iceberg)
-        if check_group_consistency(state).blocks:
-            # Read under a group id that holds no progress, every figure would be false.
-            findings = {name: not_evaluated(spec) for name in sorted(selected)}
-        else:
-            for check in STATE_CHECKS:
-                if check.name in selected and check.evaluate is not None:
-                    findings[check.name] = check.evaluate(state)
-            if AUDIT_CHECK.name in selected:
-                findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka)
+        evaluated = evaluate_state_checks(state)
+        findings = {name: f for name, f in evaluated.items() if name in selected}
+        if AUDIT_CHECK.name in selected:
+            blocked = evaluated[GROUP_CHECK.name].blocks
+            findings[AUDIT_CHECK.name] = (
+                not_evaluated(state) if blocked else audit_finding(spec, iceberg, kafka)
+            )
         for name, finding in findings.items():
-            if finding.skipped:
-                context.log.info(f"{name} skipped: {finding.message}")
+            if finding.skipped and "blocked_by" not in finding.metadata:
+                context.log.info(f"{name} skipped: {finding.message}")  # e.g. no table yet
             else:
                 yield to_result(spec, name, finding)
 

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from ingestion.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks
+from ingestion.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks, not_evaluated
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.status import PipelineStatus, build_status
 from platform_assets.checks import audit_finding
@@ -60,7 +60,9 @@ def pipeline_status(
     ``audit=False`` skips it on very large tables)."""
     state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
     findings = evaluate_state_checks(state)
-    if audit:
+    if audit and findings[GROUP_CHECK.name].blocks:
+        findings[AUDIT_CHECK.name] = not_evaluated(state)
+    elif audit:
         findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka)
     return build_status(state, findings)
 

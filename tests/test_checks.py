@@ -209,3 +209,21 @@ def test_every_check_has_one_name() -> None:
     assert len(set(names)) == len(names) == 6
     assert GROUP_CHECK.blocking
     assert not any(check.blocking for check in STATE_CHECKS)
+
+
+def test_a_missing_topic_fails_freshness_by_name() -> None:
+    """One pipeline's missing topic is named by its check; nothing else hides it."""
+    current = state({0: 10}, commits=[commit(5)], missing_topics=["orders-eu"])
+    finding = check_commit_freshness(current)
+    assert finding.blocks
+    assert "topic(s) ['orders-eu'] of pipeline 'health' do not exist" in finding.message
+
+
+def test_checks_are_not_evaluated_while_the_group_check_blocks() -> None:
+    """Under a group id that holds no progress, the other checks say why they did not run."""
+    blocked = state(None, other_groups={"cg-control"}, table_has_rows=True)
+    findings = evaluate_state_checks(blocked)
+    assert findings[GROUP_CHECK.name].blocks
+    others = [findings[check.name] for check in STATE_CHECKS]
+    assert all(f.skipped and f.metadata["blocked_by"] == GROUP_CHECK.name for f in others)
+    assert all("not evaluated" in f.message for f in others)
