@@ -18,6 +18,8 @@ HookPoint = Literal[
     "after_catalog_call",
     "after_commit",
     "before_mirror",
+    "before_compaction_commit",
+    "before_expiry_commit",
 ]
 HOOK_POINTS: tuple[HookPoint, ...] = (
     "after_plan",
@@ -27,6 +29,11 @@ HOOK_POINTS: tuple[HookPoint, ...] = (
     "after_catalog_call",
     "after_commit",
     "before_mirror",
+)
+# Points of a maintenance pass (ingestion.maintenance), not of a run.
+MAINTENANCE_HOOK_POINTS: tuple[HookPoint, ...] = (
+    "before_compaction_commit",
+    "before_expiry_commit",
 )
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion._pyiceberg_compat import write_data_files
 from ingestion.commit import commit_view
+from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.offsets import OFFSETS_PREFIX, iter_ancestry, snapshot_properties
 from ingestion.recovery import OrphanFile, remove_orphan_files
 
@@ -55,18 +56,23 @@ def watermark_path(table: Table) -> set[int]:
     return path
 
 
-def expire_snapshots(table: Table, older_than_ms: int) -> tuple[int, int]:
+def expire_snapshots(
+    table: Table, older_than_ms: int, hooks: FailureHooks = NO_HOOKS
+) -> tuple[int, int]:
     """Expire snapshots older than ``older_than_ms`` except the current one and the watermark
     path; return (expired, kept only for the watermark)."""
     keep = watermark_path(table)
     old = [s for s in table.metadata.snapshots if s.timestamp_ms < older_than_ms]
     expired = [s.snapshot_id for s in old if s.snapshot_id not in keep]
     if expired:
+        hooks.fire("before_expiry_commit", table=table, expired=expired)
         table.maintenance.expire_snapshots().by_ids(expired).commit()
     return len(expired), sum(1 for s in old if s.snapshot_id in keep)
 
 
-def compact_small_files(table: Table, min_files: int = 2) -> tuple[int, int, int]:
+def compact_small_files(
+    table: Table, min_files: int = 2, hooks: FailureHooks = NO_HOOKS
+) -> tuple[int, int, int]:
     """Rewrite each partition's files below half the target size into target-size files.
 
     Delivery: one snapshot per partition, without offsets; if the table changed meanwhile the
@@ -87,6 +93,7 @@ def compact_small_files(table: Table, min_files: int = 2) -> tuple[int, int, int
         data = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks)
         new_files = write_data_files(table.metadata, table.io, data)
         properties = {MAINTENANCE: "compaction"}
+        hooks.fire("before_compaction_commit", table=table, files=[t.file for t in tasks])
         with (
             commit_view(table).transaction() as transaction,
             transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite,
@@ -105,16 +112,20 @@ def compact_small_files(table: Table, min_files: int = 2) -> tuple[int, int, int
 
 
 def maintain_table(
-    table: Table, snapshot_retention_s: float, orphan_window_s: float, compact: bool = True
+    table: Table,
+    snapshot_retention_s: float,
+    orphan_window_s: float,
+    compact: bool = True,
+    hooks: FailureHooks = NO_HOOKS,
 ) -> MaintenanceReport:
     """Compact, expire, then remove orphans older than the window (never a run's fresh files)."""
     report = MaintenanceReport()
     if compact:
         report.files_compacted, report.files_written, report.rows_rewritten = compact_small_files(
-            table
+            table, hooks=hooks
         )
     cutoff = int((time.time() - snapshot_retention_s) * 1000)
-    report.expired_snapshots, report.kept_for_watermark = expire_snapshots(table, cutoff)
+    report.expired_snapshots, report.kept_for_watermark = expire_snapshots(table, cutoff, hooks)
     table.refresh()
     report.orphans_removed = remove_orphan_files(table, older_than_s=orphan_window_s)
     return report
