@@ -238,7 +238,8 @@ def test_orphans_compare_paths_however_they_are_spelt(
     location = {"file:/": f"file:/{root}", "file:///": f"file:///{root}", "plain": f"/{root}"}
     table = small_table(harness.catalog, f"spelt_{len(spelling)}", location[spelling])
     current = table.current_snapshot()
-    assert current is not None and len(list_file_paths(table, current)) == 2
+    assert current is not None
+    assert len(list_file_paths(table, current)) == 2
     assert list_orphan_files(table, older_than_s=0) == []
     assert remove_orphan_files(table, older_than_s=0) == []
     assert harness.catalog.load_table(table.name()).scan().to_arrow().num_rows == 6
