@@ -37,13 +37,16 @@ from typing import TYPE_CHECKING, Any
 from ingestion._pyiceberg_compat import write_data_files
 from ingestion.commit import commit_view, delete_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.offsets import iter_ancestry, snapshot_properties
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import FileScanTask, Table
 
 MAINTENANCE = "kafka.maintenance"
+COMPACTION_ID = "kafka.compaction-id"  # finds the commit again after an ambiguous error
 DEFAULT_TARGET_BYTES = 128 * 2**20
+MAX_GROUP_TARGETS = 2  # bytes one group may read, in target file sizes
 
 
 @dataclass
@@ -84,8 +87,9 @@ def target_file_bytes(table: Table) -> int:
 
 
 def plan_groups(tasks: list[FileScanTask], target_bytes: int) -> dict[str, list[FileScanTask]]:
-    """Per partition, the small files to merge now (see :func:`pick_merge`); files with
-    delete files are left alone."""
+    """Per partition, the small files to merge now (see :func:`pick_merge`), at most
+    :data:`MAX_GROUP_TARGETS` target sizes of them (a group is read into memory at once; the
+    rest waits for the next pass); files with delete files are left alone."""
     by_partition: dict[str, list[FileScanTask]] = defaultdict(list)
     for task in tasks:
         if task.file.file_size_in_bytes < target_bytes // 2 and not task.delete_files:
@@ -93,9 +97,15 @@ def plan_groups(tasks: list[FileScanTask], target_bytes: int) -> dict[str, list[
     groups = {}
     for key, small in by_partition.items():
         small.sort(key=lambda t: (t.file.record_count, t.file.file_path))
-        chosen = pick_merge([t.file.record_count for t in small])
+        chosen = small[: pick_merge([t.file.record_count for t in small])]
+        total = 0
+        for index, task in enumerate(chosen):
+            total += task.file.file_size_in_bytes
+            if index >= 2 and total > MAX_GROUP_TARGETS * target_bytes:
+                chosen = chosen[:index]
+                break
         if chosen:
-            groups[key] = small[:chosen]
+            groups[key] = chosen
     return groups
 
 
@@ -114,7 +124,7 @@ def _commit_rewrite(
 ) -> None:
     """One overwrite snapshot removing ``inputs`` and adding ``outputs``, against the head
     ``table`` was loaded at (no retry: a moved head raises ``CommitFailedException``)."""
-    properties = {MAINTENANCE: "compaction", "kafka.compaction-id": commit_id}
+    properties = {MAINTENANCE: "compaction", COMPACTION_ID: commit_id}
     with (
         commit_view(table).transaction() as transaction,
         transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite,
@@ -127,11 +137,7 @@ def _commit_rewrite(
 
 def _landed(table: Table, commit_id: str) -> bool:
     """Whether a compaction commit with ``commit_id`` is in the current ancestry."""
-    from ingestion.offsets import iter_ancestry, snapshot_properties
-
-    return any(
-        snapshot_properties(s).get("kafka.compaction-id") == commit_id for s in iter_ancestry(table)
-    )
+    return any(snapshot_properties(s).get(COMPACTION_ID) == commit_id for s in iter_ancestry(table))
 
 
 def compact_group(
