@@ -137,13 +137,15 @@ def test_compaction_losing_to_a_reset_delete_resurrects_nothing(
             apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "rewind")
             rows_seen.append(harness.table(spec).scan().to_arrow().num_rows)
 
-    maintain_table(
+    report = maintain_table(
         harness.table(spec),
         3600,
         3600,
         hooks=FailureHooks({"before_compaction_commit": reset_now}),
     )
     assert rows_seen == [15]
+    assert report.compaction.groups_replanned == 1, report  # its inputs were rewritten
+    assert not report.errors
     assert harness.table(spec).scan().to_arrow().num_rows == 15, "deleted rows came back"
     assert ingest(harness, spec).records == 15
     harness.assert_exactly_once(spec, ledger)
