@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ingestion.state import PipelineState
 
 if TYPE_CHECKING:
-    from ingestion.audit import AuditResult, CommitVerification
+    from ingestion.audit import PipelineAudit
 
 Severity = Literal["ERROR", "WARN"]
 ACTIVE_GROUP_STATES = {"STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE"}
@@ -216,31 +216,47 @@ def check_watermark_reachable(state: PipelineState) -> Finding:
     )
 
 
-def check_exactly_once(
-    table: str, audit: AuditResult | None, newest: CommitVerification | None
-) -> Finding:
-    """The oracle's verdict on the table: no duplicate, regression, shared file or overrun,
-    and the newest commit's count equal to an independent Kafka recount (when verifiable)."""
+def check_exactly_once(table: str, audit: PipelineAudit | None) -> Finding:
+    """The oracle's verdict: every commit audited since the cursor added exactly what Kafka
+    holds in its ranges, once, and nothing else wrote to the table; with a full audit, also
+    no duplicate, regression, shared file or overrun anywhere. ``audit_cursor`` in the
+    metadata is where the next evaluation starts."""
     if audit is None:
         return skipped(f"table {table} does not exist yet: nothing to audit")
-    mismatches = list(audit.commit_mismatches)
-    if newest is not None and newest.matches is False:
-        mismatches.append(newest.message)
-    metadata = {
-        "rows": audit.rows,
-        "quarantined": audit.quarantined,
-        "duplicates": len(audit.duplicates),
-        "regressions": len(audit.regressions),
-        "duplicate_files": len(audit.duplicate_files),
-        "newest_commit_count": newest.message if newest else "not verified",
+    commits, full = audit.commits, audit.full
+    metadata: dict[str, Any] = {
+        "audit_cursor": "" if commits.cursor is None else str(commits.cursor),
+        "commits_recounted": len(commits.recounted),
+        "offsets_recounted": commits.offsets_recounted,
+        "commits_pending": commits.pending,
+        "mode": "full" if full else "incremental",
     }
-    if audit.ok and not mismatches:
-        return passed(f"each (topic, partition, offset) once: {audit.summary()}", metadata)
-    summary = "; ".join([audit.summary(), *(f"commit count: {m}" for m in mismatches)])
-    return failed(
-        "ERROR",
-        f"exactly-once violated: {summary}. Stop the pipeline's runs, keep the snapshots, and "
-        "inspect the listed coordinates and snapshots.",
+    if commits.notes:
+        metadata["not_verified"] = "; ".join(commits.notes[:5])
+    problems = list(commits.findings)
+    if full is not None:
+        metadata |= {
+            "rows": full.rows,
+            "quarantined": full.quarantined,
+            "duplicates": len(full.duplicates),
+            "regressions": len(full.regressions),
+            "duplicate_files": len(full.duplicate_files),
+        }
+        if not full.ok:
+            problems.insert(0, full.summary())
+    if problems:
+        return failed(
+            "ERROR",
+            f"exactly-once violated: {'; '.join(problems[:5])}. Stop the pipeline's runs, keep "
+            "the snapshots, and inspect the listed coordinates and snapshots.",
+            metadata,
+        )
+    scope = f"each (topic, partition, offset) once: {full.summary()}; " if full else ""
+    pending = f"; {commits.pending} commits left for the next evaluation" if commits.pending else ""
+    return passed(
+        f"{scope}{len(commits.recounted)} commit(s) recounted in Kafka "
+        f"({commits.offsets_recounted} offsets): each added exactly the visible records of its "
+        f"ranges{pending}",
         metadata,
     )
 
@@ -285,8 +301,8 @@ STATE_CHECKS = (
 )
 AUDIT_CHECK = CheckDef(
     "exactly_once_audit",
-    "No duplicate (topic, partition, offset), offset regression or shared file; the newest "
-    "commit's count equals Kafka's.",
+    "Each commit since the last evaluation added exactly the records Kafka holds in its "
+    "ranges, once; nothing else wrote to the table (full audit on demand).",
 )
 ALL_CHECKS = (GROUP_CHECK, *STATE_CHECKS, AUDIT_CHECK)
 

@@ -18,8 +18,18 @@ HookPoint = Literal[
     "after_catalog_call",
     "after_commit",
     "before_mirror",
+    "before_compaction_commit",
+    "before_expiry_commit",
 ]
 HOOK_POINTS: tuple[HookPoint, ...] = get_args(HookPoint)
+# Points of a maintenance pass (ingestion.maintenance), not of a run.
+MAINTENANCE_HOOK_POINTS: tuple[HookPoint, ...] = (
+    "before_compaction_commit",
+    "before_expiry_commit",
+)
+RUN_HOOK_POINTS: tuple[HookPoint, ...] = tuple(
+    point for point in HOOK_POINTS if point not in MAINTENANCE_HOOK_POINTS
+)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,13 @@ LOST_RANGES = "kafka.lost-ranges"
 RESET_BY = "kafka.reset-by"  # an operator's explicit offset change (reset or group migration)
 RESET_REASON = "kafka.reset-reason"
 MIGRATED_FROM = "kafka.migrated-from"
+# Comma-separated group ids a migration retired: their offsets need not stay reachable (expiry)
+# and must not be planned from again. Written by the migration commit.
+RETIRED_GROUPS = "kafka.retired-groups"
+RUN_DURATION_MS = "kafka.run-duration-ms"  # plan to commit: orphan removal waits longer than this
+# Where the ranges of partitions new in this commit (absent from the previous offsets) start,
+# as {"topic": {"partition": offset}}: the audit's recount of a new partition starts there.
+RANGE_STARTS = "kafka.range-starts"
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ def commit_properties(
     requested_by: str | None = None,
     reason: str | None = None,
     migrated_from: str | None = None,
+    run_duration_ms: int | None = None,
+    range_starts: dict[Key, int] | None = None,
 ) -> dict[str, str]:
     """The snapshot properties of every commit that sets a group's offsets: an ingestion run,
     an offset reset or a group migration (``requested_by`` marks an operator's action).
@@ -118,9 +127,38 @@ def commit_properties(
         RESET_BY: requested_by,
         RESET_REASON: reason,
         MIGRATED_FROM: migrated_from,
+        RUN_DURATION_MS: None if run_duration_ms is None else str(run_duration_ms),
+        RANGE_STARTS: encode_starts(range_starts) if range_starts else None,
     }
     properties.update({key: value for key, value in optional.items() if value is not None})
     return properties
+
+
+def encode_starts(starts: dict[Key, int]) -> str:
+    """Encode per-partition offsets as compact, sorted JSON (``kafka.range-starts``).
+
+    Example:
+        >>> encode_starts({("t", 1): 7, ("t", 0): 0})
+        '{"t":{"0":0,"1":7}}'
+    """
+    document: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(starts.items()):
+        document.setdefault(topic, {})[str(partition)] = offset
+    return orjson.dumps(document).decode()
+
+
+def decode_starts(text: str) -> dict[Key, int]:
+    """Decode :func:`encode_starts` output.
+
+    Example:
+        >>> decode_starts('{"t":{"0":0,"1":7}}')
+        {('t', 0): 0, ('t', 1): 7}
+    """
+    return {
+        (topic, int(p)): int(o)
+        for topic, parts in orjson.loads(text).items()
+        for p, o in parts.items()
+    }
 
 
 def flatten(offsets: OffsetMap) -> dict[Key, int]:

@@ -172,6 +172,7 @@ def run_pipeline(
     stamps = [r.max_timestamp_ms for r in results if r.max_timestamp_ms is not None]
     # Every record produced before the plan is in, unless the run was capped.
     report.valid_through_ms = max(stamps) if plan.capped and stamps else plan.planned_at_ms
+    committed_before = flatten(plan.committed or {})  # partitions new in this commit: R46
     properties = commit_properties(
         group_id=plan.group_id,
         offsets=plan.next_offsets(),
@@ -183,6 +184,8 @@ def run_pipeline(
         run_id=run_id or f"adhoc-{uuid.uuid4().hex[:12]}",
         valid_through_ms=report.valid_through_ms,
         lost_ranges=report.lost_ranges,
+        run_duration_ms=int((time.monotonic() - started) * 1000),
+        range_starts={k: o for k, o in plan.start.items() if k not in committed_before},
     )
     if quarantine is not None:
         commit_quarantine(
