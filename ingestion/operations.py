@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ingestion import exceptions
 from ingestion import offsets as props
 from ingestion.commit import append_files, commit_view
+from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
 from ingestion.offsets import OffsetMap, TopicOffsets, find_commit, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
@@ -126,12 +127,14 @@ def apply_reset(
     requested_by: str,
     reason: str,
     active_runs: int = 0,
+    hooks: FailureHooks = NO_HOOKS,
 ) -> int:
     """Commit ``reset``; return its snapshot id.
 
     Delivery: compare-and-set. If the offsets moved since the reset was planned, nothing is
     written and :class:`CommitConflictError` is raised; a run in flight when it commits aborts
-    at its own commit.
+    at its own commit. ``hooks`` fire before the data table's commit
+    (``before_catalog_call``) and after it (``after_commit``), for tests (rule 6).
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
@@ -165,7 +168,10 @@ def apply_reset(
         requested_by=requested_by,
         reason=reason,
     )
-    return _commit_offsets(table, properties, delete_filter)
+    hooks.fire("before_catalog_call", reset=reset)
+    snapshot_id = _commit_offsets(table, properties, delete_filter)
+    hooks.fire("after_commit", reset=reset, snapshot_id=snapshot_id)
+    return snapshot_id
 
 
 @dataclass(frozen=True)
