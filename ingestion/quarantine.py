@@ -37,9 +37,12 @@ Why a plain reader is right, in every case:
   recorded sequence number are found in what is left of the lineage. If the commit before them
   expired too, rows are deleted only beyond the newest commit's offsets.
 
-A quarantine table written before this design (no recorded state) keeps its rows; syncing adds
-the files of the commits that name them. Orphan-file removal on a quarantine table must not
-delete files that a data commit names and the sync has not applied yet.
+Two duties for maintenance: snapshot expiry on the data table must keep
+:func:`unsynced_snapshot_ids` (a commit that is expired before it is synced takes the only
+record of its quarantine files with it), and orphan-file removal on a quarantine table must not
+delete files that a data commit names and the sync has not applied yet. A quarantine table
+written before this design (no recorded state) keeps its rows; syncing adds the files of the
+commits that name them.
 """
 
 from __future__ import annotations
@@ -207,6 +210,29 @@ def _source_commit(snapshot: Snapshot, location: str) -> SourceCommit | None:
         decode_offsets(properties[key]),
         decode_file_list(location, properties.get(QUARANTINE_FILES, "[]")),
     )
+
+
+def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
+    """Snapshots of ``table`` that snapshot expiry must keep (rule 7's kin): while a commit
+    still has to reach the quarantine table, the path from the current snapshot back to the
+    commit before it. Expiring one would lose the files only that commit names. Empty when the
+    quarantine table is up to date (the usual case: every run syncs)."""
+    location = quarantine.metadata.location
+    state = quarantine.metadata.properties
+    after = int(state.get(SYNCED_SEQUENCE, "0"))
+    synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
+    newer, before, head = read_source_commits(table, after, location)
+    steps = plan_sync(synced, newer, before, head)
+    if not steps or not newer:  # nothing to replay (a truncation needs the current snapshot)
+        return set()
+    first = steps[0].commit.sequence
+    path: set[int] = set()
+    for snapshot in iter_ancestry(table):
+        path.add(snapshot.snapshot_id)
+        commit = _source_commit(snapshot, location)
+        if commit is not None and commit.sequence < first:
+            break
+    return path
 
 
 def sync_quarantine(catalog: Catalog, spec: PipelineSpec, max_conflicts: int = 5) -> int:

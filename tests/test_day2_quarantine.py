@@ -21,7 +21,13 @@ from ingestion.hooks import FailureHooks
 from ingestion.maintenance import expire_snapshots
 from ingestion.offsets import find_committed_state, flatten
 from ingestion.operations import apply_reset, plan_reset
-from ingestion.quarantine import apply_step, plan_sync, read_source_commits, sync_quarantine
+from ingestion.quarantine import (
+    apply_step,
+    plan_sync,
+    read_source_commits,
+    sync_quarantine,
+    unsynced_snapshot_ids,
+)
 from ingestion.recovery import list_orphan_files
 from ingestion.spec import PipelineSpec, StartingPosition
 from tests.support.ledger import Coordinates, Ledger, LedgerEntry, LedgerProducer, Record
@@ -304,4 +310,59 @@ def test_stale_quarantine_commit_is_rejected(
     assert sync_quarantine(harness.catalog, spec) == 1  # the other syncer
     with pytest.raises(CommitFailedException):
         apply_step(stale, step, str(harness.table(spec).metadata.table_uuid), spec.name)
+    assert_dead_letters_once(harness, spec, ledger, bad_coordinates(entries))
+
+
+def test_expiry_keeping_unsynced_commits_loses_no_dead_letter(
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
+    """Rule 7's kin: two runs crash after their data commits; expiry keeps the current snapshot
+    and ``unsynced_snapshot_ids`` (the older unsynced commit and the one before it), so the
+    next run syncs both and loses nothing. Once synced, nothing more is held back."""
+    topic = create_topic(partitions=1)
+    spec = quarantining_spec(topic, "q_expiry_unsynced")
+    entries = ledger_producer.produce(topic, [*records(5), *bad(1)])
+    harness.run(spec)
+    for run in (1, 2):
+        entries += ledger_producer.produce(topic, [*records(5, 10 * run), *bad(1, run)])
+        with pytest.raises(exceptions.InjectedFailure):
+            harness.run(spec, hooks=FailureHooks({"after_commit": crash}))
+    table = harness.table(spec)
+    quarantine = harness.catalog.load_table(spec.quarantine_table)
+    keep = unsynced_snapshot_ids(table, quarantine)
+    current = table.current_snapshot()
+    assert current is not None
+    assert len(keep) >= 3, "both unsynced commits and the synced one before them"
+    doomed = [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id not in keep]
+    if doomed:
+        table.maintenance.expire_snapshots().by_ids(doomed).commit()
+    harness.run(spec)
+    assert_dead_letters_once(harness, spec, ledger, bad_coordinates(entries))
+    assert unsynced_snapshot_ids(harness.table(spec), quarantine.refresh()) == set()
+
+
+def test_next_run_syncing_first_leaves_the_slow_run_nothing_to_do(
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
+    """R7: a run pauses between its data commit and its quarantine sync; the next run commits
+    and syncs both commits; the slow run then syncs nothing twice."""
+    topic = create_topic(partitions=1)
+    spec = quarantining_spec(topic, "q_slow_sync")
+    entries = ledger_producer.produce(topic, [*records(5), *bad(1)])
+    other: dict[str, Any] = {}
+
+    def run_the_next_one(point: str, **context: Any) -> None:
+        if not other:
+            entries.extend(ledger_producer.produce(topic, [*records(5, 5), *bad(1, 1)]))
+            other["report"] = harness.run(spec)
+
+    slow = harness.run(spec, hooks=FailureHooks({"before_mirror": run_the_next_one}))
+    assert slow.committed
+    assert other["report"].committed
     assert_dead_letters_once(harness, spec, ledger, bad_coordinates(entries))
