@@ -27,7 +27,8 @@ Why a plain reader is right, in every case:
   quarantine head moved under the second, which replans and finds nothing left. A syncer that
   read an older lineage applies a prefix of it, which is valid; a commit it applies that a
   rollback then removed is undone by the next sync (see the rewinds). The quarantine table is
-  read before the data table, so it never reflects a commit the data table read does not show.
+  read before the data table: barring a rollback in between, every commit it reflects is in
+  the lineage read after it.
 - Replays (R5): a replayed data commit adds no commit; a replayed sync finds its state done.
 - Rewinds: a backward reset or a rollback (R32) leaves quarantine rows beyond the table's
   offsets; the next sync deletes rows at or after the offsets the table moved back to, before
@@ -36,6 +37,12 @@ Why a plain reader is right, in every case:
 - Snapshot expiry: the state is a table property, not a snapshot; commits newer than the
   recorded sequence number are found in what is left of the lineage. If the commit before them
   expired too, rows are deleted only beyond the newest commit's offsets.
+
+Why not the quarantine table first (a run replacing the rows of its ranges before its data
+commit): a loser's replacement can land after the winner's data commit and delete the winner's
+rows of a committed range (checking the data table first is check-then-act), and a crashed
+run's rows stay visible for an uncommitted range until a later run covers it, for good if a
+forward reset skips it. Following the data table, nothing a loser does reaches a reader.
 
 Two duties for maintenance: snapshot expiry on the data table must keep
 :func:`unsynced_snapshot_ids` (a commit that is expired before it is synced takes the only
@@ -48,10 +55,7 @@ commits that name them.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import orjson
 
 from ingestion import exceptions
 from ingestion.commit import commit_view, load_table_with_retry
@@ -60,12 +64,19 @@ from ingestion.offsets import (
     GROUP_ID,
     OFFSETS_PREFIX,
     PIPELINE,
-    OffsetMap,
     decode_offsets,
     encode_offsets,
     flatten,
     iter_ancestry,
     snapshot_properties,
+)
+from ingestion.quarantine_plan import (
+    SourceCommit,
+    Step,
+    decode_file_list,
+    encode_file_list,
+    plan_sync,
+    rows_at_or_after,
 )
 from ingestion.ranges import Key
 
@@ -84,96 +95,12 @@ SYNCED_COMMIT = "kafka.quarantine.synced-commit"
 SYNCED_OFFSETS = "kafka.quarantine.synced-offsets"
 
 
-def encode_file_list(location: str, paths: list[str]) -> str:
-    """The quarantine files a data commit names, relative to the quarantine table's location.
-
-    Example:
-        >>> encode_file_list("s3://w/q", ["s3://w/q/data/a.parquet", "s3://x/b.parquet"])
-        '["data/a.parquet","s3://x/b.parquet"]'
-    """
-    prefix = location.rstrip("/") + "/"
-    return orjson.dumps([p.removeprefix(prefix) for p in paths]).decode()
-
-
-def decode_file_list(location: str, text: str) -> tuple[str, ...]:
-    """Full paths of :func:`encode_file_list` output.
-
-    Example:
-        >>> decode_file_list("s3://w/q/", '["data/a.parquet","s3://x/b.parquet"]')
-        ('s3://w/q/data/a.parquet', 's3://x/b.parquet')
-    """
-    prefix = location.rstrip("/") + "/"
-    names = orjson.loads(text)
-    return tuple(n if "://" in n or n.startswith("/") else prefix + n for n in names)
-
-
 def quarantine_properties(quarantine: Table, files: list[DataFile]) -> dict[str, str]:
     """The data commit's property naming ``files`` (none without files)."""
     if not files:
         return {}
     paths = [f.file_path for f in files]
     return {QUARANTINE_FILES: encode_file_list(quarantine.metadata.location, paths)}
-
-
-@dataclass(frozen=True)
-class SourceCommit:
-    """A commit of the data table (run, reset or migration) as the quarantine table sees it."""
-
-    sequence: int
-    commit_id: str
-    offsets: OffsetMap
-    files: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Step:
-    """One quarantine commit: delete rows at or after ``cuts``, add the commit's files."""
-
-    commit: SourceCommit
-    cuts: dict[Key, int]
-
-
-def plan_sync(
-    synced: dict[Key, int],
-    newer: list[SourceCommit],
-    before: dict[Key, int] | None,
-    head: SourceCommit | None,
-) -> list[Step]:
-    """The quarantine commits that bring the quarantine table up to the data table (pure).
-
-    Args:
-        synced: offsets of the last reflected commit: no quarantine row lies at or beyond them.
-        newer: the data table's commits after it, oldest first.
-        before: offsets of the commit before ``newer[0]``; ``{}`` when there is none, None when
-            it expired (then nothing below the commits' own offsets is deleted).
-        head: the data table's newest commit (None: none in its lineage).
-
-    Example (a reset back to 5, then a run re-reading [5, 9) with dead letters):
-        >>> from ingestion.offsets import TopicOffsets
-        >>> reset = SourceCommit(2, "r", {"t": TopicOffsets("id", {0: 5})})
-        >>> run = SourceCommit(3, "c", {"t": TopicOffsets("id", {0: 9})}, ("f.parquet",))
-        >>> [(s.commit.commit_id, s.cuts) for s in plan_sync({("t", 0): 9}, [reset, run],
-        ...     {("t", 0): 9}, run)]
-        [('r', {('t', 0): 5}), ('c', {})]
-    """
-    steps = []
-    bound = dict(synced)
-    start = before
-    for commit in newer:
-        end = flatten(commit.offsets)
-        origin = start if start is not None else bound
-        cuts = {key: min(origin.get(key, 0), end.get(key, 0)) for key in bound}
-        cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
-        if commit.files or cuts:
-            steps.append(Step(commit, cuts))
-            bound = end
-        start = end
-    if not newer:  # rolled back (or emptied) past the last reflected commit: truncate to it
-        end = flatten(head.offsets) if head else {}
-        cuts = {key: end.get(key, 0) for key in bound if end.get(key, 0) < bound[key]}
-        if cuts:
-            steps.append(Step(head or SourceCommit(0, "", {}), cuts))
-    return steps
 
 
 def read_source_commits(
@@ -317,19 +244,3 @@ def apply_step(quarantine: Table, step: Step, follows: str, pipeline: str) -> No
             for data_file in files:
                 append.append_data_file(data_file)
         transaction.set_properties(state)
-
-
-def rows_at_or_after(cuts: dict[Key, int]) -> str:
-    """A row filter: rows of each (topic, partition) at or after its offset in ``cuts``.
-
-    Kafka topic names are ``[a-zA-Z0-9._-]``: nothing to escape.
-
-    Example:
-        >>> rows_at_or_after({("t", 1): 7})
-        "(_kafka_topic = 't' and _kafka_partition = 1 and _kafka_offset >= 7)"
-    """
-    return " or ".join(
-        f"(_kafka_topic = '{topic}' and _kafka_partition = {partition} "
-        f"and _kafka_offset >= {offset})"
-        for (topic, partition), offset in sorted(cuts.items())
-    )

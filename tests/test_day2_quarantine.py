@@ -23,11 +23,11 @@ from ingestion.offsets import find_committed_state, flatten
 from ingestion.operations import apply_reset, plan_reset
 from ingestion.quarantine import (
     apply_step,
-    plan_sync,
     read_source_commits,
     sync_quarantine,
     unsynced_snapshot_ids,
 )
+from ingestion.quarantine_plan import plan_sync
 from ingestion.recovery import list_orphan_files
 from ingestion.spec import PipelineSpec, StartingPosition
 from tests.support.ledger import Coordinates, Ledger, LedgerEntry, LedgerProducer, Record

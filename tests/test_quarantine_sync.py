@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ingestion.offsets import TopicOffsets
-from ingestion.quarantine import SourceCommit, plan_sync
+from ingestion.quarantine_plan import SourceCommit, plan_sync
 
 P0, P1 = ("t", 0), ("t", 1)
 
