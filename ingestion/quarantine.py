@@ -182,6 +182,11 @@ def sync_quarantine(catalog: Catalog, spec: PipelineSpec, max_conflicts: int = 5
         quarantine = load_table_with_retry(catalog, spec.quarantine_table)  # first: see above
         table = load_table_with_retry(catalog, spec.table)
         follows = str(table.metadata.table_uuid)
+        if table.metadata.format_version < 2:  # v1 snapshots have no sequence numbers
+            raise exceptions.QuarantineSyncError(
+                f"pipeline {spec.name!r}: table {spec.table} is an Iceberg v1 table; the "
+                "quarantine sync needs v2 (upgrade it: format-version 2)"
+            )
         state = quarantine.metadata.properties
         if state.get(FOLLOWS, follows) != follows:
             raise exceptions.QuarantineSyncError(
