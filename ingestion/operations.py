@@ -3,8 +3,8 @@
 Both are explicit commits in the table (a snapshot whose properties carry the new offsets and who
 asked and why), compare-and-set against the offsets they were planned from, so a run in flight
 aborts at its own commit instead of racing them. A reset that moves a partition backwards also
-deletes, in the same snapshot, the rows at or after its new offset (and their quarantine rows),
-so the range is re-read exactly once.
+deletes, in the same snapshot, the rows at or after its new offset, so the range is re-read
+exactly once; the quarantine table follows after that commit (ingestion.quarantine).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from typing import TYPE_CHECKING
 from ingestion import exceptions
 from ingestion import offsets as props
 from ingestion.commit import append_files, commit_view
+from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
 from ingestion.offsets import OffsetMap, TopicOffsets, find_commit, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
+from ingestion.quarantine import sync_quarantine
 from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.topics import describe_topic, list_pipeline_topics
@@ -126,12 +128,16 @@ def apply_reset(
     requested_by: str,
     reason: str,
     active_runs: int = 0,
+    hooks: FailureHooks = NO_HOOKS,
 ) -> int:
     """Commit ``reset``; return its snapshot id.
 
     Delivery: compare-and-set. If the offsets moved since the reset was planned, nothing is
     written and :class:`CommitConflictError` is raised; a run in flight when it commits aborts
-    at its own commit.
+    at its own commit. The quarantine table is synced after the data commit (a
+    :class:`QuarantineSyncError` then means the reset stands and the next run syncs it).
+    ``hooks`` fire before the data table's commit (``before_catalog_call``) and after it
+    (``after_commit``), for tests (rule 6).
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
@@ -152,10 +158,6 @@ def apply_reset(
             "plan it again"
         )
     delete_filter = _rewound_filter(reset.changes)
-    if delete_filter and catalog.table_exists(spec.quarantine_table):
-        quarantine = catalog.load_table(spec.quarantine_table)
-        with quarantine.transaction() as transaction, _no_match_is_fine():
-            transaction.delete(delete_filter)
     properties = props.commit_properties(
         group_id=reset.group_id,
         offsets=reset.target,
@@ -165,7 +167,13 @@ def apply_reset(
         requested_by=requested_by,
         reason=reason,
     )
-    return _commit_offsets(table, properties, delete_filter)
+    hooks.fire("before_catalog_call", reset=reset)
+    snapshot_id = _commit_offsets(table, properties, delete_filter)
+    hooks.fire("after_commit", reset=reset, snapshot_id=snapshot_id)
+    # Dead letters of a rewound range go only after the data commit, by the quarantine sync; if
+    # this fails the next run syncs (never before: a failed data commit would lose them).
+    sync_quarantine(catalog, spec)
+    return snapshot_id
 
 
 @dataclass(frozen=True)
