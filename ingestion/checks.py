@@ -97,7 +97,7 @@ def check_group_consistency(state: PipelineState) -> Finding:
     if state.group_members > 0 or state.group_state in ACTIVE_GROUP_STATES:
         return failed(
             "ERROR",
-            f"Kafka group {group!r} has active members ({state.group_state}): someone else "
+            f"Kafka group {group!r} has active members: someone else "
             "consumes with this pipeline's group id and may commit offsets under it. Give that "
             "consumer its own group id.",
             {**meta, "group_state": state.group_state},

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion.consumer import open_consumer
 from ingestion.offsets import (
+    COMMIT_ID,
     OFFSETS_PREFIX,
     RESET_BY,
     decode_offsets,
@@ -145,9 +146,14 @@ def audit_commits(
     keys = {k for s in carriers for k in _offsets(s, key)}
     log_starts = _log_starts(kafka_config, keys, f"{pipeline}-audit") if keys else {}
     previous, clean = window.base, True
-    for snapshot in window.snapshots:
+    # One commit may take several snapshots (a reset's delete is pyiceberg's DELETE then
+    # OVERWRITE, both with its commit id): only the last one is the commit's outcome.
+    ids = [snapshot_properties(s).get(COMMIT_ID) for s in window.snapshots]
+    for index, snapshot in enumerate(window.snapshots):
         properties = snapshot_properties(snapshot)
         found = len(audit.findings)
+        if ids[index] is not None and ids[index] in ids[index + 1 :]:
+            continue  # an intermediate snapshot of a commit that continues later
         if key not in properties:
             check_other(snapshot, properties, group_id, audit)
         elif RESET_BY in properties:

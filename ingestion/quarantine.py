@@ -144,6 +144,10 @@ def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
     still has to reach the quarantine table, the path from the current snapshot back to the
     commit before it. Expiring one would lose the files only that commit names. Empty when the
     quarantine table is up to date (the usual case: every run syncs)."""
+    if quarantine.metadata.properties.get(FOLLOWS, str(table.metadata.table_uuid)) != str(
+        table.metadata.table_uuid
+    ):  # it follows a dropped table: its state says nothing here, keep every snapshot
+        return {s.snapshot_id for s in table.metadata.snapshots}
     location = quarantine.metadata.location
     state = quarantine.metadata.properties
     after = int(state.get(SYNCED_SEQUENCE, "0"))

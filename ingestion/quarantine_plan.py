@@ -81,7 +81,9 @@ def plan_sync(
     for commit in newer:
         end = flatten(commit.offsets)
         origin = start if start is not None else bound
-        cuts = {key: min(origin.get(key, 0), end.get(key, 0)) for key in bound}
+        # A partition absent from the commit's offsets (a reset that dropped a topic) keeps its
+        # data rows, so it keeps its dead letters too: no cut.
+        cuts = {key: min(origin.get(key, 0), end[key]) for key in bound if key in end}
         cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
         if commit.files or cuts:
             steps.append(Step(commit, cuts))

@@ -80,6 +80,14 @@ def commit(
             [("", {P0: 0})],
             id="table-without-commits-empties-the-quarantine",
         ),
+        pytest.param(
+            {P0: 10, P1: 8},
+            [commit(5, "reset-drops-p1", 4)],
+            {P0: 10, P1: 8},
+            None,
+            [("reset-drops-p1", {P0: 4})],
+            id="partition-a-reset-drops-keeps-its-dead-letters",
+        ),
     ],
 )
 def test_plan_sync(
