@@ -21,6 +21,7 @@ from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
+from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,6 +102,13 @@ def new_pipeline(create_topic: CreateTopic, ledger_producer: LedgerProducer) -> 
         return topic, spec
 
     return _new
+
+
+@pytest.fixture
+def webhook() -> Iterator[WebhookReceiver]:
+    """A webhook receiver on a free loopback port for the test: ``url``, ``received``."""
+    with webhook_receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="session")

@@ -8,14 +8,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -23,36 +19,12 @@ from ingestion.state import commits_of
 from platform_assets.pipelines import PIPELINES_FILE
 from resources.embedded import find_free_port
 from resources.iceberg import IcebergCatalogResource
-from tests.test_dev_stack import descendants, graphql, is_running
+from tests.support.dev_stack import descendants, graphql, is_running, start_dev_stack
+from tests.support.webhook import WebhookReceiver
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
 GOOD, BAD = "consumer_group_id: platform-orders", "consumer_group_id: connect-sink-group"
 TABLE = ["iceberg", "demo", "orders"]
-
-
-class Webhook(BaseHTTPRequestHandler):
-    received: ClassVar[list[dict[str, Any]]] = []
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        Webhook.received.append({**body, "received_at": time.time()})
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-
-@pytest.fixture
-def webhook() -> Iterator[str]:
-    Webhook.received = []
-    server = HTTPServer(("127.0.0.1", 0), Webhook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/alerts"
-    server.shutdown()
-    server.server_close()
 
 
 def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 2.0) -> Any:
@@ -104,7 +76,9 @@ def group_check_execution(port: int) -> dict[str, Any]:
     return checks["group_id_consistency"]["executionForLatestMaterialization"] or {}
 
 
-def test_see_an_alert_one_failed_one_recovered_no_storm(tmp_path: Path, webhook: str) -> None:
+def test_see_an_alert_one_failed_one_recovered_no_storm(
+    tmp_path: Path, webhook: WebhookReceiver
+) -> None:
     started = time.monotonic()
     pipelines = tmp_path / "pipelines.yaml"
     text = PIPELINES_FILE.read_text()
@@ -115,26 +89,10 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(tmp_path: Path, webhook:
     env = {
         **os.environ,
         "PLATFORM_PIPELINES_FILE": str(pipelines),
-        "PLATFORM_ALERT_WEBHOOK_URL": webhook,
+        "PLATFORM_ALERT_WEBHOOK_URL": webhook.url,
     }
     env.pop("PLATFORM_UI_BASE_URL", None)  # scripts/dev.py points it at its UI
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "dev.py"),
-            "--state-dir",
-            str(state_dir),
-            "--ui-port",
-            str(port),
-            "--rate",
-            "50",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    process = start_dev_stack(state_dir, port, env)
     catalog = IcebergCatalogResource(state_dir=str(state_dir))
     children: set[int] = set()
 
@@ -145,7 +103,7 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(tmp_path: Path, webhook:
         return commits_of(loaded.load_table("demo.orders"), "platform-orders", limit=1000)
 
     def alerts(kind: str, check: str = "group_id_consistency") -> list[dict[str, Any]]:
-        return [a for a in Webhook.received if a["kind"] == kind and a["details"]["check"] == check]
+        return [a for a in webhook.received if a["kind"] == kind and a["details"]["check"] == check]
 
     try:
         wait_for("the UI", lambda: _answers(port), 180, every_s=1)
@@ -183,7 +141,7 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(tmp_path: Path, webhook:
         f"\nphases: healthy {first_phase_s:.0f} s, blocked {blocked_phase_s:.0f} s, "
         f"total {total_s:.0f} s"
     )
-    for alert in Webhook.received:
+    for alert in webhook.received:
         print(f"{alert['received_at'] - broken_at:+.0f} s  {alert['text']}")
     for run in runs:
         print("failed run:", run)
@@ -191,9 +149,9 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(tmp_path: Path, webhook:
     assert process.returncode == 0, output
     left = wait_for_exit(children)
     assert not left, f"processes left running: {left}"
-    after_break = [a for a in Webhook.received if a["received_at"] >= broken_at]
+    after_break = [a for a in webhook.received if a["received_at"] >= broken_at]
     assert [a["kind"] for a in after_break] == ["check_failed", "check_recovered"], after_break
-    assert not [a for a in Webhook.received if a["kind"] == "run_failed"], Webhook.received
+    assert not [a for a in webhook.received if a["kind"] == "run_failed"], webhook.received
     assert len(runs) <= 1, runs
     assert recovered["received_at"] >= fixed_at
 

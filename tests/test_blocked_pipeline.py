@@ -6,11 +6,8 @@ observation."""
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from dagster import (
@@ -22,12 +19,9 @@ from dagster import (
     build_run_status_sensor_context,
     build_schedule_context,
     build_sensor_context,
-    materialize,
 )
 
 from ingestion.spec import PipelineSpec
-from platform_assets.assets import build_pipeline_assets
-from platform_assets.checks import build_pipeline_checks
 from platform_assets.definitions import build_definitions
 from platform_assets.jobs import build_observe_topics_job
 from platform_assets.pipelines import table_key
@@ -37,35 +31,19 @@ from resources.alerts import AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
+from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import LedgerProducer
-from tests.support.pipelines import make_spec, records
+from tests.support.pipelines import NewPipeline, make_spec, records
+from tests.support.webhook import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 GROUP = "group_id_consistency"
 SMALL = {"in_process_max_records": 10_000, "max_lag_records": 1, "max_lag_seconds": 3600}
 
 
-class Webhook(BaseHTTPRequestHandler):
-    received: ClassVar[list[dict[str, Any]]] = []
-
-    def do_POST(self) -> None:
-        Webhook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-
 @pytest.fixture
-def alerts() -> Iterator[AlertResource]:
-    Webhook.received = []
-    server = HTTPServer(("127.0.0.1", 0), Webhook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/alerts"
-    yield AlertResource(webhook_url=url, ui_base_url="http://ui.example:3000")
-    server.shutdown()
-    server.server_close()
+def alerts(webhook: WebhookReceiver) -> AlertResource:
+    return AlertResource(webhook_url=webhook.url, ui_base_url="http://ui.example:3000")
 
 
 @pytest.fixture
@@ -81,14 +59,7 @@ def run(
     instance: DagsterInstance,
     selection: AssetSelection | None = None,
 ) -> Any:
-    return materialize(
-        [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
-        resources=resources,
-        selection=selection,
-        raise_on_error=False,
-        instance=instance,
-        tags={"pipeline": spec.name},
-    )
+    return materialize_pipeline(spec, resources, selection, instance, tags={"pipeline": spec.name})
 
 
 def alert_for_run(result: Any, instance: DagsterInstance, alerts: AlertResource) -> None:
@@ -104,13 +75,12 @@ def alert_for_run(result: Any, instance: DagsterInstance, alerts: AlertResource)
 
 def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
     resources: dict[str, Any],
-    create_topic: Callable[..., str],
+    new_pipeline: NewPipeline,
     ledger_producer: LedgerProducer,
     alerts: AlertResource,
+    webhook: WebhookReceiver,
 ) -> None:
-    topic = create_topic(partitions=1)
-    ledger_producer.produce(topic, records(20))
-    good = make_spec(topic, "blocked", consumer_group_id="cg-good", **SMALL)
+    topic, good = new_pipeline("blocked", produce=20, consumer_group_id="cg-good", **SMALL)
     seed = make_spec(topic, "blocked", consumer_group_id="connect-sink-group", **SMALL)
     group_key = AssetCheckKey(table_key(seed), GROUP)
     job = build_definitions([seed]).resolve_job_def(f"ingest_{seed.name}_job")
@@ -170,7 +140,7 @@ def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
         assert not blocked_run.success
         for failed in (check_run, blocked_run):
             alert_for_run(failed, instance, alerts)
-        assert Webhook.received == []
+        assert webhook.received == []
         before = resources["iceberg"].load_catalog().load_table(seed.table).current_snapshot()
 
         # Fixed: the same sensor launches ingestion again.
@@ -186,18 +156,17 @@ def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
 
 def test_any_other_failed_run_alerts_with_its_cause_and_link(
     resources: dict[str, Any],
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
+    new_pipeline: NewPipeline,
     alerts: AlertResource,
+    webhook: WebhookReceiver,
 ) -> None:
-    topic = create_topic(partitions=1)
-    ledger_producer.produce(topic, [*records(3), (b"bad", b"{nope", None)])
-    spec = make_spec(topic, "badrecord", **SMALL)
+    bad = [*records(3), (b"bad", b"{nope", None)]
+    topic, spec = new_pipeline("badrecord", produce=bad, **SMALL)
     with DagsterInstance.ephemeral() as instance:
         result = run(spec, resources, instance)
         assert not result.success
         alert_for_run(result, instance, alerts)
-    (alert,) = Webhook.received
+    (alert,) = webhook.received
     run_id = result.dagster_run.run_id
     assert alert["kind"] == "run_failed"
     assert alert["title"] == f"pipeline 'badrecord', run {run_id} of __ephemeral_asset_job__"

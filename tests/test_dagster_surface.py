@@ -3,11 +3,7 @@ the seed misconfiguration blocks ingestion, sensors decide, alerts fire once per
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any, ClassVar
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -18,12 +14,10 @@ from dagster import (
     RunRequest,
     SkipReason,
     build_sensor_context,
-    materialize,
 )
 
 from ingestion.spec import PipelineSpec
-from platform_assets.assets import build_pipeline_assets
-from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
+from platform_assets.checks import pipeline_check_keys
 from platform_assets.definitions import build_definitions
 from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
 from platform_assets.sensors import build_check_alert_sensor, build_lag_sensor
@@ -31,8 +25,10 @@ from resources.alerts import AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
+from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import PIPELINE_CHECKS, CreateTopic, NewPipeline, make_spec, records
+from tests.support.webhook import WebhookReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -56,13 +52,7 @@ def run_pipeline_assets(
     instance: DagsterInstance | None = None,
 ) -> Any:
     selection = AssetSelection.checks_for_assets(table_key(spec)) if checks_only else None
-    return materialize(
-        [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
-        resources=resources,
-        selection=selection,
-        raise_on_error=False,
-        instance=instance,
-    )
+    return materialize_pipeline(spec, resources, selection, instance)
 
 
 def evaluations(result: Any) -> dict[str, Any]:
@@ -209,45 +199,21 @@ def test_lag_sensor_requests_runs_only_over_threshold(
         assert launched.tags["lag"] == "70"
 
 
-class Collector(BaseHTTPRequestHandler):
-    received: ClassVar[list[dict[str, Any]]] = []
-
-    def do_POST(self) -> None:
-        length = int(self.headers["Content-Length"])
-        Collector.received.append(json.loads(self.rfile.read(length)))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        return
-
-
-@pytest.fixture
-def webhook() -> Iterator[str]:
-    Collector.received = []
-    server = HTTPServer(("127.0.0.1", 0), Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/alerts"
-    server.shutdown()
-    server.server_close()
-
-
 def test_alert_sensor_one_webhook_per_state_change_and_recovery(
     resources: dict[str, Any],
     new_pipeline: NewPipeline,
     ledger_producer: LedgerProducer,
-    webhook: str,
+    webhook: WebhookReceiver,
 ) -> None:
     topic, spec = new_pipeline("dg_alerts", errors_tolerance="all", max_dead_letter_ratio=0.05)
-    alerts = {"alerts": AlertResource(webhook_url=webhook)}
+    alerts = {"alerts": AlertResource(webhook_url=webhook.url)}
     check_alert_sensor = build_check_alert_sensor(pipeline_check_keys(spec))
     with DagsterInstance.ephemeral() as instance:
         ledger_producer.produce(topic, [*records(5), (b"bad", b"{nope", None)])
         assert run_pipeline_assets(spec, resources, instance=instance).success
         context = build_sensor_context(instance=instance, resources=alerts)
         check_alert_sensor(context)
-        failed = [a for a in Collector.received if a["kind"] == "check_failed"]
+        failed = [a for a in webhook.received if a["kind"] == "check_failed"]
         assert len(failed) == 1
         assert "dead_letter_rate" in failed[0]["title"]
         assert "went to tests.dg_alerts_quarantine" in failed[0]["message"]
@@ -255,13 +221,13 @@ def test_alert_sensor_one_webhook_per_state_change_and_recovery(
         check_alert_sensor(
             build_sensor_context(instance=instance, resources=alerts, cursor=context.cursor)
         )
-        assert len(Collector.received) == 1
+        assert len(webhook.received) == 1
         ledger_producer.produce(topic, records(200, first=5))
         assert run_pipeline_assets(spec, resources, instance=instance).success
         check_alert_sensor(
             build_sensor_context(instance=instance, resources=alerts, cursor=context.cursor)
         )
-    kinds = [a["kind"] for a in Collector.received]
+    kinds = [a["kind"] for a in webhook.received]
     assert kinds == ["check_failed", "check_recovered"]
 
 
@@ -269,7 +235,7 @@ def test_run_failure_alert_leaves_a_blocked_run_to_the_check(
     resources: dict[str, Any],
     create_topic: CreateTopic,
     ledger_producer: LedgerProducer,
-    webhook: str,
+    webhook: WebhookReceiver,
 ) -> None:
     """A blocked run (renamed group) fails; its cause is the failed blocking check, which
     check_alerts reports once: the run failure sensor sends nothing for it (any other failed
@@ -292,7 +258,7 @@ def test_run_failure_alert_leaves_a_blocked_run_to_the_check(
             dagster_event=result.get_run_failure_event(),
             dagster_instance=instance,
             dagster_run=result.dagster_run,
-            resources={"alerts": AlertResource(webhook_url=webhook)},
+            resources={"alerts": AlertResource(webhook_url=webhook.url)},
         ).for_run_failure()
         run_failure_alert_sensor(context)
-    assert Collector.received == []
+    assert webhook.received == []

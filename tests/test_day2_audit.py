@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
+from ingestion.checks import Finding
 from ingestion.commit_audit import audit_commits
 from ingestion.offsets import TopicOffsets, commit_properties, find_committed_state
 from ingestion.spec import PipelineSpec
@@ -22,9 +23,23 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.ledger import LedgerProducer
-from tests.support.pipelines import Harness, make_spec, records
+from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
 
 pytestmark = pytest.mark.integration
+
+
+Audit = Callable[[PipelineSpec], Finding]
+"""``audit(spec)`` -> the exactly_once_audit finding of the pipeline: the fixture."""
+
+
+@pytest.fixture
+def audit(catalog_resource: IcebergCatalogResource, kafka: KafkaResource) -> Audit:
+    """The exactly_once_audit finding of a pipeline, on the session's catalog and broker."""
+
+    def _audit(spec: PipelineSpec) -> Finding:
+        return audit_finding(spec, catalog_resource, kafka)
+
+    return _audit
 
 
 def ingest(harness: Harness, spec: PipelineSpec) -> Any:
@@ -62,34 +77,24 @@ def commit_like_a_run(
 
 
 def test_a_commit_whose_files_miss_records_is_flagged(
-    harness: Harness,
-    catalog_resource: IcebergCatalogResource,
-    kafka: KafkaResource,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, audit: Audit
 ) -> None:
     """R45: the commit says 10 records (``kafka.records``) and Kafka holds 10 in its range, but
     its files hold 9: the snapshot's ``added-records`` tells, the self-reported count does not."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "audit_loss")
-    ledger_producer.produce(topic, records(20))
+    topic, spec = new_pipeline("audit_loss", produce=20)
     ingest(harness, spec)
-    assert audit_finding(spec, catalog_resource, kafka).passed
+    assert audit(spec).passed
     ledger_producer.produce(topic, records(10, first=20))
     nine = rows_of(harness, topic, "audit_loss_src", 20, 29)
     commit_like_a_run(harness, spec, nine, 30, records=10)
-    finding = audit_finding(spec, catalog_resource, kafka)
+    finding = audit(spec)
     assert not finding.passed
     assert "added 9 records" in finding.message
     assert "10 visible" in finding.message
 
 
 def test_a_commit_adding_a_topic_is_not_a_false_alarm(
-    harness: Harness,
-    catalog_resource: IcebergCatalogResource,
-    kafka: KafkaResource,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, audit: Audit
 ) -> None:
     """R46: a commit that adds a partition (here a new topic matching the pattern, R18) is
     recounted from where that partition's range started, and passes."""
@@ -101,28 +106,22 @@ def test_a_commit_adding_a_topic_is_not_a_false_alarm(
     ledger_producer.produce(second, records(12, first=100))
     ledger_producer.produce(first, records(5, first=10))
     assert ingest(harness, spec).records == 17
-    finding = audit_finding(spec, catalog_resource, kafka)
+    finding = audit(spec)
     assert finding.passed, finding.message
 
 
 def test_recorded_lost_ranges_are_not_flagged(
-    harness: Harness,
-    catalog_resource: IcebergCatalogResource,
-    kafka: KafkaResource,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, audit: Audit
 ) -> None:
     """R46: a commit that skipped [10, 20) with ``on_data_loss: skip`` records the range as
     lost; the recount starts after it (on a real Kafka those offsets are gone; Tansu keeps
     them, which makes a recount from the previous offsets a false alarm)."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "audit_lost", on_data_loss="skip")
-    ledger_producer.produce(topic, records(10))
+    topic, spec = new_pipeline("audit_lost", produce=10, on_data_loss="skip")
     ingest(harness, spec)
     ledger_producer.produce(topic, records(20, first=10))
     ten = rows_of(harness, topic, "audit_lost_src", 20, 30)
     commit_like_a_run(harness, spec, ten, 30, records=10, lost_ranges=[f"{topic}[0] [10, 20)"])
-    finding = audit_finding(spec, catalog_resource, kafka)
+    finding = audit(spec)
     assert finding.passed, finding.message
 
 
@@ -131,13 +130,12 @@ def test_the_second_evaluation_recounts_only_new_commits(
     catalog_resource: IcebergCatalogResource,
     kafka: KafkaResource,
     spark_resource: SparkResource,
-    create_topic: Callable[..., str],
+    new_pipeline: NewPipeline,
     ledger_producer: LedgerProducer,
 ) -> None:
     """R47: the audit keeps a cursor (the last audited snapshot): the engine's second pass and
     the Dagster check's second evaluation recount only the commits made since."""
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "audit_cursor")
+    topic, spec = new_pipeline("audit_cursor", partitions=2)
     for batch in range(3):
         ledger_producer.produce(topic, records(10, first=batch * 10))
         ingest(harness, spec)
@@ -179,14 +177,13 @@ def test_full_audit_on_demand_recounts_every_commit_and_scans_every_row(
     harness: Harness,
     catalog_resource: IcebergCatalogResource,
     kafka: KafkaResource,
-    create_topic: Callable[..., str],
+    new_pipeline: NewPipeline,
     ledger_producer: LedgerProducer,
 ) -> None:
     """R47: ``platform status --full-audit`` audits every commit and every row's coordinates."""
     from platform_assets.cli import pipeline_status
 
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "audit_full")
+    topic, spec = new_pipeline("audit_full", partitions=2)
     for batch in range(2):
         ledger_producer.produce(topic, records(10, first=batch * 10))
         ingest(harness, spec)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,11 @@ from ingestion import exceptions
 from ingestion.hooks import FailureHooks
 from ingestion.maintenance import maintain_table
 from ingestion.offsets import find_committed_state
-from ingestion.operations import apply_reset, migrate_group, plan_reset
+from ingestion.operations import apply_reset, migrate_group
 from ingestion.recovery import list_file_paths, list_orphan_files, remove_orphan_files
 from ingestion.spec import PipelineSpec, StartingPosition
 from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness, crash, make_spec, records
+from tests.support.pipelines import Harness, NewPipeline, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
 
@@ -35,15 +34,11 @@ def ingest(harness: Harness, spec: PipelineSpec, **kwargs: Any) -> Any:
 
 
 def test_compaction_rewrites_only_what_is_new(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R40: a second pass with little new data rewrites the new small files only; a pass with
     nothing new rewrites nothing (today every pass rewrote the whole table)."""
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "compact_incr", max_records_per_task=10)
+    topic, spec = new_pipeline("compact_incr", partitions=2, max_records_per_task=10)
     for batch in range(3):
         ledger_producer.produce(topic, records(40, first=batch * 40))
         ingest(harness, spec)
@@ -60,17 +55,12 @@ def test_compaction_rewrites_only_what_is_new(
 
 
 def test_compaction_losing_to_an_ingestion_commit_retries_and_maintenance_goes_on(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R41: an ingestion commit lands between a compaction group's plan and its commit: the
     group is committed again on the new head (its input files are still live), and expiry and
     orphan removal still run."""
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "compact_vs_run", max_records_per_task=10)
-    ledger_producer.produce(topic, records(40))
+    topic, spec = new_pipeline("compact_vs_run", partitions=2, produce=40, max_records_per_task=10)
     ingest(harness, spec)
     ledger_producer.produce(topic, records(20, first=40))
     with pytest.raises(exceptions.InjectedFailure):  # leaves orphan files (R2)
@@ -97,39 +87,20 @@ def test_compaction_losing_to_an_ingestion_commit_retries_and_maintenance_goes_o
     assert harness.table(spec).scan().to_arrow().num_rows == 60
 
 
-def planned_reset(harness: Harness, spec: PipelineSpec, position: StartingPosition) -> Any:
-    consumer = harness.kafka.get_consumer()
-    try:
-        return plan_reset(
-            spec, harness.table(spec), harness.kafka.get_admin_client(), consumer, position
-        )
-    finally:
-        consumer.close()
-
-
 def test_compaction_losing_to_a_reset_delete_resurrects_nothing(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R41: a backward reset deletes rows from the files a compaction group has read: the group
     is re-planned from the new head (never committed over it), the deleted rows stay deleted,
     and the next run re-reads them exactly once."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(
-        topic,
+    topic, spec = new_pipeline(
         "compact_vs_reset",
+        produce=30,
         max_records_per_task=10,
         partition_by=[{"source": "id", "transform": "bucket[2]"}],
     )
-    ledger_producer.produce(topic, records(30))
     ingest(harness, spec)
-    reset = planned_reset(
-        harness,
-        spec,
-        StartingPosition(mode="offsets", offsets={f"{topic}:0": 15}),
-    )
+    reset = harness.plan_reset(spec, StartingPosition(mode="offsets", offsets={f"{topic}:0": 15}))
     rows_seen: list[int] = []
 
     def reset_now(point: str, **context: Any) -> None:
@@ -152,15 +123,11 @@ def test_compaction_losing_to_a_reset_delete_resurrects_nothing(
 
 
 def test_expiry_after_a_migration_retires_the_old_group(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R42: after a group migration the old group's last commit no longer pins every later
     snapshot; the current group's offsets stay reachable."""
-    topic = create_topic(partitions=2)
-    old = make_spec(topic, "expire_migrated", consumer_group_id="expire-old")
+    topic, old = new_pipeline("expire_migrated", partitions=2, consumer_group_id="expire-old")
     for batch in range(2):
         ledger_producer.produce(topic, records(10, first=batch * 10))
         ingest(harness, old)
@@ -181,16 +148,12 @@ def test_expiry_after_a_migration_retires_the_old_group(
 
 
 def test_expiry_racing_an_external_rollback_keeps_the_new_head(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R43: another tool rolls the table back (R32) while expiry is planned from the old head:
     the expiry is a compare-and-set on the head, so it is planned again and never removes the
     snapshot the table now points at, nor the path to its offsets."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "expire_vs_rollback")
+    topic, spec = new_pipeline("expire_vs_rollback")
     for batch in range(3):
         ledger_producer.produce(topic, records(10, first=batch * 10))
         ingest(harness, spec)
@@ -270,17 +233,12 @@ def test_orphan_removal_refuses_when_references_and_listing_do_not_overlap(
 
 
 def test_orphan_window_is_never_below_the_longest_run(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R44: the table has seen a run that took 2 s from plan to commit; a window of 0 is raised
     to twice that, so the files of an attempt younger than it are kept (they could still be
     committed); once older, they are removed."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "orphan_window")
-    ledger_producer.produce(topic, records(10))
+    topic, spec = new_pipeline("orphan_window", produce=10)
 
     def stall(point: str, **context: Any) -> None:
         time.sleep(2)

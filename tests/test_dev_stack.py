@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,65 +13,14 @@ import pytest
 from ingestion.topics import describe_topic
 from resources.embedded import find_free_port
 from resources.kafka import KafkaResource
+from tests.support.dev_stack import descendants, graphql, is_running, start_dev_stack
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.integration
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (read from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
-        found |= frontier
-    return found
-
-
-def is_running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def graphql(port: int, query: str) -> dict[str, object]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql",
-        data=json.dumps({"query": query}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        result: dict[str, object] = json.loads(response.read())
-        return result
 
 
 def test_dev_stack_serves_ui_produces_and_stops_cleanly(tmp_path: Path) -> None:
     port = find_free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "dev.py"),
-            "--state-dir",
-            str(tmp_path),
-            "--ui-port",
-            str(port),
-            "--rate",
-            "50",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    process = start_dev_stack(tmp_path, port)
     try:
         assert process.stdout is not None
         banner = "".join(process.stdout.readline() for _ in range(4))

@@ -11,23 +11,13 @@ from ingestion import exceptions
 from ingestion.checks import check_group_consistency
 from ingestion.hooks import FailureHooks
 from ingestion.mirror import read_group_offsets
-from ingestion.operations import apply_reset, migrate_group, plan_reset
-from ingestion.spec import PipelineSpec, StartingPosition
+from ingestion.operations import apply_reset, migrate_group
+from ingestion.spec import StartingPosition
 from ingestion.state import read_state
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
-
-
-def planned_reset(harness: Harness, spec: PipelineSpec, position: StartingPosition) -> Any:
-    consumer = harness.kafka.get_consumer()
-    try:
-        return plan_reset(
-            spec, harness.table(spec), harness.kafka.get_admin_client(), consumer, position
-        )
-    finally:
-        consumer.close()
 
 
 def test_reset_to_timestamp_rereads_exactly_once(
@@ -39,7 +29,7 @@ def test_reset_to_timestamp_rereads_exactly_once(
     cutoff_ms = int(time.time() * 1000)
     ledger_producer.produce(topic, [*records(10, first=20), (b"bad2", b"{", 1)])
     assert harness.run(spec).records == 30
-    reset = planned_reset(harness, spec, StartingPosition(mode="timestamp", timestamp_ms=cutoff_ms))
+    reset = harness.plan_reset(spec, StartingPosition(mode="timestamp", timestamp_ms=cutoff_ms))
     assert all("re-read" in line for line in reset.describe())  # the dry run says what happens
     assert sum(before - after for before, after in reset.changes.values()) == 11
     apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops@example", "replay test")
@@ -56,7 +46,7 @@ def test_reset_while_a_run_is_in_flight_wins_and_the_run_aborts(
     topic, spec = new_pipeline("reset_race", produce=10)
     harness.run(spec)
     ledger_producer.produce(topic, records(10, first=10))
-    reset = planned_reset(harness, spec, StartingPosition(mode="latest"))
+    reset = harness.plan_reset(spec, StartingPosition(mode="latest"))
     with pytest.raises(exceptions.CommitConflictError, match="run\\(s\\) in progress"):
         apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "x", active_runs=1)
 

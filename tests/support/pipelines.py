@@ -16,8 +16,9 @@ from ingestion.exceptions import InjectedFailure
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import read_group_offsets
 from ingestion.offsets import find_committed_state, flatten
+from ingestion.operations import plan_reset
 from ingestion.run import RunReport, run_pipeline
-from ingestion.spec import PipelineSpec, parse_pipeline_spec
+from ingestion.spec import PipelineSpec, StartingPosition, parse_pipeline_spec
 from resources.kafka import KafkaResource
 from tests.support.ledger import Coordinates, Ledger, Record
 
@@ -111,6 +112,17 @@ class Harness:
     def table(self, spec: PipelineSpec) -> Table:
         """The pipeline's table, freshly loaded."""
         return self.catalog.load_table(spec.table)
+
+    def plan_reset(self, spec: PipelineSpec, position: StartingPosition) -> Any:
+        """An offset reset of ``spec`` to ``position``, planned against the broker (no write):
+        an ``OffsetReset``, typed ``Any`` so that tests can do arithmetic on its changes."""
+        consumer = self.kafka.get_consumer()
+        try:
+            return plan_reset(
+                spec, self.table(spec), self.kafka.get_admin_client(), consumer, position
+            )
+        finally:
+            consumer.close()
 
     def audit(
         self, spec: PipelineSpec, ledger: Ledger, lost: set[Coordinates] | None = None
