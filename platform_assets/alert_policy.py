@@ -15,6 +15,7 @@ alert either: the check's FAILED already says why and how to fix it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,6 +23,10 @@ from typing import Any, Literal
 NoticeKind = Literal["check_failed", "check_recovered", "check_still_failing"]
 State = dict[str, Any]  # one check's alert state, kept in the sensor's JSON cursor
 OK = "ok"
+
+
+# Digits and hex runs (offsets, partitions, run and commit ids) vary between runs of one cause.
+_VOLATILE = re.compile(r"\b[0-9a-f]*[0-9][0-9a-f]*\b")
 
 
 @dataclass(frozen=True)
@@ -205,3 +210,17 @@ def format_duration(seconds: float) -> str:
     if seconds < 7200:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def cause_key(causes: Iterable[str]) -> str:
+    """A run failure's causes without what changes from run to run (numbers, ids, offsets):
+    two runs failing for one reason have the same key.
+
+    Example:
+        >>> a = cause_key(["ingest: offset 17 of orders[2] deleted (run 4f2a9c01)"])
+        >>> a == cause_key(["ingest: offset 90 of orders[2] deleted (run 77bb0e13)"])
+        True
+        >>> a == cause_key(["ingest: table demo.orders was dropped"])
+        False
+    """
+    return " | ".join(sorted(_VOLATILE.sub("#", cause) for cause in causes))

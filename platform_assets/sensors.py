@@ -20,10 +20,13 @@ from dagster import (
     AssetKey,
     DagsterEventType,
     DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
     DefaultSensorStatus,
     EventLogEntry,
     RunFailureSensorContext,
     RunRequest,
+    RunsFilter,
     SensorDefinition,
     SensorEvaluationContext,
     SkipReason,
@@ -45,6 +48,7 @@ from platform_assets.alert_policy import (
     Evaluation,
     Notice,
     apply_evaluations,
+    cause_key,
     dump_cursor,
     failed_only_because_blocked,
     format_duration,
@@ -271,6 +275,32 @@ def blocked_steps(instance: DagsterInstance, run_id: str) -> tuple[set[str], dic
     return failed, blocked
 
 
+def failure_causes(instance: DagsterInstance, run_id: str) -> list[str]:
+    """``step: innermost error`` of each failed step of the run."""
+    causes = []
+    for entry in instance.all_logs(run_id, of_type=DagsterEventType.STEP_FAILURE):
+        event = entry.dagster_event
+        error = event.step_failure_data.error if event is not None else None
+        if error is not None:
+            causes.append(f"{entry.step_key}: {root_cause(error)}")
+    return causes
+
+
+def previous_completed_run(instance: DagsterInstance, run: DagsterRun) -> DagsterRun | None:
+    """The newest run of the same job that finished (succeeded or failed) before ``run``."""
+    record = instance.get_run_record_by_id(run.run_id)
+    if record is None:
+        return None
+    finished = [DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE]
+    earlier = instance.get_runs(
+        filters=RunsFilter(
+            job_name=run.job_name, statuses=finished, created_before=record.create_timestamp
+        ),
+        limit=1,
+    )
+    return earlier[0] if earlier else None
+
+
 def root_cause(error: "SerializableErrorInfo") -> str:
     """The innermost error of a step failure (Dagster wraps the op's own exception)."""
     while error.cause is not None:
@@ -292,11 +322,19 @@ def run_failure_alert_sensor(context: RunFailureSensorContext, alerts: AlertReso
         return
     pipeline = run.tags.get("pipeline")
     owner = f"pipeline {pipeline!r}, " if pipeline else ""
-    causes = [
-        f"{event.step_key}: {root_cause(event.step_failure_data.error)}"
-        for event in context.get_step_failure_events()
-        if event.step_failure_data.error is not None
-    ]
+    causes = failure_causes(context.instance, run.run_id)
+    previous = previous_completed_run(context.instance, run)
+    if (
+        causes
+        and previous is not None
+        and previous.status == DagsterRunStatus.FAILURE
+        and cause_key(failure_causes(context.instance, previous.run_id)) == cause_key(causes)
+    ):
+        context.log.info(
+            f"run {run.run_id} failed like the run before it ({previous.run_id}): not alerted "
+            "again (one alert per cause; the next different failure or a success resets it)"
+        )
+        return
     alerts.send(
         Alert(
             "run_failed",

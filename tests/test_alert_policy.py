@@ -10,6 +10,7 @@ from ingestion.triggers import decide_group_check
 from platform_assets.alert_policy import (
     Evaluation,
     apply_evaluations,
+    cause_key,
     dump_cursor,
     failed_only_because_blocked,
     load_cursor,
@@ -220,3 +221,29 @@ def test_the_seed_state_blocks_with_a_stable_fingerprint(
         outcomes.append(finding)
     assert outcomes[0].blocks is blocks
     assert outcomes[0].fingerprint == outcomes[1].fingerprint
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        (
+            ["ingest_orders: offset 17 below log start 40 of orders[2]"],
+            ["ingest_orders: offset 90 below log start 120 of orders[2]"],
+            True,
+        ),
+        (
+            ["ingest_orders: commit 4f2a9c01e0 lost to 77bb0e1342"],
+            ["ingest_orders: commit 0a9f3b2c11 lost to 12cd34ef56"],
+            True,
+        ),
+        (["ingest_orders: table demo.orders was dropped"], ["ingest_orders: broker down"], False),
+        (["a: x", "b: y"], ["b: y", "a: x"], True),
+    ],
+    ids=["offsets-differ", "ids-differ", "other-cause", "step-order"],
+)
+def test_a_repeated_run_failure_has_one_cause_key(
+    first: list[str], second: list[str], same: bool
+) -> None:
+    """run_failure_alerts alerts once per cause: a run failing like the run before it is not
+    alerted again (the key ignores offsets, partitions and ids)."""
+    assert (cause_key(first) == cause_key(second)) is same
