@@ -18,6 +18,7 @@ HookPoint = Literal[
     "after_catalog_call",
     "after_commit",
     "before_mirror",
+    "before_action_commit",
 ]
 HOOK_POINTS: tuple[HookPoint, ...] = (
     "after_plan",
@@ -28,6 +29,7 @@ HOOK_POINTS: tuple[HookPoint, ...] = (
     "after_commit",
     "before_mirror",
 )
+ACTION_HOOK_POINTS: tuple[HookPoint, ...] = ("before_action_commit",)  # operator actions
 
 
 @dataclass(frozen=True)

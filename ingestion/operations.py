@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from ingestion import exceptions
 from ingestion import offsets as props
 from ingestion.commit import append_files, commit_view
+from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
 from ingestion.offsets import OffsetMap, TopicOffsets, find_commit, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
@@ -126,6 +127,7 @@ def apply_reset(
     requested_by: str,
     reason: str,
     active_runs: int = 0,
+    hooks: FailureHooks = NO_HOOKS,
 ) -> int:
     """Commit ``reset``; return its snapshot id.
 
@@ -165,6 +167,7 @@ def apply_reset(
         requested_by=requested_by,
         reason=reason,
     )
+    hooks.fire("before_action_commit")
     return _commit_offsets(table, properties, delete_filter)
 
 
@@ -185,6 +188,7 @@ def migrate_group(
     admin: AdminClient,
     requested_by: str,
     reason: str,
+    hooks: FailureHooks = NO_HOOKS,
 ) -> Migration:
     """Carry the pipeline's offsets over to ``new_group_id`` in one commit and mirror them to
     the new Kafka group; the old Kafka group is left untouched and reported.
@@ -213,6 +217,7 @@ def migrate_group(
         reason=reason,
         migrated_from=old_group,
     )
+    hooks.fire("before_action_commit")
     snapshot_id = _commit_offsets(table, properties, None)
     offsets = flatten(old.offsets)
     mirror = mirror_offsets(admin, new_group_id, offsets)
