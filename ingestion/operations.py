@@ -1,29 +1,37 @@
 """Operator actions on a pipeline's offsets: reset to a position, migrate to a new group id.
 
 Both are explicit commits in the table (a snapshot whose properties carry the new offsets and who
-asked and why), compare-and-set against the offsets they were planned from, so a run in flight
-aborts at its own commit instead of racing them. A reset that moves a partition backwards also
-deletes, in the same snapshot, the rows at or after its new offset (and their quarantine rows),
-so the range is re-read exactly once.
+asked and why), compare-and-set against the offsets they were planned from
+(:mod:`ingestion.actions`): a run that commits first makes the action abort naming it, and a run
+in flight when the action commits aborts at its own commit naming the action (R7). A reset that
+moves a partition backwards also deletes, in the same snapshot, the rows at or after its new
+offset, so the range is re-read exactly once. Both then move the Kafka group to the table's
+offsets, backwards too (best effort: if that fails, the next run does it, R40).
 """
 
 from __future__ import annotations
 
 import uuid
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
 from ingestion import offsets as props
-from ingestion.commit import append_files, commit_view
+from ingestion.actions import (
+    ActionCommit,
+    ActionOutcome,
+    commit_action,
+    ignore_no_match_warning,
+    mirror_after,
+    read_group_before,
+    refuse_active_runs,
+)
 from ingestion.hooks import NO_HOOKS, FailureHooks
-from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
-from ingestion.offsets import OffsetMap, TopicOffsets, find_commit, find_committed_state, flatten
+from ingestion.mirror import MirrorOutcome, read_group_offsets
+from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
 from ingestion.ranges import Key
+from ingestion.rewind import find_retirement
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.topics import describe_topic, list_pipeline_topics
 
@@ -44,6 +52,7 @@ class OffsetReset:
     committed: OffsetMap | None
     target: OffsetMap
     changes: dict[Key, tuple[int | None, int]] = field(default_factory=dict)
+    retired_snapshot: int | None = None  # the migration that had retired the group, if any
 
     def describe(self) -> list[str]:
         """One line per partition: what would be re-read or skipped (the dry run)."""
@@ -78,6 +87,7 @@ def plan_reset(
     for (topic, partition), offset in target.items():
         by_topic.setdefault(topic, {})[partition] = offset
     ids = {state.topic: state.topic_id for state in topics}
+    retirement = find_retirement(table, spec.consumer_group_id)
     return OffsetReset(
         spec.name,
         spec.consumer_group_id,
@@ -85,6 +95,7 @@ def plan_reset(
         committed.offsets if committed else None,
         {topic: TopicOffsets(ids[topic], parts) for topic, parts in by_topic.items()},
         {key: (before.get(key), offset) for key, offset in target.items()},
+        retirement.snapshot_id if retirement else None,
     )
 
 
@@ -98,25 +109,18 @@ def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:
     return " or ".join(clauses) or None
 
 
-@contextmanager
-def _no_match_is_fine() -> Iterator[None]:
-    """pyiceberg warns when a delete matches nothing; for a reset that is an expected case."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Delete operation did not match any records")
-        yield
+_no_match_is_fine = ignore_no_match_warning
 
 
-def _commit_offsets(table: Table, properties: dict[str, str], delete_filter: str | None) -> int:
-    """One snapshot carrying ``properties``: a delete when rows must go, else an empty append."""
-    commit_id = properties[props.COMMIT_ID]
-    with commit_view(table).transaction() as transaction, _no_match_is_fine():
-        if delete_filter is not None:
-            transaction.delete(delete_filter, snapshot_properties=properties)
-    table.refresh()
-    found = find_commit(table, commit_id)
-    if found is None:  # nothing to delete made no snapshot: record the offsets on their own
-        return append_files(table, [], properties)
-    return found.snapshot_id
+def _delete_rewound_quarantine_rows(
+    catalog: Catalog, spec: PipelineSpec, delete_filter: str
+) -> None:
+    """Delete the quarantine rows of the rewound range (a commit of its own, before the data
+    table's: not atomic with it; another engineer's redesign replaces this)."""
+    if catalog.table_exists(spec.quarantine_table):
+        quarantine = catalog.load_table(spec.quarantine_table)
+        with quarantine.transaction() as transaction, _no_match_is_fine():
+            transaction.delete(delete_filter)
 
 
 def apply_reset(
@@ -128,36 +132,35 @@ def apply_reset(
     reason: str,
     active_runs: int = 0,
     hooks: FailureHooks = NO_HOOKS,
-) -> int:
-    """Commit ``reset``; return its snapshot id.
+    admin: AdminClient | None = None,
+) -> ActionOutcome:
+    """Commit ``reset``, then (with ``admin``) move the Kafka group to the table's offsets.
 
-    Delivery: compare-and-set. If the offsets moved since the reset was planned, nothing is
-    written and :class:`CommitConflictError` is raised; a run in flight when it commits aborts
-    at its own commit.
+    Delivery: compare-and-set (:func:`ingestion.actions.commit_action`). If the offsets moved
+    since the reset was planned, nothing is written and :class:`CommitConflictError` names the
+    commit that moved them; a run in flight when it commits aborts at its own commit. The Kafka
+    group's offsets it replaces are recorded in the snapshot, so if moving the group fails the
+    next run moves it back (R40). Retrying after an error plans again: a committed reset is
+    found by its commit id, never applied twice.
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
     """
-    if active_runs:
-        raise exceptions.CommitConflictError(
-            f"pipeline {spec.name!r}: {active_runs} run(s) in progress; wait for them or stop "
-            "them before resetting offsets"
-        )
+    refuse_active_runs(spec, active_runs, "resetting offsets")
     table = catalog.load_table(spec.table)
     current = find_committed_state(table, reset.group_id)
     if (
         str(table.metadata.table_uuid) != reset.table_uuid
         or (current.offsets if current else None) != reset.committed
     ):
+        mover = current.describe() if current else "a commit that removed them"
         raise exceptions.CommitConflictError(
-            f"pipeline {spec.name!r}: offsets or table changed since the reset was planned; "
-            "plan it again"
+            f"pipeline {spec.name!r}: offsets or table changed since the reset was planned (by "
+            f"the {mover}); plan it again"
         )
     delete_filter = _rewound_filter(reset.changes)
-    if delete_filter and catalog.table_exists(spec.quarantine_table):
-        quarantine = catalog.load_table(spec.quarantine_table)
-        with quarantine.transaction() as transaction, _no_match_is_fine():
-            transaction.delete(delete_filter)
+    if delete_filter:
+        _delete_rewound_quarantine_rows(catalog, spec, delete_filter)
     properties = props.commit_properties(
         group_id=reset.group_id,
         offsets=reset.target,
@@ -166,9 +169,21 @@ def apply_reset(
         pipeline=spec.name,
         requested_by=requested_by,
         reason=reason,
+        group_offsets_before=read_group_before(admin, reset.group_id),
     )
-    hooks.fire("before_action_commit")
-    return _commit_offsets(table, properties, delete_filter)
+    commit = ActionCommit(
+        spec.name,
+        "offset reset",
+        spec.table,
+        reset.table_uuid,
+        {reset.group_id: reset.committed},
+        properties,
+        delete_filter,
+        {reset.group_id: reset.retired_snapshot},
+    )
+    snapshot_id = commit_action(catalog, commit, hooks)
+    mirror = mirror_after(admin, catalog, spec, reset.group_id)
+    return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], mirror)
 
 
 @dataclass(frozen=True)
@@ -188,19 +203,36 @@ def migrate_group(
     admin: AdminClient,
     requested_by: str,
     reason: str,
+    active_runs: int = 0,
     hooks: FailureHooks = NO_HOOKS,
 ) -> Migration:
-    """Carry the pipeline's offsets over to ``new_group_id`` in one commit and mirror them to
-    the new Kafka group; the old Kafka group is left untouched and reported.
+    """Carry the pipeline's offsets over to ``new_group_id`` in one commit that retires the old
+    group, and move the new Kafka group to them; the old Kafka group is left untouched.
 
-    Then set ``consumer_group_id: <new>`` in the spec: the next run reads nothing twice.
+    Then set ``consumer_group_id: <new>`` in the spec: the next run reads nothing twice. Until
+    then runs under the old group are refused (retired, R22).
+
+    Delivery: compare-and-set on the old group's offsets (and on the new group having none): a
+    run that commits under the old group first makes the migration abort naming it; a run in
+    flight when the migration commits aborts at its own commit naming the migration (R7).
+
+    Raises:
+        CommitConflictError: runs in progress, the old group already retired, the new group
+            already holding offsets, or the offsets moved meanwhile.
     """
+    refuse_active_runs(spec, active_runs, "migrating the group")
     old_group = spec.consumer_group_id
     table = catalog.load_table(spec.table)
     old = find_committed_state(table, old_group)
     if old is None:
         raise exceptions.MissingOffsetsError(
             f"pipeline {spec.name!r}: table {spec.table} has no offsets under {old_group!r}"
+        )
+    retirement = find_retirement(table, old_group)
+    if retirement is not None:
+        raise exceptions.CommitConflictError(
+            f"pipeline {spec.name!r}: group {old_group!r} was already retired by the "
+            f"{retirement.description}"
         )
     if find_committed_state(table, new_group_id) is not None:
         raise exceptions.CommitConflictError(
@@ -216,11 +248,21 @@ def migrate_group(
         requested_by=requested_by,
         reason=reason,
         migrated_from=old_group,
+        retired_groups=[old_group],
+        group_offsets_before=read_group_before(admin, new_group_id),
     )
-    hooks.fire("before_action_commit")
-    snapshot_id = _commit_offsets(table, properties, None)
-    offsets = flatten(old.offsets)
-    mirror = mirror_offsets(admin, new_group_id, offsets)
+    commit = ActionCommit(
+        spec.name,
+        "group migration",
+        spec.table,
+        str(table.metadata.table_uuid),
+        {old_group: old.offsets, new_group_id: None},
+        properties,
+        retired={old_group: None},
+    )
+    snapshot_id = commit_action(catalog, commit, hooks)
+    mirror = mirror_after(admin, catalog, spec, new_group_id)
+    assert mirror is not None
     return Migration(
-        snapshot_id, offsets, mirror, read_group_offsets(admin, spec.consumer_group_id)
+        snapshot_id, flatten(old.offsets), mirror, read_group_offsets(admin, old_group)
     )
