@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import spec_for  # noqa: E402
-from bench.workloads import produce  # noqa: E402
+
+from bench.workloads import produce, spec_for  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 

@@ -67,11 +67,35 @@ def find_promotion(payload: bytes, schema: pa.Schema) -> dict[str, pa.DataType]:
     return {}
 
 
+def _is_text_typed(kind: pa.DataType) -> bool:
+    """Types JSON carries as text that ``pyarrow.json`` cannot read as such: ISO dates
+    (``"2026-11-23"``) and times of day (``"10:00:00.123"``)."""
+    return pa.types.is_date(kind) or pa.types.is_time(kind)
+
+
+def _from_text(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    """Parse ISO text into a date or time column; raises ``ArrowInvalid`` on a bad value."""
+    if pa.types.is_date(kind):
+        return column.cast(kind)
+    # No string -> time cast in Arrow: parse as a timestamp on 1970-01-01, keep the time of day.
+    stamps = pc.binary_join_element_wise("1970-01-01T", column, "").cast(pa.timestamp("us"))
+    return stamps.cast(pa.int64()).cast(pa.time64("us")).cast(kind)
+
+
 def _parse(payload: bytes, schema: pa.Schema, newlines: bool) -> pa.Table:
+    text_typed = [i for i, f in enumerate(schema) if _is_text_typed(f.type)]
+    read_schema = schema
+    for index in text_typed:
+        read_schema = read_schema.set(index, schema.field(index).with_type(pa.string()))
     options = pj.ParseOptions(
-        explicit_schema=schema, unexpected_field_behavior="infer", newlines_in_values=newlines
+        explicit_schema=read_schema, unexpected_field_behavior="infer", newlines_in_values=newlines
     )
-    return pj.read_json(io.BytesIO(payload), parse_options=options)
+    table = pj.read_json(io.BytesIO(payload), parse_options=options)
+    for index in text_typed:
+        field = schema.field(index)
+        position = table.schema.get_field_index(field.name)
+        table = table.set_column(position, field, _from_text(table.column(position), field.type))
+    return table
 
 
 def _required_violations(table: pa.Table, required: tuple[str, ...]) -> pa.Array | None:

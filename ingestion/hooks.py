@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 HookPoint = Literal[
     "after_plan",
@@ -18,18 +18,11 @@ HookPoint = Literal[
     "after_catalog_call",
     "after_commit",
     "before_mirror",
-    "before_action_commit",
 ]
-HOOK_POINTS: tuple[HookPoint, ...] = (
-    "after_plan",
-    "in_task",
-    "before_commit",
-    "before_catalog_call",
-    "after_catalog_call",
-    "after_commit",
-    "before_mirror",
-)
-ACTION_HOOK_POINTS: tuple[HookPoint, ...] = ("before_action_commit",)  # operator actions
+HOOK_POINTS: tuple[HookPoint, ...] = get_args(HookPoint)
+# Operator actions (reset, migration) fire theirs between their compare-and-set check and their
+# catalog call, where a racing run can be injected (ingestion/actions.py).
+ActionHookPoint = Literal["before_action_commit"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +31,7 @@ class FailureHooks:
 
     hooks: dict[str, Callable[..., Any]]
 
-    def fire(self, point: HookPoint, **context: Any) -> None:
+    def fire(self, point: HookPoint | ActionHookPoint, **context: Any) -> None:
         """Call the hook registered for ``point``, if any."""
         hook = self.hooks.get(point)
         if hook is not None:

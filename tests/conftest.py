@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import gc
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ingestion.spec import PipelineSpec
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
-from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness
+from tests.support.ledger import Ledger, LedgerProducer, Record
+from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,7 +44,7 @@ _topic_numbers = itertools.count()
 
 
 @pytest.fixture
-def create_topic(kafka: KafkaResource, request: pytest.FixtureRequest) -> Callable[..., str]:
+def create_topic(kafka: KafkaResource, request: pytest.FixtureRequest) -> CreateTopic:
     """Create a fresh topic named after the test; return its name."""
     from confluent_kafka.admin import NewTopic
 
@@ -80,6 +81,26 @@ def ledger() -> Ledger:
 def ledger_producer(kafka: KafkaResource, ledger: Ledger) -> LedgerProducer:
     """A producer that records every acknowledged record in ``ledger``."""
     return LedgerProducer(kafka, ledger)
+
+
+@pytest.fixture
+def new_pipeline(create_topic: CreateTopic, ledger_producer: LedgerProducer) -> NewPipeline:
+    """Create a fresh topic and a small JSON pipeline on it (``make_spec``), produce its first
+    records through the ledger (``produce``: a count of ``records``, or the records); return
+    (topic, spec)."""
+
+    def _new(
+        name: str, partitions: int = 1, produce: int | list[Record] = 0, **overrides: Any
+    ) -> tuple[str, PipelineSpec]:
+        topic = create_topic(partitions=partitions)
+        spec = make_spec(topic, name, **overrides)
+        if produce:
+            ledger_producer.produce(
+                topic, records(produce) if isinstance(produce, int) else produce
+            )
+        return topic, spec
+
+    return _new
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from platform_assets.pipelines import load_pipelines
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer, Record
-from tests.support.pipelines import records
+from tests.support.pipelines import NewPipeline, records
 
 pytestmark = pytest.mark.integration
 
@@ -64,10 +64,7 @@ def demo(
 
 
 def test_status_validate_reset_and_maintain(
-    demo: Demo,
-    capsys: pytest.CaptureFixture[str],
-    ledger_producer: LedgerProducer,
-    demo_topic: str,
+    demo: Demo, capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer, demo_topic: str
 ) -> None:
 
     assert main(["status"]) == 0
@@ -137,21 +134,15 @@ def test_readme_cli_examples_run(demo: Demo, capsys: pytest.CaptureFixture[str])
 
 
 def test_operator_jobs_in_dagster(
-    kafka: KafkaResource,
-    tmp_path: Path,
-    ledger_producer: LedgerProducer,
-    create_topic: Callable[..., str],
+    kafka: KafkaResource, tmp_path: Path, new_pipeline: NewPipeline
 ) -> None:
     """The reset (dry run, then applied), migration and maintenance jobs with typed config."""
     from dagster import DagsterInstance
 
     from platform_assets.ops_jobs import build_ops_jobs
-    from tests.support.pipelines import make_spec
 
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "ops_jobs")
+    _, spec = new_pipeline("ops_jobs", produce=10)
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
-    ledger_producer.produce(topic, records(10))
     run_pipeline(spec, kafka.client_config(), iceberg.load_catalog(), None, kafka.get_cluster_id())
     reset_job, migrate_job, maintain_job = build_ops_jobs([spec])
     resources = {"kafka": kafka, "iceberg": iceberg}

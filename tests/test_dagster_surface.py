@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar
 
@@ -32,17 +32,9 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.ledger import LedgerProducer
-from tests.support.pipelines import make_spec, records
+from tests.support.pipelines import PIPELINE_CHECKS, CreateTopic, NewPipeline, make_spec, records
 
 pytestmark = pytest.mark.integration
-ALL_CHECKS = {
-    "group_id_consistency",
-    "commit_freshness",
-    "exactly_once_audit",
-    "retention_risk",
-    "dead_letter_rate",
-    "offsets_watermark_reachable",
-}
 
 
 @pytest.fixture
@@ -88,7 +80,7 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
     for spec in specs:
         assert table_key(spec) in graph.get_all_asset_keys()
         assert commit_state_key(spec) in graph.get_all_asset_keys()
-        assert {name for key, name in checks if key == table_key(spec)} == ALL_CHECKS
+        assert {name for key, name in checks if key == table_key(spec)} == PIPELINE_CHECKS
         assert (
             defs.resolve_sensor_def(f"{spec.name}_lag_sensor").job_name == f"ingest_{spec.name}_job"
         )
@@ -105,11 +97,9 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
 
 
 def test_materialize_ingests_and_every_check_passes(
-    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+    resources: dict[str, Any], new_pipeline: NewPipeline
 ) -> None:
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "dg_happy", errors_tolerance="all")
-    ledger_producer.produce(topic, records(300))
+    _, spec = new_pipeline("dg_happy", partitions=2, produce=300, errors_tolerance="all")
     result = run_pipeline_assets(spec, resources)
     assert result.success
     table = result.asset_materializations_for_node(f"ingest_{spec.name}")
@@ -124,12 +114,12 @@ def test_materialize_ingests_and_every_check_passes(
     assert log.records[0].data["records"] == 300
     assert quarantine_key(spec) in by_key
     found = evaluations(result)
-    assert set(found) == ALL_CHECKS
+    assert set(found) == PIPELINE_CHECKS
     assert all(e.passed for e in found.values()), {n: e.description for n, e in found.items()}
 
 
 def test_seed_misconfiguration_fails_the_check_and_blocks_ingestion(
-    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+    resources: dict[str, Any], create_topic: CreateTopic, ledger_producer: LedgerProducer
 ) -> None:
     """Offsets live under the old default commit group; the pipeline now says
     ``connect-sink-group``: the blocking check names both ids and the fix; nothing is read."""
@@ -152,7 +142,7 @@ def test_seed_misconfiguration_fails_the_check_and_blocks_ingestion(
 
 
 def test_failing_checks_say_what_and_how(
-    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+    resources: dict[str, Any], create_topic: CreateTopic, ledger_producer: LedgerProducer
 ) -> None:
     """commit_freshness (lag + old commit), dead_letter_rate, exactly_once_audit (a duplicate
     appended behind the pipeline's back) and offsets_watermark_reachable (expired) fail."""
@@ -194,10 +184,9 @@ def test_failing_checks_say_what_and_how(
 
 
 def test_lag_sensor_requests_runs_only_over_threshold(
-    resources: dict[str, Any], create_topic: Callable[..., str], ledger_producer: LedgerProducer
+    resources: dict[str, Any], new_pipeline: NewPipeline, ledger_producer: LedgerProducer
 ) -> None:
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "dg_sensor", max_lag_records=50, max_lag_seconds=3600)
+    topic, spec = new_pipeline("dg_sensor", max_lag_records=50, max_lag_seconds=3600)
     defs = build_definitions([spec])
     sensor = build_lag_sensor(spec, defs.resolve_job_def(f"ingest_{spec.name}_job"))  # type: ignore[arg-type]
     sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
@@ -246,12 +235,11 @@ def webhook() -> Iterator[str]:
 
 def test_alert_sensor_one_webhook_per_state_change_and_recovery(
     resources: dict[str, Any],
-    create_topic: Callable[..., str],
+    new_pipeline: NewPipeline,
     ledger_producer: LedgerProducer,
     webhook: str,
 ) -> None:
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "dg_alerts", errors_tolerance="all", max_dead_letter_ratio=0.05)
+    topic, spec = new_pipeline("dg_alerts", errors_tolerance="all", max_dead_letter_ratio=0.05)
     alerts = {"alerts": AlertResource(webhook_url=webhook)}
     check_alert_sensor = build_check_alert_sensor(pipeline_check_keys(spec))
     with DagsterInstance.ephemeral() as instance:
@@ -279,7 +267,7 @@ def test_alert_sensor_one_webhook_per_state_change_and_recovery(
 
 def test_run_failure_alert_names_the_run_and_the_cause(
     resources: dict[str, Any],
-    create_topic: Callable[..., str],
+    create_topic: CreateTopic,
     ledger_producer: LedgerProducer,
     webhook: str,
 ) -> None:

@@ -25,6 +25,7 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.ledger import LedgerEntry, LedgerProducer, Record
+from tests.support.pipelines import CreateTopic
 
 pytestmark = pytest.mark.integration
 DAY = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
@@ -63,12 +64,25 @@ def expected_revenue(entries: list[LedgerEntry]) -> dict[tuple[str, str], tuple[
     return {key: (n, revenue) for key, (n, revenue) in totals.items()}
 
 
-def ingest(spec: PipelineSpec, kafka: KafkaResource, state_dir: Path, spark: SparkResource) -> int:
-    catalog = IcebergCatalogResource(state_dir=str(state_dir)).load_catalog()
-    report = run_pipeline(
-        spec, kafka.client_config(), catalog, spark.spark_session, kafka.get_cluster_id()
-    )
-    return report.records
+Ingest = Callable[[PipelineSpec], int]
+
+
+@pytest.fixture
+def ingest(state_dir: Path, kafka: KafkaResource, spark_resource: SparkResource) -> Ingest:
+    """Run a pipeline into the catalog of ``state_dir``; return the records it committed."""
+
+    def _ingest(spec: PipelineSpec) -> int:
+        catalog = IcebergCatalogResource(state_dir=str(state_dir)).load_catalog()
+        report = run_pipeline(
+            spec,
+            kafka.client_config(),
+            catalog,
+            spark_resource.spark_session,
+            kafka.get_cluster_id(),
+        )
+        return report.records
+
+    return _ingest
 
 
 def build_dbt() -> Any:
@@ -89,16 +103,12 @@ def mart_totals(state_dir: Path) -> dict[tuple[str, str], tuple[int, Decimal]]:
 
 
 def test_mart_matches_ledger_and_incremental_adds_exactly_the_new_records(
-    state_dir: Path,
-    kafka: KafkaResource,
-    spark_resource: SparkResource,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
+    state_dir: Path, ingest: Ingest, create_topic: CreateTopic, ledger_producer: LedgerProducer
 ) -> None:
     topic = create_topic(partitions=3)
     spec = demo_spec(topic)
     first = ledger_producer.produce(topic, orders(0, 120, duplicates=7, seed=1))
-    assert ingest(spec, kafka, state_dir, spark_resource) == 127  # the table keeps both offsets
+    assert ingest(spec) == 127  # the table keeps both offsets
     result = build_dbt()
     assert result.success
     assert all(e.passed for e in result.get_asset_check_evaluations())
@@ -106,7 +116,7 @@ def test_mart_matches_ledger_and_incremental_adds_exactly_the_new_records(
     assert query(state_dir, "select count(*) from orders_incremental") == [(120,)]
 
     second = ledger_producer.produce(topic, orders(120, 30, duplicates=3, seed=2))
-    assert ingest(spec, kafka, state_dir, spark_resource) == 33
+    assert ingest(spec) == 33
     assert build_dbt().success
     assert query(
         state_dir, "select count(*), count(distinct order_id) from orders_incremental"
@@ -115,16 +125,12 @@ def test_mart_matches_ledger_and_incremental_adds_exactly_the_new_records(
 
 
 def test_failing_dbt_test_fails_its_asset_check(
-    state_dir: Path,
-    kafka: KafkaResource,
-    spark_resource: SparkResource,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
+    ingest: Ingest, create_topic: CreateTopic, ledger_producer: LedgerProducer
 ) -> None:
     topic = create_topic(partitions=1)
     event = make_order_event(random.Random(3), 1, now=DAY) | {"status": "lost-in-transit"}
     ledger_producer.produce(topic, [(b"ord-1", encode_event(event), None)])
-    ingest(demo_spec(topic), kafka, state_dir, spark_resource)
+    ingest(demo_spec(topic))
     result = build_dbt()
     checks = {e.check_name: e for e in result.get_asset_check_evaluations()}
     status = next(name for name in checks if name.startswith("accepted_values_stg_orders_status"))

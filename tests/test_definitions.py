@@ -12,6 +12,7 @@ from dagster import AssetCheckKey, AssetKey, DagsterInstance, DefaultScheduleSta
 
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
+from tests.support.pipelines import PIPELINE_CHECKS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,14 +52,7 @@ def test_asset_graph() -> None:
     assert graph.get(table).parent_keys == {topic}
     assert graph.get(commits).parent_keys == {table}
     assert graph.get(quarantine).parent_keys == {topic}
-    assert {key.name for key in graph.asset_check_keys if key.asset_key == table} == {
-        "group_id_consistency",
-        "commit_freshness",
-        "exactly_once_audit",
-        "retention_risk",
-        "dead_letter_rate",
-        "offsets_watermark_reachable",
-    }
+    assert {key.name for key in graph.asset_check_keys if key.asset_key == table} == PIPELINE_CHECKS
     assert AssetCheckKey(staging, "unique_stg_orders_order_id") in graph.asset_check_keys
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -24,6 +24,7 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.pipelines import CreateTopic
 
 pytestmark = pytest.mark.integration
 
@@ -50,10 +51,7 @@ def read_all(kafka: KafkaResource, topic: str, ends: dict[int, int]) -> set[tupl
 
 
 def test_ledger_matches_broker_and_end_offsets_are_exact(
-    kafka: KafkaResource,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    kafka: KafkaResource, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     topic = create_topic(partitions=3)
     records = [(f"k{i}".encode(), f'{{"n": {i}}}'.encode(), None) for i in range(300)]
@@ -73,12 +71,16 @@ def test_ledger_matches_broker_and_end_offsets_are_exact(
     assert newest == max(entry.timestamp_ms for entry in ledger.entries)
 
 
-def produce_mixed_transactions(kafka: KafkaResource, topic: str, ledger: Ledger) -> None:
-    """Committed, aborted, committed: markers at offsets 1, 3 and 5 of partition 0."""
+@pytest.fixture
+def mixed_topic(kafka: KafkaResource, create_topic: CreateTopic, ledger: Ledger) -> str:
+    """A new topic of 2 partitions holding transactions committed, aborted, committed: markers
+    at offsets 1, 3 and 5 of partition 0."""
+    topic = create_topic(partitions=2)
     producer = LedgerProducer(kafka, ledger, **{"transactional.id": f"tx-{topic}"})
     producer.produce_transaction(topic, [(b"a", b"1", 0), (b"b", b"2", 1)], commit=True)
     producer.produce_transaction(topic, [(b"c", b"3", 0), (b"d", b"4", 1)], commit=False)
     producer.produce_transaction(topic, [(b"e", b"5", 0)], commit=True)
+    return topic
 
 
 def describe(kafka: KafkaResource, topic: str) -> TopicState:
@@ -90,10 +92,9 @@ def describe(kafka: KafkaResource, topic: str) -> TopicState:
 
 
 def test_transaction_end_offsets_cover_the_markers(
-    kafka: KafkaResource, create_topic: Callable[..., str], ledger: Ledger
+    kafka: KafkaResource, mixed_topic: str, ledger: Ledger
 ) -> None:
-    topic = create_topic(partitions=2)
-    produce_mixed_transactions(kafka, topic, ledger)
+    topic = mixed_topic
     state = describe(kafka, topic)
     assert state.end_offsets == {0: 6, 1: 4}  # records + one control record per transaction
     assert len(ledger.aborted(topic)) == 2
@@ -101,12 +102,11 @@ def test_transaction_end_offsets_cover_the_markers(
 
 
 def test_first_timestamps_cross_marker_only_ranges_without_waiting(
-    kafka: KafkaResource, create_topic: Callable[..., str], ledger: Ledger
+    kafka: KafkaResource, mixed_topic: str, ledger: Ledger
 ) -> None:
     """A range holding only a transaction marker ends when the position passes it, not at the
     timeout; a range with a record yields that record's timestamp."""
-    topic = create_topic(partitions=2)
-    produce_mixed_transactions(kafka, topic, ledger)
+    topic = mixed_topic
     started = time.monotonic()
     with open_consumer(kafka.client_config(), "first-timestamps") as consumer:
         found = read_first_timestamps_ms(
@@ -122,16 +122,15 @@ def test_first_timestamps_cross_marker_only_ranges_without_waiting(
     "(its fetch response lists no aborted transactions); needs a real Kafka. See README.",
 )
 def test_read_committed_hides_aborted_records(
-    kafka: KafkaResource, create_topic: Callable[..., str], ledger: Ledger
+    kafka: KafkaResource, mixed_topic: str, ledger: Ledger
 ) -> None:
-    topic = create_topic(partitions=2)
-    produce_mixed_transactions(kafka, topic, ledger)
+    topic = mixed_topic
     state = describe(kafka, topic)
     assert not read_all(kafka, topic, state.end_offsets) & ledger.aborted(topic)
 
 
 def test_recreated_topic_gets_a_new_topic_id(
-    kafka: KafkaResource, create_topic: Callable[..., str]
+    kafka: KafkaResource, create_topic: CreateTopic
 ) -> None:
     admin = kafka.get_admin_client()
     topic = create_topic(partitions=1)
@@ -149,9 +148,7 @@ def test_recreated_topic_gets_a_new_topic_id(
     assert first != second
 
 
-def test_pattern_lists_matching_topics(
-    kafka: KafkaResource, create_topic: Callable[..., str]
-) -> None:
+def test_pattern_lists_matching_topics(kafka: KafkaResource, create_topic: CreateTopic) -> None:
     names = [create_topic(partitions=1, name=f"pattern-demo-{i}") for i in range(2)]
     create_topic(partitions=1, name="pattern-demox")
     assert list_matching_topics(kafka.get_admin_client(), r"pattern-demo-\d+") == names

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -16,7 +15,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from ingestion.avro import fetch_schemas_by_id
 from tests.support.ledger import Ledger, LedgerProducer, Record
-from tests.support.pipelines import Harness, make_spec
+from tests.support.pipelines import CreateTopic, Harness, make_spec
 from tests.support.registry import make_registry
 
 V1 = {
@@ -53,10 +52,7 @@ def order(i: int, **extra: Any) -> dict[str, Any]:
 
 @pytest.mark.integration
 def test_avro_pipeline_derives_schema_evolves_and_quarantines(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     topic = create_topic(partitions=2)
     registry = make_registry()

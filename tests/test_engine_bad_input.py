@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from ingestion import exceptions
 from ingestion.audit import committed_ids, read_coordinates
 from ingestion.hooks import FailureHooks
 from tests.support.ledger import Ledger, LedgerProducer, Record
-from tests.support.pipelines import Harness, crash, make_spec, records
+from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +24,11 @@ BAD_VALUES = [
 
 
 def test_bad_record_fails_the_run_by_default_naming_it(
-    harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
+    harness: Harness, new_pipeline: NewPipeline
 ) -> None:
     """R33 with errors_tolerance=none: the run fails naming topic, partition and offset."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "bad_default")
-    ledger_producer.produce(topic, [*records(5), (b"k", b"{not json", None), *records(5, 5)])
+    bad: Record = (b"k", b"{not json", None)
+    topic, spec = new_pipeline("bad_default", produce=[*records(5), bad, *records(5, 5)])
     with pytest.raises(exceptions.TaskFailedError) as excinfo:
         harness.run(spec)
     message = str(excinfo.value)
@@ -41,18 +38,15 @@ def test_bad_record_fails_the_run_by_default_naming_it(
 
 
 def test_bad_records_are_quarantined_exactly_once(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger: Ledger
 ) -> None:
     """R33, R35, R36: bad records quarantined once (even when a run dies after quarantining
     them), good records land, new fields become optional columns before the data commit."""
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "quarantine", errors_tolerance="all")
     bad: list[Record] = [(f"bad{i}".encode(), value, i % 2) for i, value in enumerate(BAD_VALUES)]
     evolving: Record = (b"new", b'{"id": 99, "coupon": "XMAS", "nested": {"a": 1}}', 0)
-    ledger_producer.produce(topic, [*records(40), *bad, evolving])
+    _, spec = new_pipeline(
+        "quarantine", partitions=2, produce=[*records(40), *bad, evolving], errors_tolerance="all"
+    )
 
     with pytest.raises(exceptions.IngestionError):  # dies after the quarantine commit (R33 replay)
         harness.run(spec, hooks=FailureHooks({"before_catalog_call": crash}))
@@ -81,30 +75,25 @@ def test_bad_records_are_quarantined_exactly_once(
 
 
 def test_valid_promotions_evolve_the_table(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger: Ledger
 ) -> None:
     """R35: an int column receiving a long value is promoted to long (the coordinator's schema
     commit), a decimal widens its precision; string into a number column is still rejected."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(
-        topic,
-        "promotions",
-        errors_tolerance="all",
-        schema=[
-            {"name": "id", "type": "int", "required": True},
-            {"name": "amount", "type": "decimal(6,2)"},
-        ],
-    )
     values = [
         b'{"id": 1, "amount": 12.50}',
         b'{"id": 3000000000, "amount": 1.00}',
         b'{"id": 2, "amount": 123456789.12}',
         b'{"id": "three"}',
     ]
-    ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(values)])
+    _, spec = new_pipeline(
+        "promotions",
+        produce=[(f"k{i}".encode(), v, None) for i, v in enumerate(values)],
+        errors_tolerance="all",
+        schema=[
+            {"name": "id", "type": "int", "required": True},
+            {"name": "amount", "type": "decimal(6,2)"},
+        ],
+    )
     report = harness.run(spec)
     assert report.schema_changes == ["promoted amount to decimal128(38, 2)", "promoted id to int64"]
     assert report.records == 3
@@ -117,10 +106,7 @@ def test_valid_promotions_evolve_the_table(
 
 
 def test_dead_letter_topic_copy_at_least_once_with_headers(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R33 + dead-letter topic: a crash after the commit loses no copy; the next run sends it,
     with Kafka Connect's context headers, and the mirror follows."""
@@ -153,10 +139,7 @@ def test_dead_letter_topic_copy_at_least_once_with_headers(
 
 
 def test_dead_letters_already_copied_are_not_copied_again(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """The copies went out but the Kafka group mirror stayed behind (rewound here, as a foreign
     member would keep it): the next run finds the copies by commit id and sends none again."""

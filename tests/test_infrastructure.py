@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -24,23 +24,14 @@ import pytest
 
 from ingestion import exceptions
 from ingestion.hooks import FailureHooks
-from ingestion.mirror import read_group_offsets
 from ingestion.offsets import find_committed_state
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness, make_spec, records
+from tests.support.pipelines import Harness, NewPipeline, records
 
 pytestmark = pytest.mark.integration
 PROJECT = Path(__file__).resolve().parent.parent
-
-
-def assert_mirror_matches_table(harness: Harness, spec: Any) -> None:
-    state = find_committed_state(harness.table(spec), spec.consumer_group_id)
-    assert state is not None
-    mirrored = read_group_offsets(harness.kafka.get_admin_client(), spec.consumer_group_id)
-    (topic,) = spec.source_topics
-    assert mirrored == {(topic, p): o for p, o in state.offsets[topic].next_offsets.items()}
 
 
 @pytest.mark.parametrize(
@@ -51,15 +42,13 @@ def test_driver_killed_hard_then_rerun(
     harness: Harness,
     catalog_resource: IcebergCatalogResource,
     tmp_path: Path,
-    create_topic: Callable[..., str],
+    new_pipeline: NewPipeline,
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
     """SIGKILL of the driver before the commit, right after the catalog accepted it (the
     ambiguous outcome) and before the mirror: the next runs lose and duplicate nothing."""
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, f"killed_{point}")
-    ledger_producer.produce(topic, records(300))
+    topic, spec = new_pipeline(f"killed_{point}", partitions=2, produce=300)
     config = tmp_path / "driver.json"
     config.write_text(
         json.dumps(
@@ -88,21 +77,15 @@ def test_driver_killed_hard_then_rerun(
     assert report.records == (50 if committed else 350)
     harness.run(spec)
     harness.assert_exactly_once(spec, ledger)
-    assert_mirror_matches_table(harness, spec)
+    harness.assert_mirror_matches_table(spec)
 
 
 def test_executor_killed_hard_task_is_retried(
-    tmp_path: Path,
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    tmp_path: Path, harness: Harness, new_pipeline: NewPipeline, ledger: Ledger
 ) -> None:
     """SIGKILL of the Python worker running a task after it wrote its files: Spark retries the
     task, one file set commits, the dead attempt's files stay unreferenced."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "executor_killed")
-    ledger_producer.produce(topic, records(300))
+    _, spec = new_pipeline("executor_killed", produce=300)
     marker = tmp_path / "killed"
 
     def kill_worker(point: str, **context: Any) -> None:
@@ -153,16 +136,15 @@ def test_broker_paused_during_a_task(
     tmp_path: Path,
     harness: Harness,
     broker: EmbeddedBroker,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
+    new_pipeline: NewPipeline,
     ledger: Ledger,
 ) -> None:
     """The broker freezes while a task reads. A short pause: the run completes. A pause longer
     than the read timeout: the run fails naming the range, nothing is committed, and a run
     after the broker is back ingests everything once."""
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, f"paused_{int(pause_s)}", read_timeout_seconds=read_timeout_s)
-    ledger_producer.produce(topic, records(300))
+    _, spec = new_pipeline(
+        f"paused_{int(pause_s)}", produce=300, read_timeout_seconds=read_timeout_s
+    )
     marker, broker_pid = tmp_path / "paused", broker.pid
 
     def pause_broker(point: str, **context: Any) -> None:
@@ -184,4 +166,4 @@ def test_broker_paused_during_a_task(
         )
         assert harness.run(spec).records == 300
     harness.assert_exactly_once(spec, ledger)
-    assert_mirror_matches_table(harness, spec)
+    harness.assert_mirror_matches_table(spec)

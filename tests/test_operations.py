@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,7 +15,7 @@ from ingestion.operations import apply_reset, migrate_group, plan_reset
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.state import read_state
 from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness, crash, make_spec, records
+from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
 
@@ -32,13 +31,9 @@ def planned_reset(harness: Harness, spec: PipelineSpec, position: StartingPositi
 
 
 def test_reset_to_timestamp_rereads_exactly_once(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "reset_ts", errors_tolerance="all")
+    topic, spec = new_pipeline("reset_ts", partitions=2, errors_tolerance="all")
     ledger_producer.produce(topic, [*records(20), (b"bad", b"{", 0)])
     time.sleep(0.05)
     cutoff_ms = int(time.time() * 1000)
@@ -56,14 +51,9 @@ def test_reset_to_timestamp_rereads_exactly_once(
 
 
 def test_reset_while_a_run_is_in_flight_wins_and_the_run_aborts(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
-    topic = create_topic(partitions=1)
-    spec = make_spec(topic, "reset_race")
-    ledger_producer.produce(topic, records(10))
+    topic, spec = new_pipeline("reset_race", produce=10)
     harness.run(spec)
     ledger_producer.produce(topic, records(10, first=10))
     reset = planned_reset(harness, spec, StartingPosition(mode="latest"))
@@ -80,10 +70,7 @@ def test_reset_while_a_run_is_in_flight_wins_and_the_run_aborts(
 
 
 def test_group_migration_reads_nothing_twice_and_passes_the_check(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     topic = create_topic(partitions=2)
     old = make_spec(topic, "migrate", consumer_group_id="migrate-cg-control")
@@ -112,17 +99,13 @@ def test_group_migration_reads_nothing_twice_and_passes_the_check(
 
 
 def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
-    harness: Harness,
-    create_topic: Callable[..., str],
-    ledger_producer: LedgerProducer,
-    ledger: Ledger,
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R31 by construction: compact + expire + orphan removal, then ingest again: clean."""
     from ingestion.maintenance import maintain_table
     from ingestion.offsets import find_committed_state
 
-    topic = create_topic(partitions=2)
-    spec = make_spec(topic, "maintained", max_records_per_task=15)
+    topic, spec = new_pipeline("maintained", partitions=2, max_records_per_task=15)
     for batch in range(3):
         ledger_producer.produce(topic, records(40, first=batch * 40))
         if batch == 1:  # a crashed attempt leaves its written files behind as orphans (R2)

@@ -1,4 +1,5 @@
-"""The planner as a pure function: every inconsistency fails by name (unit level)."""
+"""The planner as a pure function: every inconsistency fails by name (unit level); and its end
+offsets on the real broker (integration)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from typing import Any
 import pytest
 
 from ingestion import exceptions
+from ingestion.hooks import FailureHooks
 from ingestion.offsets import CommittedState, TopicOffsets
 from ingestion.plan import Plan, plan_partitions
 from ingestion.ranges import cap_ends, split_tasks
 from ingestion.topics import PartitionState, TopicState
-from tests.support.pipelines import make_spec
+from resources.kafka import KafkaResource
+from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 
 SPEC = make_spec("orders", "unit")
 
@@ -160,18 +164,49 @@ def test_split_tiles_the_range(size: int, count: int) -> None:
     assert all(a.end == b.start for a, b in itertools.pairwise(tasks))
 
 
-def test_planner_reads_last_stable_offsets() -> None:
-    """R16 (unit level): end offsets come from a read_committed consumer's watermarks.
+def watermark(kafka: KafkaResource, topic: str, isolation: str) -> int:
+    """The high watermark of ``topic[0]`` as a consumer with ``isolation`` sees it now."""
+    from confluent_kafka import TopicPartition
 
-    Tansu and librdkafka's mock cluster do not compute the last stable offset, so a hanging
-    transaction cannot be reproduced here; the planner's consumer is checked instead and the
-    end-to-end case needs a real Kafka.
+    consumer = kafka.get_consumer(**{"isolation.level": isolation})
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
+    finally:
+        consumer.close()
+    return int(high)
+
+
+@pytest.mark.integration
+def test_planner_never_plans_past_an_open_transaction(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    kafka: KafkaResource,
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
+    """R16: with a transaction open, a run plans to the read_committed end offset, not to the
+    high watermark; once it commits, the next run ingests everything exactly once.
+
+    Tansu 0.6.0 answers a read_committed end-offset query with 0 while a transaction is open
+    (a real Kafka answers the last stable offset, 3 here); either way it is below the high
+    watermark (past the open records), which a read_uncommitted planner would take.
     """
-    import inspect
+    topic, spec = new_pipeline("open_transaction")
+    ledger_producer.produce(topic, records(3, partition=0))
+    transactional = LedgerProducer(kafka, ledger, **{"transactional.id": f"tx-{topic}"})
+    planned: list[Plan] = []
 
-    from ingestion import run
+    def stop_after_plan(point: str, **context: Any) -> None:
+        planned.append(context["plan"])
+        raise exceptions.InjectedFailure(point)
 
-    source = inspect.getsource(run.run_pipeline)
-    assert '"isolation.level": "read_committed"' in source
-    _, end, _, _ = plan(committed({0: 3}), topic({0: 5}))
-    assert end == {("orders", 0): 5}  # exactly the offset the watermark query returned
+    with transactional.open_transaction(topic, records(3, first=3, partition=0)):
+        stable = watermark(kafka, topic, "read_committed")
+        high = watermark(kafka, topic, "read_uncommitted")
+        assert stable <= 3 < high, "the broker must hide the open transaction"
+        with pytest.raises(exceptions.InjectedFailure):
+            harness.run(spec, hooks=FailureHooks({"after_plan": stop_after_plan}))
+    assert planned[0].end == {(topic, 0): stable}
+    report = harness.run(spec)
+    assert report.records == 6
+    harness.assert_exactly_once(spec, ledger)

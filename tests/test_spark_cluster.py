@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ import pytest
 from ingestion.spec import parse_pipeline_spec
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import Harness, make_spec, records
+from tests.support.ledger import Ledger
+from tests.support.pipelines import Harness, NewPipeline
 from tests.support.spark_cluster import StandaloneCluster, make_executor_python
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -61,9 +61,8 @@ def test_ingestion_through_a_standalone_cluster(
     kafka: KafkaResource,
     tmp_path: Path,
     harness: Harness,
-    create_topic: Callable[..., str],
+    new_pipeline: NewPipeline,
     ledger: Ledger,
-    ledger_producer: LedgerProducer,
 ) -> None:
     executor_python = make_executor_python(tmp_path / "executor-env")
     isolated = subprocess.run(
@@ -74,26 +73,11 @@ def test_ingestion_through_a_standalone_cluster(
     )
     assert "No module named 'ingestion'" in isolated.stderr  # the executors cannot cheat
 
-    topic = create_topic(partitions=3)
-    ledger_producer.produce(topic, records(900))
-    raw = {
-        "name": "cluster",
-        "topic": topic,
-        "table": "cluster.events",
-        "consumer_group_id": "group-cluster",
-        "value_format": "json",
-        "key_format": "string",
-        "schema": [
-            {"name": "id", "type": "long", "required": True},
-            {"name": "name", "type": "string"},
-            {"name": "amount", "type": "decimal(10,2)"},
-            {"name": "ts", "type": "timestamptz"},
-        ],
-        "max_records_per_task": 200,
-    }
-    assert parse_pipeline_spec(raw) == make_spec(
-        topic, "cluster", **{k: v for k, v in raw.items() if k not in ("name", "topic")}
+    _, spec = new_pipeline(
+        "cluster", partitions=3, produce=900, table="cluster.events", max_records_per_task=200
     )
+    raw = spec.model_dump(mode="json", by_alias=True)  # what the driver process receives
+    assert parse_pipeline_spec(raw) == spec
     state_dir = tmp_path / "state"
     report = run_driver(
         {
@@ -120,7 +104,6 @@ def test_ingestion_through_a_standalone_cluster(
 
     catalog = IcebergCatalogResource(state_dir=str(state_dir)).load_catalog()
     judge = dataclasses.replace(harness, catalog=catalog)
-    spec = parse_pipeline_spec(raw)
     assert judge.assert_exactly_once(spec, ledger).rows == 900
     files = catalog.load_table(spec.table).inspect.files()
     assert files.num_rows >= 5  # 900 records / 200 per task, over 3 partitions: split tasks

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,10 +145,12 @@ class LedgerProducer:
         self.ledger.entries.extend(pending)
         return pending
 
-    def produce_transaction(
+    @contextmanager
+    def open_transaction(
         self, topic: str, records: Iterable[Record], commit: bool = True
-    ) -> list[LedgerEntry]:
-        """Produce ``records`` in one transaction, committed or aborted.
+    ) -> Iterator[list[LedgerEntry]]:
+        """Produce ``records`` in a transaction left open for the ``with`` block, then commit
+        (or abort) it; the entries reach the ledger once the transaction ends.
 
         Needs a producer made with ``transactional.id``; ``init_transactions`` is called once.
         """
@@ -159,9 +162,21 @@ class LedgerProducer:
         self._producer.begin_transaction()
         self._send(topic, placed, commit, pending)
         self._flush()
+        try:
+            yield pending
+        except BaseException:
+            self._producer.abort_transaction(30)
+            raise
         if commit:
             self._producer.commit_transaction(30)
         else:
             self._producer.abort_transaction(30)
         self.ledger.entries.extend(pending)
-        return pending
+
+    def produce_transaction(
+        self, topic: str, records: Iterable[Record], commit: bool = True
+    ) -> list[LedgerEntry]:
+        """Produce ``records`` in one transaction, committed or aborted (see
+        :meth:`open_transaction`)."""
+        with self.open_transaction(topic, records, commit) as pending:
+            return pending

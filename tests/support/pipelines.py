@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,10 +14,28 @@ from pyspark.sql import SparkSession
 from ingestion.audit import AuditResult, audit_table
 from ingestion.exceptions import InjectedFailure
 from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.mirror import read_group_offsets
+from ingestion.offsets import find_committed_state, flatten
 from ingestion.run import RunReport, run_pipeline
 from ingestion.spec import PipelineSpec, parse_pipeline_spec
 from resources.kafka import KafkaResource
 from tests.support.ledger import Coordinates, Ledger, Record
+
+CreateTopic = Callable[..., str]
+"""``create_topic(partitions=3, name=None, **config)`` -> a fresh topic: the fixture."""
+NewPipeline = Callable[..., tuple[str, PipelineSpec]]
+"""``new_pipeline(name, partitions=1, produce=0, **overrides)`` -> (topic, spec): the fixture."""
+PIPELINE_CHECKS = frozenset(
+    {
+        "group_id_consistency",
+        "commit_freshness",
+        "exactly_once_audit",
+        "retention_risk",
+        "dead_letter_rate",
+        "offsets_watermark_reachable",
+    }
+)
+"""The asset checks every pipeline's table has."""
 
 
 def crash(point: str, **context: Any) -> None:
@@ -120,3 +139,10 @@ class Harness:
         result = self.audit(spec, ledger, lost)
         assert result.ok, result.summary()
         return result
+
+    def assert_mirror_matches_table(self, spec: PipelineSpec) -> None:
+        """The Kafka group mirror holds exactly the offsets the table committed."""
+        state = find_committed_state(self.table(spec), spec.consumer_group_id)
+        assert state is not None
+        mirrored = read_group_offsets(self.kafka.get_admin_client(), spec.consumer_group_id)
+        assert mirrored == flatten(state.offsets)

@@ -17,7 +17,6 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from types import TracebackType
 
 from resources.embedded import find_free_port
 
@@ -133,10 +132,5 @@ class StandaloneCluster:
                 process.wait(5)
         self._processes.clear()
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -14,7 +14,6 @@ import ssl
 import subprocess
 import threading
 from pathlib import Path
-from types import TracebackType
 
 
 def make_self_signed_certificate(directory: Path) -> tuple[Path, Path]:
@@ -88,12 +87,7 @@ class TlsProxy:
         self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(10)
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
