@@ -228,16 +228,16 @@ def migrate_group(
         raise exceptions.MissingOffsetsError(
             f"pipeline {spec.name!r}: table {spec.table} has no offsets under {old_group!r}"
         )
+    if find_committed_state(table, new_group_id) is not None:
+        raise exceptions.CommitConflictError(
+            f"pipeline {spec.name!r}: table {spec.table} already has offsets under "
+            f"{new_group_id!r}; reset them explicitly instead of migrating"
+        )
     retirement = find_retirement(table, old_group)
     if retirement is not None:
         raise exceptions.CommitConflictError(
             f"pipeline {spec.name!r}: group {old_group!r} was already retired by the "
             f"{retirement.description}"
-        )
-    if find_committed_state(table, new_group_id) is not None:
-        raise exceptions.CommitConflictError(
-            f"pipeline {spec.name!r}: table {spec.table} already has offsets under "
-            f"{new_group_id!r}; reset them explicitly instead of migrating"
         )
     properties = props.commit_properties(
         group_id=new_group_id,
