@@ -140,8 +140,9 @@ def apply_reset(
     since the reset was planned, nothing is written and :class:`CommitConflictError` names the
     commit that moved them; a run in flight when it commits aborts at its own commit. The Kafka
     group's offsets it replaces are recorded in the snapshot, so if moving the group fails the
-    next run moves it back (R40). Retrying after an error plans again: a committed reset is
-    found by its commit id, never applied twice.
+    next run moves it back (R40). An ambiguous catalog error is reconciled by the reset's commit
+    id; calling it again with the same plan after it committed aborts (the offsets moved, by
+    this very reset), so it is never applied twice.
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.

@@ -173,7 +173,10 @@ def test_cli_reset_by_timestamp_then_the_next_run_succeeds(
     assert not group_finding(kafka, catalog, spec).blocks
     out = capsys.readouterr().out
     assert "committed in snapshot" in out
-    assert "Kafka group 'platform-orders'" in out
+    assert "Kafka group 'platform-orders' moved back to the table's offsets" in out
+    committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
+    assert committed is not None
+    assert group_of(kafka, spec) == flatten(committed.offsets)  # moved by the reset itself
     report = ingest()
     assert report.records == 8
     table = catalog.load_table(spec.table)
@@ -455,6 +458,34 @@ def test_the_old_group_is_retired_after_a_migration(
     reset = planned_reset(harness, old, StartingPosition(mode="latest"))
     apply_reset(harness.catalog, old, reset, harness.cluster_id, "ops", "reuse the old id")
     assert not harness.run(old).committed  # planned again: nothing new under the old id
+
+
+def test_a_migration_moves_the_new_kafka_group_to_the_table_offsets(
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
+    """R40: the seed case, migrating to a Kafka Connect group id whose consumer had read further:
+    the migration records that group's offsets and sets the group to the table's; the check then
+    passes and the new group reads nothing twice."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    topic = create_topic(partitions=1)
+    old = make_spec(topic, "migrate_seed", consumer_group_id="migrate-seed-old", **SMALL)
+    new = make_spec(topic, "migrate_seed", consumer_group_id="migrate-seed-connect", **SMALL)
+    ledger_producer.produce(topic, records(10))
+    harness.run(old)
+    admin = harness.kafka.get_admin_client()
+    connect = ConsumerGroupTopicPartitions(new.consumer_group_id, [TopicPartition(topic, 0, 25)])
+    admin.alter_consumer_group_offsets([connect])[new.consumer_group_id].result(10)
+    migration = migrate_group(harness.catalog, old, new.consumer_group_id, admin, "ops", "seed")
+    assert "moved back to the table's offsets" in migration.mirror.describe()
+    assert group_of(harness.kafka, new) == {(topic, 0): 10}
+    assert group_finding(harness.kafka, harness.catalog, new).passed
+    ledger_producer.produce(topic, records(5, first=10))
+    assert harness.run(new).records == 5
+    harness.assert_exactly_once(new, ledger)
 
 
 def test_cli_counts_active_dagster_runs_before_a_reset_or_migration(
