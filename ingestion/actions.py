@@ -168,7 +168,7 @@ def read_group_before(admin: AdminClient | None, group_id: str) -> dict[Key, int
 def mirror_after(
     admin: AdminClient | None, catalog: Catalog, spec: PipelineSpec, group_id: str
 ) -> MirrorOutcome | None:
-    """Best effort after the commit: move the group to the table's offsets (back too, R40)."""
+    """Best effort after the commit: move the group to the table's offsets (back too, R48)."""
     if admin is None:
         return None
     try:

@@ -1,18 +1,20 @@
 """The oracle of docs/reliability.md as code: is every record in the table exactly once?
 
-It reads only the Kafka metadata columns (and the snapshot lineage), so it stays cheap on a
-large table. Ground truth is optional: with an ``expected`` set (a test's producer ledger, or an
-independent read_committed scan of the committed ranges in production) it also reports missing
-and unexpected (for example aborted) records.
+:func:`audit_table` is the full audit: it reads every row's Kafka coordinates (and the
+snapshot lineage); with an ``expected`` set (a test's producer ledger) it also reports missing
+and unexpected (for example aborted) records. :func:`audit_pipeline` is the production oracle:
+by default the incremental audit of the commits since a cursor against an independent
+read_committed recount in Kafka (``ingestion.commit_audit``), O(new commits); the full audit
+on demand.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from ingestion.consumer import count_visible
+from ingestion.commit_audit import CommitAudit, audit_commits
 from ingestion.offsets import (
     COMMIT_ID,
     OFFSETS_PREFIX,
@@ -23,9 +25,8 @@ from ingestion.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
-from ingestion.ranges import Key, OffsetRange
+from ingestion.ranges import Key
 from ingestion.recovery import list_file_paths
-from ingestion.state import commits_of
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -195,64 +196,47 @@ def _check_commit_counts(
         previous = current
 
 
-class CommitVerification(NamedTuple):
-    """The newest commit's count against Kafka: ``matches`` is None when not verifiable."""
-
-    matches: bool | None
-    message: str
+DEFAULT_RECOUNT_OFFSETS = 500_000  # per evaluation of the incremental audit
 
 
-def verify_latest_commit(
-    table: Table,
-    group_id: str,
-    kafka_config: dict[str, Any],
-    pipeline: str,
-    max_offsets: int = 100_000,
-    timeout_s: float = 30.0,
-) -> CommitVerification:
-    """Compare the newest commit's added + quarantined records with an independent
-    ``read_committed`` count of its offset ranges in Kafka (the oracle in production).
+@dataclass(frozen=True)
+class PipelineAudit:
+    """The production oracle's result: the commits audited against Kafka, and with a full
+    audit also every row's coordinates (:func:`audit_table`)."""
 
-    ``matches`` is None when the commit cannot be checked: it is the first one (its start is
-    unknown), an operator's reset, or its ranges exceed ``max_offsets`` (the check stays cheap).
-    """
-    commits = commits_of(table, group_id, limit=2)
-    if len(commits) < 2:
-        return CommitVerification(None, "the first commit has no known start: not verified")
-    newest, previous = commits
-    if RESET_BY in newest.properties:
-        return CommitVerification(None, "the newest commit is an operator's action: not verified")
-    ranges = [
-        OffsetRange(topic, partition, previous.offsets.get((topic, partition), end), end)
-        for (topic, partition), end in sorted(newest.offsets.items())
-    ]
-    ranges = [r for r in ranges if r.size > 0]
-    if sum(r.size for r in ranges) > max_offsets:
-        return CommitVerification(
-            None, f"the newest commit covers more than {max_offsets} offsets: not verified"
-        )
-    visible = count_visible(kafka_config, ranges, f"{pipeline}-audit", timeout_s)
-    added = newest.records + newest.quarantined
-    if added != visible:
-        return CommitVerification(
-            False,
-            f"snapshot {newest.snapshot_id} added {added} records (quarantined included) but "
-            f"Kafka holds {visible} visible records in its ranges",
-        )
-    return CommitVerification(True, f"newest commit: {added} records = {visible} visible in Kafka")
+    commits: CommitAudit
+    full: AuditResult | None = None
 
 
 def audit_pipeline(
-    spec: PipelineSpec, catalog: Catalog, kafka_config: dict[str, Any]
-) -> tuple[AuditResult | None, CommitVerification | None]:
-    """The production oracle of one pipeline: :func:`audit_table` on its table and quarantine
-    table, and :func:`verify_latest_commit`; ``(None, None)`` when the table does not exist."""
+    spec: PipelineSpec,
+    catalog: Catalog,
+    kafka_config: dict[str, Any],
+    *,
+    after_snapshot_id: int | None = None,
+    full: bool = False,
+) -> PipelineAudit | None:
+    """The production oracle of one pipeline; None when the table does not exist.
+
+    By default incremental (``ingestion.commit_audit``): the commits after
+    ``after_snapshot_id`` (the previous evaluation's cursor) are recounted in Kafka, at most
+    :data:`DEFAULT_RECOUNT_OFFSETS` offsets. ``full`` recounts every commit in the lineage
+    and scans every row's coordinates of the table and its quarantine table as well.
+    """
     if not catalog.table_exists(spec.table):
-        return None, None
+        return None
+    table = catalog.load_table(spec.table)
+    commits = audit_commits(
+        table,
+        spec.consumer_group_id,
+        kafka_config,
+        spec.name,
+        after_snapshot_id=None if full else after_snapshot_id,
+        max_offsets=None if full else DEFAULT_RECOUNT_OFFSETS,
+    )
+    if not full:
+        return PipelineAudit(commits)
     quarantine = None
     if catalog.table_exists(spec.quarantine_table):
         quarantine = catalog.load_table(spec.quarantine_table)
-    table = catalog.load_table(spec.table)
-    result = audit_table(table, spec.consumer_group_id, quarantine)
-    newest = verify_latest_commit(table, spec.consumer_group_id, kafka_config, spec.name)
-    return result, newest
+    return PipelineAudit(commits, audit_table(table, spec.consumer_group_id, quarantine))

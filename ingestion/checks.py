@@ -8,6 +8,7 @@ functions, so they never disagree on what a check means.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -17,7 +18,7 @@ from ingestion.rewind import explain_ahead
 from ingestion.state import PipelineState
 
 if TYPE_CHECKING:
-    from ingestion.audit import AuditResult, CommitVerification
+    from ingestion.audit import PipelineAudit
 
 Severity = Literal["ERROR", "WARN"]
 ACTIVE_GROUP_STATES = {"STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE"}
@@ -39,8 +40,28 @@ class Finding:
 
     @property
     def blocks(self) -> bool:
-        """A failure of ERROR severity (a blocking check's failure stops ingestion)."""
+        """A failure of ERROR severity (a blocking check's failure stops ingestion).
+
+        Example:
+            >>> failed("ERROR", "x").blocks, failed("WARN", "x").blocks, passed("x").blocks
+            (True, False, False)
+        """
         return not self.passed and not self.skipped and self.severity == "ERROR"
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable while the cause is the same: messages name ids and partitions, never offsets
+        or times, so a new fingerprint means a new cause (or its fix). Sensors act once per
+        fingerprint.
+
+        Example:
+            >>> failed("ERROR", "a").fingerprint == failed("ERROR", "a").fingerprint
+            True
+            >>> failed("ERROR", "a").fingerprint == failed("ERROR", "b").fingerprint
+            False
+        """
+        text = f"{self.passed}|{self.severity}|{self.message}"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def passed(message: str, metadata: dict[str, Any] | None = None) -> Finding:
@@ -53,9 +74,9 @@ def failed(severity: Severity, message: str, metadata: dict[str, Any] | None = N
     return Finding(passed=False, severity=severity, message=message, metadata=metadata or {})
 
 
-def skipped(message: str) -> Finding:
+def skipped(message: str, metadata: dict[str, Any] | None = None) -> Finding:
     """A check that could not be evaluated, and why."""
-    return Finding(passed=False, skipped=True, message=message)
+    return Finding(passed=False, skipped=True, message=message, metadata=metadata or {})
 
 
 def check_group_consistency(state: PipelineState) -> Finding:
@@ -63,7 +84,7 @@ def check_group_consistency(state: PipelineState) -> Finding:
 
     The mirror merely lagging behind the table is a WARN: the next run repairs it. A group ahead
     of the table at a position the table left behind (a recorded rewind: an operator's reset or
-    migration, or a rollback) is a WARN too: the next run moves it back (R40, R32). A group
+    migration, or a rollback) is a WARN too: the next run moves it back (R48, R32). A group
     ahead with offsets nothing in the table explains is a foreign writer's: an ERROR naming it.
     A group retired by a migration is an ERROR naming the migration (R22).
     """
@@ -142,6 +163,14 @@ def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> F
     meta: dict[str, Any] = {"lag_records": lag, "freshness_bound_s": bound}
     if age_s is not None:
         meta["last_commit_age_s"] = round(age_s, 1)
+    if state.missing_topics:
+        return failed(
+            "ERROR",
+            f"topic(s) {state.missing_topics} of pipeline {state.spec.name!r} do not exist "
+            "(deleted, or misspelt in the spec): nothing can be ingested from them. Create "
+            "them, or fix the pipeline's topics.",
+            {**meta, "missing_topics": ", ".join(state.missing_topics)},
+        )
     if lag == 0:
         return passed("no uncommitted records: the table is current", meta)
     if age_s is not None and age_s <= bound:
@@ -217,31 +246,47 @@ def check_watermark_reachable(state: PipelineState) -> Finding:
     )
 
 
-def check_exactly_once(
-    table: str, audit: AuditResult | None, newest: CommitVerification | None
-) -> Finding:
-    """The oracle's verdict on the table: no duplicate, regression, shared file or overrun,
-    and the newest commit's count equal to an independent Kafka recount (when verifiable)."""
+def check_exactly_once(table: str, audit: PipelineAudit | None) -> Finding:
+    """The oracle's verdict: every commit audited since the cursor added exactly what Kafka
+    holds in its ranges, once, and nothing else wrote to the table; with a full audit, also
+    no duplicate, regression, shared file or overrun anywhere. ``audit_cursor`` in the
+    metadata is where the next evaluation starts."""
     if audit is None:
         return skipped(f"table {table} does not exist yet: nothing to audit")
-    mismatches = list(audit.commit_mismatches)
-    if newest is not None and newest.matches is False:
-        mismatches.append(newest.message)
-    metadata = {
-        "rows": audit.rows,
-        "quarantined": audit.quarantined,
-        "duplicates": len(audit.duplicates),
-        "regressions": len(audit.regressions),
-        "duplicate_files": len(audit.duplicate_files),
-        "newest_commit_count": newest.message if newest else "not verified",
+    commits, full = audit.commits, audit.full
+    metadata: dict[str, Any] = {
+        "audit_cursor": "" if commits.cursor is None else str(commits.cursor),
+        "commits_recounted": len(commits.recounted),
+        "offsets_recounted": commits.offsets_recounted,
+        "commits_pending": commits.pending,
+        "mode": "full" if full else "incremental",
     }
-    if audit.ok and not mismatches:
-        return passed(f"each (topic, partition, offset) once: {audit.summary()}", metadata)
-    summary = "; ".join([audit.summary(), *(f"commit count: {m}" for m in mismatches)])
-    return failed(
-        "ERROR",
-        f"exactly-once violated: {summary}. Stop the pipeline's runs, keep the snapshots, and "
-        "inspect the listed coordinates and snapshots.",
+    if commits.notes:
+        metadata["not_verified"] = "; ".join(commits.notes[:5])
+    problems = list(commits.findings)
+    if full is not None:
+        metadata |= {
+            "rows": full.rows,
+            "quarantined": full.quarantined,
+            "duplicates": len(full.duplicates),
+            "regressions": len(full.regressions),
+            "duplicate_files": len(full.duplicate_files),
+        }
+        if not full.ok:
+            problems.insert(0, full.summary())
+    if problems:
+        return failed(
+            "ERROR",
+            f"exactly-once violated: {'; '.join(problems[:5])}. Stop the pipeline's runs, keep "
+            "the snapshots, and inspect the listed coordinates and snapshots.",
+            metadata,
+        )
+    scope = f"each (topic, partition, offset) once: {full.summary()}; " if full else ""
+    pending = f"; {commits.pending} commits left for the next evaluation" if commits.pending else ""
+    return passed(
+        f"{scope}{len(commits.recounted)} commit(s) recounted in Kafka "
+        f"({commits.offsets_recounted} offsets): each added exactly the visible records of its "
+        f"ranges{pending}",
         metadata,
     )
 
@@ -286,16 +331,31 @@ STATE_CHECKS = (
 )
 AUDIT_CHECK = CheckDef(
     "exactly_once_audit",
-    "No duplicate (topic, partition, offset), offset regression or shared file; the newest "
-    "commit's count equals Kafka's.",
+    "Each commit since the last evaluation added exactly the records Kafka holds in its "
+    "ranges, once; nothing else wrote to the table (full audit on demand).",
 )
 ALL_CHECKS = (GROUP_CHECK, *STATE_CHECKS, AUDIT_CHECK)
 
 
+def not_evaluated(state: PipelineState) -> Finding:
+    """What the other checks report while the blocking group check fails (skipped): read under
+    a group id that holds no progress, their figures (lag, commits, audit range) would be false.
+    ``blocked_by`` names the check that blocks them."""
+    spec = state.spec
+    return skipped(
+        f"not evaluated: ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}, so the "
+        f"offsets under {spec.consumer_group_id!r} say nothing about the pipeline. "
+        f"Fix {GROUP_CHECK.name} first (its message says how).",
+        {"blocked_by": GROUP_CHECK.name},
+    )
+
+
 def evaluate_state_checks(state: PipelineState) -> dict[str, Finding]:
-    """Every check computed from one state read, the blocking group-id check first."""
-    return {
-        check.name: check.evaluate(state)
-        for check in (GROUP_CHECK, *STATE_CHECKS)
-        if check.evaluate is not None
-    }
+    """Every check computed from one state read, the blocking group-id check first; while it
+    blocks, the others are :func:`not_evaluated`."""
+    group = check_group_consistency(state)
+    findings = {GROUP_CHECK.name: group}
+    for check in STATE_CHECKS:
+        if check.evaluate is not None:
+            findings[check.name] = not_evaluated(state) if group.blocks else check.evaluate(state)
+    return findings

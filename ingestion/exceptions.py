@@ -81,3 +81,11 @@ class SchemaEvolutionError(IngestionError):
 
 class InjectedFailure(IngestionError):
     """Raised by a failure hook in tests to crash a run at a named point."""
+
+
+class OrphanRemovalRefusedError(IngestionError):
+    """The table's references and the filesystem listing do not match: nothing is deleted."""
+
+
+class MaintenanceConflictError(IngestionError):
+    """A maintenance commit kept losing its compare-and-set against concurrent commits."""

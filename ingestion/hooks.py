@@ -18,11 +18,22 @@ HookPoint = Literal[
     "after_catalog_call",
     "after_commit",
     "before_mirror",
+    "before_compaction_commit",
+    "before_expiry_commit",
+    "before_action_commit",
 ]
 HOOK_POINTS: tuple[HookPoint, ...] = get_args(HookPoint)
-# Operator actions (reset, migration) fire theirs between their compare-and-set check and their
-# catalog call, where a racing run can be injected (ingestion/actions.py).
-ActionHookPoint = Literal["before_action_commit"]
+# Points of a maintenance pass (ingestion.maintenance), not of a run.
+MAINTENANCE_HOOK_POINTS: tuple[HookPoint, ...] = (
+    "before_compaction_commit",
+    "before_expiry_commit",
+)
+# The point of an operator action (reset, migration) between its compare-and-set check and its
+# catalog call, where a racing run can be injected (ingestion.actions), not of a run.
+ACTION_HOOK_POINTS: tuple[HookPoint, ...] = ("before_action_commit",)
+RUN_HOOK_POINTS: tuple[HookPoint, ...] = tuple(
+    point for point in HOOK_POINTS if point not in MAINTENANCE_HOOK_POINTS + ACTION_HOOK_POINTS
+)
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,7 @@ class FailureHooks:
 
     hooks: dict[str, Callable[..., Any]]
 
-    def fire(self, point: HookPoint | ActionHookPoint, **context: Any) -> None:
+    def fire(self, point: HookPoint, **context: Any) -> None:
         """Call the hook registered for ``point``, if any."""
         hook = self.hooks.get(point)
         if hook is not None:

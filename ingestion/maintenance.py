@@ -1,120 +1,246 @@
-"""Table maintenance that never loses the offsets watermark (rule 7): snapshot expiry,
-orphan-file removal and small-file compaction.
+"""Table maintenance that never loses the offsets watermark (rule 7) and is safe on a busy
+table: incremental compaction (``ingestion.compaction``), snapshot expiry, orphan removal.
 
-Expiry keeps every snapshot on the path from the current snapshot back to the newest one that
-carries each group's offsets (the ancestry must stay walkable, R31). Compaction rewrites small
-files of one partition into target-size files in a snapshot that carries no offsets, so the
-offsets stay where they are and the audit sees no new records.
+Expiry keeps every snapshot on the path from each branch head back to the newest snapshot
+that carries each live group's offsets (the ancestry must stay walkable, R31). A group a
+migration retired (``kafka.retired-groups``, or the older ``kafka.migrated-from``) is not live:
+its last commit no longer pins everything after it (R42); the pipeline's current group is
+always kept. Expiry is a compare-and-set on every branch and tag head: if one moved (a commit,
+a rollback by another tool) it is planned again from the new heads (R43).
+
+Orphan removal waits for a safety window that is never shorter than the longest run the
+table has recorded (``kafka.run-duration-ms``, plan to commit) times :data:`RUN_WINDOW_FACTOR`,
+nor than a floor: a run still in flight may yet commit the files it wrote.
+
+Each step runs even when an earlier one failed; failures are collected in the report.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections.abc import Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ingestion._pyiceberg_compat import write_data_files
-from ingestion.commit import commit_view
-from ingestion.offsets import OFFSETS_PREFIX, iter_ancestry, snapshot_properties
+from ingestion import exceptions
+from ingestion.compaction import CompactionReport, compact_small_files
+from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.offsets import (
+    MIGRATED_FROM,
+    OFFSETS_PREFIX,
+    RETIRED_GROUPS,
+    RUN_DURATION_MS,
+    snapshot_properties,
+)
 from ingestion.recovery import OrphanFile, remove_orphan_files
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
+    from pyiceberg.table.snapshots import Snapshot
+    from pyiceberg.table.update import TableRequirement
 
-MAINTENANCE = "kafka.maintenance"
+MIN_ORPHAN_WINDOW_S = 3600.0  # the floor: runs longer than any yet recorded stay safe
+RUN_WINDOW_FACTOR = 2.0  # the window covers twice the longest recorded run
 
 
 @dataclass
 class MaintenanceReport:
-    """What one maintenance pass did."""
+    """What one maintenance pass did, and what it could not do (``errors``)."""
 
+    compaction: CompactionReport = field(default_factory=CompactionReport)
     expired_snapshots: int = 0
     kept_for_watermark: int = 0
     orphans_removed: list[OrphanFile] = field(default_factory=list)
-    files_compacted: int = 0
-    files_written: int = 0
-    rows_rewritten: int = 0
+    orphan_window_s: float = 0.0
+    orphan_window_reason: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def files_compacted(self) -> int:
+        """Small files removed by compaction."""
+        return self.compaction.files_compacted
+
+    @property
+    def files_written(self) -> int:
+        """Files compaction wrote."""
+        return self.compaction.files_written
+
+    @property
+    def rows_rewritten(self) -> int:
+        """Rows compaction read and wrote again (its cost)."""
+        return self.compaction.rows_rewritten
+
+    @property
+    def groups_retried(self) -> int:
+        """Compaction commits repeated on a new head (inputs unchanged)."""
+        return self.compaction.groups_retried
+
+    def describe(self) -> list[str]:
+        """The lines an operator reads (CLI, Dagster metadata)."""
+        c = self.compaction
+        lines = [
+            f"compacted {c.files_compacted} files into {c.files_written} ({c.rows_rewritten} "
+            f"rows rewritten; {c.groups_retried} commits retried on a new head, "
+            f"{c.groups_replanned} groups re-planned, {len(c.groups_skipped)} skipped)",
+            f"expired {self.expired_snapshots} snapshots, kept {self.kept_for_watermark} for "
+            "the offsets watermark",
+            f"removed {len(self.orphans_removed)} orphan files older than "
+            f"{self.orphan_window_s / 3600:.2f} h ({self.orphan_window_reason})",
+        ]
+        lines += [f"skipped compaction of {s}" for s in c.groups_skipped]
+        return lines + [f"FAILED {e}" for e in self.errors]
 
 
-def watermark_path(table: Table) -> set[int]:
-    """Snapshot ids from the current snapshot back to the newest carrier of every group's
-    offsets: expiring any of them would make a watermark unreachable."""
+def live_groups(ancestry: list[Snapshot], keep: Set[str]) -> set[str]:
+    """Groups whose offsets must stay reachable: for each group, the newest snapshot that
+    mentions it decides (carries its offsets: live; retires it: not), plus ``keep``."""
+    decided: dict[str, bool] = {}
+    for snapshot in ancestry:  # newest first
+        properties = snapshot_properties(snapshot)
+        retired = {g for g in properties.get(RETIRED_GROUPS, "").split(",") if g}
+        retired |= {properties[MIGRATED_FROM]} if MIGRATED_FROM in properties else set()
+        for group in retired:
+            decided.setdefault(group, False)
+        for key in properties:
+            if key.startswith(OFFSETS_PREFIX):
+                decided.setdefault(key.removeprefix(OFFSETS_PREFIX), True)
+    return {g for g, live in decided.items() if live} | (keep & set(decided))
+
+
+def watermark_path(table: Table, head: Snapshot | None, keep: Set[str] = frozenset()) -> set[int]:
+    """Snapshot ids from ``head`` back to the newest carrier of every live group's offsets
+    (:func:`live_groups`): expiring any of them would make a watermark unreachable."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    ancestry = list(ancestors_of(head, table.metadata))
+    wanted = {OFFSETS_PREFIX + g for g in live_groups(ancestry, keep)}
     path: set[int] = set()
-    groups = {
-        key
-        for snapshot in iter_ancestry(table)
-        for key in snapshot_properties(snapshot)
-        if key.startswith(OFFSETS_PREFIX)
-    }
-    for snapshot in iter_ancestry(table):
-        path.add(snapshot.snapshot_id)
-        groups -= set(snapshot_properties(snapshot))
-        if not groups:
+    for snapshot in ancestry:
+        if not wanted:
             break
+        path.add(snapshot.snapshot_id)
+        wanted -= set(snapshot_properties(snapshot))
     return path
 
 
-def expire_snapshots(table: Table, older_than_ms: int) -> tuple[int, int]:
-    """Expire snapshots older than ``older_than_ms`` except the current one and the watermark
-    path; return (expired, kept only for the watermark)."""
-    keep = watermark_path(table)
-    old = [s for s in table.metadata.snapshots if s.timestamp_ms < older_than_ms]
-    expired = [s.snapshot_id for s in old if s.snapshot_id not in keep]
-    if expired:
-        table.maintenance.expire_snapshots().by_ids(expired).commit()
-    return len(expired), sum(1 for s in old if s.snapshot_id in keep)
+def expire_snapshots(
+    table: Table,
+    older_than_ms: int,
+    keep_groups: Set[str] = frozenset(),
+    hooks: FailureHooks = NO_HOOKS,
+    max_attempts: int = 5,
+) -> tuple[int, int]:
+    """Expire snapshots older than ``older_than_ms`` except the heads of branches and tags and
+    their watermark paths; return (expired, kept only for the watermark).
 
+    Delivery: a compare-and-set on every ref's head; when one moved it is planned again.
 
-def compact_small_files(table: Table, min_files: int = 2) -> tuple[int, int, int]:
-    """Rewrite each partition's files below half the target size into target-size files.
-
-    Delivery: one snapshot per partition, without offsets; if the table changed meanwhile the
-    commit fails (no retry) and nothing is lost. Returns (files removed, written, rows).
+    Raises:
+        MaintenanceConflictError: the heads moved at each of ``max_attempts`` tries.
     """
-    from pyiceberg.expressions import AlwaysTrue
-    from pyiceberg.io.pyarrow import ArrowScan
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.table.update import AssertRefSnapshotId, AssertTableUUID, RemoveSnapshotsUpdate
 
-    target = int(table.metadata.properties.get("write.target-file-size-bytes", 128 * 2**20))
-    groups: dict[Any, list[Any]] = defaultdict(list)
-    for task in table.scan().plan_files():
-        if task.file.file_size_in_bytes < target // 2 and not task.delete_files:
-            groups[(task.file.spec_id, str(task.file.partition))].append(task)
-    removed = written = rows = 0
-    for tasks in groups.values():
-        if len(tasks) < min_files:
-            continue
-        data = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(tasks)
-        new_files = write_data_files(table.metadata, table.io, data)
-        properties = {MAINTENANCE: "compaction"}
-        with (
-            commit_view(table).transaction() as transaction,
-            transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite,
-        ):
-            for task in tasks:
-                rewrite.delete_data_file(task.file)
-            for data_file in new_files:
-                rewrite.append_data_file(data_file)
+    for _ in range(max_attempts):
         table.refresh()
-        removed, written, rows = (
-            removed + len(tasks),
-            written + len(new_files),
-            rows + data.num_rows,
+        metadata = table.metadata
+        heads = {ref.snapshot_id for ref in metadata.refs.values()}
+        path: set[int] = set()
+        for head in heads:
+            path |= watermark_path(table, metadata.snapshot_by_id(head), keep_groups)
+        old = [s for s in metadata.snapshots if s.timestamp_ms < older_than_ms]
+        expired = [s.snapshot_id for s in old if s.snapshot_id not in heads | path]
+        kept = sum(1 for s in old if s.snapshot_id in path - heads)
+        if not expired:
+            return 0, kept
+        hooks.fire("before_expiry_commit", table=table, expired=expired)
+        requirements: tuple[TableRequirement, ...] = (
+            AssertTableUUID(uuid=metadata.table_uuid),
+            *(
+                AssertRefSnapshotId.model_validate({"snapshot-id": r.snapshot_id, "ref": name})
+                for name, r in metadata.refs.items()
+            ),
         )
-    return removed, written, rows
+        removal = RemoveSnapshotsUpdate.model_validate({"snapshot-ids": expired})
+        try:
+            table.catalog.commit_table(table, requirements, (removal,))
+        except CommitFailedException:
+            continue
+        return len(expired), kept
+    raise exceptions.MaintenanceConflictError(
+        f"table {'.'.join(table.name())}: snapshot expiry lost its compare-and-set "
+        f"{max_attempts} times (the table kept changing); nothing was expired"
+    )
+
+
+def longest_run_s(table: Table) -> float:
+    """The longest run (plan to commit) recorded by the snapshots still in the metadata."""
+    durations = [
+        int(snapshot_properties(s).get(RUN_DURATION_MS, "0")) for s in table.metadata.snapshots
+    ]
+    return max(durations, default=0) / 1000
+
+
+def orphan_window(requested_s: float, longest_s: float, floor_s: float) -> tuple[float, str]:
+    """The safety window to use and why: never below ``RUN_WINDOW_FACTOR`` x the longest run
+    seen, nor below ``floor_s`` (pure).
+
+    Example:
+        >>> orphan_window(0, 90, 3600)
+        (3600, 'raised from 0.00 h to the floor of 1.00 h')
+        >>> orphan_window(60, 90, 0)
+        (180.0, 'raised from 0.02 h to 2 x the longest run seen (90 s)')
+        >>> orphan_window(72 * 3600, 90, 3600)
+        (259200, 'as requested')
+    """
+    by_runs = RUN_WINDOW_FACTOR * longest_s
+    window = max(requested_s, floor_s, by_runs)
+    if window == requested_s:
+        return window, "as requested"
+    if window == by_runs:
+        return window, (
+            f"raised from {requested_s / 3600:.2f} h to {RUN_WINDOW_FACTOR:g} x the longest "
+            f"run seen ({longest_s:.0f} s)"
+        )
+    return window, f"raised from {requested_s / 3600:.2f} h to the floor of {floor_s / 3600:.2f} h"
 
 
 def maintain_table(
-    table: Table, snapshot_retention_s: float, orphan_window_s: float, compact: bool = True
+    table: Table,
+    snapshot_retention_s: float,
+    orphan_window_s: float,
+    compact: bool = True,
+    hooks: FailureHooks = NO_HOOKS,
+    *,
+    group_id: str | None = None,
+    min_orphan_window_s: float = MIN_ORPHAN_WINDOW_S,
 ) -> MaintenanceReport:
-    """Compact, expire, then remove orphans older than the window (never a run's fresh files)."""
+    """Compact, expire, then remove orphans older than the safety window (see the module
+    docstring); ``group_id`` is the pipeline's current group, whose watermark is always kept.
+
+    Delivery: every step is a compare-and-set or provably safe, and is safe to repeat; a step
+    that fails (a lost race, a refusal) is reported in ``errors`` and the next steps still run.
+    """
     report = MaintenanceReport()
+    report.orphan_window_s, report.orphan_window_reason = orphan_window(
+        orphan_window_s, longest_run_s(table), min_orphan_window_s
+    )
     if compact:
-        report.files_compacted, report.files_written, report.rows_rewritten = compact_small_files(
-            table
-        )
+        try:
+            report.compaction = compact_small_files(table, hooks)
+        except Exception as exc:
+            report.errors.append(f"compaction: {exc}")
     cutoff = int((time.time() - snapshot_retention_s) * 1000)
-    report.expired_snapshots, report.kept_for_watermark = expire_snapshots(table, cutoff)
-    table.refresh()
-    report.orphans_removed = remove_orphan_files(table, older_than_s=orphan_window_s)
+    keep = {group_id} if group_id else set()
+    try:
+        report.expired_snapshots, report.kept_for_watermark = expire_snapshots(
+            table, cutoff, keep, hooks
+        )
+    except Exception as exc:
+        report.errors.append(f"snapshot expiry: {exc}")
+    try:
+        table.refresh()
+        report.orphans_removed = remove_orphan_files(table, report.orphan_window_s)
+    except Exception as exc:
+        report.errors.append(f"orphan removal: {exc}")
     return report

@@ -3,7 +3,7 @@
 The group is an informational mirror so standard Kafka tooling shows progress and lag; it is never
 read to plan (rule 5). It stores the planned end offsets (so a quiet transactional topic shows lag
 0, R26). It moves forward on ordinary commits and never backwards over offsets the table cannot
-explain (R8); after a recorded rewind (an operator's reset or migration, R40, or a rollback, R32)
+explain (R8); after a recorded rewind (an operator's reset or migration, R48, or a rollback, R32)
 it is moved back to exactly the table's offsets (the rule and why a zombie cannot abuse it:
 :mod:`ingestion.rewind`). A failure here never fails the ingestion: the table is the source of
 truth and the next run repairs the mirror.

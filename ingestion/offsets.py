@@ -33,11 +33,15 @@ LOST_RANGES = "kafka.lost-ranges"
 RESET_BY = "kafka.reset-by"  # an operator's explicit offset change (reset or group migration)
 RESET_REASON = "kafka.reset-reason"
 MIGRATED_FROM = "kafka.migrated-from"
-# A group migration retires the group it carried the offsets from: a JSON list of group ids. The
-# planner refuses a retired group (its offsets are stale) until a later snapshot of the current
-# ancestry commits offsets for it again (an explicit reset): ingestion.rewind.find_retirement.
-# Expiry need not keep the snapshots that hold a retired group's offsets.
+# Comma-separated group ids a migration retired: their offsets need not stay reachable (expiry)
+# and must not be planned from again. Written by the migration commit; the planner refuses a
+# retired group until a later snapshot of the current ancestry commits offsets for it again (an
+# explicit reset): ingestion.rewind.find_retirement.
 RETIRED_GROUPS = "kafka.retired-groups"
+RUN_DURATION_MS = "kafka.run-duration-ms"  # plan to commit: orphan removal waits longer than this
+# Where the ranges of partitions new in this commit (absent from the previous offsets) start,
+# as {"topic": {"partition": offset}}: the audit's recount of a new partition starts there.
+RANGE_STARTS = "kafka.range-starts"
 # The Kafka group's offsets an operator action found and replaced, as a JSON object
 # {"topic:partition": offset}: a position the table vouches for, so the mirror may move the group
 # back from it to the table's offsets (ingestion/rewind.py).
@@ -121,6 +125,8 @@ def commit_properties(
     requested_by: str | None = None,
     reason: str | None = None,
     migrated_from: str | None = None,
+    run_duration_ms: int | None = None,
+    range_starts: dict[Key, int] | None = None,
     retired_groups: list[str] | None = None,
     group_offsets_before: dict[Key, int] | None = None,
 ) -> dict[str, str]:
@@ -154,13 +160,42 @@ def commit_properties(
         RESET_BY: requested_by,
         RESET_REASON: reason,
         MIGRATED_FROM: migrated_from,
-        RETIRED_GROUPS: orjson.dumps(retired_groups).decode() if retired_groups else None,
+        RUN_DURATION_MS: None if run_duration_ms is None else str(run_duration_ms),
+        RANGE_STARTS: encode_starts(range_starts) if range_starts else None,
+        RETIRED_GROUPS: ",".join(retired_groups) if retired_groups else None,
         GROUP_OFFSETS_BEFORE: (
             None if group_offsets_before is None else encode_positions(group_offsets_before)
         ),
     }
     properties.update({key: value for key, value in optional.items() if value is not None})
     return properties
+
+
+def encode_starts(starts: dict[Key, int]) -> str:
+    """Encode per-partition offsets as compact, sorted JSON (``kafka.range-starts``).
+
+    Example:
+        >>> encode_starts({("t", 1): 7, ("t", 0): 0})
+        '{"t":{"0":0,"1":7}}'
+    """
+    document: dict[str, dict[str, int]] = {}
+    for (topic, partition), offset in sorted(starts.items()):
+        document.setdefault(topic, {})[str(partition)] = offset
+    return orjson.dumps(document).decode()
+
+
+def decode_starts(text: str) -> dict[Key, int]:
+    """Decode :func:`encode_starts` output.
+
+    Example:
+        >>> decode_starts('{"t":{"0":0,"1":7}}')
+        {('t', 0): 0, ('t', 1): 7}
+    """
+    return {
+        (topic, int(p)): int(o)
+        for topic, parts in orjson.loads(text).items()
+        for p, o in parts.items()
+    }
 
 
 def flatten(offsets: OffsetMap) -> dict[Key, int]:

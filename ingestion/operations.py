@@ -6,7 +6,7 @@ asked and why), compare-and-set against the offsets they were planned from
 in flight when the action commits aborts at its own commit naming the action (R7). A reset that
 moves a partition backwards also deletes, in the same snapshot, the rows at or after its new
 offset, so the range is re-read exactly once. Both then move the Kafka group to the table's
-offsets, backwards too (best effort: if that fails, the next run does it, R40).
+offsets, backwards too (best effort: if that fails, the next run does it, R48).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def apply_reset(
     since the reset was planned, nothing is written and :class:`CommitConflictError` names the
     commit that moved them; a run in flight when it commits aborts at its own commit. The Kafka
     group's offsets it replaces are recorded in the snapshot, so if moving the group fails the
-    next run moves it back (R40). An ambiguous catalog error is reconciled by the reset's commit
+    next run moves it back (R48). An ambiguous catalog error is reconciled by the reset's commit
     id; calling it again with the same plan after it committed aborts (the offsets moved, by
     this very reset), so it is never applied twice.
 

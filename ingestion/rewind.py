@@ -7,7 +7,7 @@ It may move backwards only from a position the table itself vouches for as left 
 - the offsets of a commit of this group that is no longer in the current ancestry: the table was
   rolled back or its current snapshot set by another tool (R32);
 - the offsets of a commit of this group older than an operator action (a snapshot carrying
-  ``kafka.reset-by``: reset or migration) in the current ancestry (R40);
+  ``kafka.reset-by``: reset or migration) in the current ancestry (R48);
 - the Kafka group offsets an operator action recorded as the ones it replaced
   (``kafka.group-offsets-before``).
 
@@ -27,12 +27,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-import orjson
-
 from ingestion import exceptions
 from ingestion.offsets import (
     GROUP_ID,
     GROUP_OFFSETS_BEFORE,
+    MIGRATED_FROM,
     OFFSETS_PREFIX,
     RESET_BY,
     RETIRED_GROUPS,
@@ -70,9 +69,16 @@ class Retirement:
     description: str
 
 
-def retired_groups(properties: dict[str, str]) -> list[str]:
-    """The group ids a snapshot's migration retired (none for any other snapshot)."""
-    return [str(group) for group in orjson.loads(properties.get(RETIRED_GROUPS, "[]"))]
+def retired_groups(properties: dict[str, str]) -> set[str]:
+    """The group ids a snapshot's migration retired (none for any other snapshot); a migration
+    written before ``kafka.retired-groups`` existed retired its ``kafka.migrated-from`` group.
+
+    Example:
+        >>> sorted(retired_groups({RETIRED_GROUPS: "a,b"})), retired_groups({MIGRATED_FROM: "c"})
+        (['a', 'b'], {'c'})
+    """
+    retired = {group for group in properties.get(RETIRED_GROUPS, "").split(",") if group}
+    return retired | ({properties[MIGRATED_FROM]} if MIGRATED_FROM in properties else set())
 
 
 def find_retirement(table: Table, group_id: str) -> Retirement | None:

@@ -15,7 +15,7 @@ from ingestion.deadletter import count_copies, publish_dead_letters, unpublished
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
-from ingestion.offsets import COMMIT_ID, PIPELINE, commit_properties
+from ingestion.offsets import COMMIT_ID, PIPELINE, commit_properties, flatten
 from ingestion.plan import Plan, build_plan
 from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec
@@ -172,6 +172,7 @@ def run_pipeline(
     stamps = [r.max_timestamp_ms for r in results if r.max_timestamp_ms is not None]
     # Every record produced before the plan is in, unless the run was capped.
     report.valid_through_ms = max(stamps) if plan.capped and stamps else plan.planned_at_ms
+    committed_before = flatten(plan.committed or {})  # partitions new in this commit: R46
     properties = commit_properties(
         group_id=plan.group_id,
         offsets=plan.next_offsets(),
@@ -183,6 +184,8 @@ def run_pipeline(
         run_id=run_id or f"adhoc-{uuid.uuid4().hex[:12]}",
         valid_through_ms=report.valid_through_ms,
         lost_ranges=report.lost_ranges,
+        run_duration_ms=int((time.monotonic() - started) * 1000),
+        range_starts={k: o for k, o in plan.start.items() if k not in committed_before},
     )
     if quarantine is not None:
         commit_quarantine(
@@ -218,7 +221,7 @@ def _publish(
     The mirror moves only once the copies are out: a failed copy leaves the mirror behind, so
     the next run copies again (at least once) and repairs the mirror (R4). It mirrors the
     table's offsets as they are now, not this run's plan: a run that wakes late can only set the
-    group to where the table is, and after a recorded rewind the group is moved back (R8, R40).
+    group to where the table is, and after a recorded rewind the group is moved back (R8, R48).
     """
     group = spec.consumer_group_id
     if spec.dead_letter_topic and catalog.table_exists(spec.quarantine_table):

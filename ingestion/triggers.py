@@ -1,11 +1,13 @@
-"""When to launch an ingestion run: the lag sensor's decision, as a pure function.
+"""When to launch a run: the lag sensor's decisions, as pure functions.
 
 The sensor (and the freshness benchmark, which must measure the same policy) reads the lag from
-offsets and asks :func:`decide`; nothing here reads or writes anything.
+offsets and asks :func:`decide`; while the blocking group check fails it asks
+:func:`decide_group_check` instead (at most one run per cause). Nothing here reads or writes.
 """
 
 from __future__ import annotations
 
+from ingestion.checks import GROUP_CHECK, Finding
 from ingestion.spec import PipelineSpec
 
 
@@ -41,3 +43,36 @@ def decide(
         (f"lag {lag} < {spec.max_lag_records} records and {age:.0f} s < {spec.max_lag_seconds} s"),
         first,
     )
+
+
+def decide_group_check(
+    now: Finding, latest: Finding | None, requested: str | None, busy: bool
+) -> tuple[bool, str]:
+    """Whether to request a run that evaluates the blocking group check, and why (pure).
+
+    ``now`` is what the sensor just evaluated, ``latest`` the check's newest completed
+    evaluation in Dagster, ``requested`` the fingerprint of the outcome a run was last requested
+    for. A run is due when the sensor's outcome or the recorded one blocks and they differ: the
+    Checks tab and the alert sensor then learn of a block, or of its fix, within one run. At
+    most one run per cause; none while a run of the pipeline is queued or running (it
+    evaluates the check itself).
+
+    Example:
+        >>> from ingestion.checks import failed, passed
+        >>> bad, good = failed("ERROR", "renamed group"), passed("ok")
+        >>> decide_group_check(bad, good, None, busy=False)
+        (True, 'group_id_consistency changed: evaluate it in a run')
+        >>> decide_group_check(bad, bad, None, busy=False)[0]  # already recorded
+        False
+        >>> decide_group_check(good, good, None, busy=False)[0]  # nothing blocks
+        False
+    """
+    if not now.blocks and (latest is None or not latest.blocks):
+        return False, f"{GROUP_CHECK.name} passes or only warns"
+    if latest is not None and latest.fingerprint == now.fingerprint:
+        return False, f"{GROUP_CHECK.name}'s newest evaluation already says this"
+    if busy:
+        return False, f"a run is queued or running; it evaluates {GROUP_CHECK.name}"
+    if requested == now.fingerprint:
+        return False, f"a run evaluating {GROUP_CHECK.name} was already requested for this cause"
+    return True, f"{GROUP_CHECK.name} changed: evaluate it in a run"

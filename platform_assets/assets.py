@@ -19,6 +19,7 @@ from dagster import (
 )
 
 from ingestion.checks import GROUP_CHECK, check_group_consistency
+from ingestion.exceptions import TopicNotFoundError
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
 from ingestion.state import commits_of
@@ -50,19 +51,34 @@ def build_topic_spec(spec: PipelineSpec, key: AssetKey) -> AssetSpec:
 
 
 def observe_topic(kafka: KafkaResource, spec: PipelineSpec, key: AssetKey) -> AssetObservation:
-    """Read the topic's partitions, end offsets and newest record time; join no group."""
+    """Read the topic's partitions, end offsets and newest record time; join no group.
+
+    A topic that does not exist does not fail the observation: it is named in its ``problem``
+    metadata (the topics that exist are observed as usual).
+    """
     admin = kafka.get_admin_client()
     topics = (
         list_matching_topics(admin, spec.topic_pattern) if spec.topic_pattern else [key.path[-1]]
     )
     consumer = kafka.get_consumer()
+    states, missing = [], []
     try:
-        states = [describe_topic(admin, consumer, topic) for topic in topics]
+        for topic in topics:
+            try:
+                states.append(describe_topic(admin, consumer, topic))
+            except TopicNotFoundError as exc:
+                missing.append(str(exc))
         newest = [read_newest_timestamp_ms(consumer, state) for state in states]
     finally:
         consumer.close()
     newest_ms = max((ms for ms in newest if ms is not None), default=None)
-    return AssetObservation(asset_key=key, metadata=topic_metadata(states, newest_ms))
+    metadata = topic_metadata(states, newest_ms)
+    if missing:
+        metadata["problem"] = MetadataValue.text(
+            f"not found: {'; '.join(missing)}. Pipeline {spec.name!r} reads nothing from it "
+            "until it exists: create the topic, or correct the pipeline's topic."
+        )
+    return AssetObservation(asset_key=key, metadata=metadata)
 
 
 def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
@@ -130,7 +146,14 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
             yield to_result(spec, GROUP_CHECK.name, finding)
         if table.key in context.selected_asset_keys:
             if finding.blocks:
-                raise Failure(f"pipeline {spec.name!r} blocked: {finding.message}")
+                # The lag sensor and the fallback schedule launch no run while this check
+                # fails; this run was queued before, or launched by hand. check_alerts reports
+                # the check; run_failure_alerts leaves this run to it.
+                raise Failure(
+                    f"pipeline {spec.name!r} blocked by {GROUP_CHECK.name}: {finding.message} "
+                    "Nothing was read or committed; the table's other checks did not run.",
+                    metadata={"blocked_by": GROUP_CHECK.name},
+                )
             catalog = iceberg.load_catalog()
             report = run_pipeline(
                 spec,

@@ -15,6 +15,7 @@ from dagster import (
     AssetChecksDefinition,
     AssetCheckSeverity,
     AssetCheckSpec,
+    DagsterInstance,
     multi_asset_check,
 )
 
@@ -22,10 +23,13 @@ from ingestion.audit import audit_pipeline
 from ingestion.checks import (
     ALL_CHECKS,
     AUDIT_CHECK,
+    GROUP_CHECK,
     STATE_CHECKS,
     CheckDef,
     Finding,
     check_exactly_once,
+    evaluate_state_checks,
+    not_evaluated,
 )
 from ingestion.spec import PipelineSpec
 from platform_assets.pipelines import table_key
@@ -35,20 +39,51 @@ from resources.kafka import KafkaResource
 
 
 def audit_finding(
-    spec: PipelineSpec, iceberg: IcebergCatalogResource, kafka: KafkaResource
+    spec: PipelineSpec,
+    iceberg: IcebergCatalogResource,
+    kafka: KafkaResource,
+    *,
+    after_snapshot_id: int | None = None,
+    full: bool = False,
 ) -> Finding:
-    """The exactly-once audit of the pipeline's table (reads the table and recounts Kafka)."""
-    audit, newest = audit_pipeline(spec, iceberg.load_catalog(), kafka.client_config())
-    return check_exactly_once(spec.table, audit, newest)
+    """The exactly-once audit of the pipeline's table: the commits after ``after_snapshot_id``
+    recounted in Kafka, or (``full``) every commit and every row's coordinates."""
+    audit = audit_pipeline(
+        spec,
+        iceberg.load_catalog(),
+        kafka.client_config(),
+        after_snapshot_id=after_snapshot_id,
+        full=full,
+    )
+    return check_exactly_once(spec.table, audit)
+
+
+def previous_audit_cursor(instance: DagsterInstance, key: AssetCheckKey) -> int | None:
+    """The ``audit_cursor`` of the check's last completed evaluation (None: audit afresh).
+
+    The cursor lives in the check's own results, so it follows the check wherever Dagster
+    stores its history; a lost cursor costs one evaluation of the newest commits only.
+    """
+    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=10):
+        event = record.event.dagster_event if record.event else None
+        metadata = getattr(event.event_specific_data, "metadata", None) if event else None
+        if metadata and "audit_cursor" in metadata:  # an evaluation (not a planned one)
+            text = str(metadata["audit_cursor"].value)
+            break
+    else:
+        return None
+    return int(text) if text.isdigit() else None
 
 
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
-    """A check result from a (not skipped) finding."""
+    """A check result from a finding. A check skipped because ingestion is blocked is shown as
+    a WARN failure that says why (Dagster records no reason for a skipped check); its
+    ``blocked_by`` metadata keeps it out of the alerts."""
     return AssetCheckResult(
         asset_key=table_key(spec),
         check_name=name,
         passed=finding.passed,
-        severity=AssetCheckSeverity(finding.severity),
+        severity=AssetCheckSeverity("WARN" if finding.skipped else finding.severity),
         description=finding.message,
         metadata=finding.metadata,
     )
@@ -79,17 +114,21 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
         context: AssetCheckExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> Iterator[AssetCheckResult]:
         selected = {key.name for key in context.selected_asset_check_keys}
-        findings: dict[str, Finding] = {}
-        if selected & {check.name for check in STATE_CHECKS}:
-            state = read_pipeline_state(spec, kafka, iceberg)
-            for check in STATE_CHECKS:
-                if check.name in selected and check.evaluate is not None:
-                    findings[check.name] = check.evaluate(state)
+        state = read_pipeline_state(spec, kafka, iceberg)
+        evaluated = evaluate_state_checks(state)
+        findings = {name: f for name, f in evaluated.items() if name in selected}
         if AUDIT_CHECK.name in selected:
-            findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka)
+            if evaluated[GROUP_CHECK.name].blocks:
+                findings[AUDIT_CHECK.name] = not_evaluated(state)
+            else:
+                key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+                cursor = previous_audit_cursor(context.instance, key)
+                findings[AUDIT_CHECK.name] = audit_finding(
+                    spec, iceberg, kafka, after_snapshot_id=cursor
+                )
         for name, finding in findings.items():
-            if finding.skipped:
-                context.log.info(f"{name} skipped: {finding.message}")
+            if finding.skipped and "blocked_by" not in finding.metadata:
+                context.log.info(f"{name} skipped: {finding.message}")  # e.g. no table yet
             else:
                 yield to_result(spec, name, finding)
 

@@ -18,7 +18,7 @@ from platform_assets.jobs import (
     build_run_checks_job,
 )
 from platform_assets.ops_jobs import build_ops_jobs
-from platform_assets.pipelines import load_pipelines
+from platform_assets.pipelines import load_pipelines, table_key
 from platform_assets.resources import build_resources
 from platform_assets.schedules import (
     build_checks_schedule,
@@ -57,7 +57,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
         ],
         sensors=[
             *sensors,
-            build_check_alert_sensor(check_keys),
+            build_check_alert_sensor(check_keys, {table_key(spec): spec.name for spec in specs}),
             run_failure_alert_sensor,
             build_dbt_automation_sensor(),
         ],

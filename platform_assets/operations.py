@@ -92,12 +92,8 @@ def migrate_group_offsets(
 def maintain_pipeline_table(
     spec: PipelineSpec, iceberg: IcebergCatalogResource, retention_s: float, orphan_window_s: float
 ) -> list[str]:
-    """Compact, expire and remove orphans on the pipeline's table; return the summary line."""
+    """Compact, expire and remove orphans on the pipeline's table (keeping the current group's
+    watermark); return the lines describing what was done and what failed."""
     table = iceberg.load_catalog().load_table(spec.table)
-    report = maintain_table(table, retention_s, orphan_window_s)
-    return [
-        f"compacted {report.files_compacted} files into {report.files_written} "
-        f"({report.rows_rewritten} rows); expired {report.expired_snapshots} snapshots, kept "
-        f"{report.kept_for_watermark} for the offsets watermark; removed "
-        f"{len(report.orphans_removed)} orphan files"
-    ]
+    report = maintain_table(table, retention_s, orphan_window_s, group_id=spec.consumer_group_id)
+    return report.describe()

@@ -112,16 +112,23 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             config.snapshot_retention_hours * 3600,
             config.orphan_window_hours * 3600,
             config.compact,
+            group_id=spec.consumer_group_id,
         )
         context.add_output_metadata(
             {
+                "summary": MetadataValue.md("\n".join(f"- {x}" for x in report.describe())),
                 "files_compacted": report.files_compacted,
                 "files_written": report.files_written,
+                "rows_rewritten": report.rows_rewritten,
+                "compaction_commits_retried": report.groups_retried,
                 "snapshots_expired": report.expired_snapshots,
                 "snapshots_kept_for_watermark": report.kept_for_watermark,
+                "orphan_window_hours": round(report.orphan_window_s / 3600, 3),
                 "orphans_removed": len(report.orphans_removed),
             }
         )
+        if report.errors:  # every step ran; the run still fails so that it alerts
+            raise Failure(f"maintenance of {spec.table}: " + "; ".join(report.errors))
 
     @job(name="reset_offsets", description="Reset a pipeline's offsets (dry run by default).")
     def reset_job() -> None:

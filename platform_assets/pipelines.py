@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from dagster import AssetKey
@@ -9,11 +10,20 @@ from dagster import AssetKey
 from ingestion.spec import PipelineSpec, load_pipeline_specs
 
 PIPELINES_FILE = Path(__file__).with_name("pipelines.yaml")
+PIPELINES_FILE_ENV = "PLATFORM_PIPELINES_FILE"
 
 
-def load_pipelines(path: Path = PIPELINES_FILE) -> list[PipelineSpec]:
+def pipelines_file() -> Path:
+    """The specs file: ``$PLATFORM_PIPELINES_FILE`` when set, else ``pipelines.yaml`` here.
+
+    Read when the code location loads (every *Reload definitions*), not at import.
+    """
+    return Path(os.environ.get(PIPELINES_FILE_ENV) or PIPELINES_FILE)
+
+
+def load_pipelines(path: Path | None = None) -> list[PipelineSpec]:
     """Load and validate the pipeline specs; an invalid spec stops the code location loading."""
-    return load_pipeline_specs(path)
+    return load_pipeline_specs(path or pipelines_file())
 
 
 def topic_asset_keys(spec: PipelineSpec) -> list[AssetKey]:

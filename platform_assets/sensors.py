@@ -1,14 +1,27 @@
 """Sensors decide, assets do: the lag sensor reads offsets and requests runs (it never consumes
-or commits); the alert sensors turn failed checks and runs into alerts, once per change."""
+or commits); the alert sensors turn failed checks and runs into alerts, once per change.
+
+A misconfigured pipeline raises one alert, not a storm of failed runs: the lag sensor evaluates
+the blocking group-id check on the state it reads anyway and launches no ingestion while it
+fails; it requests at most one run per cause that records the check's evaluation (so the
+Checks tab and ``check_alerts`` see it); ``check_alerts`` alerts once per state change
+(:mod:`platform_assets.alert_policy`); ``run_failure_alerts`` leaves a run that failed only
+because the pipeline is blocked to that check alert.
+"""
 
 import json
 import time
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
     DefaultSensorStatus,
+    EventLogEntry,
     RunFailureSensorContext,
     RunRequest,
     SensorDefinition,
@@ -18,87 +31,279 @@ from dagster import (
     sensor,
 )
 
+# Private Dagster API, the only one used at run time: dagster 1.13.27 (pinned) does not export
+# the set of *completed* check-execution statuses; the alert and lag sensors must ignore planned
+# (in-progress) evaluations, which the public "latest evaluation" call returns.
+from dagster._core.storage.asset_check_execution_record import (
+    COMPLETED_ASSET_CHECK_EXECUTION_RECORD_STATUSES as COMPLETED_STATUSES,
+)
+
+from ingestion.checks import GROUP_CHECK, Finding, check_group_consistency
 from ingestion.spec import PipelineSpec
-from ingestion.triggers import decide
+from ingestion.triggers import decide, decide_group_check
+from platform_assets.alert_policy import (
+    Evaluation,
+    Notice,
+    apply_evaluations,
+    dump_cursor,
+    failed_only_because_blocked,
+    format_duration,
+    load_cursor,
+)
 from platform_assets.jobs import AssetJob, count_active_runs
+from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
 from resources.alerts import Alert, AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
+if TYPE_CHECKING:
+    from dagster_shared.error import SerializableErrorInfo  # dagster's own error record
+
+
+def latest_outcome(instance: DagsterInstance, key: AssetCheckKey) -> Finding | None:
+    """The newest *completed* evaluation of ``key`` (planned-only ones are ignored)."""
+    records = instance.event_log_storage.get_asset_check_execution_history(
+        key, limit=1, status=set(COMPLETED_STATUSES)
+    )
+    evaluation = records[0].evaluation if records else None
+    if not isinstance(evaluation, AssetCheckEvaluation):
+        return None
+    return Finding(
+        passed=evaluation.passed,
+        severity=evaluation.severity.value,
+        message=evaluation.description or "",
+    )
+
+
+def blocked_reason(spec: PipelineSpec, outcome: Finding) -> str:
+    """The skip message of a sensor or schedule tick while the pipeline is blocked."""
+    return f"ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}: {outcome.message}"
+
 
 def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
-    """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds."""
+    """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds,
+    unless the blocking group-id check fails on the state just read."""
+    group_key = AssetCheckKey(table_key(spec), GROUP_CHECK.name)
 
     @sensor(
         name=f"{spec.name}_lag_sensor",
         job=job,
         minimum_interval_seconds=15,
         default_status=DefaultSensorStatus.RUNNING,
-        description=f"Reads {spec.name!r} lag from offsets (no consumption) and requests runs.",
+        description=f"Reads {spec.name!r} lag from offsets (no consumption) and requests runs; "
+        f"none while {GROUP_CHECK.name} blocks it.",
     )
     def _sensor(
         context: SensorEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
-        lag = sum(read_pipeline_state(spec, kafka, iceberg).lag().values())
+        state = read_pipeline_state(spec, kafka, iceberg)
+        finding = check_group_consistency(state)
+        outcome = finding
         cursor = json.loads(context.cursor) if context.cursor else {}
         busy = count_active_runs(context.instance, job.name) > 0
-        launch, reason, first = decide(lag, cursor.get("first_lag_at"), time.time(), spec, busy)
-        context.update_cursor(json.dumps({"first_lag_at": None if launch else first, "lag": lag}))
+        requested = cursor.get("group_check_requested")
+        evaluate, _ = decide_group_check(
+            outcome, latest_outcome(context.instance, group_key), requested, busy
+        )
+        lag = sum(state.lag().values())
+        if outcome.blocks:  # no ingestion: it would fail, or re-read everything
+            launch, reason, first = False, blocked_reason(spec, outcome), cursor.get("first_lag_at")
+        else:
+            launch, reason, first = decide(lag, cursor.get("first_lag_at"), time.time(), spec, busy)
+        if launch or evaluate:  # an ingestion run evaluates the group check first
+            requested = outcome.fingerprint
+        context.update_cursor(
+            json.dumps(
+                {
+                    "first_lag_at": None if launch else first,
+                    "lag": lag,
+                    "group_check_requested": requested,
+                }
+            )
+        )
         if launch:
             return RunRequest(tags={"trigger": "lag_sensor", "lag": str(lag)})
+        if evaluate:  # only the check: nothing is read or committed
+            return RunRequest(
+                asset_selection=[],
+                asset_check_keys=[group_key],
+                tags={"trigger": "lag_sensor", "evaluates": GROUP_CHECK.name},
+            )
         return SkipReason(reason)
 
     return _sensor
 
 
-def build_check_alert_sensor(check_keys: list[AssetCheckKey]) -> SensorDefinition:
-    """Alert once when a check starts failing, and once when it passes again.
+def read_new_evaluations(
+    instance: DagsterInstance,
+    keys: Sequence[AssetCheckKey],
+    read: Mapping[str, float] | None,
+    limit: int = 50,
+) -> tuple[list[Evaluation], dict[str, float]]:
+    """Completed evaluations of ``keys`` newer than ``read`` (check name -> timestamp of the
+    newest one read), oldest first, and the new ``read``.
 
-    It reads the newest evaluation of each check; the cursor keeps each check's last state.
+    A check not read before (``read=None``: the sensor's first tick) gives only its newest
+    evaluation, so starting the sensor on an old instance does not replay its history. The
+    asset-check index is read, not the event log: the default SQLite event log is sharded per
+    run, and its storage ids cannot serve as one cursor.
     """
+    new_read = dict(read or {})
+    found: list[Evaluation] = []
+    for key in keys:
+        name = f"{key.asset_key.to_user_string()} / {key.name}"
+        after = (read or {}).get(name)
+        records = instance.event_log_storage.get_asset_check_execution_history(
+            key,
+            limit=limit if after is not None else 1,
+            status=set(COMPLETED_STATUSES),
+        )
+        for record in records:
+            evaluation = to_evaluation(record.event) if record.event else None
+            if evaluation is not None and (after is None or evaluation.timestamp > after):
+                found.append(evaluation)
+                new_read[name] = max(new_read.get(name, 0.0), evaluation.timestamp)
+    return sorted(found, key=lambda e: e.timestamp), new_read
+
+
+def to_evaluation(entry: EventLogEntry) -> Evaluation | None:
+    """The alert policy's view of one stored check evaluation."""
+    data = entry.dagster_event.event_specific_data if entry.dagster_event else None
+    if not isinstance(data, AssetCheckEvaluation):
+        return None
+    blocked_by = data.metadata.get("blocked_by")
+    return Evaluation(
+        asset=data.asset_key.to_user_string(),
+        check=data.check_name,
+        passed=data.passed,
+        severity=data.severity.value,
+        message=data.description or "",
+        timestamp=entry.timestamp,
+        run_id=entry.run_id,
+        blocking=bool(data.blocking),
+        blocked_by=str(blocked_by.value) if blocked_by is not None else "",
+    )
+
+
+def check_alert(notice: Notice, pipeline: str | None, alerts: AlertResource, now: float) -> Alert:
+    """The alert of one notice: the pipeline, the check, the cause and the fix, and a link."""
+    owner = f"pipeline {pipeline!r}, " if pipeline else ""
+    title = f"{owner}check {notice.check} on {notice.asset}"
+    since = format_duration(max(0.0, now - notice.failing_since))
+    if notice.kind == "check_failed":
+        title = f"{owner}check {notice.check} ({notice.severity}) on {notice.asset}"
+        message = notice.message
+    elif notice.kind == "check_recovered":
+        message = f"passes again after {since} failing: {notice.message}"
+    else:
+        message = f"still failing after {since}: {notice.message}"
+    return Alert(
+        notice.kind,
+        title,
+        message,
+        notice.severity,
+        {
+            "pipeline": pipeline or "",
+            "asset": notice.asset,
+            "check": notice.check,
+            "run_id": notice.run_id,
+            "failing_since": notice.failing_since,
+        },
+        link=alerts.asset_link(AssetKey.from_user_string(notice.asset).path, notice.check),
+    )
+
+
+def build_check_alert_sensor(
+    check_keys: Sequence[AssetCheckKey], pipelines: Mapping[AssetKey, str] | None = None
+) -> SensorDefinition:
+    """Alert once when a check starts failing, once when it passes again, and optionally
+    remind while it keeps failing (``AlertResource.reminder_hours``).
+
+    It reads every completed evaluation once (the cursor keeps the storage id read up to and
+    each check's alert state); planned evaluations never count. ``pipelines`` names the
+    pipeline of each table asset in the alert.
+    """
+    wanted = list(check_keys)
+    owners = {key.to_user_string(): name for key, name in (pipelines or {}).items()}
 
     @sensor(
-        name="check_alerts", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING
+        name="check_alerts",
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.RUNNING,
+        description="Turns check evaluations into alerts: once per state change, a recovery "
+        "message, a reminder every reminder_hours while failing.",
     )
     def _alerts(context: SensorEvaluationContext, alerts: AlertResource) -> SkipReason:
-        states: dict[str, dict[str, Any]] = json.loads(context.cursor) if context.cursor else {}
-        sent = 0
-        for key in check_keys:
-            record = context.instance.get_latest_asset_check_evaluation_record(key)
-            name = f"{key.asset_key.to_user_string()} / {key.name}"
-            event = record.event.dagster_event if record and record.event else None
-            evaluation = event.event_specific_data if event else None
-            if record is None or not isinstance(evaluation, AssetCheckEvaluation):
-                continue  # never evaluated, or planned and not yet done
-            previous = states.get(name, {})
-            if previous.get("id") == record.id:
-                continue
-            message, details = evaluation.description or "", {"run_id": record.run_id}
-            if not evaluation.passed and previous.get("passed", True):
-                severity = evaluation.severity.value
-                alerts.send(Alert("check_failed", name, message, severity, details))
-                sent += 1
-            elif evaluation.passed and previous.get("passed") is False:
-                alerts.send(Alert("check_recovered", name, message, "INFO", details))
-                sent += 1
-            states[name] = {"id": record.id, "passed": evaluation.passed}
-        context.update_cursor(json.dumps(states))
-        return SkipReason(f"{len(check_keys)} checks read, {sent} alerts sent")
+        now = time.time()
+        read, states = load_cursor(context.cursor, now)
+        evaluations, read = read_new_evaluations(context.instance, wanted, read)
+        states, notices = apply_evaluations(states, evaluations, now, alerts.reminder_hours * 3600)
+        for notice in notices:
+            alerts.send(check_alert(notice, owners.get(notice.asset), alerts, now))
+        context.update_cursor(dump_cursor(read, states))
+        return SkipReason(
+            f"{len(evaluations)} new evaluations of {len(wanted)} checks; "
+            f"{len(notices)} alerts sent"
+        )
 
     return _alerts
 
 
+def blocked_steps(instance: DagsterInstance, run_id: str) -> tuple[set[str], dict[str, str]]:
+    """The run's failed steps, and its steps whose blocking check failed (step -> check)."""
+    failed: set[str] = set()
+    blocked: dict[str, str] = {}
+    types = {DagsterEventType.STEP_FAILURE, DagsterEventType.ASSET_CHECK_EVALUATION}
+    for entry in instance.all_logs(run_id, of_type=types):
+        event = entry.dagster_event
+        if event is None or entry.step_key is None:
+            continue
+        data = event.event_specific_data
+        if event.event_type == DagsterEventType.STEP_FAILURE:
+            failed.add(entry.step_key)
+        elif (
+            isinstance(data, AssetCheckEvaluation)
+            and data.blocking
+            and Finding(passed=data.passed, severity=data.severity.value, message="").blocks
+        ):
+            blocked[entry.step_key] = data.check_name
+    return failed, blocked
+
+
+def root_cause(error: "SerializableErrorInfo") -> str:
+    """The innermost error of a step failure (Dagster wraps the op's own exception)."""
+    while error.cause is not None:
+        error = error.cause
+    return error.message.strip()
+
+
 @run_failure_sensor(name="run_failure_alerts", default_status=DefaultSensorStatus.RUNNING)
 def run_failure_alert_sensor(context: RunFailureSensorContext, alerts: AlertResource) -> None:
-    """Alert once per failed run, with the failure message."""
+    """Alert once per failed run, with the failure message and a link to the run; a run that
+    failed only because a blocking check failed is left to that check's alert."""
     run = context.dagster_run
+    failed, blocked = blocked_steps(context.instance, run.run_id)
+    if failed_only_because_blocked(failed, set(blocked)):
+        context.log.info(
+            f"run {run.run_id} failed because {sorted(set(blocked.values()))} blocked it; "
+            "check_alerts reports that check"
+        )
+        return
+    pipeline = run.tags.get("pipeline")
+    owner = f"pipeline {pipeline!r}, " if pipeline else ""
+    causes = [
+        f"{event.step_key}: {root_cause(event.step_failure_data.error)}"
+        for event in context.get_step_failure_events()
+        if event.step_failure_data.error is not None
+    ]
     alerts.send(
         Alert(
             "run_failed",
-            f"run {run.run_id} of {run.job_name}",
-            context.failure_event.message or "run failed",
+            f"{owner}run {run.run_id} of {run.job_name}",
+            "; ".join(causes) or context.failure_event.message or "run failed",
             "ERROR",
-            {"run_id": run.run_id},
+            {"run_id": run.run_id, "pipeline": pipeline or "", "job": run.job_name},
+            link=alerts.run_link(run.run_id),
         )
     )

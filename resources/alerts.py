@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -13,25 +15,39 @@ from pydantic import ConfigDict, Field
 
 LOGGER = logging.getLogger("platform.alerts")
 
+AlertKind = Literal["check_failed", "check_recovered", "check_still_failing", "run_failed"]
+LABELS: dict[str, str] = {
+    "check_failed": "FAILED",
+    "check_recovered": "RECOVERED",
+    "check_still_failing": "STILL FAILING",
+    "run_failed": "RUN FAILED",
+}
+
 
 @dataclass(frozen=True)
 class Alert:
-    """One alert: a failed check or run, or the recovery of a check."""
+    """One alert: a check that starts failing, still fails, or passes again; or a failed run.
 
-    kind: Literal["check_failed", "check_recovered", "run_failed"]
+    ``title`` names the pipeline and the check (or run), ``message`` the cause and the fix,
+    ``link`` the page in the Dagster UI ('' when no UI address is configured).
+    """
+
+    kind: AlertKind
     title: str
     message: str
     severity: str = "ERROR"
     details: dict[str, Any] = field(default_factory=dict)
+    link: str = ""
 
     def to_text(self) -> str:
-        """One human line (Slack, logs)."""
-        icon = {
-            "check_failed": "FAILED",
-            "check_recovered": "RECOVERED",
-            "run_failed": "RUN FAILED",
-        }
-        return f"[{icon[self.kind]}] {self.title}: {self.message}"
+        """One human line (Slack, logs).
+
+        Example:
+            >>> Alert("check_recovered", "pipeline 'p', check c on t", "ok", "INFO").to_text()
+            "[RECOVERED] pipeline 'p', check c on t: ok"
+        """
+        text = f"[{LABELS[self.kind]}] {self.title}: {self.message}"
+        return f"{text.rstrip('.')}. See {self.link}" if self.link else text
 
 
 class AlertResource(ConfigurableResource):
@@ -47,6 +63,33 @@ class AlertResource(ConfigurableResource):
     slack_token: str = Field(default="", description="Slack bot token; '' = off.")
     slack_channel: str = Field(default="#data-alerts", description="Slack channel for alerts.")
     timeout_s: float = Field(default=10.0, description="Timeout of one webhook or Slack call.")
+    ui_base_url: str = Field(
+        default="",
+        description="Dagster UI address (e.g. http://127.0.0.1:3000); alerts link to the "
+        "asset's checks or the run there. '' = no links.",
+    )
+    reminder_hours: float = Field(
+        default=6.0,
+        ge=0,
+        description="Re-send a check that is still failing every this many hours; 0 = never.",
+    )
+
+    def asset_link(self, path: Sequence[str], check_name: str = "") -> str:
+        """The asset's Checks tab (``check_name`` opened) in the UI; '' without a UI address.
+
+        Example:
+            >>> AlertResource(ui_base_url="http://ui:3000/").asset_link(["iceberg", "t"], "c")
+            'http://ui:3000/assets/iceberg/t?view=checks&checkDetail=c'
+        """
+        if not self.ui_base_url:
+            return ""
+        query = {"view": "checks", **({"checkDetail": check_name} if check_name else {})}
+        quoted = "/".join(urllib.parse.quote(part, safe="") for part in path)
+        return f"{self.ui_base_url.rstrip('/')}/assets/{quoted}?{urllib.parse.urlencode(query)}"
+
+    def run_link(self, run_id: str) -> str:
+        """The run's page in the UI; '' without a UI address."""
+        return f"{self.ui_base_url.rstrip('/')}/runs/{run_id}" if self.ui_base_url else ""
 
     def send(self, alert: Alert) -> list[str]:
         """Send ``alert`` to every configured sink; return the sinks that accepted it.
@@ -75,9 +118,10 @@ class AlertResource(ConfigurableResource):
     def _post_webhook(self, alert: Alert) -> None:
         if not self.webhook_url.startswith(("http://", "https://")):
             raise OSError(f"webhook_url must be http(s), got scheme of {self.webhook_url[:8]!r}")
+        body = {**asdict(alert), "text": alert.to_text()}
         request = urllib.request.Request(  # noqa: S310 - scheme checked above
             self.webhook_url,
-            data=json.dumps(asdict(alert), default=str).encode(),
+            data=json.dumps(body, default=str).encode(),
             headers={"Content-Type": "application/json"},
             method="POST",
         )

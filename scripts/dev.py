@@ -129,6 +129,10 @@ def main() -> int:
             # Alert sinks: empty = off. Set them in your shell to try a webhook or Slack.
             "PLATFORM_ALERT_WEBHOOK_URL": os.environ.get("PLATFORM_ALERT_WEBHOOK_URL", ""),
             "PLATFORM_SLACK_TOKEN": os.environ.get("PLATFORM_SLACK_TOKEN", ""),
+            # Alerts link to the asset's checks or the run in this UI.
+            "PLATFORM_UI_BASE_URL": os.environ.get(
+                "PLATFORM_UI_BASE_URL", f"http://127.0.0.1:{ui_port}"
+            ),
         }
         command = [
             str(Path(sys.executable).with_name("dagster")),

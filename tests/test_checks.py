@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ingestion.audit import AuditResult, CommitVerification
+from ingestion.audit import AuditResult, PipelineAudit
 from ingestion.checks import (
     AUDIT_CHECK,
     GROUP_CHECK,
@@ -19,6 +19,7 @@ from ingestion.checks import (
     check_watermark_reachable,
     evaluate_state_checks,
 )
+from ingestion.commit_audit import CommitAudit
 from ingestion.offsets import CommittedState, TopicOffsets
 from ingestion.state import Commit, PipelineState
 from ingestion.status import build_status
@@ -172,35 +173,34 @@ def test_build_status(
 
 
 @pytest.mark.parametrize(
-    ("audit", "newest", "outcome", "text"),
+    ("audit", "outcome", "text"),
     [
-        (None, None, "skipped", "does not exist yet"),
-        (AuditResult(rows=5), CommitVerification(True, "5 = 5"), "passed", "once: 5 rows"),
-        (AuditResult(rows=5), CommitVerification(None, "first commit"), "passed", "once"),
+        (None, "skipped", "does not exist yet"),
+        (PipelineAudit(CommitAudit(cursor=7, recounted=[7])), "passed", "1 commit(s) recounted"),
+        (PipelineAudit(CommitAudit(notes=["first commit"])), "passed", "0 commit(s)"),
         (
-            AuditResult(rows=5, duplicates=[("t", 0, 3)]),
-            CommitVerification(True, "5 = 5"),
+            PipelineAudit(CommitAudit(), AuditResult(rows=5, duplicates=[("t", 0, 3)])),
             "failed",
             "duplicates: 1",
         ),
         (
-            AuditResult(rows=5),
-            CommitVerification(False, "added 5 but Kafka holds 6"),
+            PipelineAudit(CommitAudit(findings=["snapshot 7 added 5 but Kafka holds 6"])),
             "failed",
-            "commit count: added 5 but Kafka holds 6",
+            "added 5 but Kafka holds 6",
         ),
     ],
     ids=["no-table", "clean", "not-verifiable", "duplicate", "count-mismatch"],
 )
-def test_exactly_once_audit(
-    audit: AuditResult | None, newest: CommitVerification | None, outcome: str, text: str
-) -> None:
-    """Loss shows as a count mismatch, duplicates as such; a missing table is not a pass."""
-    finding = check_exactly_once("demo.orders", audit, newest)
+def test_exactly_once_audit(audit: PipelineAudit | None, outcome: str, text: str) -> None:
+    """Loss shows as a count mismatch, duplicates as such; a missing table is not a pass; the
+    cursor for the next evaluation is in the metadata."""
+    finding = check_exactly_once("demo.orders", audit)
     observed = "skipped" if finding.skipped else "passed" if finding.passed else "failed"
     assert observed == outcome
     assert text in finding.message
     assert finding.blocks is (outcome == "failed")
+    if audit is not None:
+        assert finding.metadata["audit_cursor"] == str(audit.commits.cursor or "")
 
 
 def test_every_check_has_one_name() -> None:
@@ -209,3 +209,21 @@ def test_every_check_has_one_name() -> None:
     assert len(set(names)) == len(names) == 6
     assert GROUP_CHECK.blocking
     assert not any(check.blocking for check in STATE_CHECKS)
+
+
+def test_a_missing_topic_fails_freshness_by_name() -> None:
+    """One pipeline's missing topic is named by its check; nothing else hides it."""
+    current = state({0: 10}, commits=[commit(5)], missing_topics=["orders-eu"])
+    finding = check_commit_freshness(current)
+    assert finding.blocks
+    assert "topic(s) ['orders-eu'] of pipeline 'health' do not exist" in finding.message
+
+
+def test_checks_are_not_evaluated_while_the_group_check_blocks() -> None:
+    """Under a group id that holds no progress, the other checks say why they did not run."""
+    blocked = state(None, other_groups={"cg-control"}, table_has_rows=True)
+    findings = evaluate_state_checks(blocked)
+    assert findings[GROUP_CHECK.name].blocks
+    others = [findings[check.name] for check in STATE_CHECKS]
+    assert all(f.skipped and f.metadata["blocked_by"] == GROUP_CHECK.name for f in others)
+    assert all("not evaluated" in f.message for f in others)

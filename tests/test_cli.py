@@ -93,7 +93,8 @@ def test_status_validate_reset_and_maintain(
     ledger_producer.produce(demo_topic, records(3))  # not orders: quarantined
     demo.ingest()
     assert main(["status"]) == 0  # status reports failing checks; it does not fail
-    assert "FAILING dead_letter_rate: 3 of 20 records" in capsys.readouterr().out
+    # 3 bad records among whatever the shared demo topic held (other tests produce to it too).
+    assert re.search(r"FAILING dead_letter_rate: 3 of \d+ records", capsys.readouterr().out)
     assert main(["validate"]) == 0
     assert "1 pipeline(s) valid" in capsys.readouterr().out
 
@@ -106,7 +107,7 @@ def test_status_validate_reset_and_maintain(
     assert demo.catalog.load_table("demo.orders").scan().to_arrow().num_rows == 0
     assert main(["status", "--json"]) == 0  # the audit reads a snapshot with no data file
     (status,) = json.loads(capsys.readouterr().out)
-    assert status["lag_records"] == 20
+    assert status["lag_records"] == sum(p["end"] for p in status["partitions"]) >= 20
     assert status["checks"]["exactly_once_audit"]["passed"]
     assert main(["maintain", "orders", "--retention-hours", "0"]) == 0
     assert "kept" in capsys.readouterr().out

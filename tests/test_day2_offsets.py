@@ -1,5 +1,5 @@
 """Day-2 offset actions on the real stack: recorded rewinds move the Kafka group back, operator
-actions are compare-and-set commits, a migration retires the old group (R7, R8, R22, R32, R40).
+actions are compare-and-set commits, a migration retires the old group (R7, R8, R22, R32, R48).
 
 Every race is played at a named hook point and judged by the oracle (nothing lost, nothing
 duplicated); the loser's message names the other party.
@@ -95,7 +95,7 @@ def test_reset_back_then_the_next_run_moves_the_group_back(
     ledger: Ledger,
     resources: dict[str, Any],
 ) -> None:
-    """R40: a backward reset recorded in the table is not a foreign writer. The reset made here
+    """R48: a backward reset recorded in the table is not a foreign writer. The reset made here
     could not move the Kafka group itself (no Kafka client given), so the group stays ahead of
     the table: the check warns without blocking, and the next Dagster run ingests and moves the
     group back to the table's offsets."""
@@ -142,7 +142,7 @@ def test_cli_reset_by_timestamp_then_the_next_run_succeeds(
     demo_topic: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """R40, the issue's report: ``platform reset orders --to timestamp:... --apply`` on the demo
+    """R48, the issue's report: ``platform reset orders --to timestamp:... --apply`` on the demo
     pipeline, then the next run succeeds, the group equals the table's offsets and the oracle is
     clean (records other tests left in the shared ``orders`` topic are expected too)."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
@@ -236,7 +236,7 @@ def test_rollback_then_the_next_run_moves_the_group_back(
 def test_a_foreign_writer_ahead_of_the_table_stays_an_error(
     harness: Harness, create_topic: Callable[..., str], ledger_producer: LedgerProducer
 ) -> None:
-    """R40: offsets no commit or operator action of the table explains are a foreign writer's:
+    """R48: offsets no commit or operator action of the table explains are a foreign writer's:
     the check blocks and names it, and no run moves the group back over them."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
@@ -466,7 +466,7 @@ def test_a_migration_moves_the_new_kafka_group_to_the_table_offsets(
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """R40: the seed case, migrating to a Kafka Connect group id whose consumer had read further:
+    """R48: the seed case, migrating to a Kafka Connect group id whose consumer had read further:
     the migration records that group's offsets and sets the group to the table's; the check then
     passes and the new group reads nothing twice."""
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition

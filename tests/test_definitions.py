@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import random
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, DefaultScheduleStatus, Definitions
 
+from platform_assets.demo import encode_event, make_order_event
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import PIPELINE_CHECKS
@@ -79,7 +81,12 @@ def test_observe_topics_reports_end_offsets(
         )
     finally:
         consumer.close()
-    ledger_producer.produce(demo_topic, [(f"o{i}".encode(), b"{}", None) for i in range(40)])
+    # Valid demo orders: the topic is shared with later tests that ingest it (test_cli).
+    rng = random.Random(40)
+    events = [make_order_event(rng, i) for i in range(40)]
+    ledger_producer.produce(
+        demo_topic, [(e["order_id"].encode(), encode_event(e), None) for e in events]
+    )
     job = load_workspace_definitions().resolve_job_def("observe_topics")
     with DagsterInstance.ephemeral() as instance:
         result = job.execute_in_process(instance=instance, resources={"kafka": kafka})

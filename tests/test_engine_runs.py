@@ -15,7 +15,7 @@ import pytest
 
 from ingestion import exceptions
 from ingestion.commit import commit_data
-from ingestion.hooks import HOOK_POINTS, FailureHooks
+from ingestion.hooks import RUN_HOOK_POINTS, FailureHooks
 from ingestion.mirror import read_group_offsets
 from ingestion.offsets import (
     OFFSETS_PREFIX,
@@ -91,7 +91,7 @@ def test_capped_runs_resume_from_the_table(
     assert result.rows == 750
 
 
-@pytest.mark.parametrize("point", HOOK_POINTS)
+@pytest.mark.parametrize("point", RUN_HOOK_POINTS)
 def test_crash_at_each_hook_then_rerun(
     point: str,
     harness: Harness,
@@ -473,16 +473,21 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
 ) -> None:
     """The audit's independent read_committed count catches a commit that advanced offsets
     past records it did not add (a simulated lost-data bug in a real run)."""
-    from ingestion.audit import verify_latest_commit
+    from ingestion.commit_audit import audit_commits
 
     topic, spec = new_pipeline("prod_oracle", partitions=2, produce=40)
     harness.run(spec)
     group, config = spec.consumer_group_id, harness.kafka.client_config()
-    assert verify_latest_commit(harness.table(spec), group, config, spec.name)[0] is None
+    first = audit_commits(harness.table(spec), group, config, spec.name)
+    assert first.ok, first.findings
+    assert first.recounted  # the first commit records where its ranges start (R46)
     ledger_producer.produce(topic, records(20, first=40))
     harness.run(spec)
-    ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)
-    assert ok is True, message
+    second = audit_commits(
+        harness.table(spec), group, config, spec.name, after_snapshot_id=first.cursor
+    )
+    assert second.ok, second.findings
+    assert len(second.recounted) == 1
     ledger_producer.produce(topic, records(10, first=60))
     skipped: list[LedgerEntry] = []
 
@@ -496,9 +501,12 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
 
     report = harness.run(spec, hooks=FailureHooks({"before_commit": commit_past_what_was_read}))
     assert report.records == 10
-    ok, message = verify_latest_commit(harness.table(spec), group, config, spec.name)
-    assert ok is False
-    assert f"snapshot {report.snapshot_id} added 10 records" in message
+    third = audit_commits(
+        harness.table(spec), group, config, spec.name, after_snapshot_id=second.cursor
+    )
+    message = "; ".join(third.findings)
+    assert not third.ok
+    assert "added 10 records" in message
     assert "holds 15 visible records" in message
     assert harness.audit(spec, ledger).missing == sorted(e.coordinates for e in skipped)
 

@@ -102,7 +102,7 @@ def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
     harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R31 by construction: compact + expire + orphan removal, then ingest again: clean."""
-    from ingestion.maintenance import maintain_table
+    from ingestion.maintenance import longest_run_s, maintain_table, orphan_window
     from ingestion.offsets import find_committed_state
 
     topic, spec = new_pipeline("maintained", partitions=2, max_records_per_task=15)
@@ -111,10 +111,13 @@ def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
         if batch == 1:  # a crashed attempt leaves its written files behind as orphans (R2)
             with pytest.raises(exceptions.InjectedFailure):
                 harness.run(spec, hooks=FailureHooks({"before_commit": crash}))
+            crashed_at = time.time()
         harness.run(spec)
     table = harness.table(spec)
     files_before = len(table.inspect.files())
-    report = maintain_table(table, snapshot_retention_s=0, orphan_window_s=0)
+    window, _ = orphan_window(0, longest_run_s(table), 0)  # never below the longest run (R44)
+    time.sleep(max(0.0, crashed_at + window - time.time()))
+    report = maintain_table(table, 0, 0, min_orphan_window_s=0)
     assert report.files_compacted == files_before
     assert report.files_written < files_before
     assert report.expired_snapshots >= 2

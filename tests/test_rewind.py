@@ -1,4 +1,4 @@
-"""Where the Kafka group mirror may move, and what the group check says (unit level, R8, R40)."""
+"""Where the Kafka group mirror may move, and what the group check says (unit level, R8, R48)."""
 
 from __future__ import annotations
 
