@@ -3,10 +3,11 @@
 pyiceberg's own commit retry is off for these commits (``commit_view``, rule 1); this loop owns
 it: load the table → check it is the table planned against (uuid), that every guarded group's
 offsets (and retirement) are still what the action was planned from → commit on exactly that
-head. A commit that lands in between (a run, another action) makes the catalog reject ours (the
-head moved); the loop then reloads and re-checks: it aborts naming the commit that moved the
-offsets (R7), or retries when they did not move (R27). Never is the action applied on top of a
-head it did not check.
+head (the ``before_catalog_call`` hook fires just before: tests inject a racing run there). A
+commit that lands in between (a run, another action) makes the catalog reject ours (the head
+moved); the loop then reloads and re-checks: it aborts naming the commit that moved the offsets
+(R7), or retries when they did not move (R27). Never is the action applied on top of a head it
+did not check.
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def commit_action(
         if existing is not None:
             return existing.snapshot_id
         _check_planned_state(table, commit)
-        hooks.fire("before_action_commit", table=table)
+        hooks.fire("before_catalog_call", action=commit.action, table=table)
         try:
             return _write(table, commit.properties, commit.delete_filter)
         except CommitFailedException:

@@ -178,24 +178,3 @@ def commit_data(
         f"pipeline {plan.pipeline!r}: table {plan.table} kept changing; gave up after "
         f"{max_attempts} attempts with nothing committed"
     )
-
-
-def commit_quarantine(
-    table: Table, commit_id: str, files: list[DataFile], properties: dict[str, str]
-) -> int | None:
-    """Commit quarantined records before the data commit, once per commit id (R33).
-
-    Delivery: skipped when a snapshot with ``commit_id`` is already in the quarantine table
-    (a replayed run). Every row carries its ``commit_id``: if the data commit then loses a race
-    (R7), its quarantine rows belong to a commit id absent from the data table, and readers and
-    the audit count only rows whose commit id is in the data table, so each bad record counts
-    exactly once.
-    """
-    if not files:
-        return None
-    existing = find_commit(table, commit_id)
-    if existing is not None:
-        delete_files(table, files)
-        return existing.snapshot_id
-    table.refresh()
-    return append_files(table, files, properties)

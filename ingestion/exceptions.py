@@ -55,6 +55,10 @@ class CommitConflictError(IngestionError):
     """Another commit moved this group's offsets since the plan; this attempt was aborted."""
 
 
+class QuarantineSyncError(IngestionError):
+    """The quarantine table could not be brought up to the data table's commits."""
+
+
 class OffsetRegressionError(IngestionError):
     """A commit would move an offset backwards or drop a partition from the offsets."""
 

@@ -20,7 +20,6 @@ HookPoint = Literal[
     "before_mirror",
     "before_compaction_commit",
     "before_expiry_commit",
-    "before_action_commit",
 ]
 HOOK_POINTS: tuple[HookPoint, ...] = get_args(HookPoint)
 # Points of a maintenance pass (ingestion.maintenance), not of a run.
@@ -28,11 +27,8 @@ MAINTENANCE_HOOK_POINTS: tuple[HookPoint, ...] = (
     "before_compaction_commit",
     "before_expiry_commit",
 )
-# The point of an operator action (reset, migration) between its compare-and-set check and its
-# catalog call, where a racing run can be injected (ingestion.actions), not of a run.
-ACTION_HOOK_POINTS: tuple[HookPoint, ...] = ("before_action_commit",)
 RUN_HOOK_POINTS: tuple[HookPoint, ...] = tuple(
-    point for point in HOOK_POINTS if point not in MAINTENANCE_HOOK_POINTS + ACTION_HOOK_POINTS
+    point for point in HOOK_POINTS if point not in MAINTENANCE_HOOK_POINTS
 )
 
 

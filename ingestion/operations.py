@@ -5,8 +5,9 @@ asked and why), compare-and-set against the offsets they were planned from
 (:mod:`ingestion.actions`): a run that commits first makes the action abort naming it, and a run
 in flight when the action commits aborts at its own commit naming the action (R7). A reset that
 moves a partition backwards also deletes, in the same snapshot, the rows at or after its new
-offset, so the range is re-read exactly once. Both then move the Kafka group to the table's
-offsets, backwards too (best effort: if that fails, the next run does it, R48).
+offset, so the range is re-read exactly once; the quarantine table follows after that commit
+(ingestion.quarantine). Both then move the Kafka group to the table's offsets, backwards too
+(best effort: if that fails, the next run does it, R48).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from ingestion.actions import (
     ActionCommit,
     ActionOutcome,
     commit_action,
-    ignore_no_match_warning,
     mirror_after,
     read_group_before,
     refuse_active_runs,
@@ -30,6 +30,7 @@ from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, read_group_offsets
 from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
+from ingestion.quarantine import sync_quarantine
 from ingestion.ranges import Key
 from ingestion.rewind import find_retirement
 from ingestion.spec import PipelineSpec, StartingPosition
@@ -109,20 +110,6 @@ def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:
     return " or ".join(clauses) or None
 
 
-_no_match_is_fine = ignore_no_match_warning
-
-
-def _delete_rewound_quarantine_rows(
-    catalog: Catalog, spec: PipelineSpec, delete_filter: str
-) -> None:
-    """Delete the quarantine rows of the rewound range (a commit of its own, before the data
-    table's: not atomic with it; another engineer's redesign replaces this)."""
-    if catalog.table_exists(spec.quarantine_table):
-        quarantine = catalog.load_table(spec.quarantine_table)
-        with quarantine.transaction() as transaction, _no_match_is_fine():
-            transaction.delete(delete_filter)
-
-
 def apply_reset(
     catalog: Catalog,
     spec: PipelineSpec,
@@ -142,7 +129,10 @@ def apply_reset(
     group's offsets it replaces are recorded in the snapshot, so if moving the group fails the
     next run moves it back (R48). An ambiguous catalog error is reconciled by the reset's commit
     id; calling it again with the same plan after it committed aborts (the offsets moved, by
-    this very reset), so it is never applied twice.
+    this very reset), so it is never applied twice. The quarantine table is synced after the
+    data commit (a :class:`QuarantineSyncError` then means the reset stands; the next run syncs
+    it and moves the group). ``hooks`` fire before the data table's catalog call
+    (``before_catalog_call``) and after its commit (``after_commit``), for tests (rule 6).
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
@@ -160,8 +150,6 @@ def apply_reset(
             f"the {mover}); plan it again"
         )
     delete_filter = _rewound_filter(reset.changes)
-    if delete_filter:
-        _delete_rewound_quarantine_rows(catalog, spec, delete_filter)
     properties = props.commit_properties(
         group_id=reset.group_id,
         offsets=reset.target,
@@ -183,6 +171,10 @@ def apply_reset(
         {reset.group_id: reset.retired_snapshot},
     )
     snapshot_id = commit_action(catalog, commit, hooks)
+    hooks.fire("after_commit", reset=reset, snapshot_id=snapshot_id)
+    # Dead letters of a rewound range go only after the data commit, by the quarantine sync; if
+    # this fails the next run syncs (never before: a failed data commit would lose them).
+    sync_quarantine(catalog, spec)
     mirror = mirror_after(admin, catalog, spec, reset.group_id)
     return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], mirror)
 

@@ -8,15 +8,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ingestion import exceptions
 from ingestion.avro import avro_to_iceberg_schema, fetch_writer_schemas
-from ingestion.commit import commit_data, commit_quarantine
+from ingestion.commit import commit_data, delete_files
 from ingestion.consumer import open_consumer
 from ingestion.deadletter import count_copies, publish_dead_letters, unpublished_commits
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
-from ingestion.offsets import COMMIT_ID, PIPELINE, commit_properties, flatten
+from ingestion.offsets import commit_properties, flatten
 from ingestion.plan import Plan, build_plan
+from ingestion.quarantine import quarantine_properties, sync_quarantine
 from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table
@@ -108,11 +110,15 @@ def run_pipeline(
 
     Delivery: exactly once. A crash before the commit leaves only unreferenced files; the next
     run re-plans the same start offsets. A retried or replayed commit is idempotent. Running
-    the same pipeline twice at once commits one run; the other aborts (R7).
+    the same pipeline twice at once commits one run; the other aborts (R7) and deletes its
+    files. Bad records reach the quarantine table after the data commit that names their
+    files, once (ingestion.quarantine); every run, an idle one too, first catches up on what
+    a crashed run left.
 
     Raises:
         IngestionError: any named failure (see ingestion.exceptions); nothing was committed unless
-            the report of a previous call says so.
+            the report of a previous call says so, or it is a ``QuarantineSyncError`` (the data
+            commit stands; the next run syncs the quarantine table).
     """
     from confluent_kafka.admin import AdminClient
 
@@ -187,14 +193,14 @@ def run_pipeline(
         run_duration_ms=int((time.monotonic() - started) * 1000),
         range_starts={k: o for k, o in plan.start.items() if k not in committed_before},
     )
-    if quarantine is not None:
-        commit_quarantine(
-            quarantine,
-            plan.commit_id,
-            quarantine_files,
-            {COMMIT_ID: plan.commit_id, PIPELINE: spec.name},
-        )
-    outcome = commit_data(catalog, plan, data_files, properties, hooks)
+    if quarantine is not None:  # the commit names its dead letters' files (ingestion.quarantine)
+        properties.update(quarantine_properties(quarantine, quarantine_files))
+    try:
+        outcome = commit_data(catalog, plan, data_files, properties, hooks)
+    except exceptions.CommitConflictError:
+        if quarantine is not None:  # no commit names them: no reader will ever see them
+            delete_files(quarantine, quarantine_files)
+        raise
     report.snapshot_id, report.replayed, report.committed = (
         outcome.snapshot_id,
         outcome.replayed,
@@ -216,13 +222,17 @@ def _publish(
     kafka_config: dict[str, Any],
     report: RunReport,
 ) -> None:
-    """Step 4: copy dead letters not yet copied, then mirror the offsets (both best effort).
+    """Step 4: bring the quarantine table up to the table's commits, copy dead letters not yet
+    copied, then mirror the offsets (the copy and the mirror best effort).
 
-    The mirror moves only once the copies are out: a failed copy leaves the mirror behind, so
-    the next run copies again (at least once) and repairs the mirror (R4). It mirrors the
-    table's offsets as they are now, not this run's plan: a run that wakes late can only set the
-    group to where the table is, and after a recorded rewind the group is moved back (R8, R48).
+    The quarantine sync raises :class:`QuarantineSyncError` when it fails (the data commit
+    stands; the next run, an idle one too, syncs again). The mirror moves only once the copies
+    are out: a failed copy leaves the mirror behind, so the next run copies again (at least
+    once) and repairs the mirror (R4). It mirrors the table's offsets as they are now, not this
+    run's plan: a run that wakes late can only set the group to where the table is, and after a
+    recorded rewind the group is moved back (R8, R48).
     """
+    sync_quarantine(catalog, spec)
     group = spec.consumer_group_id
     if spec.dead_letter_topic and catalog.table_exists(spec.quarantine_table):
         try:

@@ -120,6 +120,35 @@ def _quarantine_rows(spec: TaskSpec, raw: _Raw, rejected: list[Rejection]) -> pa
     return pa.table(columns)
 
 
+def merge_rejections(keys: list[Rejection], values: list[Rejection]) -> list[Rejection]:
+    """One rejection per record, in offset order: a record whose key and value are both bad
+    becomes one (one quarantine row), with both errors in its class and message.
+
+    Example:
+        >>> merged = merge_rejections(
+        ...     [Rejection(3, "UnicodeDecodeError", "key: invalid start byte")],
+        ...     [Rejection(3, "ArrowInvalid", "not JSON"), Rejection(1, "NullValue", "null")],
+        ... )
+        >>> [(r.index, r.error_class, r.message) for r in merged]  # doctest: +NORMALIZE_WHITESPACE
+        [(1, 'NullValue', 'null'),
+         (3, 'UnicodeDecodeError, ArrowInvalid', 'key: invalid start byte; value: not JSON')]
+    """
+    merged: dict[int, Rejection] = {}
+    for label, rejections in (("", keys), ("value: ", values)):
+        for rejection in rejections:
+            first = merged.get(rejection.index)
+            merged[rejection.index] = (
+                rejection
+                if first is None
+                else Rejection(
+                    rejection.index,
+                    f"{first.error_class}, {rejection.error_class}",
+                    f"{first.message}; {label}{rejection.message}",
+                )
+            )
+    return sorted(merged.values(), key=lambda r: r.index)
+
+
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """Order and cast columns to the table's Arrow schema (ms timestamps widen to us)."""
     return pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
@@ -163,15 +192,16 @@ def run_task(spec: TaskSpec) -> TaskResult:
     result = TaskResult(spec.range)
     if raw.timestamps:
         result.max_timestamp_ms = max(raw.timestamps)
-    keys, rejected = decode_keys(raw.keys, as_string=spec.key_format == "string")
-    bad_keys = {r.index for r in rejected}
+    keys, key_rejections = decode_keys(raw.keys, as_string=spec.key_format == "string")
+    bad_keys = {r.index for r in key_rejections}
+    value_rejections: list[Rejection] = []
     pieces = []
     for chunk_start in range(0, len(raw.values), DECODE_CHUNK):
         chunk = raw.values[chunk_start : chunk_start + DECODE_CHUNK]
         decoded = _decode_chunk(spec, chunk, user_schema, required, result)
         result.new_fields.update(decoded.new_fields)
         result.promotions.update(decoded.promotions)
-        rejected += [
+        value_rejections += [
             Rejection(r.index + chunk_start, r.error_class, r.message) for r in decoded.rejections
         ]
         rows = [i + chunk_start for i in decoded.indices]
@@ -191,7 +221,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
         pieces.append(table)
     if result.needs_rerun:
         return result  # the coordinator evolves the schema or fetches schemas, then reruns
-    rejected.sort(key=lambda r: r.index)
+    rejected = merge_rejections(key_rejections, value_rejections)
     if rejected and spec.errors_tolerance == "none":
         first = rejected[0]
         raise exceptions.DecodeError(

@@ -108,7 +108,7 @@ def test_status_validate_reset_and_maintain(
     assert main(["status", "--json"]) == 0  # the audit reads a snapshot with no data file
     (status,) = json.loads(capsys.readouterr().out)
     assert status["lag_records"] == sum(p["end"] for p in status["partitions"]) >= 20
-    assert status["checks"]["exactly_once_audit"]["passed"]
+    assert status["checks"]["exactly_once_audit"]["passed"], status["checks"]["exactly_once_audit"]
     assert main(["maintain", "orders", "--retention-hours", "0"]) == 0
     assert "kept" in capsys.readouterr().out
 

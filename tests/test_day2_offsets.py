@@ -325,7 +325,7 @@ def test_a_forward_reset_loses_to_a_run_that_commits_first(
             harness.cluster_id,
             "ops",
             "skip a burst",
-            hooks=FailureHooks({"before_action_commit": run_first}),
+            hooks=FailureHooks({"before_catalog_call": run_first}),
         )
     assert ran["report"].commit_id in str(excinfo.value)
     assert "reset" in str(excinfo.value)
@@ -390,7 +390,7 @@ def test_a_migration_loses_to_a_run_that_commits_first(
             admin,
             "ops",
             "seed fix",
-            hooks=FailureHooks({"before_action_commit": run_first}),
+            hooks=FailureHooks({"before_catalog_call": run_first}),
         )
     assert ran["report"].commit_id in str(excinfo.value)
     migrate_group(harness.catalog, old, new.consumer_group_id, admin, "ops", "seed fix")

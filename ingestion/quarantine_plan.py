@@ -1,0 +1,111 @@
+"""The quarantine sync's plan, pure (no I/O): which quarantine commits bring the quarantine
+table up to the data table's commits (the design: ``ingestion.quarantine``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from ingestion.offsets import OffsetMap, flatten
+from ingestion.ranges import Key
+
+
+def encode_file_list(location: str, paths: list[str]) -> str:
+    """The quarantine files a data commit names, relative to the quarantine table's location.
+
+    Example:
+        >>> encode_file_list("s3://w/q", ["s3://w/q/data/a.parquet", "s3://x/b.parquet"])
+        '["data/a.parquet","s3://x/b.parquet"]'
+    """
+    prefix = location.rstrip("/") + "/"
+    return orjson.dumps([p.removeprefix(prefix) for p in paths]).decode()
+
+
+def decode_file_list(location: str, text: str) -> tuple[str, ...]:
+    """Full paths of :func:`encode_file_list` output.
+
+    Example:
+        >>> decode_file_list("s3://w/q/", '["data/a.parquet","s3://x/b.parquet"]')
+        ('s3://w/q/data/a.parquet', 's3://x/b.parquet')
+    """
+    prefix = location.rstrip("/") + "/"
+    names = orjson.loads(text)
+    return tuple(n if "://" in n or n.startswith("/") else prefix + n for n in names)
+
+
+@dataclass(frozen=True)
+class SourceCommit:
+    """A commit of the data table (run, reset or migration) as the quarantine table sees it."""
+
+    sequence: int
+    commit_id: str
+    offsets: OffsetMap
+    files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One quarantine commit: delete rows at or after ``cuts``, add the commit's files."""
+
+    commit: SourceCommit
+    cuts: dict[Key, int]
+
+
+def plan_sync(
+    synced: dict[Key, int],
+    newer: list[SourceCommit],
+    before: dict[Key, int] | None,
+    head: SourceCommit | None,
+) -> list[Step]:
+    """The quarantine commits that bring the quarantine table up to the data table (pure).
+
+    Args:
+        synced: offsets of the last reflected commit: no quarantine row lies at or beyond them.
+        newer: the data table's commits after it, oldest first.
+        before: offsets of the commit before ``newer[0]``; ``{}`` when there is none, None when
+            it expired (then nothing below the commits' own offsets is deleted).
+        head: the data table's newest commit (None: none in its lineage).
+
+    Example (a reset back to 5, then a run re-reading [5, 9) with dead letters):
+        >>> from ingestion.offsets import TopicOffsets
+        >>> reset = SourceCommit(2, "r", {"t": TopicOffsets("id", {0: 5})})
+        >>> run = SourceCommit(3, "c", {"t": TopicOffsets("id", {0: 9})}, ("f.parquet",))
+        >>> [(s.commit.commit_id, s.cuts) for s in plan_sync({("t", 0): 9}, [reset, run],
+        ...     {("t", 0): 9}, run)]
+        [('r', {('t', 0): 5}), ('c', {})]
+    """
+    steps = []
+    bound = dict(synced)
+    start = before
+    for commit in newer:
+        end = flatten(commit.offsets)
+        origin = start if start is not None else bound
+        cuts = {key: min(origin.get(key, 0), end.get(key, 0)) for key in bound}
+        cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
+        if commit.files or cuts:
+            steps.append(Step(commit, cuts))
+            bound = end
+        start = end
+    if not newer:  # rolled back (or emptied) past the last reflected commit: truncate to it
+        end = flatten(head.offsets) if head else {}
+        cuts = {key: end.get(key, 0) for key in bound if end.get(key, 0) < bound[key]}
+        if cuts:
+            steps.append(Step(head or SourceCommit(0, "", {}), cuts))
+    return steps
+
+
+def rows_at_or_after(cuts: dict[Key, int]) -> str:
+    """A row filter: rows of each (topic, partition) at or after its offset in ``cuts``.
+
+    Kafka topic names are ``[a-zA-Z0-9._-]``: nothing to escape.
+
+    Example:
+        >>> rows_at_or_after({("t", 1): 7})
+        "(_kafka_topic = 't' and _kafka_partition = 1 and _kafka_offset >= 7)"
+    """
+    return " or ".join(
+        f"(_kafka_topic = '{topic}' and _kafka_partition = {partition} "
+        f"and _kafka_offset >= {offset})"
+        for (topic, partition), offset in sorted(cuts.items())
+    )
