@@ -17,6 +17,7 @@ Each step runs even when an earlier one failed; failures are collected in the re
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Set
 from dataclasses import dataclass, field
@@ -32,12 +33,16 @@ from ingestion.offsets import (
     RUN_DURATION_MS,
     snapshot_properties,
 )
+from ingestion.quarantine import sync_quarantine, unsynced_snapshot_ids
 from ingestion.recovery import OrphanFile, remove_orphan_files
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
     from pyiceberg.table.update import TableRequirement
+
+    from ingestion.spec import PipelineSpec
 
 MIN_ORPHAN_WINDOW_S = 3600.0  # the floor: runs longer than any yet recorded stay safe
 RUN_WINDOW_FACTOR = 2.0  # the window covers twice the longest recorded run
@@ -129,9 +134,12 @@ def expire_snapshots(
     keep_groups: Set[str] = frozenset(),
     hooks: FailureHooks = NO_HOOKS,
     max_attempts: int = 5,
+    quarantine: Table | None = None,
 ) -> tuple[int, int]:
-    """Expire snapshots older than ``older_than_ms`` except the heads of branches and tags and
-    their watermark paths; return (expired, kept only for the watermark).
+    """Expire snapshots older than ``older_than_ms`` except the heads of branches and tags,
+    their watermark paths, and the commits the quarantine table has not followed yet (their
+    snapshots alone name those dead letters' files); return (expired, kept only for the
+    watermark).
 
     Delivery: a compare-and-set on every ref's head; when one moved it is planned again.
 
@@ -146,6 +154,9 @@ def expire_snapshots(
         metadata = table.metadata
         heads = {ref.snapshot_id for ref in metadata.refs.values()}
         path: set[int] = set()
+        if quarantine is not None:
+            quarantine.refresh()
+            path |= unsynced_snapshot_ids(table, quarantine)
         for head in heads:
             path |= watermark_path(table, metadata.snapshot_by_id(head), keep_groups)
         old = [s for s in metadata.snapshots if s.timestamp_ms < older_than_ms]
@@ -214,6 +225,7 @@ def maintain_table(
     *,
     group_id: str | None = None,
     min_orphan_window_s: float = MIN_ORPHAN_WINDOW_S,
+    quarantine: Table | None = None,
 ) -> MaintenanceReport:
     """Compact, expire, then remove orphans older than the safety window (see the module
     docstring); ``group_id`` is the pipeline's current group, whose watermark is always kept.
@@ -234,7 +246,7 @@ def maintain_table(
     keep = {group_id} if group_id else set()
     try:
         report.expired_snapshots, report.kept_for_watermark = expire_snapshots(
-            table, cutoff, keep, hooks
+            table, cutoff, keep, hooks, quarantine=quarantine
         )
     except Exception as exc:
         report.errors.append(f"snapshot expiry: {exc}")
@@ -244,3 +256,31 @@ def maintain_table(
     except Exception as exc:
         report.errors.append(f"orphan removal: {exc}")
     return report
+
+
+def maintain_pipeline(
+    catalog: Catalog,
+    spec: PipelineSpec,
+    snapshot_retention_s: float,
+    orphan_window_s: float,
+    compact: bool = True,
+    hooks: FailureHooks = NO_HOOKS,
+) -> MaintenanceReport:
+    """Maintain the pipeline's table: bring its quarantine table up to date first (so expiry
+    has as little as possible to keep for it), then :func:`maintain_table` with the pipeline's
+    current group and its quarantine table."""
+    quarantine = None
+    if catalog.table_exists(spec.quarantine_table):
+        # On failure expiry still keeps every commit not yet followed; the next run syncs.
+        with contextlib.suppress(exceptions.QuarantineSyncError):
+            sync_quarantine(catalog, spec)
+        quarantine = catalog.load_table(spec.quarantine_table)
+    return maintain_table(
+        catalog.load_table(spec.table),
+        snapshot_retention_s,
+        orphan_window_s,
+        compact,
+        hooks,
+        group_id=spec.consumer_group_id,
+        quarantine=quarantine,
+    )

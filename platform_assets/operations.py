@@ -8,7 +8,7 @@ from typing import Any
 
 from dagster import DagsterInstance
 
-from ingestion.maintenance import maintain_table
+from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import apply_reset, migrate_group, plan_reset
 from ingestion.spec import PipelineSpec
 from platform_assets.jobs import count_active_runs, ingest_job_name
@@ -94,6 +94,4 @@ def maintain_pipeline_table(
 ) -> list[str]:
     """Compact, expire and remove orphans on the pipeline's table (keeping the current group's
     watermark); return the lines describing what was done and what failed."""
-    table = iceberg.load_catalog().load_table(spec.table)
-    report = maintain_table(table, retention_s, orphan_window_s, group_id=spec.consumer_group_id)
-    return report.describe()
+    return maintain_pipeline(iceberg.load_catalog(), spec, retention_s, orphan_window_s).describe()

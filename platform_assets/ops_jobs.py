@@ -12,7 +12,7 @@ from dagster import (
     op,
 )
 
-from ingestion.maintenance import maintain_table
+from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import migrate_group
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.operations import count_ingestion_runs, reset_offsets
@@ -107,12 +107,12 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         context: OpExecutionContext, config: MaintainConfig, iceberg: IcebergCatalogResource
     ) -> None:
         spec = pick(config.pipeline)
-        report = maintain_table(
-            iceberg.load_catalog().load_table(spec.table),
+        report = maintain_pipeline(
+            iceberg.load_catalog(),
+            spec,
             config.snapshot_retention_hours * 3600,
             config.orphan_window_hours * 3600,
             config.compact,
-            group_id=spec.consumer_group_id,
         )
         context.add_output_metadata(
             {

@@ -36,7 +36,7 @@ import orjson  # noqa: E402
 
 from ingestion.checks import check_group_consistency  # noqa: E402
 from ingestion.exceptions import IngestionError  # noqa: E402
-from ingestion.maintenance import maintain_table  # noqa: E402
+from ingestion.maintenance import maintain_pipeline  # noqa: E402
 from ingestion.operations import apply_reset, migrate_group, plan_reset  # noqa: E402
 from ingestion.run import run_pipeline  # noqa: E402
 from ingestion.spec import PipelineSpec, StartingPosition, parse_pipeline_spec  # noqa: E402
@@ -209,7 +209,7 @@ def act(kafka: KafkaResource, catalog: Any, shared: Shared, rng: random.Random) 
         with shared.lock:
             shared.spec = make_spec(new_group)
         return f"migrated to {new_group!r} in snapshot {migration.snapshot_id}"
-    report = maintain_table(catalog.load_table(spec.table), 60.0, 600.0)
+    report = maintain_pipeline(catalog, spec, 60.0, 600.0)
     return (
         f"maintain: compacted {report.files_compacted} -> {report.files_written}, expired "
         f"{report.expired_snapshots}, orphans {len(report.orphans_removed)}"

@@ -366,3 +366,36 @@ def test_next_run_syncing_first_leaves_the_slow_run_nothing_to_do(
     assert slow.committed
     assert other["report"].committed
     assert_dead_letters_once(harness, spec, ledger, bad_coordinates(entries))
+
+
+def test_maintenance_expiry_keeps_what_the_quarantine_has_not_followed(
+    harness: Harness,
+    create_topic: Callable[..., str],
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
+    """Expiry with retention 0 on a table whose quarantine table is behind: the snapshots that
+    alone name the unsynced dead letters' files survive it (maintain_table), and a pipeline's
+    maintenance syncs first (maintain_pipeline); each dead letter ends up once."""
+    from ingestion.maintenance import maintain_pipeline, maintain_table
+
+    topic = create_topic(partitions=1)
+    spec = quarantining_spec(topic, "q_expiry_maintain")
+    entries = ledger_producer.produce(topic, [*records(5), *bad(1)])
+    harness.run(spec)
+    entries += ledger_producer.produce(topic, [*records(5, 10), *bad(1, 1)])
+    with pytest.raises(exceptions.InjectedFailure):  # committed, not synced
+        harness.run(spec, hooks=FailureHooks({"after_commit": crash}))
+    quarantine = harness.catalog.load_table(spec.quarantine_table)
+    keep = unsynced_snapshot_ids(harness.table(spec), quarantine)
+    assert keep
+    report = maintain_table(harness.table(spec), 0, 3600, compact=False, quarantine=quarantine)
+    assert not report.errors, report.errors
+    assert keep <= {s.snapshot_id for s in harness.table(spec).metadata.snapshots}
+    entries += ledger_producer.produce(topic, [*records(5, 20), *bad(1, 2)])
+    with pytest.raises(exceptions.InjectedFailure):
+        harness.run(spec, hooks=FailureHooks({"after_commit": crash}))
+    report = maintain_pipeline(harness.catalog, spec, 0, 3600, compact=False)
+    assert not report.errors, report.errors
+    assert unsynced_snapshot_ids(harness.table(spec), quarantine.refresh()) == set()
+    assert_dead_letters_once(harness, spec, ledger, bad_coordinates(entries))
