@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ingestion.offsets import describe_commit
+from ingestion.rewind import explain_ahead
 from ingestion.state import PipelineState
 
 if TYPE_CHECKING:
@@ -80,11 +82,27 @@ def skipped(message: str, metadata: dict[str, Any] | None = None) -> Finding:
 def check_group_consistency(state: PipelineState) -> Finding:
     """Group ids agree in the spec, the table and Kafka; no foreign consumer (blocking).
 
-    The mirror merely lagging behind the table is a WARN: the next run repairs it.
+    The mirror merely lagging behind the table is a WARN: the next run repairs it. A group ahead
+    of the table at a position the table left behind (a recorded rewind: an operator's reset or
+    migration, or a rollback) is a WARN too: the next run moves it back (R48, R32). A group
+    ahead with offsets nothing in the table explains is a foreign writer's: an ERROR naming it.
+    A group retired by a migration is an ERROR naming the migration (R22).
     """
     spec = state.spec
     group = spec.consumer_group_id
     meta: dict[str, Any] = {"consumer_group_id": group}
+    action = state.last_action
+    if action is not None:
+        meta["last_operator_action"] = describe_commit(action.snapshot_id, action.properties)
+    if state.retirement is not None:
+        successor = state.retirement.successor
+        return failed(
+            "ERROR",
+            f"group {group!r} was retired by the {state.retirement.description}: its offsets in "
+            f"table {spec.table} are stale and ingestion is blocked. Fix: set consumer_group_id: "
+            f"{successor}; to really reuse {group!r}, reset its offsets explicitly first.",
+            {**meta, "retired_by_snapshot": state.retirement.snapshot_id},
+        )
     if state.committed is None and state.other_groups:
         others = sorted(state.other_groups)
         return failed(
@@ -105,11 +123,23 @@ def check_group_consistency(state: PipelineState) -> Finding:
     committed = state.committed_offsets
     ahead = {k: o for k, o in state.group_offsets.items() if o > committed.get(k, o)}
     if ahead:
+        where = sorted(ahead)[:5]
+        source = explain_ahead(state.group_offsets, ahead, state.rewinds)
+        if source is None:
+            return failed(
+                "ERROR",
+                f"Kafka group {group!r} is ahead of the table at {where} with offsets no commit "
+                f"or operator action of table {spec.table} explains: another writer (not this "
+                "pipeline) commits offsets under this group id. Stop it, or give it its own "
+                "group.",
+                meta,
+            )
         return failed(
-            "ERROR",
-            f"Kafka group {group!r} is ahead of the table at {sorted(ahead)[:5]}: another "
-            "writer commits offsets under this group id. Stop it, or give it its own group.",
-            meta,
+            "WARN",
+            f"Kafka group {group!r} is ahead of the table at {where} because {source.cause}: "
+            "a recorded rewind, not a foreign writer. The mirror will be moved back to the "
+            "table's offsets by the next run.",
+            {**meta, "rewound_from_snapshot": source.snapshot_id},
         )
     behind = {k for k, o in committed.items() if state.group_offsets.get(k, -1) < o}
     if behind:

@@ -17,6 +17,7 @@ from ingestion import exceptions
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.offsets import find_commit, find_committed_state, flatten
 from ingestion.plan import Plan
+from ingestion.rewind import find_retirement
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -143,11 +144,19 @@ def commit_data(
         current = find_committed_state(table, group)
         if (current.offsets if current else None) != plan.committed:
             delete_files(table, files)
-            winner = current.commit_id if current else None
+            winner = current.describe() if current else "a rollback past the group's commits"
             raise exceptions.CommitConflictError(
-                f"pipeline {plan.pipeline!r}: group {group!r} offsets moved since the plan "
-                f"(commit {winner} in snapshot {current.snapshot_id if current else None}); "
-                f"this attempt ({plan.commit_id}) was aborted and its {len(files)} files deleted"
+                f"pipeline {plan.pipeline!r}: group {group!r} offsets moved since the plan (by "
+                f"the {winner}); this attempt ({plan.commit_id}) was aborted and its "
+                f"{len(files)} files deleted"
+            )
+        retirement = find_retirement(table, group)
+        if retirement is not None:  # a migration carried the offsets to another group (R22)
+            delete_files(table, files)
+            raise exceptions.CommitConflictError(
+                f"pipeline {plan.pipeline!r}: group {group!r} was retired since the plan by the "
+                f"{retirement.description}; this attempt ({plan.commit_id}) was aborted and its "
+                f"{len(files)} files deleted. Set consumer_group_id: {retirement.successor}"
             )
         try:
             hooks.fire("before_catalog_call", plan=plan)

@@ -43,6 +43,10 @@ class GroupMismatchError(MissingOffsetsError):
     """The table holds offsets only under other group ids."""
 
 
+class RetiredGroupError(GroupMismatchError):
+    """The group id was retired by a group migration: its offsets in the table are stale."""
+
+
 class TableDroppedError(IngestionError):
     """The target table was dropped, or recreated under another UUID, during the run."""
 

@@ -9,7 +9,7 @@ writers (compaction, other groups) are skipped.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import orjson
@@ -34,12 +34,18 @@ RESET_BY = "kafka.reset-by"  # an operator's explicit offset change (reset or gr
 RESET_REASON = "kafka.reset-reason"
 MIGRATED_FROM = "kafka.migrated-from"
 # Comma-separated group ids a migration retired: their offsets need not stay reachable (expiry)
-# and must not be planned from again. Written by the migration commit.
+# and must not be planned from again. Written by the migration commit; the planner refuses a
+# retired group until a later snapshot of the current ancestry commits offsets for it again (an
+# explicit reset): ingestion.rewind.find_retirement.
 RETIRED_GROUPS = "kafka.retired-groups"
 RUN_DURATION_MS = "kafka.run-duration-ms"  # plan to commit: orphan removal waits longer than this
 # Where the ranges of partitions new in this commit (absent from the previous offsets) start,
 # as {"topic": {"partition": offset}}: the audit's recount of a new partition starts there.
 RANGE_STARTS = "kafka.range-starts"
+# The Kafka group's offsets an operator action found and replaced, as a JSON object
+# {"topic:partition": offset}: a position the table vouches for, so the mirror may move the group
+# back from it to the table's offsets (ingestion/rewind.py).
+GROUP_OFFSETS_BEFORE = "kafka.group-offsets-before"
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,29 @@ def decode_offsets(text: str) -> OffsetMap:
     }
 
 
+def encode_positions(offsets: dict[Key, int]) -> str:
+    """Encode flat offsets as sorted JSON keyed ``topic:partition`` (topic names hold no colon).
+
+    Example:
+        >>> encode_positions({("orders", 1): 7, ("orders", 0): 5})
+        '{"orders:0":5,"orders:1":7}'
+    """
+    return orjson.dumps({f"{t}:{p}": offsets[(t, p)] for t, p in sorted(offsets)}).decode()
+
+
+def decode_positions(text: str) -> dict[Key, int]:
+    """Decode :func:`encode_positions` output.
+
+    Example:
+        >>> decode_positions('{"orders:0":5}')
+        {('orders', 0): 5}
+    """
+    document = orjson.loads(text)
+    return {
+        (key.rsplit(":", 1)[0], int(key.rsplit(":", 1)[1])): int(o) for key, o in document.items()
+    }
+
+
 def commit_properties(
     *,
     group_id: str,
@@ -98,9 +127,13 @@ def commit_properties(
     migrated_from: str | None = None,
     run_duration_ms: int | None = None,
     range_starts: dict[Key, int] | None = None,
+    retired_groups: list[str] | None = None,
+    group_offsets_before: dict[Key, int] | None = None,
 ) -> dict[str, str]:
     """The snapshot properties of every commit that sets a group's offsets: an ingestion run,
-    an offset reset or a group migration (``requested_by`` marks an operator's action).
+    an offset reset or a group migration (``requested_by`` marks an operator's action; a
+    migration retires ``retired_groups``; ``group_offsets_before`` records the Kafka group's
+    offsets an action replaced).
 
     No secrets go in: these properties are readable by anyone who can read the table.
 
@@ -129,6 +162,10 @@ def commit_properties(
         MIGRATED_FROM: migrated_from,
         RUN_DURATION_MS: None if run_duration_ms is None else str(run_duration_ms),
         RANGE_STARTS: encode_starts(range_starts) if range_starts else None,
+        RETIRED_GROUPS: ",".join(retired_groups) if retired_groups else None,
+        GROUP_OFFSETS_BEFORE: (
+            None if group_offsets_before is None else encode_positions(group_offsets_before)
+        ),
     }
     properties.update({key: value for key, value in optional.items() if value is not None})
     return properties
@@ -166,6 +203,29 @@ def flatten(offsets: OffsetMap) -> dict[Key, int]:
     return {(t, p): o for t, v in offsets.items() for p, o in v.next_offsets.items()}
 
 
+def describe_commit(snapshot_id: int, properties: dict[str, str]) -> str:
+    """Name a commit for a message: an operator action by who and why, or a run's commit.
+
+    Example:
+        >>> describe_commit(7, {RESET_BY: "ops", RESET_REASON: "replay", COMMIT_ID: "c1"})
+        "offset reset by 'ops' (reason 'replay'; commit c1, snapshot 7)"
+    """
+    where = f"commit {properties.get(COMMIT_ID)}, snapshot {snapshot_id}"
+    if RESET_BY in properties:
+        origin = properties.get(MIGRATED_FROM)
+        kind = (
+            f"group migration from {origin!r} to {properties.get(GROUP_ID)!r}"
+            if origin
+            else "offset reset"
+        )
+        reason = properties.get(RESET_REASON) or ""
+        return f"{kind} by {properties[RESET_BY]!r} (reason {reason!r}; {where})"
+    if COMMIT_ID in properties:
+        run = properties.get(RUN_ID)
+        return f"commit {properties[COMMIT_ID]} of run {run} (snapshot {snapshot_id})"
+    return f"snapshot {snapshot_id}"
+
+
 @dataclass(frozen=True)
 class CommittedState:
     """A group's offsets as of the snapshot that committed them."""
@@ -174,6 +234,11 @@ class CommittedState:
     offsets: OffsetMap
     commit_id: str | None
     cluster_id: str | None
+    properties: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """The commit that set these offsets, named for a message (:func:`describe_commit`)."""
+        return describe_commit(self.snapshot_id, self.properties)
 
 
 def iter_ancestry(table: Table) -> Iterator[Snapshot]:
@@ -199,6 +264,7 @@ def find_committed_state(table: Table, group_id: str) -> CommittedState | None:
                 decode_offsets(properties[key]),
                 properties.get(COMMIT_ID),
                 properties.get(CLUSTER_ID),
+                properties,
             )
     return None
 

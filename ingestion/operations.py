@@ -1,30 +1,38 @@
 """Operator actions on a pipeline's offsets: reset to a position, migrate to a new group id.
 
 Both are explicit commits in the table (a snapshot whose properties carry the new offsets and who
-asked and why), compare-and-set against the offsets they were planned from, so a run in flight
-aborts at its own commit instead of racing them. A reset that moves a partition backwards also
-deletes, in the same snapshot, the rows at or after its new offset, so the range is re-read
-exactly once; the quarantine table follows after that commit (ingestion.quarantine).
+asked and why), compare-and-set against the offsets they were planned from
+(:mod:`ingestion.actions`): a run that commits first makes the action abort naming it, and a run
+in flight when the action commits aborts at its own commit naming the action (R7). A reset that
+moves a partition backwards also deletes, in the same snapshot, the rows at or after its new
+offset, so the range is re-read exactly once; the quarantine table follows after that commit
+(ingestion.quarantine). Both then move the Kafka group to the table's offsets, backwards too
+(best effort: if that fails, the next run does it, R48).
 """
 
 from __future__ import annotations
 
 import uuid
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
 from ingestion import offsets as props
-from ingestion.commit import append_files, commit_view
+from ingestion.actions import (
+    ActionCommit,
+    ActionOutcome,
+    commit_action,
+    mirror_after,
+    read_group_before,
+    refuse_active_runs,
+)
 from ingestion.hooks import NO_HOOKS, FailureHooks
-from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
-from ingestion.offsets import OffsetMap, TopicOffsets, find_commit, find_committed_state, flatten
+from ingestion.mirror import MirrorOutcome, read_group_offsets
+from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, flatten
 from ingestion.plan import resolve_starting_offsets
 from ingestion.quarantine import sync_quarantine
 from ingestion.ranges import Key
+from ingestion.rewind import find_retirement
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.topics import describe_topic, list_pipeline_topics
 
@@ -45,6 +53,7 @@ class OffsetReset:
     committed: OffsetMap | None
     target: OffsetMap
     changes: dict[Key, tuple[int | None, int]] = field(default_factory=dict)
+    retired_snapshot: int | None = None  # the migration that had retired the group, if any
 
     def describe(self) -> list[str]:
         """One line per partition: what would be re-read or skipped (the dry run)."""
@@ -79,6 +88,7 @@ def plan_reset(
     for (topic, partition), offset in target.items():
         by_topic.setdefault(topic, {})[partition] = offset
     ids = {state.topic: state.topic_id for state in topics}
+    retirement = find_retirement(table, spec.consumer_group_id)
     return OffsetReset(
         spec.name,
         spec.consumer_group_id,
@@ -86,6 +96,7 @@ def plan_reset(
         committed.offsets if committed else None,
         {topic: TopicOffsets(ids[topic], parts) for topic, parts in by_topic.items()},
         {key: (before.get(key), offset) for key, offset in target.items()},
+        retirement.snapshot_id if retirement else None,
     )
 
 
@@ -99,27 +110,6 @@ def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:
     return " or ".join(clauses) or None
 
 
-@contextmanager
-def _no_match_is_fine() -> Iterator[None]:
-    """pyiceberg warns when a delete matches nothing; for a reset that is an expected case."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Delete operation did not match any records")
-        yield
-
-
-def _commit_offsets(table: Table, properties: dict[str, str], delete_filter: str | None) -> int:
-    """One snapshot carrying ``properties``: a delete when rows must go, else an empty append."""
-    commit_id = properties[props.COMMIT_ID]
-    with commit_view(table).transaction() as transaction, _no_match_is_fine():
-        if delete_filter is not None:
-            transaction.delete(delete_filter, snapshot_properties=properties)
-    table.refresh()
-    found = find_commit(table, commit_id)
-    if found is None:  # nothing to delete made no snapshot: record the offsets on their own
-        return append_files(table, [], properties)
-    return found.snapshot_id
-
-
 def apply_reset(
     catalog: Catalog,
     spec: PipelineSpec,
@@ -129,33 +119,35 @@ def apply_reset(
     reason: str,
     active_runs: int = 0,
     hooks: FailureHooks = NO_HOOKS,
-) -> int:
-    """Commit ``reset``; return its snapshot id.
+    admin: AdminClient | None = None,
+) -> ActionOutcome:
+    """Commit ``reset``, then (with ``admin``) move the Kafka group to the table's offsets.
 
-    Delivery: compare-and-set. If the offsets moved since the reset was planned, nothing is
-    written and :class:`CommitConflictError` is raised; a run in flight when it commits aborts
-    at its own commit. The quarantine table is synced after the data commit (a
-    :class:`QuarantineSyncError` then means the reset stands and the next run syncs it).
-    ``hooks`` fire before the data table's commit (``before_catalog_call``) and after it
-    (``after_commit``), for tests (rule 6).
+    Delivery: compare-and-set (:func:`ingestion.actions.commit_action`). If the offsets moved
+    since the reset was planned, nothing is written and :class:`CommitConflictError` names the
+    commit that moved them; a run in flight when it commits aborts at its own commit. The Kafka
+    group's offsets it replaces are recorded in the snapshot, so if moving the group fails the
+    next run moves it back (R48). An ambiguous catalog error is reconciled by the reset's commit
+    id; calling it again with the same plan after it committed aborts (the offsets moved, by
+    this very reset), so it is never applied twice. The quarantine table is synced after the
+    data commit (a :class:`QuarantineSyncError` then means the reset stands; the next run syncs
+    it and moves the group). ``hooks`` fire before the data table's catalog call
+    (``before_catalog_call``) and after its commit (``after_commit``), for tests (rule 6).
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
     """
-    if active_runs:
-        raise exceptions.CommitConflictError(
-            f"pipeline {spec.name!r}: {active_runs} run(s) in progress; wait for them or stop "
-            "them before resetting offsets"
-        )
+    refuse_active_runs(spec, active_runs, "resetting offsets")
     table = catalog.load_table(spec.table)
     current = find_committed_state(table, reset.group_id)
     if (
         str(table.metadata.table_uuid) != reset.table_uuid
         or (current.offsets if current else None) != reset.committed
     ):
+        mover = current.describe() if current else "a commit that removed them"
         raise exceptions.CommitConflictError(
-            f"pipeline {spec.name!r}: offsets or table changed since the reset was planned; "
-            "plan it again"
+            f"pipeline {spec.name!r}: offsets or table changed since the reset was planned (by "
+            f"the {mover}); plan it again"
         )
     delete_filter = _rewound_filter(reset.changes)
     properties = props.commit_properties(
@@ -166,14 +158,25 @@ def apply_reset(
         pipeline=spec.name,
         requested_by=requested_by,
         reason=reason,
+        group_offsets_before=read_group_before(admin, reset.group_id),
     )
-    hooks.fire("before_catalog_call", reset=reset)
-    snapshot_id = _commit_offsets(table, properties, delete_filter)
+    commit = ActionCommit(
+        spec.name,
+        "offset reset",
+        spec.table,
+        reset.table_uuid,
+        {reset.group_id: reset.committed},
+        properties,
+        delete_filter,
+        {reset.group_id: reset.retired_snapshot},
+    )
+    snapshot_id = commit_action(catalog, commit, hooks)
     hooks.fire("after_commit", reset=reset, snapshot_id=snapshot_id)
     # Dead letters of a rewound range go only after the data commit, by the quarantine sync; if
     # this fails the next run syncs (never before: a failed data commit would lose them).
     sync_quarantine(catalog, spec)
-    return snapshot_id
+    mirror = mirror_after(admin, catalog, spec, reset.group_id)
+    return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], mirror)
 
 
 @dataclass(frozen=True)
@@ -193,12 +196,24 @@ def migrate_group(
     admin: AdminClient,
     requested_by: str,
     reason: str,
+    active_runs: int = 0,
+    hooks: FailureHooks = NO_HOOKS,
 ) -> Migration:
-    """Carry the pipeline's offsets over to ``new_group_id`` in one commit and mirror them to
-    the new Kafka group; the old Kafka group is left untouched and reported.
+    """Carry the pipeline's offsets over to ``new_group_id`` in one commit that retires the old
+    group, and move the new Kafka group to them; the old Kafka group is left untouched.
 
-    Then set ``consumer_group_id: <new>`` in the spec: the next run reads nothing twice.
+    Then set ``consumer_group_id: <new>`` in the spec: the next run reads nothing twice. Until
+    then runs under the old group are refused (retired, R22).
+
+    Delivery: compare-and-set on the old group's offsets (and on the new group having none): a
+    run that commits under the old group first makes the migration abort naming it; a run in
+    flight when the migration commits aborts at its own commit naming the migration (R7).
+
+    Raises:
+        CommitConflictError: runs in progress, the old group already retired, the new group
+            already holding offsets, or the offsets moved meanwhile.
     """
+    refuse_active_runs(spec, active_runs, "migrating the group")
     old_group = spec.consumer_group_id
     table = catalog.load_table(spec.table)
     old = find_committed_state(table, old_group)
@@ -211,6 +226,12 @@ def migrate_group(
             f"pipeline {spec.name!r}: table {spec.table} already has offsets under "
             f"{new_group_id!r}; reset them explicitly instead of migrating"
         )
+    retirement = find_retirement(table, old_group)
+    if retirement is not None:
+        raise exceptions.CommitConflictError(
+            f"pipeline {spec.name!r}: group {old_group!r} was already retired by the "
+            f"{retirement.description}"
+        )
     properties = props.commit_properties(
         group_id=new_group_id,
         offsets=old.offsets,
@@ -220,10 +241,21 @@ def migrate_group(
         requested_by=requested_by,
         reason=reason,
         migrated_from=old_group,
+        retired_groups=[old_group],
+        group_offsets_before=read_group_before(admin, new_group_id),
     )
-    snapshot_id = _commit_offsets(table, properties, None)
-    offsets = flatten(old.offsets)
-    mirror = mirror_offsets(admin, new_group_id, offsets)
+    commit = ActionCommit(
+        spec.name,
+        "group migration",
+        spec.table,
+        str(table.metadata.table_uuid),
+        {old_group: old.offsets, new_group_id: None},
+        properties,
+        retired={old_group: None},
+    )
+    snapshot_id = commit_action(catalog, commit, hooks)
+    mirror = mirror_after(admin, catalog, spec, new_group_id)
+    assert mirror is not None
     return Migration(
-        snapshot_id, offsets, mirror, read_group_offsets(admin, spec.consumer_group_id)
+        snapshot_id, flatten(old.offsets), mirror, read_group_offsets(admin, old_group)
     )

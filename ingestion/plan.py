@@ -22,6 +22,7 @@ from ingestion.offsets import (
     table_has_rows,
 )
 from ingestion.ranges import Key, LostRange, OffsetRange, cap_ends, split_tasks
+from ingestion.rewind import check_not_retired
 from ingestion.spec import PipelineSpec
 from ingestion.topics import TopicState, describe_topic, list_pipeline_topics
 
@@ -235,6 +236,7 @@ def build_plan(
     """
     group = spec.consumer_group_id
     committed = find_committed_state(table, group)
+    check_not_retired(spec, table)
     if committed and committed.cluster_id and committed.cluster_id != cluster_id:
         raise exceptions.ClusterChangedError(
             f"pipeline {spec.name!r}: offsets were committed against Kafka cluster "

@@ -15,7 +15,7 @@ from ingestion.consumer import open_consumer
 from ingestion.deadletter import count_copies, publish_dead_letters, unpublished_commits
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
-from ingestion.mirror import MirrorOutcome, mirror_offsets, read_group_offsets
+from ingestion.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
 from ingestion.offsets import commit_properties, flatten
 from ingestion.plan import Plan, build_plan
 from ingestion.quarantine import quarantine_properties, sync_quarantine
@@ -149,7 +149,7 @@ def run_pipeline(
     if plan.is_empty and not pin_start:  # R10: no snapshot; still repair a stale mirror (R4)
         if plan.committed is not None:
             hooks.fire("before_mirror", plan=plan)
-            _publish(spec, catalog, admin, kafka_config, flatten(plan.committed), report)
+            _publish(spec, catalog, admin, kafka_config, report)
         report.timings_s = {**timings, "total": time.monotonic() - started}
         return report
     quarantine = (
@@ -210,7 +210,7 @@ def run_pipeline(
     timings["commit"] = time.monotonic() - started - timings["plan"] - timings["prepare"]
     hooks.fire("after_commit", plan=plan, snapshot_id=outcome.snapshot_id)
     hooks.fire("before_mirror", plan=plan)
-    _publish(spec, catalog, admin, kafka_config, dict(plan.end), report)
+    _publish(spec, catalog, admin, kafka_config, report)
     report.timings_s = {**timings, "total": time.monotonic() - started}
     return report
 
@@ -220,7 +220,6 @@ def _publish(
     catalog: Catalog,
     admin: AdminClient,
     kafka_config: dict[str, Any],
-    offsets: dict[Key, int],
     report: RunReport,
 ) -> None:
     """Step 4: bring the quarantine table up to the table's commits, copy dead letters not yet
@@ -229,7 +228,9 @@ def _publish(
     The quarantine sync raises :class:`QuarantineSyncError` when it fails (the data commit
     stands; the next run, an idle one too, syncs again). The mirror moves only once the copies
     are out: a failed copy leaves the mirror behind, so the next run copies again (at least
-    once) and repairs the mirror (R4).
+    once) and repairs the mirror (R4). It mirrors the table's offsets as they are now, not this
+    run's plan: a run that wakes late can only set the group to where the table is, and after a
+    recorded rewind the group is moved back (R8, R48).
     """
     sync_quarantine(catalog, spec)
     group = spec.consumer_group_id
@@ -251,7 +252,12 @@ def _publish(
                 f"group {group!r} mirror was left behind so the next run copies them again"
             )
             return
-    report.mirror = mirror_offsets(admin, group, offsets)
+    try:
+        table = catalog.load_table(spec.table)
+    except Exception as exc:  # best effort, as the mirror itself: the next run repairs it
+        report.mirror = MirrorOutcome(group, error=f"reading {spec.table} failed ({exc})")
+        return
+    report.mirror = mirror_table_offsets(admin, table, group)
 
 
 def _registry(spec: PipelineSpec, client: Any | None) -> Any | None:

@@ -18,6 +18,7 @@ from ingestion.offsets import (
     OFFSETS_PREFIX,
     QUARANTINED,
     RECORDS,
+    RESET_BY,
     CommittedState,
     decode_offsets,
     find_committed_state,
@@ -28,6 +29,7 @@ from ingestion.offsets import (
     table_has_rows,
 )
 from ingestion.ranges import Key
+from ingestion.rewind import Retirement, RewindSource, find_retirement, find_rewinds
 from ingestion.spec import PipelineSpec
 from ingestion.topics import (
     TopicState,
@@ -72,6 +74,15 @@ class PipelineState:
     group_error: str | None = None
     oldest_uncommitted_ms: dict[Key, int] = field(default_factory=dict)
     read_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    # Positions the table left behind (rollback, operator action): read only when the Kafka
+    # group is ahead of the table, to tell a recorded rewind from a foreign writer.
+    rewinds: list[RewindSource] = field(default_factory=list)
+    retirement: Retirement | None = None  # the migration that retired this group id
+
+    @property
+    def last_action(self) -> Commit | None:
+        """The newest operator action (reset, migration) among the recent commits."""
+        return next((c for c in self.commits if RESET_BY in c.properties), None)
 
     @property
     def committed_offsets(self) -> dict[Key, int]:
@@ -151,6 +162,7 @@ def read_state(
         state.committed = find_committed_state(table, group)
         state.other_groups = find_groups(table) - {group}
         state.commits = commits_of(table, group)
+        state.retirement = find_retirement(table, group)
     for name in list_pipeline_topics(admin, spec):
         try:
             state.topics.append(describe_topic(admin, consumer, name))
@@ -164,6 +176,9 @@ def read_state(
         state.group_members = len(description.members or [])
     except KafkaException as exc:
         state.group_error = str(exc.args[0])
+    committed = state.committed_offsets
+    if table is not None and any(state.group_offsets.get(k, -1) > o for k, o in committed.items()):
+        state.rewinds = find_rewinds(table, group)
     if kafka_config is not None:
         with open_consumer(kafka_config, f"{spec.name}-status") as reader:
             state.oldest_uncommitted_ms = read_first_timestamps_ms(

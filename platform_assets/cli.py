@@ -7,7 +7,11 @@
     platform maintain PIPELINE [--retention-hours H] [--orphan-window-hours H]
 
 Connection settings come from the environment when the command runs, as for Dagster:
-``KAFKA_BOOTSTRAP_SERVERS`` and ``PLATFORM_STATE_DIR`` (the embedded catalog).
+``KAFKA_BOOTSTRAP_SERVERS`` and ``PLATFORM_STATE_DIR`` (the embedded catalog). A reset (applied)
+and a migration first count the pipeline's active Dagster runs in the instance of
+``DAGSTER_HOME`` (or ``$PLATFORM_STATE_DIR/dagster_home``, where ``make dev`` keeps it) and refuse
+while there are any; without an instance they rely on their compare-and-set commit alone (a run
+in flight then aborts at its own commit, naming the action).
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from ingestion.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks, not_evaluated
+from ingestion.exceptions import IngestionError
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.status import PipelineStatus, build_status
 from platform_assets.checks import audit_finding
 from platform_assets.operations import (
+    count_ingestion_runs,
     maintain_pipeline_table,
     migrate_group_offsets,
     reset_offsets,
@@ -99,6 +106,25 @@ def print_status(status: PipelineStatus) -> None:
         print(f"  checks: all {len(ran)} pass ({', '.join(ran)})")
 
 
+def count_active_ingestion_runs(spec: PipelineSpec) -> tuple[int, str]:
+    """The pipeline's active ingestion runs in the Dagster instance, and a line saying where
+    they were counted (0 without an instance: the action's compare-and-set is then the guard)."""
+    from dagster import DagsterInstance
+
+    home = os.environ.get("DAGSTER_HOME") or ""
+    if not home:
+        default = Path(os.environ.get("PLATFORM_STATE_DIR", ".platform")) / "dagster_home"
+        home = str(default) if (default / "dagster.yaml").is_file() else ""
+    if not home:
+        return 0, (
+            "active runs not counted (no Dagster instance: DAGSTER_HOME is unset); a run in "
+            "flight aborts at its own commit instead (compare-and-set)"
+        )
+    with DagsterInstance.from_config(home) as instance:
+        count = count_ingestion_runs(instance, spec)
+    return count, f"{count} active ingestion run(s) of {spec.name!r} in the Dagster instance {home}"
+
+
 def parse_position(text: str) -> StartingPosition:
     """``earliest``, ``latest`` or ``timestamp:<ms>``."""
     if text.startswith("timestamp:"):
@@ -152,17 +178,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.pipeline not in specs:
         raise SystemExit(f"platform: unknown pipeline {args.pipeline!r}; known: {sorted(specs)}")
     spec = specs[args.pipeline]
-    if args.command == "reset":
-        position = parse_position(args.to)
-        lines = reset_offsets(spec, kafka, iceberg, position, args.apply, args.by, args.reason)
-    elif args.command == "migrate-group":
-        lines = migrate_group_offsets(spec, kafka, iceberg, args.new_group, args.by, args.reason)
-    else:
-        lines = maintain_pipeline_table(
-            spec, iceberg, args.retention_hours * 3600, args.orphan_window_hours * 3600
-        )
+    try:
+        lines = run_action(args, spec, kafka, iceberg)
+    except IngestionError as exc:
+        raise SystemExit(f"platform: {exc}") from None
     print("\n".join(lines))
     return 0
+
+
+def run_action(
+    args: argparse.Namespace,
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+) -> list[str]:
+    """Run ``reset``, ``migrate-group`` or ``maintain``; return the lines to print."""
+    if args.command == "maintain":
+        return maintain_pipeline_table(
+            spec, iceberg, args.retention_hours * 3600, args.orphan_window_hours * 3600
+        )
+    if args.command == "reset" and not args.apply:
+        position = parse_position(args.to)
+        return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
+    active, counted = count_active_ingestion_runs(spec)
+    if args.command == "reset":
+        position = parse_position(args.to)
+        lines = reset_offsets(
+            spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
+        )
+    else:
+        lines = migrate_group_offsets(
+            spec, kafka, iceberg, args.new_group, args.by, args.reason, active_runs=active
+        )
+    return [counted, *lines]
 
 
 if __name__ == "__main__":

@@ -6,11 +6,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagster import DagsterInstance
+
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import apply_reset, migrate_group, plan_reset
 from ingestion.spec import PipelineSpec
+from platform_assets.jobs import count_active_runs, ingest_job_name
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+
+INGEST_ALL_JOB = "ingest_all"  # platform_assets.jobs.build_ingest_all_job: every pipeline
+
+
+def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:
+    """Runs queued or in progress that may ingest ``spec``: its own job and ``ingest_all``."""
+    return count_active_runs(instance, ingest_job_name(spec)) + count_active_runs(
+        instance, INGEST_ALL_JOB
+    )
 
 
 def reset_offsets(
@@ -23,22 +35,30 @@ def reset_offsets(
     reason: str,
     active_runs: int = 0,
 ) -> list[str]:
-    """Plan (and with ``apply``, commit) a reset; return the lines describing it."""
+    """Plan (and with ``apply``, commit) a reset, then move the Kafka group to the table's
+    offsets; return the lines describing it."""
     catalog = iceberg.load_catalog()
     consumer = kafka.get_consumer()
+    admin = kafka.get_admin_client()
     try:
-        reset = plan_reset(
-            spec, catalog.load_table(spec.table), kafka.get_admin_client(), consumer, position
-        )
+        reset = plan_reset(spec, catalog.load_table(spec.table), admin, consumer, position)
     finally:
         consumer.close()
     lines = reset.describe()
     if not apply:
         return [*lines, "dry run: nothing committed (add --apply)"]
-    snapshot = apply_reset(
-        catalog, spec, reset, kafka.get_cluster_id(), requested_by, reason, active_runs
+    outcome = apply_reset(
+        catalog,
+        spec,
+        reset,
+        kafka.get_cluster_id(),
+        requested_by,
+        reason,
+        active_runs,
+        admin=admin,
     )
-    return [*lines, f"committed in snapshot {snapshot}"]
+    assert outcome.mirror is not None
+    return [*lines, f"committed in snapshot {outcome.snapshot_id}", outcome.mirror.describe()]
 
 
 def migrate_group_offsets(
@@ -48,14 +68,22 @@ def migrate_group_offsets(
     new_group: str,
     requested_by: str,
     reason: str,
+    active_runs: int = 0,
 ) -> list[str]:
     """Carry the offsets to ``new_group`` (one commit); return the lines describing it."""
     migration = migrate_group(
-        iceberg.load_catalog(), spec, new_group, kafka.get_admin_client(), requested_by, reason
+        iceberg.load_catalog(),
+        spec,
+        new_group,
+        kafka.get_admin_client(),
+        requested_by,
+        reason,
+        active_runs,
     )
     return [
-        f"offsets carried to {new_group!r} in snapshot {migration.snapshot_id}",
-        f"Kafka group {new_group!r} mirror: {migration.mirror.error or 'ok'}",
+        f"offsets carried to {new_group!r} in snapshot {migration.snapshot_id}; "
+        f"{spec.consumer_group_id!r} is retired (runs under it are refused)",
+        migration.mirror.describe(),
         f"old Kafka group {spec.consumer_group_id!r} left as is: {migration.old_group_offsets}",
         f"now set consumer_group_id: {new_group} for pipeline {spec.name!r}",
     ]

@@ -15,8 +15,7 @@ from dagster import (
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import migrate_group
 from ingestion.spec import PipelineSpec, StartingPosition
-from platform_assets.jobs import count_active_runs, ingest_job_name
-from platform_assets.operations import reset_offsets
+from platform_assets.operations import count_ingestion_runs, reset_offsets
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -65,7 +64,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         iceberg: IcebergCatalogResource,
     ) -> None:
         spec = pick(config.pipeline)
-        active = count_active_runs(context.instance, ingest_job_name(spec))
+        active = count_ingestion_runs(context.instance, spec)
         position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
         requested_by = f"dagster run {context.run_id}"
         lines = reset_offsets(
@@ -90,12 +89,16 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             kafka.get_admin_client(),
             f"dagster run {context.run_id}",
             config.reason,
+            count_ingestion_runs(context.instance, spec),
         )
-        context.log.info(f"now set consumer_group_id: {config.new_group_id} for {spec.name!r}")
+        context.log.info(
+            f"{spec.consumer_group_id!r} is retired; now set consumer_group_id: "
+            f"{config.new_group_id} for {spec.name!r}"
+        )
         context.add_output_metadata(
             {
                 "snapshot_id": MetadataValue.text(str(migration.snapshot_id)),
-                "new_group_mirror": MetadataValue.text(migration.mirror.error or "ok"),
+                "new_group_mirror": MetadataValue.text(migration.mirror.describe()),
             }
         )
 

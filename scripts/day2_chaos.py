@@ -187,14 +187,20 @@ def act(kafka: KafkaResource, catalog: Any, shared: Shared, rng: random.Random) 
             )
         finally:
             consumer.close()
-        snapshot = apply_reset(
-            catalog, spec, reset, kafka.get_cluster_id(), "chaos", f"chaos {action}"
+        outcome = apply_reset(
+            catalog,
+            spec,
+            reset,
+            kafka.get_cluster_id(),
+            "chaos",
+            f"chaos {action}",
+            admin=kafka.get_admin_client(),
         )
         with shared.lock:  # a reset "back" to a timestamp may still move a lagging partition on
             for (topic, partition), (before, after) in reset.changes.items():
                 if before is not None and after > before:
                     shared.skipped.add((topic, partition, before, after))
-        return f"{action} committed in snapshot {snapshot}"
+        return f"{action} committed in snapshot {outcome.snapshot_id}"
     if action == "migrate":
         new_group = f"chaos-{int(time.time() * 1000) % 10**8}"
         migration = migrate_group(

@@ -171,6 +171,7 @@ def test_the_second_evaluation_recounts_only_new_commits(
     ingest(harness, spec)
     assert evaluate()["commits_recounted"] == 1
     assert evaluate()["commits_recounted"] == 0
+    instance.dispose()  # its temporary storage, before GC warns about it in a later test
 
 
 def test_full_audit_on_demand_recounts_every_commit_and_scans_every_row(

@@ -1,8 +1,8 @@
 """docs/reliability.md defines every scenario id and rule the repository cites (pure, no broker).
 
-Code, tests and docs cite scenarios as R1..R47 and the design rules as "rule N". Each citation in
+Code, tests and docs cite scenarios as R1..R48 and the design rules as "rule N". Each citation in
 a tracked .py or .md file must resolve to a heading of docs/reliability.md; the page must define
-exactly R1..R47 (in their groups A-G) and rules 1..7; every test it names must exist.
+exactly R1..R48 (in their groups A-H) and rules 1..7; every test it names must exist.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SCENARIO = re.compile(r"\bR(\d+)\b")
 RULE = re.compile(r"\b[Rr]ules? (\d+)\b")
 SCENARIO_HEADING = re.compile(r"^### R(\d+) — \S")
 RULE_HEADING = re.compile(r"^### Rule (\d+) — \S")
-GROUP_HEADING = re.compile(r"^## ([A-G])\. \S")
+GROUP_HEADING = re.compile(r"^## ([A-H])\. \S")
 TEST_REFERENCE = re.compile(r"\b(tests/[\w/]+\.py)::(\w+)")
 # Design notes that live outside this repository: a reader cannot follow a citation of them.
 OUTSIDE_NOTES = re.compile(r"\b(?:ARCHITECTURE|RELIABILITY)\.md\b")
@@ -34,6 +34,7 @@ GROUPS = {
     "E": list(range(33, 37)),
     "F": list(range(37, 40)),
     "G": list(range(40, 48)),
+    "H": [48],
 }
 
 
@@ -104,7 +105,7 @@ def module_functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
 
 
 def test_doc_defines_exactly_the_scenarios_and_rules() -> None:
-    assert headings(SCENARIO_HEADING) == list(range(1, 48)), "### R1 … ### R47, once each, in order"
+    assert headings(SCENARIO_HEADING) == list(range(1, 49)), "### R1 … ### R48, once each, in order"
     assert headings(RULE_HEADING) == list(range(1, 8)), "### Rule 1 … ### Rule 7, once each"
 
 
@@ -116,7 +117,7 @@ def test_scenarios_stay_in_their_groups() -> None:
             match = GROUP_HEADING.match(line)
             group = match.group(1) if match else None
         elif (scenario := SCENARIO_HEADING.match(line)) is not None:
-            assert group is not None, f"{line!r} is outside the groups A-G"
+            assert group is not None, f"{line!r} is outside the groups A-H"
             groups.setdefault(group, []).append(int(scenario.group(1)))
     assert groups == GROUPS
 
