@@ -148,3 +148,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
         running = funcargs.get("broker")
         if isinstance(running, EmbeddedBroker):
             report.sections.append(("tansu broker log (tail)", running.read_log(8_000)))
+
+
+@pytest.fixture
+def resources(
+    kafka: KafkaResource, catalog_resource: IcebergCatalogResource, spark_resource: SparkResource
+) -> dict[str, Any]:
+    """The resources a pipeline's Dagster assets and checks need, on the session's stack."""
+    return {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}

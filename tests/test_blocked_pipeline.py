@@ -28,9 +28,7 @@ from platform_assets.pipelines import table_key
 from platform_assets.schedules import build_fallback_schedule
 from platform_assets.sensors import build_lag_sensor, run_failure_alert_sensor
 from resources.alerts import AlertResource
-from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from resources.spark import SparkResource
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import NewPipeline, make_spec, records
@@ -44,13 +42,6 @@ SMALL = {"in_process_max_records": 10_000, "max_lag_records": 1, "max_lag_second
 @pytest.fixture
 def alerts(webhook: WebhookReceiver) -> AlertResource:
     return AlertResource(webhook_url=webhook.url, ui_base_url="http://ui.example:3000")
-
-
-@pytest.fixture
-def resources(
-    kafka: KafkaResource, catalog_resource: IcebergCatalogResource, spark_resource: SparkResource
-) -> dict[str, Any]:
-    return {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}
 
 
 def run(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dagster import AssetSelection, DagsterInstance, DagsterRun, DagsterRunStatus, materialize
+from dagster import AssetSelection, DagsterInstance, DagsterRun, DagsterRunStatus
 
 from ingestion import exceptions
 from ingestion.audit import audit_table
@@ -21,18 +21,16 @@ from ingestion.checks import Finding, check_group_consistency
 from ingestion.hooks import FailureHooks
 from ingestion.mirror import read_group_offsets
 from ingestion.offsets import find_committed_state, flatten
-from ingestion.operations import OffsetReset, apply_reset, migrate_group, plan_reset
+from ingestion.operations import apply_reset, migrate_group
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.state import read_state
-from platform_assets.assets import build_pipeline_assets
-from platform_assets.checks import build_pipeline_checks
 from platform_assets.cli import main
 from platform_assets.demo import encode_event, make_order_event
 from platform_assets.pipelines import load_pipelines, table_key
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from resources.spark import SparkResource
+from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import Harness, make_spec, records
 
@@ -40,14 +38,25 @@ pytestmark = pytest.mark.integration
 SMALL = {"in_process_max_records": 10_000}  # no Spark: the offsets are the point here
 
 
-def planned_reset(harness: Harness, spec: PipelineSpec, position: StartingPosition) -> OffsetReset:
-    consumer = harness.kafka.get_consumer()
-    try:
-        return plan_reset(
-            spec, harness.table(spec), harness.kafka.get_admin_client(), consumer, position
-        )
-    finally:
-        consumer.close()
+def group_pair(
+    topic: str, name: str, old_group: str, new_group: str
+) -> tuple[PipelineSpec, PipelineSpec]:
+    """One pipeline under its old group id and under the one it migrates to."""
+    return (
+        make_spec(topic, name, consumer_group_id=old_group, **SMALL),
+        make_spec(topic, name, consumer_group_id=new_group, **SMALL),
+    )
+
+
+def run_once_into(ran: dict[str, Any], harness: Harness, spec: PipelineSpec) -> Any:
+    """A hook that runs ``spec`` once (the first time it fires), keeping its report in ``ran``:
+    a run that commits inside an operator action's window."""
+
+    def run_first(point: str, **context: Any) -> None:
+        if not ran:
+            ran["report"] = harness.run(spec)
+
+    return run_first
 
 
 def group_of(kafka: KafkaResource, spec: PipelineSpec) -> dict[tuple[str, int], int]:
@@ -69,25 +78,6 @@ def group_finding(kafka: KafkaResource, catalog: Any, spec: PipelineSpec) -> Fin
     return check_group_consistency(state)
 
 
-def materialize_pipeline(
-    spec: PipelineSpec, resources: dict[str, Any], *, checks_only: bool = False
-) -> Any:
-    selection = AssetSelection.checks_for_assets(table_key(spec)) if checks_only else None
-    return materialize(
-        [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
-        resources=resources,
-        selection=selection,
-        raise_on_error=False,
-    )
-
-
-@pytest.fixture
-def resources(
-    kafka: KafkaResource, catalog_resource: IcebergCatalogResource, spark_resource: SparkResource
-) -> dict[str, Any]:
-    return {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}
-
-
 def test_reset_back_then_the_next_run_moves_the_group_back(
     harness: Harness,
     create_topic: Callable[..., str],
@@ -107,7 +97,7 @@ def test_reset_back_then_the_next_run_moves_the_group_back(
     ledger_producer.produce(topic, records(10, first=20))
     harness.run(spec)
     assert group_of(harness.kafka, spec) == table_of(harness, spec)
-    reset = planned_reset(harness, spec, StartingPosition(mode="timestamp", timestamp_ms=cutoff_ms))
+    reset = harness.plan_reset(spec, StartingPosition(mode="timestamp", timestamp_ms=cutoff_ms))
     apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops@example", "bad deploy")
     finding = group_finding(harness.kafka, harness.catalog, spec)
     assert not finding.blocks, finding.message
@@ -117,7 +107,9 @@ def test_reset_back_then_the_next_run_moves_the_group_back(
     result = materialize_pipeline(spec, resources)
     assert result.success
     assert group_of(harness.kafka, spec) == table_of(harness, spec)
-    checks = materialize_pipeline(spec, resources, checks_only=True)
+    checks = materialize_pipeline(
+        spec, resources, AssetSelection.checks_for_assets(table_key(spec))
+    )
     failing = {
         e.check_name: e.description for e in checks.get_asset_check_evaluations() if not e.passed
     }
@@ -244,7 +236,7 @@ def test_a_foreign_writer_ahead_of_the_table_stays_an_error(
     spec = make_spec(topic, "foreign_ahead", **SMALL)
     ledger_producer.produce(topic, records(20))
     harness.run(spec)
-    reset = planned_reset(harness, spec, StartingPosition(mode="earliest"))
+    reset = harness.plan_reset(spec, StartingPosition(mode="earliest"))
     apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "replay")  # recorded
     admin = harness.kafka.get_admin_client()
     foreign = ConsumerGroupTopicPartitions(spec.consumer_group_id, [TopicPartition(topic, 0, 17)])
@@ -280,8 +272,8 @@ def test_a_zombie_mirror_after_a_reset_leaves_the_group_at_the_table(
 
     def reset_while_paused(point: str, **context: Any) -> None:
         if not done:
-            reset = planned_reset(
-                harness, spec, StartingPosition(mode="offsets", offsets={f"{topic}:0": 5})
+            reset = harness.plan_reset(
+                spec, StartingPosition(mode="offsets", offsets={f"{topic}:0": 5})
             )
             apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "replay from 5")
             done.append(1)
@@ -307,15 +299,10 @@ def test_a_forward_reset_loses_to_a_run_that_commits_first(
     ledger_producer.produce(topic, records(10))
     harness.run(spec)
     ledger_producer.produce(topic, records(20, first=10))
-    reset = planned_reset(
-        harness, spec, StartingPosition(mode="offsets", offsets={f"{topic}:0": 15})
-    )
+    reset = harness.plan_reset(spec, StartingPosition(mode="offsets", offsets={f"{topic}:0": 15}))
     assert reset.describe() == [f"{topic}[0]: 10 -> 15 (skip 5 offsets)"]
     ran: dict[str, Any] = {}
-
-    def run_first(point: str, **context: Any) -> None:
-        if not ran:
-            ran["report"] = harness.run(spec)
+    run_first = run_once_into(ran, harness, spec)
 
     with pytest.raises(exceptions.CommitConflictError) as excinfo:
         apply_reset(
@@ -347,7 +334,7 @@ def test_a_run_loses_to_a_reset_and_names_it(
     ledger_producer.produce(topic, records(10))
     harness.run(spec)
     ledger_producer.produce(topic, records(10, first=10))
-    reset = planned_reset(harness, spec, StartingPosition(mode="latest"))
+    reset = harness.plan_reset(spec, StartingPosition(mode="latest"))
 
     def reset_now(point: str, **context: Any) -> None:
         apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops@example", "skip it")
@@ -370,17 +357,13 @@ def test_a_migration_loses_to_a_run_that_commits_first(
     migration aborts naming the run; carrying stale offsets would make the new group read the
     run's range again."""
     topic = create_topic(partitions=2)
-    old = make_spec(topic, "migrate_loses", consumer_group_id="migrate-loses-old", **SMALL)
-    new = make_spec(topic, "migrate_loses", consumer_group_id="migrate-loses-new", **SMALL)
+    old, new = group_pair(topic, "migrate_loses", "migrate-loses-old", "migrate-loses-new")
     ledger_producer.produce(topic, records(20))
     harness.run(old)
     ledger_producer.produce(topic, records(10, first=20))
     admin = harness.kafka.get_admin_client()
     ran: dict[str, Any] = {}
-
-    def run_first(point: str, **context: Any) -> None:
-        if not ran:
-            ran["report"] = harness.run(old)
+    run_first = run_once_into(ran, harness, old)
 
     with pytest.raises(exceptions.CommitConflictError) as excinfo:
         migrate_group(
@@ -410,8 +393,7 @@ def test_a_run_under_the_old_group_loses_to_a_migration(
     at its commit naming the migration (the old group is retired), so the new group reads the
     range once."""
     topic = create_topic(partitions=2)
-    old = make_spec(topic, "migrate_wins", consumer_group_id="migrate-wins-old", **SMALL)
-    new = make_spec(topic, "migrate_wins", consumer_group_id="migrate-wins-new", **SMALL)
+    old, new = group_pair(topic, "migrate_wins", "migrate-wins-old", "migrate-wins-new")
     ledger_producer.produce(topic, records(20))
     harness.run(old)
     ledger_producer.produce(topic, records(10, first=20))
@@ -438,8 +420,7 @@ def test_the_old_group_is_retired_after_a_migration(
     check (naming the migration, who, why and the fix), instead of re-reading a stale range; an
     explicit reset of that group makes it usable again."""
     topic = create_topic(partitions=1)
-    old = make_spec(topic, "retired", consumer_group_id="retired-old", **SMALL)
-    new = make_spec(topic, "retired", consumer_group_id="retired-new", **SMALL)
+    old, new = group_pair(topic, "retired", "retired-old", "retired-new")
     ledger_producer.produce(topic, records(10))
     harness.run(old)
     admin = harness.kafka.get_admin_client()
@@ -455,7 +436,7 @@ def test_the_old_group_is_retired_after_a_migration(
     assert finding.blocks
     assert "retired" in finding.message
     harness.assert_exactly_once(new, ledger)
-    reset = planned_reset(harness, old, StartingPosition(mode="latest"))
+    reset = harness.plan_reset(old, StartingPosition(mode="latest"))
     apply_reset(harness.catalog, old, reset, harness.cluster_id, "ops", "reuse the old id")
     assert not harness.run(old).committed  # planned again: nothing new under the old id
 
@@ -472,8 +453,7 @@ def test_a_migration_moves_the_new_kafka_group_to_the_table_offsets(
     from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 
     topic = create_topic(partitions=1)
-    old = make_spec(topic, "migrate_seed", consumer_group_id="migrate-seed-old", **SMALL)
-    new = make_spec(topic, "migrate_seed", consumer_group_id="migrate-seed-connect", **SMALL)
+    old, new = group_pair(topic, "migrate_seed", "migrate-seed-old", "migrate-seed-connect")
     ledger_producer.produce(topic, records(10))
     harness.run(old)
     admin = harness.kafka.get_admin_client()
