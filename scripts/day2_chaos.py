@@ -162,10 +162,12 @@ def ingest_once(kafka: KafkaResource, catalog: Any, spark: Any, shared: Shared) 
         shared.failing_since = None
 
 
-def ingest(kafka: KafkaResource, catalog: Any, spark: Any, shared: Shared) -> None:
-    while not shared.stop.is_set():
+def ingest(
+    kafka: KafkaResource, catalog: Any, spark: Any, shared: Shared, interval_s: float
+) -> None:
+    """Runs back to back, ``interval_s`` apart (the lag sensor ticks every 15 s in Dagster)."""
+    while not shared.stop.wait(interval_s):
         ingest_once(kafka, catalog, spark, shared)
-        time.sleep(0.5)
 
 
 def act(kafka: KafkaResource, catalog: Any, shared: Shared, rng: random.Random) -> str:
@@ -284,6 +286,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--spark", action="store_true", help="prepare files on local[2] Spark")
     parser.add_argument("--blocked-after", type=float, default=120.0)
+    parser.add_argument("--run-interval", type=float, default=3.0, help="seconds between runs")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="day2-chaos-"))
@@ -303,7 +306,9 @@ def main() -> int:
         shared = Shared(spec=make_spec("chaos-0"))
         threads = [
             threading.Thread(target=produce, args=(kafka, shared, args.rate, random.Random(1))),
-            threading.Thread(target=ingest, args=(kafka, catalog, spark, shared)),
+            threading.Thread(
+                target=ingest, args=(kafka, catalog, spark, shared, args.run_interval)
+            ),
             threading.Thread(target=operate, args=(kafka, catalog, shared, rng)),
         ]
         for thread in threads:
