@@ -60,12 +60,17 @@ def is_running(pid: int) -> bool:
     return state != "Z"
 
 
-def graphql(port: int, query: str) -> dict[str, object]:
+def graphql(port: int, query: str, timeout_s: float = 120.0) -> dict[str, object]:
+    """POST one GraphQL query to the dev UI.
+
+    The timeout is generous: *Reload definitions* starts a new code server (a Python process that
+    imports Dagster and the definitions), which takes well over 5 s on a busy 2-core CI machine.
+    """
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/graphql",
         data=json.dumps({"query": query}).encode(),
         headers={"Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(request, timeout=5) as response:
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         result: dict[str, object] = json.loads(response.read())
         return result
