@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from ingestion.exceptions import FailoverRefusedError, ReplicaFormatError
@@ -18,6 +20,7 @@ from ingestion.mm2 import (
     replica_topic,
     translate_downstream,
 )
+from ingestion.replica_check import ReplicaFacts, check_replica
 
 # A checkpoint record written out by hand from Kafka's format definition (Checkpoint.java:
 # KEY_SCHEMA = group STRING, topic STRING, partition INT32; HEADER_SCHEMA = version INT16;
@@ -152,3 +155,37 @@ def test_content_alignment_needs_a_known_copy_to_start_from() -> None:
 def test_value_digests_break_ties_when_both_sides_have_them() -> None:
     assert RecordId(1, b"k", b"a").matches(RecordId(1, b"k", None))
     assert not RecordId(1, b"k", b"a").matches(RecordId(1, b"k", b"b"))
+
+
+READY = ReplicaFacts("dr", "primary", "g", 1, "compact", True, 20.0, {"o": (3, "primary.o", 3)})
+
+
+@pytest.mark.parametrize(
+    ("change", "fix"),
+    [
+        ({"checkpoint_partitions": None}, "does not exist on the replica"),
+        ({"checkpoint_partitions": 3}, "has 3 partitions; MM2 needs exactly 1"),
+        ({"checkpoint_cleanup_policy": "delete"}, "set cleanup.policy=compact"),
+        (
+            {"group_has_source_offsets": False, "newest_checkpoint_age_s": None},
+            "no committed offsets on the source cluster, so MM2's checkpoint connector finds "
+            "no group",
+        ),
+        ({"newest_checkpoint_age_s": None}, "no checkpoint for group 'g'"),
+        ({"newest_checkpoint_age_s": 900.0}, "older than 300 s"),
+        ({"topics": {"o": (3, "primary.o", None)}}, "has no copy 'primary.o'"),
+        ({"topics": {"o": (3, "primary.o", 2)}}, "has 2 partitions, source 'o' has 3"),
+    ],
+)
+def test_each_replica_problem_fails_the_check_with_its_fix(
+    change: dict[str, object], fix: str
+) -> None:
+    assert check_replica(READY, 300).passed
+    finding = check_replica(replace(READY, **change), 300)  # type: ignore[arg-type]
+    assert finding.blocks
+    assert fix in finding.message
+
+
+def test_a_stale_checkpoint_keeps_one_fingerprint_as_it_ages() -> None:
+    older = [replace(READY, newest_checkpoint_age_s=age) for age in (400.0, 4000.0)]
+    assert len({check_replica(f, 300).fingerprint for f in older}) == 1
