@@ -67,6 +67,15 @@ def _prefix_matches(tail: Sequence[RecordId], replica: Sequence[RecordId], k: in
     return all(t.matches(r) for t, r in zip(tail[len(tail) - k :], replica[:k], strict=True))
 
 
+def _inside(tail: Sequence[RecordId], replica: Sequence[RecordId]) -> bool:
+    """All of ``replica`` (non-empty) is a run of ``tail`` that ends before the tail does."""
+    size = len(replica)
+    return size > 0 and any(
+        all(t.matches(r) for t, r in zip(tail[i : i + size], replica, strict=True))
+        for i in range(len(tail) - size)
+    )
+
+
 def _start_after(
     replica: Sequence[tuple[int, RecordId]], k: int, replica_end: int, where: str
 ) -> int:
@@ -139,6 +148,12 @@ def align_by_content(
     candidates = [k for k in range(min_skip, limit + 1) if _prefix_matches(tail, copies, k)]
     if min_skip > len(replica):
         _start_after(replica, min_skip, replica_end, where)  # raises: the replica is behind
+    if not candidates and _inside(tail, copies):
+        raise FailoverRefusedError(
+            f"{where}: the replica's newest records are copies of records the table ingested "
+            "earlier, not of its last ones: the replica is behind the table. Wait for "
+            "MirrorMaker 2 to catch up (or fail over later); nothing was changed."
+        )
     if not candidates:
         raise FailoverRefusedError(
             f"{where}: no position on the replica continues the table's records (checked "

@@ -147,6 +147,11 @@ def test_content_alignment_refuses_a_foreign_replica() -> None:
         align_by_content(ids(1, 2, 3), replica(10, ids(8, 9)), 12, 1, False, "p")
 
 
+def test_content_alignment_names_a_replica_that_is_behind() -> None:
+    with pytest.raises(FailoverRefusedError, match="the replica is behind the table"):
+        align_by_content(ids(1, 2, 3, 4, 5), replica(10, ids(2, 3)), 12, 1, False, "p")
+
+
 def test_content_alignment_needs_a_known_copy_to_start_from() -> None:
     with pytest.raises(ValueError, match="min_skip >= 1"):
         align_by_content(ids(1), replica(10, ids(2)), 11, 0, True, "p")

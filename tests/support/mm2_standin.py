@@ -109,7 +109,6 @@ class MirrorStandIn:
                         copied += 1
                         self._maybe_sync(syncs, key, int(message.offset() or 0), downstream)
                     self._positions[key] = high
-        syncs.flush(10)
         return copied
 
     def _copy(self, producer: Producer, topic: str, partition: int, message: Any) -> int:
@@ -135,6 +134,7 @@ class MirrorStandIn:
         known.append((up, down))
         record_key, value = encode_offset_sync(OffsetSync(key[0], key[1], up, down))
         producer.produce(self.syncs_topic, value=value, key=record_key, partition=0)
+        producer.flush(10)  # one record per batch: see ``checkpoint``
 
     def translate(self, key: tuple[str, int], upstream: int) -> int | None:
         """MM2's ``translateDownstream``: newest sync at or before, plus one past it."""
@@ -161,8 +161,10 @@ class MirrorStandIn:
                 )
                 record_key, value = encode_checkpoint(checkpoint)
                 producer.produce(self.checkpoints_topic, value=value, key=record_key, partition=0)
+                # One record per batch: Tansu 0.6 reports a partition's end as its last batch's
+                # base offset + 1, so later records of a multi-record batch would be unreadable.
+                producer.flush(10)
                 written += 1
-        producer.flush(10)
         return written
 
     @staticmethod
