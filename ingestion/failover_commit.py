@@ -41,12 +41,17 @@ FAILOVER_PLAN = "kafka.failover-plan"
 
 
 def active_cluster(table: Table, group_id: str) -> str | None:
-    """The cluster the table says the group reads: the newest switch's target, or None (the
-    pipeline's own cluster, when no switch was ever committed)."""
+    """The cluster the table says the group reads: the newest switch's target while the group's
+    offsets are still committed under that target's cluster id; None (the pipeline's own
+    cluster) when no switch was committed, or a later commit (a reset) went back to another."""
+    committed = find_committed_state(table, group_id)
+    if committed is None:
+        return None
     for snapshot in iter_ancestry(table):
         properties = props.snapshot_properties(snapshot)
         if properties.get(props.GROUP_ID) == group_id and FAILOVER_TO in properties:
-            return properties[FAILOVER_TO]
+            same = properties.get(props.CLUSTER_ID) == committed.cluster_id
+            return properties[FAILOVER_TO] if same else None
     return None
 
 
@@ -110,13 +115,26 @@ def apply_failover(
             f"pipeline {spec.name!r}: the offsets changed since the failover was planned; plan "
             "it again"
         )
+    planned = {(t, p) for t, o in planned_from.items() for p in o.next_offsets}
+    covered = {(plan.source_topic, plan.partition) for plan in plans}
+    if covered != planned:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: the failover plan covers {sorted(covered)} but the table "
+            f"has offsets for {sorted(planned)}; a partition left out would be read again from "
+            "the replica's start. Plan it again; nothing was changed"
+        )
     next_offsets: dict[str, dict[int, int]] = {}
+    topic_ids: dict[str, str] = {}
     for plan in plans:
         next_offsets.setdefault(plan.replica_topic, {})[plan.partition] = plan.replica_start
-    offsets = {
-        topic: TopicOffsets(_topic_id(replica_admin, topic, spec.name), positions)
-        for topic, positions in next_offsets.items()
-    }
+        topic_ids[plan.replica_topic] = plan.replica_topic_id
+    for topic, planned_id in topic_ids.items():
+        if _topic_id(replica_admin, topic, spec.name) != planned_id:
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r}: replica topic {topic!r} was recreated since the "
+                "failover was planned; plan it again; nothing was changed"
+            )
+    offsets = {topic: TopicOffsets(topic_ids[topic], p) for topic, p in next_offsets.items()}
     properties = props.commit_properties(
         group_id=group,
         offsets=offsets,

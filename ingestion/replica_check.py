@@ -10,7 +10,9 @@ MM2 fails quietly in known ways; each one leaves a failover with nothing to stan
   group after every commit; a mirror that never ran, or a group filter in MM2, shows here);
 - the newest checkpoint for the group is older than the bound: the connector stopped, or the
   group is filtered out of ``groups``;
-- a source topic has no copy on the replica, or a copy with another partition count.
+- a source topic has no copy on the replica, or a copy with another partition count;
+- a copy stamps records with the replica's clock (``message.timestamp.type=LogAppendTime``): a
+  failover recognises copies by their original timestamps.
 
 Each failure names its fix; messages name topics and groups, never ages or offsets (those are in
 the metadata), so one cause keeps one fingerprint. The check does not block ingestion (it is
@@ -38,6 +40,8 @@ class ReplicaFacts:
     newest_checkpoint_age_s: float | None
     # source topic -> (its partitions on the source, its copy's name, the copy's partitions)
     topics: dict[str, tuple[int, str, int | None]] = field(default_factory=dict)
+    # copy topic -> its message.timestamp.type (a failover matches copies by timestamp)
+    timestamp_types: dict[str, str | None] = field(default_factory=dict)
 
 
 def check_replica(facts: ReplicaFacts, max_checkpoint_age_s: float) -> Finding:
@@ -102,6 +106,13 @@ def check_replica(facts: ReplicaFacts, max_checkpoint_age_s: float) -> Finding:
                 f"copy {copy!r} has {copy_partitions} partitions, source {source!r} has "
                 f"{partitions}: let MM2 sync partitions (sync.topic.configs / refresh.topics) "
                 "before a failover"
+            )
+    for copy, kind in sorted(facts.timestamp_types.items()):
+        if kind == "LogAppendTime":
+            problems.append(
+                f"copy {copy!r} has message.timestamp.type=LogAppendTime: the replica stamps "
+                "copies with its own clock, so a failover cannot recognise them; set it to "
+                "CreateTime on the copy"
             )
     metadata = {
         "replica": facts.replica,

@@ -88,11 +88,11 @@ def _partitions(admin: AdminClient, topic: str, timeout_s: float) -> int | None:
     return len(metadata.partitions)
 
 
-def _cleanup_policy(admin: AdminClient, topic: str, timeout_s: float) -> str | None:
+def _topic_setting(admin: AdminClient, topic: str, name: str, timeout_s: float) -> str | None:
     from confluent_kafka.admin import ConfigResource
 
     (future,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
-    entry = future.result(timeout=timeout_s).get("cleanup.policy")
+    entry = future.result(timeout=timeout_s).get(name)
     return None if entry is None else str(entry.value)
 
 
@@ -119,18 +119,22 @@ def read_replica_facts(
     replica = AdminClient(target.kafka_config)
     topic = checkpoints_topic(target.source_alias)
     partitions = _partitions(replica, topic, timeout_s)
-    policy = _cleanup_policy(replica, topic, timeout_s) if partitions is not None else None
+    policy = (
+        _topic_setting(replica, topic, "cleanup.policy", timeout_s)
+        if partitions is not None
+        else None
+    )
     stamped = read_checkpoints(target.kafka_config, topic, timeout_s) if partitions else []
     newest = newest_checkpoints(stamped, group)
     age = (now_ms - max(s.timestamp_ms for s in newest.values())) / 1000 if newest else None
     copies: dict[str, tuple[int, str, int | None]] = {}
+    stamps: dict[str, str | None] = {}
     for name in topics:
         copy = copy_name(name, target.source_alias, target.replication_policy)
-        copies[name] = (
-            _partitions(source, name, timeout_s) or 0,
-            copy,
-            _partitions(replica, copy, timeout_s),
-        )
+        copy_partitions = _partitions(replica, copy, timeout_s)
+        copies[name] = (_partitions(source, name, timeout_s) or 0, copy, copy_partitions)
+        if copy_partitions is not None:
+            stamps[copy] = _topic_setting(replica, copy, "message.timestamp.type", timeout_s)
     return ReplicaFacts(
         replica=target.name,
         source_alias=target.source_alias,
@@ -140,4 +144,5 @@ def read_replica_facts(
         group_has_source_offsets=_group_has_offsets(source, group, timeout_s),
         newest_checkpoint_age_s=age,
         topics=copies,
+        timestamp_types=stamps,
     )

@@ -60,10 +60,7 @@ def start_mirror(
 def plan(
     mirror: MirrorStandIn, spec: PipelineSpec, catalog: Any, with_syncs: bool
 ) -> dict[int, int]:
-    tables = [catalog.load_table(spec.table)]
-    if catalog.table_exists(spec.quarantine_table):
-        tables.append(catalog.load_table(spec.quarantine_table))
-    committed = find_committed_state(tables[0], spec.consumer_group_id)
+    committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
     assert committed is not None
     offsets = {
         (topic, p): n for topic, o in committed.offsets.items() for p, n in o.next_offsets.items()
@@ -75,9 +72,8 @@ def plan(
     syncs = read_offset_syncs(source, mirror.syncs_topic, 10) if with_syncs else {}
     topic = mirror.topics[0]
     plans = plan_failover(
-        tables, offsets, spec.consumer_group_id, target, checkpoints, syncs,
-        {topic: mirror.remote(topic)},
-    )  # fmt: skip
+        catalog, spec, offsets, target, checkpoints, syncs, {topic: mirror.remote(topic)}
+    )
     for p in plans:
         assert p.anchor.startswith("offset sync" if with_syncs else "checkpoint"), p
     return {p.partition: p.replica_start for p in plans}
@@ -126,4 +122,26 @@ def test_a_replica_behind_the_table_is_refused(
     run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
     mirror.checkpoint()  # the group is at 30 per partition; the replica holds 20 per partition
     with pytest.raises(FailoverRefusedError, match="the replica is behind the table"):
+        plan(mirror, spec, catalog, with_syncs=False)
+
+
+def test_repeated_records_at_the_checkpoint_are_refused_not_guessed(
+    broker: EmbeddedBroker,
+    replica_broker: EmbeddedBroker,
+    kafka: KafkaResource,
+    catalog_resource: IcebergCatalogResource,
+    new_pipeline: Any,
+) -> None:
+    # A producer retrying without idempotence writes one payload twice with the same timestamp
+    # and key (R39); here every record looks alike, so no copy singles out one position.
+    topic, spec = new_pipeline("fo_same", partitions=1, key_format="raw")
+    same = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for _ in range(30):
+        same.produce(topic, value=b'{"id": 1}', key=b"same", timestamp=1_700_000_000_000)
+        same.flush(10)
+    catalog = catalog_resource.load_catalog()
+    mirror = start_mirror(broker, replica_broker, topic, spec)
+    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+    mirror.step()
+    with pytest.raises(FailoverRefusedError, match="records repeat"):
         plan(mirror, spec, catalog, with_syncs=False)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from ingestion.exceptions import FailoverRefusedError, ReplicaFormatError
-from ingestion.failover_align import RecordId, align_by_content, align_exact
+from ingestion.failover_align import RecordId, align_exact
 from ingestion.mm2 import (
     Checkpoint,
     OffsetSync,
@@ -109,54 +109,6 @@ def test_exact_anchor_with_a_different_record_is_refused() -> None:
         align_exact(ids(2, 3), replica(51, ids(2, 9, 4)), 54, "orders[0]")
 
 
-@pytest.mark.parametrize(
-    ("tail", "records", "min_skip", "start", "skipped"),
-    [
-        (ids(1, 2, 3), ids(2, 3, 4, 5), 1, 12, 2),  # two copies, then new records
-        (ids(1, 2, 3), ids(3, 4, 5), 1, 11, 1),  # translation was exact: only the record before
-        (ids(1, 2, 3), ids(3), 1, 11, 1),  # the replica ends with the last ingested record
-        (ids(1, 2, 3, 4), ids(2, 3, 4, 5), 3, 13, 3),  # the table ingested past the checkpoint
-    ],
-)
-def test_content_alignment_finds_the_one_continuation(
-    tail: list[RecordId], records: list[RecordId], min_skip: int, start: int, skipped: int
-) -> None:
-    aligned = align_by_content(tail, replica(10, records), 10 + len(records), min_skip, False, "p")
-    assert (aligned.start, aligned.skipped) == (start, skipped)
-
-
-def test_content_alignment_refuses_repeating_records() -> None:
-    same = ids(7, 7, 7, key=None)
-    with pytest.raises(FailoverRefusedError, match="positions continue the table's records"):
-        align_by_content(same, replica(10, ids(7, 7, 7, 7, key=None)), 14, 1, True, "p")
-
-
-def test_the_lower_bound_resolves_what_content_alone_cannot() -> None:
-    same = ids(7, 7, 7, key=None)
-    aligned = align_by_content(same, replica(10, ids(7, 7, 7, 8, key=None)), 14, 3, True, "p")
-    assert (aligned.start, aligned.skipped) == (13, 3)
-
-
-def test_content_alignment_refuses_a_window_that_may_be_too_short() -> None:
-    with pytest.raises(FailoverRefusedError, match="larger window"):
-        align_by_content(ids(2, 3), replica(10, ids(2, 3, 4)), 13, 1, False, "p")
-
-
-def test_content_alignment_refuses_a_foreign_replica() -> None:
-    with pytest.raises(FailoverRefusedError, match="no position on the replica"):
-        align_by_content(ids(1, 2, 3), replica(10, ids(8, 9)), 12, 1, False, "p")
-
-
-def test_content_alignment_names_a_replica_that_is_behind() -> None:
-    with pytest.raises(FailoverRefusedError, match="the replica is behind the table"):
-        align_by_content(ids(1, 2, 3, 4, 5), replica(10, ids(2, 3)), 12, 1, False, "p")
-
-
-def test_content_alignment_needs_a_known_copy_to_start_from() -> None:
-    with pytest.raises(ValueError, match="min_skip >= 1"):
-        align_by_content(ids(1), replica(10, ids(2)), 11, 0, True, "p")
-
-
 def test_value_digests_break_ties_when_both_sides_have_them() -> None:
     assert RecordId(1, b"k", b"a").matches(RecordId(1, b"k", None))
     assert not RecordId(1, b"k", b"a").matches(RecordId(1, b"k", b"b"))
@@ -180,6 +132,7 @@ READY = ReplicaFacts("dr", "primary", "g", 1, "compact", True, 20.0, {"o": (3, "
         ({"newest_checkpoint_age_s": 900.0}, "older than 300 s"),
         ({"topics": {"o": (3, "primary.o", None)}}, "has no copy 'primary.o'"),
         ({"topics": {"o": (3, "primary.o", 2)}}, "has 2 partitions, source 'o' has 3"),
+        ({"timestamp_types": {"primary.o": "LogAppendTime"}}, "set it to CreateTime"),
     ],
 )
 def test_each_replica_problem_fails_the_check_with_its_fix(

@@ -49,6 +49,9 @@ class MirrorStandIn:
     target_alias: str = "backup"
     identity: bool = False
     sync_every: int = 10
+    # Copy each partition's new records in one transaction, as MM2 does with exactly-once
+    # support: commit markers then take replica offsets, so copies and originals drift apart.
+    transactional: bool = False
     checkpoints_partitions: int = 1
     checkpoints_config: dict[str, str] = field(
         default_factory=lambda: {"cleanup.policy": "compact"}
@@ -94,7 +97,12 @@ class MirrorStandIn:
 
     def replicate(self) -> int:
         copied = 0
-        target = Producer({"bootstrap.servers": self.target, "enable.idempotence": True})
+        settings: dict[str, Any] = {"bootstrap.servers": self.target, "enable.idempotence": True}
+        if self.transactional:
+            settings["transactional.id"] = f"mm2-standin-{self.source_alias}"
+        target = Producer(settings)
+        if self.transactional:
+            target.init_transactions(10)
         syncs = Producer({"bootstrap.servers": self.source})
         with open_consumer({"bootstrap.servers": self.source}, "mm2-standin") as consumer:
             metadata = consumer.list_topics(timeout=10).topics
@@ -104,10 +112,14 @@ class MirrorStandIn:
                     _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
                     start = self._positions.get(key, 0)
                     rng = OffsetRange(topic, partition, start, high)
+                    if self.transactional and high > start:
+                        target.begin_transaction()
                     for message in iter_range(consumer, rng, 30, "mm2 stand-in"):
                         downstream = self._copy(target, topic, partition, message)
                         copied += 1
                         self._maybe_sync(syncs, key, int(message.offset() or 0), downstream)
+                    if self.transactional and high > start:
+                        target.commit_transaction(10)
                     self._positions[key] = high
         return copied
 
