@@ -93,3 +93,11 @@ class OrphanRemovalRefusedError(IngestionError):
 
 class MaintenanceConflictError(IngestionError):
     """A maintenance commit kept losing its compare-and-set against concurrent commits."""
+
+
+class ReplicaFormatError(IngestionError):
+    """A record of a MirrorMaker 2 internal topic is not in MM2's wire format."""
+
+
+class FailoverRefusedError(IngestionError):
+    """A failover cannot place the pipeline on the replica without a loss or a duplicate."""

@@ -1,8 +1,8 @@
 """docs/reliability.md defines every scenario id and rule the repository cites (pure, no broker).
 
-Code, tests and docs cite scenarios as R1..R48 and the design rules as "rule N". Each citation in
+Code, tests and docs cite scenarios as R1..R51 and the design rules as "rule N". Each citation in
 a tracked .py or .md file must resolve to a heading of docs/reliability.md; the page must define
-exactly R1..R48 (in their groups A-H) and rules 1..7; every test it names must exist.
+exactly R1..R51 (in their groups A-I) and rules 1..7; every test it names must exist.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SCENARIO = re.compile(r"\bR(\d+)\b")
 RULE = re.compile(r"\b[Rr]ules? (\d+)\b")
 SCENARIO_HEADING = re.compile(r"^### R(\d+) — \S")
 RULE_HEADING = re.compile(r"^### Rule (\d+) — \S")
-GROUP_HEADING = re.compile(r"^## ([A-H])\. \S")
+GROUP_HEADING = re.compile(r"^## ([A-I])\. \S")
 TEST_REFERENCE = re.compile(r"\b(tests/[\w/]+\.py)::(\w+)")
 # Design notes that live outside this repository: a reader cannot follow a citation of them.
 OUTSIDE_NOTES = re.compile(r"\b(?:ARCHITECTURE|RELIABILITY)\.md\b")
@@ -35,6 +35,7 @@ GROUPS = {
     "F": list(range(37, 40)),
     "G": list(range(40, 48)),
     "H": [48],
+    "I": [49, 50, 51],
 }
 
 
@@ -105,7 +106,7 @@ def module_functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
 
 
 def test_doc_defines_exactly_the_scenarios_and_rules() -> None:
-    assert headings(SCENARIO_HEADING) == list(range(1, 49)), "### R1 … ### R48, once each, in order"
+    assert headings(SCENARIO_HEADING) == list(range(1, 52)), "### R1 … ### R51, once each, in order"
     assert headings(RULE_HEADING) == list(range(1, 8)), "### Rule 1 … ### Rule 7, once each"
 
 
@@ -117,7 +118,7 @@ def test_scenarios_stay_in_their_groups() -> None:
             match = GROUP_HEADING.match(line)
             group = match.group(1) if match else None
         elif (scenario := SCENARIO_HEADING.match(line)) is not None:
-            assert group is not None, f"{line!r} is outside the groups A-H"
+            assert group is not None, f"{line!r} is outside the groups A-I"
             groups.setdefault(group, []).append(int(scenario.group(1)))
     assert groups == GROUPS
 

@@ -1,0 +1,340 @@
+"""Plan a failover of a pipeline to its MirrorMaker 2 replica: where to resume, per partition.
+
+For each source partition the table has offsets for (next offset ``N``):
+
+1. **Nothing ingested** (``N == 0``): the replica partition is read from its log start.
+2. **Exact anchor** when the offset syncs are readable (they live on the source cluster by
+   default, so often not after a disaster): the newest live sync ``U -> D`` with ``U <= N``
+   (syncs before a backward step are dead, as MM2 drops them). If ``U == N`` the replica resumes
+   at ``D``; otherwise the table's records after ``U`` (data and quarantine tables) must be the
+   replica's records after ``D``, one for one (:func:`~ingestion.failover_align.align_exact`).
+3. **Checkpoint** otherwise: the group's newest checkpoint ``U -> D`` (``U <= N``). MM2 translated
+   it conservatively, so every replica record before ``D`` is a copy of a record before ``U``,
+   which the table holds. The planner takes the last replica record before ``D``, finds the
+   table's record with the same identity (Kafka timestamp and key; when several match, the one
+   whose successors verify), and from there aligns exactly as in 2. No window, however far
+   MM2's sparse syncs put ``D`` back.
+
+The quarantine table is synced first (its rows trail the data commit), so the table's tail is
+complete. Nothing is written: the plan is what ``--dry-run`` shows and what the switch commits.
+Delivery: each replica partition resumes after the last copy of an ingested record, verified
+record by record; when the evidence does not single out one position the plan is refused
+(:class:`~ingestion.exceptions.FailoverRefusedError`), never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ingestion.consumer import iter_range, open_consumer
+from ingestion.exceptions import FailoverRefusedError
+from ingestion.failover_align import Alignment, RecordId, align_exact
+from ingestion.mm2 import OffsetSync, decode_offset_sync
+from ingestion.ranges import OffsetRange
+from ingestion.replica_facts import ReplicaTarget, StampedCheckpoint, newest_checkpoints
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+    from ingestion.spec import PipelineSpec
+
+Records = list[tuple[int, RecordId]]
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """Where one partition resumes on the replica, and the evidence."""
+
+    source_topic: str
+    partition: int
+    source_next: int
+    replica_topic: str
+    replica_topic_id: str
+    replica_start: int
+    skipped: int
+    anchor: str
+
+
+@dataclass
+class Replica:
+    """A read-only view of the replica cluster for one plan."""
+
+    kafka_config: dict[str, Any]
+    timeout_s: float = 30.0
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition
+
+        with open_consumer(self.kafka_config, "failover-reader") as consumer:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self.timeout_s
+            )
+        return int(low), int(high)
+
+    def topic_id(self, topic: str) -> str:
+        from confluent_kafka import KafkaException, TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.kafka_config)
+        try:
+            found = admin.describe_topics(TopicCollection([topic]))[topic].result(self.timeout_s)
+        except KafkaException as exc:
+            raise FailoverRefusedError(f"replica topic {topic!r}: {exc.args[0]}") from exc
+        return str(found.topic_id)
+
+    def read(self, topic: str, partition: int, start: int, count: int) -> tuple[Records, int]:
+        """Up to ``count`` records from ``start`` as (offset, RecordId), and the end offset."""
+        low, high = self.watermarks(topic, partition)
+        if start < low:
+            raise FailoverRefusedError(
+                f"{topic}[{partition}]: replica offset {start} is below the log start {low} "
+                "(retention deleted it): the alignment cannot be verified; nothing was changed"
+            )
+        found: Records = []
+        with open_consumer(self.kafka_config, "failover-reader") as consumer:
+            rng = OffsetRange(topic, partition, start, high)
+            for message in iter_range(consumer, rng, self.timeout_s, f"replica {topic}"):
+                if len(found) >= count:
+                    break
+                found.append((int(message.offset() or 0), _identity(message)))
+        return found, high
+
+    def last_record_before(
+        self, topic: str, partition: int, offset: int
+    ) -> tuple[int, RecordId] | None:
+        """The replica's last record below ``offset`` (offsets may be markers or compacted
+        away: scan back in growing windows); None when there is none."""
+        low, _ = self.watermarks(topic, partition)
+        span = 16
+        while True:
+            start = max(low, offset - span)
+            if start >= offset:
+                return None
+            found, _ = self.read(topic, partition, start, offset - start)
+            below = [item for item in found if item[0] < offset]
+            if below:
+                return below[-1]
+            if start == low:
+                return None
+            span *= 4
+
+
+def _identity(message: Any) -> RecordId:
+    return RecordId(int(message.timestamp()[1]), message.key())
+
+
+def read_offset_syncs(
+    source_config: dict[str, Any], topic: str, timeout_s: float
+) -> dict[tuple[str, int], list[OffsetSync]]:
+    """Every offset sync in ``topic`` on the source, per source partition; {} if unreadable."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    syncs: dict[tuple[str, int], list[OffsetSync]] = {}
+    try:
+        with open_consumer(source_config, "failover-syncs-reader") as consumer:
+            if topic not in consumer.list_topics(timeout=timeout_s).topics:
+                return {}
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout_s)
+            for message in iter_range(consumer, OffsetRange(topic, 0, low, high), timeout_s, topic):
+                key, value = message.key(), message.value()
+                if key is not None and value is not None:
+                    sync = decode_offset_sync(key, value)
+                    syncs.setdefault((sync.topic, sync.partition), []).append(sync)
+    except KafkaException:
+        return {}  # the source is down: fall back to checkpoints
+    return syncs
+
+
+def ingested_tail(
+    tables: list[Table], topic: str, partition: int, from_offset: int, until: int
+) -> Records:
+    """Records of ``topic[partition]`` with ``from_offset <= offset < until`` that the data or
+    quarantine table holds, in offset order, as (offset, RecordId)."""
+    return ingested_tail_where(
+        tables, (topic, partition), f"_kafka_offset >= {from_offset} AND _kafka_offset < {until}"
+    )
+
+
+def ingested_tail_where(tables: list[Table], key: tuple[str, int], condition: str) -> Records:
+    """The records of one partition matching ``condition``, from the data and quarantine
+    tables, in offset order."""
+    import pyarrow as pa
+
+    rows: dict[int, RecordId] = {}
+    # Kafka topic names are [a-zA-Z0-9._-]: safe inside a quoted literal.
+    row_filter = f"_kafka_topic = '{key[0]}' AND _kafka_partition = {key[1]} AND {condition}"
+    fields = ("_kafka_offset", "_kafka_timestamp", "_kafka_key")
+    for table in tables:
+        scanned = table.scan(row_filter=row_filter, selected_fields=fields).to_arrow()
+        offsets = scanned.column("_kafka_offset").to_pylist()
+        micros = scanned.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
+        keys = scanned.column("_kafka_key").to_pylist()
+        for offset, stamp, record_key in zip(offsets, micros, keys, strict=True):
+            raw = record_key.encode() if isinstance(record_key, str) else record_key
+            rows[int(offset)] = RecordId(int(stamp) // 1000, raw)
+    return sorted(rows.items())
+
+
+def live_syncs(syncs: list[OffsetSync]) -> list[OffsetSync]:
+    """The syncs after the last backward step of the source offset (MM2's ``OffsetSyncStore``
+    drops all earlier ones: the source was truncated or recreated, their mapping is dead).
+
+    Example:
+        >>> syncs = [OffsetSync("t", 0, u, d) for u, d in ((0, 0), (50, 50), (10, 60))]
+        >>> [s.upstream for s in live_syncs(syncs)]
+        [10]
+    """
+    live: list[OffsetSync] = []
+    for sync in syncs:
+        if live and sync.upstream < live[-1].upstream:
+            live = []
+        live.append(sync)
+    return live
+
+
+def locate(tables: list[Table], key: tuple[str, int], record: RecordId, until: int) -> list[int]:
+    """Source offsets below ``until`` of the table's records with ``record``'s identity."""
+    stamp = record.timestamp_ms
+    near = ingested_tail_where(
+        tables, key, f"_kafka_timestamp >= '{_iso(stamp)}' AND _kafka_timestamp <= '{_iso(stamp)}'"
+    )
+    return [offset for offset, found in near if offset < until and found.matches(record)]
+
+
+def _iso(ms: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _verified(
+    tables: list[Table],
+    replica: Replica,
+    key: tuple[str, int],
+    after: tuple[int, int],
+    source_next: int,
+    replica_topic: str,
+    where: str,
+) -> Alignment:
+    """Align from a known pair: source offset ``after[0]`` was copied to replica ``after[1]``."""
+    tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next)
+    copies, end = replica.read(replica_topic, key[1], after[1] + 1, len(tail) + 1)
+    return align_exact([r for _, r in tail], copies, end, where)
+
+
+def plan_partition(
+    tables: list[Table],
+    replica: Replica,
+    key: tuple[str, int],
+    source_next: int,
+    replica_topic: str,
+    syncs: list[OffsetSync],
+    checkpoint: StampedCheckpoint | None,
+) -> tuple[Alignment, str]:
+    """Where ``key`` resumes on the replica, and how that was established (module docstring)."""
+    topic, partition = key
+    where = f"{topic}[{partition}] -> {replica_topic}[{partition}]"
+    usable = [s for s in live_syncs(syncs) if s.upstream <= source_next]
+    if source_next == 0:
+        low, _ = replica.watermarks(replica_topic, partition)
+        return Alignment(low, 0), "nothing ingested from this partition: the replica's log start"
+    if usable:
+        anchor = max(usable, key=lambda s: s.upstream)
+        how = f"offset sync {anchor.upstream} -> {anchor.downstream}"
+        if anchor.upstream == source_next:
+            return Alignment(anchor.downstream, 0), how
+        pair = (anchor.upstream, anchor.downstream)
+        return _verified(tables, replica, key, pair, source_next, replica_topic, where), how
+    if checkpoint is None:
+        raise FailoverRefusedError(
+            f"{where}: no offset sync is readable and the group has no checkpoint for this "
+            "partition: MM2 cannot place the group on the replica (see the replica check's "
+            "findings); nothing was changed"
+        )
+    c = checkpoint.checkpoint
+    if c.upstream > source_next:
+        raise FailoverRefusedError(
+            f"{where}: the checkpoint says group offset {c.upstream}, ahead of the table's "
+            f"{source_next}: something other than this platform moved the group; nothing was "
+            "changed"
+        )
+    before = replica.last_record_before(replica_topic, partition, c.downstream)
+    if before is None:
+        raise FailoverRefusedError(
+            f"{where}: the replica holds no record before checkpoint offset {c.downstream}, so "
+            "no copy ties it to the table; fail over while the offset syncs are readable, or "
+            "reset the pipeline's offsets on the replica explicitly; nothing was changed"
+        )
+    offset, record = before
+    matches = locate(tables, key, record, source_next)
+    how = f"checkpoint {c.upstream} -> {c.downstream}; replica {offset} = source"
+    if len(matches) == 1:  # the usual case: its refusal, if any, says exactly what is wrong
+        pair = (matches[0], offset)
+        aligned = _verified(tables, replica, key, pair, source_next, replica_topic, where)
+        return aligned, f"{how} {matches[0]}"
+    found: list[tuple[Alignment, int]] = []
+    for source_offset in matches:
+        try:
+            pair = (source_offset, offset)
+            aligned = _verified(tables, replica, key, pair, source_next, replica_topic, where)
+        except FailoverRefusedError:
+            continue
+        found.append((aligned, source_offset))
+    if len(found) != 1:
+        seen = "no record" if not matches else f"{len(matches)} record(s) at {matches}"
+        raise FailoverRefusedError(
+            f"{where}: replica offset {offset} (before checkpoint offset {c.downstream}) matches "
+            f"{seen} of the table, and {len(found)} of them continue like the replica: the "
+            "replica is not a copy of what the table ingested, or records repeat (same "
+            "timestamp and key); nothing was changed"
+        )
+    ((aligned, source_offset),) = found
+    return (
+        aligned,
+        f"checkpoint {c.upstream} -> {c.downstream}; replica {offset} = source {source_offset}",
+    )
+
+
+def plan_failover(
+    catalog: Catalog,
+    spec: PipelineSpec,
+    offsets: dict[tuple[str, int], int],
+    target: ReplicaTarget,
+    checkpoints: list[StampedCheckpoint],
+    syncs: dict[tuple[str, int], list[OffsetSync]],
+    replica_topics: dict[str, str],
+) -> list[PartitionPlan]:
+    """A plan for every partition in ``offsets`` (the table's next offsets of the group).
+
+    The quarantine table is synced first (no Kafka needed): its rows trail the data commits,
+    and a record missing from the tail would be read again on the replica.
+    """
+    from ingestion.quarantine import sync_quarantine, unsynced_snapshot_ids
+
+    sync_quarantine(catalog, spec)
+    tables = [catalog.load_table(spec.table)]
+    if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
+        quarantine = catalog.load_table(spec.quarantine_table)
+        if unsynced_snapshot_ids(tables[0], quarantine):
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r}: the quarantine table {spec.quarantine_table} is behind "
+                "the data table; run `platform maintain` (it syncs it) and plan again"
+            )
+        tables.append(quarantine)
+    replica = Replica(target.kafka_config)
+    newest = newest_checkpoints(checkpoints, spec.consumer_group_id)
+    ids = {topic: replica.topic_id(topic) for topic in set(replica_topics.values())}
+    plans = []
+    for key in sorted(offsets):
+        copy = replica_topics[key[0]]
+        aligned, how = plan_partition(
+            tables, replica, key, offsets[key], copy, syncs.get(key, []),
+            newest.get((copy, key[1])),
+        )  # fmt: skip
+        plans.append(
+            PartitionPlan(key[0], key[1], offsets[key], copy, ids[copy], aligned.start,
+                          aligned.skipped, how)
+        )  # fmt: skip
+    return plans

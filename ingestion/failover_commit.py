@@ -1,0 +1,158 @@
+"""Switch a pipeline to another cluster: the failover commit, and which cluster is active.
+
+The switch is an operator action committed like a reset (compare-and-set on the offsets it was
+planned from, :func:`~ingestion.actions.commit_action`): one snapshot replaces the group's
+offsets for the source topics with the planned offsets of their copies on the replica, under
+the replica's cluster id, and records the plan (``kafka.failover-plan``: per partition the
+source position, the replica position, the anchor and the copies skipped), the target
+(``kafka.failover-to``), who and why. From then on the table says which cluster the pipeline
+reads: :func:`active_cluster` (the newest switch in the current ancestry; none means the
+pipeline's own cluster). Runs read there; their commits carry that cluster's id, so the
+planner's cluster check holds.
+
+Delivery: exactly once across the switch when the plan's alignment holds (see
+``ingestion.failover``). A run in flight when the switch commits aborts at its own commit (its
+offsets moved); an ambiguous catalog error is reconciled by the switch's commit id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ingestion import offsets as props
+from ingestion.actions import ActionCommit, ActionOutcome, commit_action, refuse_active_runs
+from ingestion.exceptions import FailoverRefusedError
+from ingestion.failover import PartitionPlan
+from ingestion.mm2 import replica_topic
+from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, iter_ancestry
+from ingestion.replica_facts import ReplicaTarget
+from ingestion.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+FAILOVER_TO = "kafka.failover-to"
+FAILOVER_PLAN = "kafka.failover-plan"
+
+
+def active_cluster(table: Table, group_id: str) -> str | None:
+    """The cluster the table says the group reads: the newest switch's target while the group's
+    offsets are still committed under that target's cluster id; None (the pipeline's own
+    cluster) when no switch was committed, or a later commit (a reset) went back to another."""
+    committed = find_committed_state(table, group_id)
+    if committed is None:
+        return None
+    for snapshot in iter_ancestry(table):
+        properties = props.snapshot_properties(snapshot)
+        if properties.get(props.GROUP_ID) == group_id and FAILOVER_TO in properties:
+            same = properties.get(props.CLUSTER_ID) == committed.cluster_id
+            return properties[FAILOVER_TO] if same else None
+    return None
+
+
+def spec_on_replica(spec: PipelineSpec, target: ReplicaTarget) -> PipelineSpec:
+    """The pipeline as it reads on ``target``: its topics under MM2's names.
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> spec = parse_pipeline_spec({"name": "p", "topic": "orders", "table": "n.t",
+        ...     "consumer_group_id": "g", "value_format": "raw"})
+        >>> spec_on_replica(spec, ReplicaTarget("dr", {}, "primary")).source_topics
+        ['primary.orders']
+    """
+    if spec.topic_pattern is not None:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r} reads a topic pattern; list its topics (topics: [...]) "
+            "to fail it over"
+        )
+    policy = target.replication_policy
+    renamed = [replica_topic(t, target.source_alias, policy) for t in spec.source_topics]
+    return spec.model_copy(update={"topic": None, "topics": renamed})
+
+
+def _topic_id(admin: AdminClient, topic: str, pipeline: str) -> str:
+    """The replica topic's id, stored with its offsets like any topic's (a recreated copy is
+    then caught by the planner's topic-id check)."""
+    from confluent_kafka import KafkaException, TopicCollection
+
+    try:
+        return str(admin.describe_topics(TopicCollection([topic]))[topic].result(30).topic_id)
+    except KafkaException as exc:
+        raise FailoverRefusedError(
+            f"pipeline {pipeline!r}: replica topic {topic!r} cannot be described ({exc}); "
+            "nothing was changed"
+        ) from exc
+
+
+def apply_failover(
+    catalog: Catalog,
+    spec: PipelineSpec,
+    plans: list[PartitionPlan],
+    planned_from: OffsetMap,
+    target: ReplicaTarget,
+    target_cluster_id: str,
+    replica_admin: AdminClient,
+    requested_by: str,
+    reason: str,
+    active_runs: int = 0,
+) -> ActionOutcome:
+    """Commit the switch to ``target`` with ``plans``; the table then reads there.
+
+    Raises:
+        CommitConflictError: a run is in progress, or the offsets moved since the plan.
+    """
+    refuse_active_runs(spec, active_runs, "failing over")
+    group = spec.consumer_group_id
+    table = catalog.load_table(spec.table)
+    current = find_committed_state(table, group)
+    if current is None or current.offsets != planned_from:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: the offsets changed since the failover was planned; plan "
+            "it again"
+        )
+    planned = {(t, p) for t, o in planned_from.items() for p in o.next_offsets}
+    covered = {(plan.source_topic, plan.partition) for plan in plans}
+    if covered != planned:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: the failover plan covers {sorted(covered)} but the table "
+            f"has offsets for {sorted(planned)}; a partition left out would be read again from "
+            "the replica's start. Plan it again; nothing was changed"
+        )
+    next_offsets: dict[str, dict[int, int]] = {}
+    topic_ids: dict[str, str] = {}
+    for plan in plans:
+        next_offsets.setdefault(plan.replica_topic, {})[plan.partition] = plan.replica_start
+        topic_ids[plan.replica_topic] = plan.replica_topic_id
+    for topic, planned_id in topic_ids.items():
+        if _topic_id(replica_admin, topic, spec.name) != planned_id:
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r}: replica topic {topic!r} was recreated since the "
+                "failover was planned; plan it again; nothing was changed"
+            )
+    offsets = {topic: TopicOffsets(topic_ids[topic], p) for topic, p in next_offsets.items()}
+    properties = props.commit_properties(
+        group_id=group,
+        offsets=offsets,
+        commit_id=uuid.uuid4().hex,
+        cluster_id=target_cluster_id,
+        pipeline=spec.name,
+        requested_by=requested_by,
+        reason=reason,
+    )
+    properties[FAILOVER_TO] = target.name
+    properties[FAILOVER_PLAN] = orjson.dumps([plan.__dict__ for plan in plans]).decode()
+    commit = ActionCommit(
+        spec.name,
+        f"failover to {target.name!r}",
+        spec.table,
+        str(table.metadata.table_uuid),
+        {group: planned_from},
+        properties,
+    )
+    snapshot_id = commit_action(catalog, commit)
+    return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], None)

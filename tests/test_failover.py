@@ -1,0 +1,123 @@
+"""A failover in the middle of a stream: the source cluster stops (SIGSTOP), the pipeline is
+switched to its MM2 replica from the checkpoints alone, ingestion continues there, and every
+source record is in the table exactly once (by source identity: its key), none lost, none twice.
+The stream holds malformed records (quarantined) near the switch and a partition that never got
+a record; the replica's copies are written in transactions, so their offsets drift from the
+source's."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ingestion.failover import plan_failover, read_offset_syncs
+from ingestion.failover_commit import FAILOVER_TO, active_cluster, apply_failover, spec_on_replica
+from ingestion.offsets import find_committed_state
+from ingestion.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.run import run_pipeline
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from tests.support.mm2_standin import MirrorStandIn
+from tests.support.pipelines import make_spec, records
+
+pytestmark = pytest.mark.integration
+BAD = {57, 104, 105}  # malformed values: quarantined, around the positions of the switch
+
+
+@pytest.fixture(scope="module")
+def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, ...]]:
+    """A source and a replica cluster of this module's own (the source gets stopped)."""
+    logs = tmp_path_factory.mktemp("dr")
+    with (
+        EmbeddedBroker(log_path=logs / "source.log", cluster_id="source_cluster") as source,
+        EmbeddedBroker(log_path=logs / "replica.log", cluster_id="replica_cluster") as replica,
+    ):
+        yield source, replica
+        if source.pid:
+            os.kill(source.pid, signal.SIGCONT)
+        gc.collect()
+
+
+def produce(bootstrap: str, topic: str, first: int, count: int) -> None:
+    """Records ``first..first+count-1`` on partitions 0 and 1 (partition 2 stays empty)."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for key, value, _ in records(count, first=first):
+        number = int((key or b"k0")[1:])
+        bad = b"{not json" if number in BAD else value
+        producer.produce(topic, value=bad, key=key, partition=number % 2)
+        producer.flush(10)  # one record per batch (Tansu's end offset is its last batch's base + 1)
+
+
+def oracle(catalog: Any, spec: Any, expected: int) -> None:
+    """Every record once, in the data table or (the malformed ones) the quarantine table."""
+    data = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
+    bad = catalog.load_table(spec.quarantine_table).scan(selected_fields=("_kafka_key",))
+    found = data.column("_kafka_key").to_pylist()
+    found += [k.decode() for k in bad.to_arrow().column("_kafka_key").to_pylist()]
+    assert len(found) == len(set(found)), "a record landed twice"
+    assert sorted(found) == sorted(f"k{i}" for i in range(expected)), "a record is missing"
+
+
+def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
+    clusters: tuple[EmbeddedBroker, EmbeddedBroker], catalog_resource: IcebergCatalogResource
+) -> None:
+    source, replica = clusters
+    src: dict[str, Any] = {"bootstrap.servers": source.bootstrap_servers}
+    dst: dict[str, Any] = {"bootstrap.servers": replica.bootstrap_servers}
+    admin = AdminClient({**src})
+    for future in admin.create_topics([NewTopic("orders", 3, 1)]).values():
+        future.result(10)
+    spec = make_spec("orders", "failover_e2e", errors_tolerance="all", max_records_per_run=70)
+    catalog = catalog_resource.load_catalog()
+    produce(source.bootstrap_servers, "orders", 0, 100)
+    mirror = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, ["orders"], [spec.consumer_group_id],
+        sync_every=9, transactional=True,
+    ).setup()  # fmt: skip
+    run_pipeline(spec, src, catalog, None, "source_cluster")  # 70 of 100 (the run cap)
+    mirror.step()  # all 100 copied; the checkpoint says the group is at the table's 70
+    produce(source.bootstrap_servers, "orders", 100, 30)
+    capped = spec.model_copy(update={"max_records_per_run": 40})
+    run_pipeline(capped, src, catalog, None, "source_cluster")  # 110 of 130: past the checkpoint
+    mirror.replicate()  # all 130 copied; no newer checkpoint (MM2's checkpoints lag)
+    os.kill(source.pid or 0, signal.SIGSTOP)  # disaster: the source stops answering
+
+    committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
+    assert committed is not None
+    offsets = {("orders", p): n for p, n in committed.offsets["orders"].next_offsets.items()}
+    assert offsets[("orders", 2)] == 0  # a partition that never got a record
+    target = ReplicaTarget("dr", dst, "primary")
+    syncs = read_offset_syncs(src, mirror.syncs_topic, timeout_s=3)
+    assert syncs == {}  # the source is down: checkpoints only
+    plans = plan_failover(
+        catalog, spec, offsets, target, read_checkpoints(dst, mirror.checkpoints_topic), syncs,
+        {"orders": "primary.orders"},
+    )  # fmt: skip
+    copied = [p for p in plans if p.partition < 2]
+    assert all(p.anchor.startswith("checkpoint") for p in copied), plans
+    assert all(p.replica_start > p.source_next for p in copied)  # transaction markers in between
+    apply_failover(
+        catalog, spec, plans, committed.offsets, target, "replica_cluster",
+        AdminClient({**dst}), "ops@example.com", "source cluster down",
+    )  # fmt: skip
+    table = catalog.load_table(spec.table)
+    assert active_cluster(table, spec.consumer_group_id) == "dr"
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert snapshot.summary is not None
+    assert snapshot.summary.additional_properties[FAILOVER_TO] == "dr"
+
+    on_replica = spec_on_replica(spec, target)
+    report = run_pipeline(on_replica, dst, catalog, None, "replica_cluster")
+    assert report.records + report.quarantined == 20  # only what the table had not ingested
+    oracle(catalog, spec, 130)
+    again = run_pipeline(on_replica, dst, catalog, None, "replica_cluster")
+    assert again.records == 0
+    oracle(catalog, spec, 130)

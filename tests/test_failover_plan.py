@@ -1,0 +1,147 @@
+"""Planning a failover to an MM2 replica on real brokers and a real table: where each partition
+resumes is the copy of the first record the table has not ingested, from an offset sync or from
+a conservative checkpoint alone (the source down), and a replica behind the table is refused."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from ingestion.exceptions import FailoverRefusedError
+from ingestion.failover import plan_failover, read_offset_syncs
+from ingestion.offsets import find_committed_state
+from ingestion.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.run import run_pipeline
+from ingestion.spec import PipelineSpec
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from tests.support.ledger import LedgerProducer
+from tests.support.mm2_standin import MirrorStandIn
+from tests.support.pipelines import records
+
+pytestmark = pytest.mark.integration
+JUNK = 5  # records already in each replica partition: replica offsets differ from the source's
+
+
+@pytest.fixture(scope="module")
+def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
+    with EmbeddedBroker(log_path=log_path, cluster_id="replica_cluster") as running:
+        yield running
+        gc.collect()
+
+
+def start_mirror(
+    broker: EmbeddedBroker, replica: EmbeddedBroker, topic: str, spec: PipelineSpec
+) -> MirrorStandIn:
+    mirror = MirrorStandIn(
+        broker.bootstrap_servers,
+        replica.bootstrap_servers,
+        [topic],
+        [spec.consumer_group_id],
+        source_alias=f"a{spec.name}",
+        sync_every=7,
+    ).setup()
+    junk = Producer({"bootstrap.servers": replica.bootstrap_servers})
+    for partition in (0, 1):
+        for i in range(JUNK):
+            junk.produce(
+                mirror.remote(topic), value=b"old", key=f"old{i}".encode(), partition=partition
+            )
+    junk.flush(10)
+    return mirror
+
+
+def plan(
+    mirror: MirrorStandIn, spec: PipelineSpec, catalog: Any, with_syncs: bool
+) -> dict[int, int]:
+    committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
+    assert committed is not None
+    offsets = {
+        (topic, p): n for topic, o in committed.offsets.items() for p, n in o.next_offsets.items()
+    }
+    replica = {"bootstrap.servers": mirror.target}
+    target = ReplicaTarget("dr", replica, mirror.source_alias)
+    checkpoints = read_checkpoints(replica, mirror.checkpoints_topic)
+    source = {"bootstrap.servers": mirror.source}
+    syncs = read_offset_syncs(source, mirror.syncs_topic, 10) if with_syncs else {}
+    topic = mirror.topics[0]
+    plans = plan_failover(
+        catalog, spec, offsets, target, checkpoints, syncs, {topic: mirror.remote(topic)}
+    )
+    for p in plans:
+        assert p.anchor.startswith("offset sync" if with_syncs else "checkpoint"), p
+    return {p.partition: p.replica_start for p in plans}
+
+
+@pytest.mark.parametrize("with_syncs", [True, False], ids=["offset-syncs", "checkpoints-only"])
+def test_a_failover_resumes_at_the_copy_of_the_first_record_not_ingested(
+    broker: EmbeddedBroker,
+    replica_broker: EmbeddedBroker,
+    kafka: KafkaResource,
+    catalog_resource: IcebergCatalogResource,
+    new_pipeline: Any,
+    ledger_producer: LedgerProducer,
+    with_syncs: bool,
+) -> None:
+    name = f"fo_{'s' if with_syncs else 'c'}"
+    topic, spec = new_pipeline(name, partitions=2, produce=60, errors_tolerance="all")
+    catalog = catalog_resource.load_catalog()
+    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+    ledger_producer.produce(
+        topic, records(17, first=60)
+    )  # not ingested: must come from the replica
+    mirror = start_mirror(broker, replica_broker, topic, spec)
+    mirror.step()  # copies all 77, checkpoints the group at the table's offsets
+    committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
+    assert committed is not None
+    source_next = committed.offsets[topic].next_offsets
+    # The stand-in copies partition for partition after JUNK records: the copy of source offset n
+    # sits at JUNK + n. The syncs fall every 7 records, so MM2's translation is conservative.
+    assert plan(mirror, spec, catalog, with_syncs) == {p: JUNK + n for p, n in source_next.items()}
+
+
+def test_a_replica_behind_the_table_is_refused(
+    broker: EmbeddedBroker,
+    replica_broker: EmbeddedBroker,
+    kafka: KafkaResource,
+    catalog_resource: IcebergCatalogResource,
+    new_pipeline: Any,
+    ledger_producer: LedgerProducer,
+) -> None:
+    topic, spec = new_pipeline("fo_behind", partitions=2, produce=40)
+    catalog = catalog_resource.load_catalog()
+    mirror = start_mirror(broker, replica_broker, topic, spec)
+    mirror.replicate()  # the replica has the first 40
+    ledger_producer.produce(topic, records(20, first=40))
+    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+    mirror.checkpoint()  # the group is at 30 per partition; the replica holds 20 per partition
+    with pytest.raises(FailoverRefusedError, match="the replica is behind the table"):
+        plan(mirror, spec, catalog, with_syncs=False)
+
+
+def test_repeated_records_at_the_checkpoint_are_refused_not_guessed(
+    broker: EmbeddedBroker,
+    replica_broker: EmbeddedBroker,
+    kafka: KafkaResource,
+    catalog_resource: IcebergCatalogResource,
+    new_pipeline: Any,
+) -> None:
+    # A producer retrying without idempotence writes one payload twice with the same timestamp
+    # and key (R39); here every record looks alike, so no copy singles out one position.
+    topic, spec = new_pipeline("fo_same", partitions=1, key_format="raw")
+    same = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for _ in range(30):
+        same.produce(topic, value=b'{"id": 1}', key=b"same", timestamp=1_700_000_000_000)
+        same.flush(10)
+    catalog = catalog_resource.load_catalog()
+    mirror = start_mirror(broker, replica_broker, topic, spec)
+    run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
+    mirror.step()
+    with pytest.raises(FailoverRefusedError, match="records repeat"):
+        plan(mirror, spec, catalog, with_syncs=False)
