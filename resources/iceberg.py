@@ -92,14 +92,15 @@ class IcebergCatalogResource(ConfigurableResource):
     def catalog_properties(self) -> dict[str, str]:
         """Return the properties passed to pyiceberg, secrets included (never log them).
 
-        With pyiceberg's own configuration in use they are only the FileIO ones: pyiceberg
-        merges them over its configuration of the catalog.
+        With pyiceberg's own configuration in use they are that configuration as read now
+        (pyiceberg itself reads its environment once, at import), with ``file_io`` over it.
         """
         source = self.source()
         if source == "properties":
             properties = resolve_all(self.properties, "catalog.properties")
         elif source == "pyiceberg":
-            properties = {}
+            found = pyiceberg_catalog_config(self.catalog_name) or {}
+            properties = {k: str(v) for k, v in found.items()}
         else:
             properties = embedded_catalog_properties(self.embedded_state_dir())
         properties.update(resolve_all(self.file_io, "file_io"))
@@ -110,11 +111,7 @@ class IcebergCatalogResource(ConfigurableResource):
     def io_properties(self) -> dict[str, str]:
         """What executors get to build their FileIO: ``file_io`` and the catalog's own FileIO
         properties; never the catalog URI or credential."""
-        properties = self.catalog_properties()
-        if self.source() == "pyiceberg":
-            config = pyiceberg_catalog_config(self.catalog_name) or {}
-            properties = {**{k: str(v) for k, v in config.items()}, **properties}
-        return file_io_subset(properties)
+        return file_io_subset(self.catalog_properties())
 
     def load_catalog(self) -> Catalog:
         """Load the catalog; the embedded one creates its folder on first use."""
