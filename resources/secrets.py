@@ -15,7 +15,10 @@ from collections.abc import Mapping
 
 REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 # Keys whose values are credentials: the configuration refuses literal values for them.
-SECRET_KEY = re.compile(r"(password|secret|token|credential|user\.info|private|sas-token)", re.I)
+SECRET_KEY = re.compile(
+    r"(password|secret|token(?!\.endpoint)|credential(?!s\.source)|user\.info|private|account-key)",
+    re.I,
+)
 
 
 class UnresolvedReferenceError(ValueError):
@@ -76,6 +79,8 @@ def is_secret_key(key: str) -> bool:
     Example:
         >>> [is_secret_key(k) for k in ("sasl.password", "basic.auth.user.info", "s3.endpoint")]
         [True, True, False]
+        >>> [is_secret_key(k) for k in ("basic.auth.credentials.source", "adls.account-key")]
+        [False, True]
     """
     return bool(SECRET_KEY.search(key))
 
