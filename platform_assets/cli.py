@@ -37,7 +37,7 @@ from platform_assets.operations import (
 from platform_assets.pipelines import load_pipelines
 from platform_assets.state import read_pipeline_state
 from resources.config import ConfigError, PlatformConfig, config_path, load_config
-from resources.factory import iceberg_resource, kafka_resource, unresolved
+from resources.factory import iceberg_resource, kafka_resource, redact, unresolved
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -68,16 +68,18 @@ def connect(config: PlatformConfig) -> tuple[KafkaResource, IcebergCatalogResour
         kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
     except KafkaException as exc:
         raise SystemExit(
-            f"platform: no Kafka broker answered at {config.kafka.bootstrap_servers} within "
-            f"{CONNECT_TIMEOUT_S:.0f} s ({exc.args[0].str()}). Check kafka.bootstrap_servers "
-            "and kafka.properties in the configuration, and that the broker is up."
+            f"platform: no Kafka broker answered at {kafka.client_config()['bootstrap.servers']} "
+            f"within {CONNECT_TIMEOUT_S:.0f} s ({exc.args[0].str()}). Check "
+            "kafka.bootstrap_servers and kafka.properties in the configuration, and that the "
+            "broker is up."
         ) from None
     try:
         iceberg.load_catalog()
     except Exception as exc:  # any catalog backend's own error types
         raise SystemExit(
             f"platform: the Iceberg catalog {config.catalog.name!r} ({iceberg.source()}) did not "
-            f"load: {type(exc).__name__}: {str(exc)[:300]}. Check catalog.properties and "
+            f"load: {type(exc).__name__}: {redact(str(exc)[:300], config)}. Check "
+            "catalog.properties and "
             "file_io in the configuration."
         ) from None
     return kafka, iceberg

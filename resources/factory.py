@@ -7,13 +7,14 @@ never resolved secrets; they are resolved when a client is built.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from resources.alerts import AlertResource
 from resources.config import PlatformConfig
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from resources.secrets import references
+from resources.secrets import REFERENCE, references
 from resources.spark import SparkResource
 
 
@@ -85,6 +86,24 @@ def unresolved(config: PlatformConfig, environ: dict[str, str]) -> list[str]:
     for key, value in _flatten(config.model_dump()):
         missing += [f"{key}: {name}" for name in references(value) if name not in environ]
     return missing
+
+
+def redact(text: str, config: PlatformConfig, environ: dict[str, str] | None = None) -> str:
+    """``text`` with the value of every variable the configuration refers to masked (an error
+    message of a client library may quote a URI or a property).
+
+    Example:
+        >>> config = PlatformConfig.model_validate({"file_io": {"s3.secret-access-key": "${K}"}})
+        >>> redact("denied for key s3cr3t", config, {"K": "s3cr3t"})
+        'denied for key ***'
+    """
+    env = os.environ if environ is None else environ
+    for _, value in _flatten(config.model_dump()):
+        for match in REFERENCE.finditer(value):
+            secret = env.get(match.group(1), "")
+            if len(secret) >= 4:
+                text = text.replace(secret, "***")
+    return text
 
 
 def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dagster import DagsterInstance, materialize
+from dagster import AssetKey, DagsterInstance, materialize
 
 from ingestion.recovery import remove_orphan_files
 from ingestion.spec import PipelineSpec
@@ -164,9 +164,11 @@ def ingest_through_dagster(spec: PipelineSpec, production: Production) -> str:
         stored += str(instance.get_run_by_id(result.run_id))
     assert not any(secret in stored for secret in production.secret_env.values())
     (table,) = [
-        m for m in result.get_asset_materialization_events() if m.asset_key.path[-1] == "orders"
+        m.materialization
+        for m in result.get_asset_materialization_events()
+        if m.materialization.asset_key == AssetKey(["iceberg", *spec.table.split(".")])
     ]
-    return str(table.materialization.metadata["executed_in"].value)
+    return str(table.metadata["executed_in"].value)
 
 
 def run_cli(production: Production, *args: str) -> str:
