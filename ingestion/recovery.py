@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ingestion import exceptions
@@ -107,6 +107,19 @@ def check_listing_matches(
     )
 
 
+def table_filesystem(table: Table, uri: str) -> tuple[Any, str]:
+    """The pyarrow filesystem of ``uri`` and the path in it, configured by the table's FileIO
+    properties (an S3 endpoint, credentials, region) as its reads and writes are; pyarrow's
+    defaults for ``uri`` when the table's FileIO is not pyarrow's."""
+    from pyarrow.fs import FileSystem
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    if isinstance(table.io, PyArrowFileIO):
+        scheme, netloc, path = PyArrowFileIO.parse_location(uri, table.io.properties)
+        return table.io.fs_by_scheme(scheme, netloc), path
+    return FileSystem.from_uri(uri)
+
+
 def list_orphan_files(
     table: Table, older_than_s: float, now_s: float | None = None
 ) -> list[OrphanFile]:
@@ -118,11 +131,11 @@ def list_orphan_files(
         OrphanRemovalRefusedError: the references and the listing do not match
             (:func:`check_listing_matches`).
     """
-    from pyarrow.fs import FileSelector, FileSystem, FileType
+    from pyarrow.fs import FileSelector, FileType
 
     now_s = time.time() if now_s is None else now_s
     data_path = table.location_provider().data_path
-    filesystem, root = FileSystem.from_uri(data_path)
+    filesystem, root = table_filesystem(table, data_path)
     selector = FileSelector(root, recursive=True, allow_not_found=True)
     files = [i for i in filesystem.get_file_info(selector) if i.type == FileType.File]
     listed = {normalize_path(info.path): info for info in files}
@@ -142,10 +155,8 @@ def remove_orphan_files(table: Table, older_than_s: float = 3 * 24 * 3600) -> li
     Delivery: safe to run at any time and repeatedly; it never touches a referenced file, and
     deletes nothing when the references and the listing do not match (it raises instead).
     """
-    from pyarrow.fs import FileSystem
-
     orphans = list_orphan_files(table, older_than_s)
-    filesystem, _ = FileSystem.from_uri(table.location_provider().data_path)
+    filesystem, _ = table_filesystem(table, table.location_provider().data_path)
     for orphan in orphans:
         filesystem.delete_file(orphan.path)
     return orphans

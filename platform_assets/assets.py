@@ -162,7 +162,12 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
                 lambda: spark.spark_session,
                 kafka.get_cluster_id(),
                 run_id=context.run.run_id,
-                io_properties=iceberg.catalog_properties(),
+                io_properties=iceberg.io_properties(),
+                schema_registry=(
+                    kafka.get_schema_registry_client(spec.schema_registry_url)
+                    if spec.value_format == "avro"
+                    else None
+                ),
             )
             for note in report.notes:
                 context.log.warning(note)

@@ -6,10 +6,12 @@
     platform migrate-group PIPELINE NEW_GROUP --by WHO --reason WHY
     platform maintain PIPELINE [--retention-hours H] [--orphan-window-hours H]
 
-Connection settings come from the environment when the command runs, as for Dagster:
-``KAFKA_BOOTSTRAP_SERVERS`` and ``PLATFORM_STATE_DIR`` (the embedded catalog). A reset (applied)
+Connection settings come from the same configuration as the code location's
+(``resources.config``: the file named by ``$PLATFORM_CONFIG``, else the embedded stack's
+defaults), read when the command runs; ``validate`` names a wrong key first. A reset (applied)
 and a migration first count the pipeline's active Dagster runs in the instance of
-``DAGSTER_HOME`` (or ``$PLATFORM_STATE_DIR/dagster_home``, where ``make dev`` keeps it) and refuse
+``DAGSTER_HOME`` (or the embedded ``state_dir/dagster_home``, where ``make dev`` keeps it) and
+refuse
 while there are any; without an instance they rely on their compare-and-set commit alone (a run
 in flight then aborts at its own commit, naming the action).
 """
@@ -20,7 +22,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 
 from ingestion.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks, not_evaluated
 from ingestion.exceptions import IngestionError
@@ -35,29 +36,53 @@ from platform_assets.operations import (
 )
 from platform_assets.pipelines import load_pipelines
 from platform_assets.state import read_pipeline_state
+from resources.config import ConfigError, PlatformConfig, config_path, load_config
+from resources.factory import iceberg_resource, kafka_resource, redact, unresolved
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
 CONNECT_TIMEOUT_S = 10.0
 
 
-def connect() -> tuple[KafkaResource, IcebergCatalogResource]:
-    """The resources, from the environment (read now, at run time); Kafka must answer."""
+def load_platform_config() -> PlatformConfig:
+    """The configuration, every reference resolvable; a clear exit naming the key otherwise."""
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        raise SystemExit(f"platform: invalid configuration:\n{exc}") from None
+    missing = unresolved(config, dict(os.environ))
+    if missing:
+        raise SystemExit(
+            "platform: configuration refers to unset environment variables (set them, or give "
+            "a default as ${NAME:-value}):\n  " + "\n  ".join(missing)
+        )
+    return config
+
+
+def connect(config: PlatformConfig) -> tuple[KafkaResource, IcebergCatalogResource]:
+    """The resources of ``config``; Kafka must answer and the catalog load."""
     from confluent_kafka import KafkaException
 
-    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if not bootstrap:
-        raise SystemExit("KAFKA_BOOTSTRAP_SERVERS is not set (make dev prints the broker address)")
-    state_dir = os.environ.get("PLATFORM_STATE_DIR", ".platform")
-    kafka = KafkaResource(bootstrap_servers=bootstrap)
+    kafka, iceberg = kafka_resource(config), iceberg_resource(config)
     try:
         kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
     except KafkaException as exc:
         raise SystemExit(
-            f"platform: no Kafka broker answered at {bootstrap} within {CONNECT_TIMEOUT_S:.0f} s "
-            f"({exc.args[0].str()}). Check KAFKA_BOOTSTRAP_SERVERS and that the broker is up."
+            f"platform: no Kafka broker answered at {kafka.client_config()['bootstrap.servers']} "
+            f"within {CONNECT_TIMEOUT_S:.0f} s ({exc.args[0].str()}). Check "
+            "kafka.bootstrap_servers and kafka.properties in the configuration, and that the "
+            "broker is up."
         ) from None
-    return kafka, IcebergCatalogResource(state_dir=state_dir)
+    try:
+        iceberg.load_catalog()
+    except Exception as exc:  # any catalog backend's own error types
+        raise SystemExit(
+            f"platform: the Iceberg catalog {config.catalog.name!r} ({iceberg.source()}) did not "
+            f"load: {type(exc).__name__}: {redact(str(exc)[:300], config)}. Check "
+            "catalog.properties and "
+            "file_io in the configuration."
+        ) from None
+    return kafka, iceberg
 
 
 def pipeline_status(
@@ -106,15 +131,18 @@ def print_status(status: PipelineStatus) -> None:
         print(f"  checks: all {len(ran)} pass ({', '.join(ran)})")
 
 
-def count_active_ingestion_runs(spec: PipelineSpec) -> tuple[int, str]:
+def count_active_ingestion_runs(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource
+) -> tuple[int, str]:
     """The pipeline's active ingestion runs in the Dagster instance, and a line saying where
     they were counted (0 without an instance: the action's compare-and-set is then the guard)."""
     from dagster import DagsterInstance
 
     home = os.environ.get("DAGSTER_HOME") or ""
     if not home:
-        default = Path(os.environ.get("PLATFORM_STATE_DIR", ".platform")) / "dagster_home"
-        home = str(default) if (default / "dagster.yaml").is_file() else ""
+        default = iceberg.embedded_state_dir() / "dagster_home"
+        embedded = iceberg.source() == "embedded" and (default / "dagster.yaml").is_file()
+        home = str(default) if embedded else ""
     if not home:
         return 0, (
             "active runs not counted (no Dagster instance: DAGSTER_HOME is unset); a run in "
@@ -158,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     maintain.add_argument("--retention-hours", type=float, default=24 * 7)
     maintain.add_argument("--orphan-window-hours", type=float, default=72)
     args = parser.parse_args(argv)
+    config = load_platform_config()
     specs = {spec.name: spec for spec in load_pipelines()}
-    kafka, iceberg = connect()
+    kafka, iceberg = connect(config)
     if args.command in ("status", "validate"):
         audit = args.command == "status" and not args.skip_audit
         full = args.command == "status" and args.full_audit
@@ -173,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         for item in blocking if args.command == "validate" else []:
             print(f"{item.pipeline}: {item.failing[GROUP_CHECK.name]}")
         if args.command == "validate" and not blocking:
+            source = config_path() or "defaults (the embedded stack)"
+            catalog = f"{config.catalog.name!r} ({iceberg.source()})"
+            print(f"configuration {source}: valid; catalog {catalog}")
             print(f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree")
         return 1 if args.command == "validate" and blocking else 0
     if args.pipeline not in specs:
@@ -200,7 +232,7 @@ def run_action(
     if args.command == "reset" and not args.apply:
         position = parse_position(args.to)
         return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
-    active, counted = count_active_ingestion_runs(spec)
+    active, counted = count_active_ingestion_runs(spec, iceberg)
     if args.command == "reset":
         position = parse_position(args.to)
         lines = reset_offsets(

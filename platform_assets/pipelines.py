@@ -14,11 +14,16 @@ PIPELINES_FILE_ENV = "PLATFORM_PIPELINES_FILE"
 
 
 def pipelines_file() -> Path:
-    """The specs file: ``$PLATFORM_PIPELINES_FILE`` when set, else ``pipelines.yaml`` here.
+    """The specs file: ``$PLATFORM_PIPELINES_FILE`` when set, else the configuration's
+    ``pipelines_file``, else ``pipelines.yaml`` here.
 
     Read when the code location loads (every *Reload definitions*), not at import.
     """
-    return Path(os.environ.get(PIPELINES_FILE_ENV) or PIPELINES_FILE)
+    from resources.config import load_config
+
+    return Path(
+        os.environ.get(PIPELINES_FILE_ENV) or load_config().pipelines_file or PIPELINES_FILE
+    )
 
 
 def load_pipelines(path: Path | None = None) -> list[PipelineSpec]:

@@ -1,32 +1,20 @@
-"""Resource wiring for the code location: the embedded stack by default, settings from env."""
+"""Resource wiring for the code location: every resource from the one configuration.
+
+The configuration is the YAML file named by ``$PLATFORM_CONFIG`` (``resources.config``), read
+when the code location loads (every *Reload definitions*), never at import; without it, the
+embedded stack's defaults. ``make dev`` and the tests use those defaults, which refer to
+``KAFKA_BOOTSTRAP_SERVERS``, ``PLATFORM_STATE_DIR`` and the optional alert variables
+(``PLATFORM_ALERT_WEBHOOK_URL``, ``PLATFORM_SLACK_TOKEN``, ``PLATFORM_UI_BASE_URL``).
+A deployment writes its own file (docs/production.md); no code changes.
+"""
 
 from typing import Any
 
-from dagster import EnvVar
-
-from resources.alerts import AlertResource
-from resources.iceberg import IcebergCatalogResource
-from resources.kafka import KafkaResource
-from resources.spark import SparkResource
+from resources.config import PlatformConfig, load_config
+from resources.factory import build_resources as resources_from_config
 
 
-def build_resources() -> dict[str, Any]:
-    """Return the resources every asset, check and sensor uses.
-
-    Values come from the environment when a run starts (``EnvVar``), never at import time:
-    ``KAFKA_BOOTSTRAP_SERVERS``, ``PLATFORM_STATE_DIR``, ``PLATFORM_ALERT_WEBHOOK_URL``,
-    ``PLATFORM_SLACK_TOKEN`` (these two may be empty: that sink is off) and
-    ``PLATFORM_UI_BASE_URL`` (the UI address alerts link to; empty = no links); ``make dev``
-    sets them. For a production deployment replace these with your cluster's settings and secrets,
-    e.g. ``KafkaResource(bootstrap_servers=..., sasl_password=EnvVar("KAFKA_SASL_PASSWORD"))``.
-    """
-    return {
-        "kafka": KafkaResource(bootstrap_servers=EnvVar("KAFKA_BOOTSTRAP_SERVERS")),
-        "iceberg": IcebergCatalogResource(state_dir=EnvVar("PLATFORM_STATE_DIR")),
-        "spark": SparkResource(master="local[*]"),
-        "alerts": AlertResource(
-            webhook_url=EnvVar("PLATFORM_ALERT_WEBHOOK_URL"),
-            slack_token=EnvVar("PLATFORM_SLACK_TOKEN"),
-            ui_base_url=EnvVar("PLATFORM_UI_BASE_URL"),
-        ),
-    }
+def build_resources(config: PlatformConfig | None = None) -> dict[str, Any]:
+    """Return the resources every asset, check and sensor uses, from ``config`` (default:
+    :func:`resources.config.load_config`). Secrets stay ``${NAME}`` references in them."""
+    return resources_from_config(config or load_config())

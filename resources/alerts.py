@@ -13,6 +13,8 @@ from typing import Any, Literal
 from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field
 
+from resources.secrets import resolve
+
 LOGGER = logging.getLogger("platform.alerts")
 
 AlertKind = Literal["check_failed", "check_recovered", "check_still_failing", "run_failed"]
@@ -53,8 +55,8 @@ class Alert:
 class AlertResource(ConfigurableResource):
     """Where alerts go. The log always; a webhook and Slack when configured (empty = off).
 
-    Give ``webhook_url`` and ``slack_token`` as ``EnvVar`` in a deployment; they never reach
-    logs or metadata.
+    Give ``webhook_url`` and ``slack_token`` as ``${NAME}`` references (resolved when an alert
+    is sent) or ``EnvVar``; they never reach logs or metadata.
     """
 
     model_config = ConfigDict(extra="forbid")  # a misspelt setting fails at load
@@ -81,15 +83,20 @@ class AlertResource(ConfigurableResource):
             >>> AlertResource(ui_base_url="http://ui:3000/").asset_link(["iceberg", "t"], "c")
             'http://ui:3000/assets/iceberg/t?view=checks&checkDetail=c'
         """
-        if not self.ui_base_url:
+        base = self._base_url()
+        if not base:
             return ""
         query = {"view": "checks", **({"checkDetail": check_name} if check_name else {})}
         quoted = "/".join(urllib.parse.quote(part, safe="") for part in path)
-        return f"{self.ui_base_url.rstrip('/')}/assets/{quoted}?{urllib.parse.urlencode(query)}"
+        return f"{base}/assets/{quoted}?{urllib.parse.urlencode(query)}"
 
     def run_link(self, run_id: str) -> str:
         """The run's page in the UI; '' without a UI address."""
-        return f"{self.ui_base_url.rstrip('/')}/runs/{run_id}" if self.ui_base_url else ""
+        base = self._base_url()
+        return f"{base}/runs/{run_id}" if base else ""
+
+    def _base_url(self) -> str:
+        return resolve(self.ui_base_url, "alerts.ui_base_url").rstrip("/")
 
     def send(self, alert: Alert) -> list[str]:
         """Send ``alert`` to every configured sink; return the sinks that accepted it.
@@ -98,29 +105,31 @@ class AlertResource(ConfigurableResource):
         """
         delivered = ["log"]
         LOGGER.warning(alert.to_text())
-        if self.webhook_url:
+        webhook_url = resolve(self.webhook_url, "alerts.webhook_url")
+        slack_token = resolve(self.slack_token, "alerts.slack_token")
+        if webhook_url:
             try:
-                self._post_webhook(alert)
+                self._post_webhook(alert, webhook_url)
                 delivered.append("webhook")
             except OSError as exc:
                 LOGGER.error("alert webhook failed: %s", exc)
-        if self.slack_token:
+        if slack_token:
             try:
                 from dagster_slack import SlackResource
 
-                client = SlackResource(token=self.slack_token).get_client()
+                client = SlackResource(token=slack_token).get_client()
                 client.chat_postMessage(channel=self.slack_channel, text=alert.to_text())
                 delivered.append("slack")
             except Exception as exc:  # the Slack SDK raises its own error types
                 LOGGER.error("alert to Slack failed: %s", type(exc).__name__)
         return delivered
 
-    def _post_webhook(self, alert: Alert) -> None:
-        if not self.webhook_url.startswith(("http://", "https://")):
-            raise OSError(f"webhook_url must be http(s), got scheme of {self.webhook_url[:8]!r}")
+    def _post_webhook(self, alert: Alert, webhook_url: str) -> None:
+        if not webhook_url.startswith(("http://", "https://")):
+            raise OSError(f"webhook_url must be http(s), got scheme of {webhook_url[:8]!r}")
         body = {**asdict(alert), "text": alert.to_text()}
         request = urllib.request.Request(  # noqa: S310 - scheme checked above
-            self.webhook_url,
+            webhook_url,
             data=json.dumps(body, default=str).encode(),
             headers={"Content-Type": "application/json"},
             method="POST",

@@ -8,6 +8,7 @@ from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field, field_validator
 
 from ingestion.consumer import ENGINE_OWNED_PROPERTIES, consumer_config
+from resources.secrets import resolve, resolve_all
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 class KafkaResource(ConfigurableResource):
     """Connection settings for one Kafka cluster and factories for its clients.
 
-    Secrets (SASL password, SSL key password) are separate fields so they can be given as
+    Secrets are ``${NAME}`` references in ``client_properties`` (resolved from the environment
+    only in :meth:`client_config`, when a client is built) or the separate fields below given as
     ``dagster.EnvVar``; they never appear in ``repr``, logs or asset metadata.
 
     Example:
@@ -45,6 +47,13 @@ class KafkaResource(ConfigurableResource):
     ssl_key_password: str | None = Field(
         default=None, description="Password of the SSL client key; give it as an EnvVar."
     )
+    schema_registry_url: str = Field(
+        default="", description="Schema Registry URL; '' = each pipeline's schema_registry_url."
+    )
+    schema_registry_properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Schema Registry client properties (basic.auth.user.info, ssl.ca.location).",
+    )
 
     @field_validator("client_properties")
     @classmethod
@@ -59,8 +68,12 @@ class KafkaResource(ConfigurableResource):
         return properties
 
     def client_config(self) -> dict[str, str]:
-        """Return the librdkafka configuration shared by every client, secrets included."""
-        config = {"bootstrap.servers": self.bootstrap_servers, **self.client_properties}
+        """Return the librdkafka configuration shared by every client, secrets included
+        (``${NAME}`` references resolved now; never log the result)."""
+        config = {
+            "bootstrap.servers": resolve(self.bootstrap_servers, "kafka.bootstrap_servers"),
+            **resolve_all(self.client_properties, "kafka.properties"),
+        }
         secrets = {
             "sasl.username": self.sasl_username,
             "sasl.password": self.sasl_password,
@@ -68,6 +81,31 @@ class KafkaResource(ConfigurableResource):
         }
         config.update({key: value for key, value in secrets.items() if value})
         return config
+
+    def schema_registry_config(self, pipeline_url: str | None = None) -> dict[str, str]:
+        """The Schema Registry client configuration, secrets resolved: the configured URL, else
+        the pipeline's, with the configured properties (auth, TLS).
+
+        Example:
+            >>> KafkaResource(
+            ...     bootstrap_servers="b:9092",
+            ...     schema_registry_properties={"basic.auth.user.info": "${SR_AUTH:-u:p}"},
+            ... ).schema_registry_config("http://registry:8081")
+            {'url': 'http://registry:8081', 'basic.auth.user.info': 'u:p'}
+        """
+        url = resolve(self.schema_registry_url, "schema_registry.url") or pipeline_url or ""
+        if not url:
+            raise ValueError("no Schema Registry URL: set schema_registry.url in the config")
+        return {
+            "url": url,
+            **resolve_all(self.schema_registry_properties, "schema_registry.properties"),
+        }
+
+    def get_schema_registry_client(self, pipeline_url: str | None = None) -> Any:
+        """A ``SchemaRegistryClient`` for :meth:`schema_registry_config`."""
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        return SchemaRegistryClient(self.schema_registry_config(pipeline_url))
 
     def get_admin_client(self, **overrides: Any) -> AdminClient:
         """Return a new admin client."""

@@ -14,6 +14,8 @@ from dagster import ConfigurableResource
 from dagster_pyspark import LazyPySparkResource
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from resources.secrets import resolve_all
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -43,7 +45,7 @@ def session_config(master: str, app_name: str, spark_config: dict[str, str]) -> 
     if master.startswith("local"):
         defaults["spark.pyspark.python"] = sys.executable
         defaults["spark.pyspark.driver.python"] = sys.executable
-    return {**defaults, **spark_config}
+    return {**defaults, **resolve_all(spark_config, "spark.conf")}
 
 
 class SparkResource(ConfigurableResource):
@@ -60,7 +62,9 @@ class SparkResource(ConfigurableResource):
     master: str = Field(default="local[*]", description="Spark master URL.")
     app_name: str = Field(default="kafka-iceberg-platform", description="Spark application name.")
     spark_config: dict[str, str] = Field(
-        default_factory=dict, description="Spark properties passed through to the session."
+        default_factory=dict,
+        description="Spark properties passed through to the session; ${NAME} references are "
+        "resolved when the session starts.",
     )
     ship_engine: bool = Field(
         default=False, description="Zip ingestion/ and add it to the executors' Python path."
