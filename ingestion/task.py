@@ -103,10 +103,13 @@ def read_chunks(spec: TaskSpec) -> Iterator[RawChunk]:
     raw = RawChunk()
     with open_consumer(spec.kafka_config, f"{spec.pipeline}-reader") as consumer:
         for batch in iter_batches(consumer, rng, spec.read_timeout_s, where):
-            raw.extend(batch)
-            if len(raw.offsets) >= CHUNK_RECORDS or raw.value_bytes >= CHUNK_BYTES:
-                yield raw
-                raw = RawChunk()
+            while batch:
+                room = CHUNK_RECORDS - len(raw.offsets)
+                raw.extend(batch if len(batch) <= room else batch[:room])
+                batch = [] if len(batch) <= room else batch[room:]
+                if len(raw.offsets) >= CHUNK_RECORDS or raw.value_bytes >= CHUNK_BYTES:
+                    yield raw
+                    raw = RawChunk()
     if raw.offsets:
         yield raw
 
