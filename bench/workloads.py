@@ -55,8 +55,9 @@ ONE_DAY = datetime(2026, 11, 2, 12, tzinfo=UTC)
 
 
 def _spread(rng: random.Random, sequence: int, days: int = 30) -> dict[str, Any]:
-    """The demo event, created on one of ``days`` days (``sequence % days`` before ONE_DAY)."""
-    return make_order_event(rng, sequence, ONE_DAY - timedelta(days=sequence % days))
+    """The demo event, created on one of ``days`` days before ONE_DAY: runs of 8 records per
+    day, so that each Kafka partition (up to 8, filled round-robin) sees every day."""
+    return make_order_event(rng, sequence, ONE_DAY - timedelta(days=sequence // 8 % days))
 
 
 DEMO = Workload("demo", "order events created now (one or two day-partitions)", make_order_event)

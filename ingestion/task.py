@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
 # A task holds one chunk of records at a time: this many, or about this many bytes of values.
-CHUNK_RECORDS = 50_000
+CHUNK_RECORDS = 25_000
 CHUNK_BYTES = 32 * 2**20
 
 
