@@ -136,8 +136,6 @@ class FanoutWriter:
 
     def _split(self, rows: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:
         """Group ``rows`` by partition value: one transform per field, one hash group-by."""
-        from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
-
         schema = self._metadata.schema()
         names = [f"_partition_{i}" for i in range(len(self._spec.fields))]
         keyed = pa.table({_ROW: pa.array(range(rows.num_rows), pa.int64())})
@@ -148,11 +146,20 @@ class FanoutWriter:
                 name, part.transform.pyarrow_transform(source.field_type)(column)
             )
         groups = keyed.group_by(names, use_threads=False).aggregate([(_ROW, "list")])
-        values = zip(*(groups.column(n).to_pylist() for n in names), strict=True)
-        out = []
-        for value, indices in zip(
-            values, groups.column(f"{_ROW}_list").combine_chunks(), strict=True
-        ):
+        values = list(zip(*(groups.column(n).to_pylist() for n in names), strict=True))
+        self._remember(values)
+        if len(values) == 1:  # all on one partition value: no copy
+            return [(values[0], rows)]
+        indices = groups.column(f"{_ROW}_list").combine_chunks()
+        return [
+            (value, rows.take(part.values)) for value, part in zip(values, indices, strict=True)
+        ]
+
+    def _remember(self, values: list[tuple[Any, ...]]) -> None:
+        """The partition key of each value not seen before (as pyiceberg builds it)."""
+        from pyiceberg.partitioning import PartitionFieldValue, PartitionKey
+
+        for value in values:
             if value not in self._keys:
                 self._keys[value] = PartitionKey(
                     field_values=[
@@ -160,10 +167,8 @@ class FanoutWriter:
                         for f, v in zip(self._spec.fields, value, strict=True)
                     ],
                     partition_spec=self._spec,
-                    schema=schema,
+                    schema=self._metadata.schema(),
                 )
-            out.append((value, rows.take(indices.values)))
-        return out
 
     def _append(self, value: tuple[Any, ...], rows: pa.Table) -> None:
         """Write ``rows`` to the value's open file, rolling at the target size."""
