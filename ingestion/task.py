@@ -2,10 +2,12 @@
 
 A task joins no consumer group and commits nothing: it ``assign()``s its partition, seeks to
 its start, reads ``read_committed`` until its position reaches the planned end (offsets may
-have gaps: transaction markers, compaction), decodes, and writes data files under the table
-location. Only the files' metadata and counts go back to the driver. Nothing is visible to
-readers until the coordinator commits. Delivery: a retried task writes a new file set; only
-one set per range is ever committed.
+have gaps: transaction markers, compaction), and streams the range in bounded chunks: each
+chunk is decoded and appended to rolling data files under the table location (one open file
+per partition value, ingestion.writer), then dropped. Only the files' metadata and counts go
+back to the driver. Nothing is visible to readers until the coordinator commits. Delivery: a
+retried task writes a new file set; only one set per range is ever committed; an attempt that
+reports no files (a rerun, a failure) deletes the ones it wrote, best-effort.
 """
 
 from __future__ import annotations

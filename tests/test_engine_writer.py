@@ -149,7 +149,7 @@ def test_schema_change_mid_stream_reports_and_leaves_no_files(
 def test_bad_record_in_a_late_chunk_fails_and_leaves_no_files(
     harness: Harness, new_pipeline: NewPipeline, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """R8: errors_tolerance none, a bad record in the 4th chunk: the task raises naming its
+    """R33: errors_tolerance none, a bad record in the 4th chunk: the task raises naming its
     offset, counts every bad record of the range, and deletes the files of chunks 1-3."""
     monkeypatch.setattr(task, "CHUNK_RECORDS", 500)
     produced = [*spread_records(1700, days=3), (b"bad", b"{not json", None)]
