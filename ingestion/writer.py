@@ -2,11 +2,11 @@
 
 A task hands its rows to a :class:`FanoutWriter` chunk by chunk. Each chunk is split by
 partition value in one vectorised pass (the table's partition transforms, then one hash
-group-by), and each part is appended to the open file of its partition value: at most one
-open file per partition value, rolled to a new file only when it reaches the table's
-``write.target-file-size-bytes`` (bytes on disk). Files are laid out and described as
-pyiceberg's own writer does (same field ids, Parquet settings, statistics, partition
-records and paths), built from pyiceberg's public helpers.
+group-by); the parts are held up to :data:`BUFFER_BYTES` in all, then the largest is appended
+to the open file of its partition value: at most one open file per partition value, rolled
+to a new file only when it reaches the table's ``write.target-file-size-bytes`` (on disk).
+Files are laid out and described as pyiceberg's own writer does (same field ids, Parquet
+settings, statistics, partition records and paths), built from pyiceberg's public helpers.
 
 Delivery: the writer commits nothing. File names carry a fresh uuid per writer (one per task
 attempt), so a retried task writes a new file set. :meth:`FanoutWriter.abort` deletes what
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
 PROBE_ROWS = 1_000  # rows written first to a writer that has not yet seen its bytes per row
+# Rows are held (all partition values together) up to this many Arrow bytes before the largest
+# value's are written: larger row groups when a chunk spreads over many partition values.
+BUFFER_BYTES = 16 * 2**20
 _ROW = "_fanout_row"
 
 
@@ -87,6 +90,8 @@ class FanoutWriter:
         self._uuid = uuid.uuid4()  # fresh per task attempt: file names never repeat
         self._count = 0
         self._open: dict[tuple[Any, ...], _OpenFile] = {}
+        self._pending: dict[tuple[Any, ...], list[pa.Table]] = {}  # rows not yet written
+        self._pending_bytes: dict[tuple[Any, ...], int] = {}
         self._keys: dict[tuple[Any, ...], PartitionKey | None] = {}
         self._closed: list[DataFile] = []
         self._paths: list[str] = []
@@ -102,17 +107,25 @@ class FanoutWriter:
         if rows.num_rows == 0:
             return
         rows = self._to_file_schema(rows)
-        if self._spec.is_unpartitioned():
-            self._append((), rows)
-            return
-        for value, part in self._split(rows):
-            self._append(value, part)
+        parts = [((), rows)] if self._spec.is_unpartitioned() else self._split(rows)
+        for value, part in parts:
+            self._pending.setdefault(value, []).append(part)
+            self._pending_bytes[value] = self._pending_bytes.get(value, 0) + part.nbytes
+        while sum(self._pending_bytes.values()) > BUFFER_BYTES:
+            self._flush(max(self._pending_bytes, key=self._pending_bytes.__getitem__))
 
     def close(self) -> list[DataFile]:
         """Finish every open file; return all files written, in the order they were closed."""
+        for value in list(self._pending):
+            self._flush(value)
         for value in list(self._open):
             self._finish(value)
         return list(self._closed)
+
+    def _flush(self, value: tuple[Any, ...]) -> None:
+        """Write the rows held for ``value`` (in arrival order) to its file."""
+        del self._pending_bytes[value]
+        self._append(value, pa.concat_tables(self._pending.pop(value)))
 
     def abort(self) -> None:
         """Close and delete every file written (best-effort: leftovers are orphans)."""
@@ -122,6 +135,8 @@ class FanoutWriter:
                 open_file.stream.close()
         self._open.clear()
         self._closed.clear()
+        self._pending.clear()
+        self._pending_bytes.clear()
         for path in self._paths:
             with contextlib.suppress(Exception):  # an undeletable file is an orphan for recovery
                 self._io.delete(path)
