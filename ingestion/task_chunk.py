@@ -20,7 +20,7 @@ from ingestion.writer import FanoutWriter
 if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
 
-    from ingestion.task import RawChunk, TaskResult, TaskSpec
+    from ingestion.task_spec import RawChunk, TaskResult, TaskSpec
 
 
 def _coordinates(spec: TaskSpec, raw: RawChunk, rows: list[int]) -> dict[str, pa.Array]:
