@@ -5,7 +5,9 @@ from __future__ import annotations
 import multiprocessing
 import random
 import time
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -35,8 +37,50 @@ def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
     )
 
 
-def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: int) -> float:
-    """Produce ``records`` order events round-robin; return records/s.
+@dataclass(frozen=True)
+class Workload:
+    """One kind of input the benchmarks measure: a row of the workloads table.
+
+    ``event(rng, sequence)`` returns the order event for one record, a mapping (JSON-encoded
+    with :func:`encode_event`); the same seed gives the same events, so two workloads differ
+    only where their ``event`` functions do.
+    """
+
+    name: str
+    note: str
+    event: Callable[[random.Random, int], dict[str, Any]]
+
+
+ONE_DAY = datetime(2026, 11, 2, 12, tzinfo=UTC)
+
+
+def _spread(rng: random.Random, sequence: int, days: int = 30) -> dict[str, Any]:
+    """The demo event, created on one of ``days`` days before ONE_DAY: runs of 8 records per
+    day, so that each Kafka partition (up to 8, filled round-robin) sees every day."""
+    return make_order_event(rng, sequence, ONE_DAY - timedelta(days=sequence // 8 % days))
+
+
+DEMO = Workload("demo", "order events created now (one or two day-partitions)", make_order_event)
+ONE_PARTITION = Workload(
+    "one_partition",
+    "the spread events, all created on one day (one day-partition)",
+    lambda rng, sequence: make_order_event(rng, sequence, ONE_DAY),
+)
+SPREAD_30_DAYS = Workload(
+    "spread_30d", "order events spread over 30 day-partitions, interleaved", _spread
+)
+WORKLOADS = [DEMO, ONE_PARTITION, SPREAD_30_DAYS]
+"""Every workload, by name in the printouts (bench/writer.py compares the last two)."""
+
+
+def produce(
+    kafka_config: dict[str, Any],
+    topic: str,
+    records: int,
+    partitions: int,
+    workload: Workload = DEMO,
+) -> float:
+    """Produce ``records`` events of ``workload`` round-robin; return records/s.
 
     Each partition's last record goes in a batch of its own (after a flush), so the embedded
     broker's end offsets are exact (Tansu reports the last batch's base offset + 1).
@@ -56,7 +100,7 @@ def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: 
     started = time.monotonic()
     last = {}
     for i in range(records):
-        event = make_order_event(rng, i)
+        event = workload.event(rng, i)
         partition = i % partitions
         record = (event["order_id"].encode(), encode_event(event))
         if i >= records - partitions:

@@ -1,18 +1,25 @@
-"""The one place that uses a private pyiceberg API. Written against pyiceberg 0.12.0.
+"""The one place that uses private pyiceberg APIs. Written against pyiceberg 0.12.0.
 
 pyiceberg has no public "write data files without committing" call; the engine needs one,
-because executors write files and only the coordinator commits (two-phase). The nearest is
-``pyiceberg.io.pyarrow._dataframe_to_data_files``: it bins rows into target-sized files,
-splits them by the partition spec and names each file from ``write_uuid`` and a counter. A fresh
-``write_uuid`` per call keeps every file name globally unique (reusing one overwrote files in a
-probe and lost 41,594 of 200,000 rows). Check this module first when upgrading pyiceberg.
+because executors write files and only the coordinator commits (two-phase).
+
+- :func:`write_data_files` (compaction) uses ``pyiceberg.io.pyarrow._dataframe_to_data_files``:
+  it bins rows into target-sized files, splits them by the partition spec and names each file
+  from ``write_uuid`` and a counter. A fresh ``write_uuid`` per call keeps every file name
+  globally unique (reusing one overwrote files in a probe and lost 41,594 of 200,000 rows).
+- :func:`parquet_writer_kwargs` (the executor tasks' rolling writer, ingestion.writer) uses
+  ``pyiceberg.io.pyarrow._get_parquet_writer_kwargs``: the Parquet settings pyiceberg derives
+  from the table properties (codec, level, page and dictionary sizes), so that our files are
+  written exactly as pyiceberg's own would be. The rest of that writer is public API.
+
+Check this module first when upgrading pyiceberg.
 """
 
 from __future__ import annotations
 
 import itertools
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,3 +47,16 @@ def write_data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table) -> lis
             counter=itertools.count(),
         )
     )
+
+
+def parquet_writer_kwargs(properties: dict[str, str]) -> dict[str, Any]:
+    """``pyarrow.parquet.ParquetWriter`` keyword arguments for a table's properties.
+
+    Example:
+        >>> kwargs = parquet_writer_kwargs({"write.parquet.compression-codec": "zstd"})
+        >>> kwargs["compression"]
+        'zstd'
+    """
+    from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
+
+    return _get_parquet_writer_kwargs(properties)

@@ -76,7 +76,7 @@ def iter_batches(
     Raises:
         ReadError: a broker error, or no progress for ``timeout_s`` (an impossible end, R17).
     """
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import Message, TopicPartition
 
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
     position, last_progress = rng.start, time.monotonic()
@@ -85,9 +85,9 @@ def iter_batches(
         # in, instead of waiting out its timeout at the end of every range.
         wanted = min(MAX_BATCH, rng.end - position)
         batch = consumer.consume(num_messages=wanted, timeout=0.5)
-        failed = next((m for m in batch if m.error() is not None), None)
+        failed = next(filter(None, map(Message.error, batch)), None)  # one C-level pass
         if failed is not None:
-            raise exceptions.ReadError(f"{where}: {failed.error()}")
+            raise exceptions.ReadError(f"{where}: {failed}")
         if batch and int(batch[-1].offset() or 0) >= rng.end:  # only the last batch can
             batch = [m for m in batch if int(m.offset() or 0) < rng.end]
         if batch:

@@ -49,3 +49,21 @@ def test_small_runs_compares_both_modes() -> None:
     out = run_bench("bench/small_runs.py", "--runs", "1", "--records", "50")
     assert "in-process / spark wall time:" in out
     assert {line.split()[0] for line in out.splitlines()[1:3]} == {"spark", "driver"}
+
+
+def test_writer_compares_workloads_and_task_memory(tmp_path: Path) -> None:
+    target = tmp_path / "writer.json"
+    out = run_bench(
+        "bench/writer.py", "--records", "2000", "--small-task", "500", "--large-task", "2000",
+        "--json", str(target),
+    )  # fmt: skip
+    figures = json.loads(target.read_text())
+    assert set(figures["workloads"]) == {"one_partition", "spread_30d"}
+    assert figures["workloads"]["spread_30d"]["files"] == 2 * 30  # one per day per task
+    assert figures["workloads"]["one_partition"]["files"] == 2
+    assert [(r["slots"], r["per_task"]) for r in figures["rss"]] == [
+        (1, 500), (1, 2000), (2, 500), (2, 2000),
+    ]  # fmt: skip
+    assert all(r["records"] == 2000 and r["workers_rss_mb"] > 0 for r in figures["rss"])
+    for line in ("spread_30d", "one_partition", "workers peak RSS", "local[2]"):
+        assert line in out

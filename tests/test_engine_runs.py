@@ -321,7 +321,7 @@ def test_boundaries_single_record_and_impossible_end(
 ) -> None:
     """R17: exactly one record; a planned end past the real end fails the task, no commit."""
     from ingestion.ranges import OffsetRange
-    from ingestion.task import TaskSpec, read_range
+    from ingestion.task import TaskSpec, read_chunks
 
     topic, spec = new_pipeline("one_record", produce=1)
     assert harness.run(spec).records == 1
@@ -340,7 +340,7 @@ def test_boundaries_single_record_and_impossible_end(
         read_timeout_s=2.0,
     )
     with pytest.raises(exceptions.ReadError, match=r"no progress past offset 1"):
-        read_range(task)
+        list(read_chunks(task))
 
 
 def test_transaction_markers_leave_gaps_that_tasks_cross(

@@ -1,0 +1,221 @@
+"""The executor task's work on one chunk of its range: decode, then write rows and rejections.
+
+A :class:`ChunkWriter` holds a task's rolling writers (ingestion.writer) and counts. Delivery:
+it writes files but commits nothing; once the task can report nothing (a schema change makes
+it rerun, or a bad record fails it under ``errors_tolerance: none``) it stops writing and
+deletes what it wrote, best-effort (a file left behind is an orphan that recovery removes).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from ingestion import exceptions
+from ingestion.avro import decode_avro
+from ingestion.decode import Decoded, Rejection, decode_json, decode_keys
+from ingestion.writer import FanoutWriter
+
+if TYPE_CHECKING:
+    from pyiceberg.table.metadata import TableMetadata
+
+    from ingestion.task_spec import RawChunk, TaskResult, TaskSpec
+
+
+def _coordinates(spec: TaskSpec, raw: RawChunk, rows: list[int]) -> dict[str, pa.Array]:
+    """Topic, partition, offset and timestamp columns of the records at ``rows``."""
+    offsets = pa.array(raw.offsets, pa.int64())
+    timestamps = pa.array(raw.timestamps, pa.int64())
+    if len(rows) != len(raw.offsets):  # some records were set aside: take the others
+        take = pa.array(rows, pa.int64())
+        offsets, timestamps = offsets.take(take), timestamps.take(take)
+    return {
+        "_kafka_topic": pa.repeat(pa.scalar(spec.range.topic, pa.large_string()), len(rows)),
+        "_kafka_partition": pa.repeat(pa.scalar(spec.range.partition, pa.int32()), len(rows)),
+        "_kafka_offset": offsets,
+        "_kafka_timestamp": timestamps.cast(pa.timestamp("ms", tz="UTC")),
+    }
+
+
+def _quarantine_rows(spec: TaskSpec, raw: RawChunk, rejected: list[Rejection]) -> pa.Table:
+    rows = [r.index for r in rejected]
+    take = pa.array(rows, pa.int64())
+    columns = {
+        **_coordinates(spec, raw, rows),
+        "_kafka_key": pa.array(raw.keys, pa.large_binary()).take(take),
+        "value": pa.array(raw.values, pa.large_binary()).take(take),
+        "error_class": pa.array([r.error_class for r in rejected], pa.large_string()),
+        "error_message": pa.array([r.message for r in rejected], pa.large_string()),
+        "pipeline": pa.array([spec.pipeline] * len(rejected), pa.large_string()),
+        "commit_id": pa.array([spec.commit_id] * len(rejected), pa.large_string()),
+    }
+    return pa.table(columns)
+
+
+def _decode_keys(keys: list[bytes | None], as_string: bool) -> tuple[pa.Array, list[Rejection]]:
+    """Keys as one Arrow column: a vectorised UTF-8 cast (validated) for ``key_format:
+    string``; only if it fails are the keys decoded one by one to find the bad ones."""
+    column = pa.array(keys, pa.large_binary())
+    if not as_string:
+        return column, []
+    try:
+        return column.cast(pa.large_string()), []
+    except pa.ArrowInvalid:
+        return decode_keys(keys, as_string=True)
+
+
+def merge_rejections(keys: list[Rejection], values: list[Rejection]) -> list[Rejection]:
+    """One rejection per record, in offset order: a record whose key and value are both bad
+    becomes one (one quarantine row), with both errors in its class and message.
+
+    Example:
+        >>> merged = merge_rejections(
+        ...     [Rejection(3, "UnicodeDecodeError", "key: invalid start byte")],
+        ...     [Rejection(3, "ArrowInvalid", "not JSON"), Rejection(1, "NullValue", "null")],
+        ... )
+        >>> [(r.index, r.error_class, r.message) for r in merged]  # doctest: +NORMALIZE_WHITESPACE
+        [(1, 'NullValue', 'null'),
+         (3, 'UnicodeDecodeError, ArrowInvalid', 'key: invalid start byte; value: not JSON')]
+    """
+    merged: dict[int, Rejection] = {}
+    for label, rejections in (("", keys), ("value: ", values)):
+        for rejection in rejections:
+            first = merged.get(rejection.index)
+            merged[rejection.index] = (
+                rejection
+                if first is None
+                else Rejection(
+                    rejection.index,
+                    f"{first.error_class}, {rejection.error_class}",
+                    f"{first.message}; {label}{rejection.message}",
+                )
+            )
+    return sorted(merged.values(), key=lambda r: r.index)
+
+
+def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Order and cast columns to the table's Arrow schema (ms timestamps widen to us)."""
+    return pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+
+
+def _decode_chunk(
+    spec: TaskSpec,
+    values: list[bytes | None],
+    schema: pa.Schema,
+    required: tuple[str, ...],
+    result: TaskResult,
+) -> Decoded:
+    """Decode one chunk of values in the pipeline's format."""
+    if spec.value_format == "json":
+        return decode_json(values, schema, required)
+    if spec.value_format == "avro":
+        decoded, unknown = decode_avro(values, spec.writer_schemas, schema, required)
+        result.unknown_schema_ids |= unknown - spec.missing_schema_ids
+        return decoded
+    column = pa.array(values, pa.large_binary())  # raw: the bytes as they are
+    return Decoded(pa.table({"value": column}), list(range(len(values))))
+
+
+class ChunkWriter:
+    """One task's writers and counts; stops writing (and deletes) once nothing may be reported."""
+
+    def __init__(
+        self,
+        spec: TaskSpec,
+        metadata: TableMetadata,
+        target: pa.Schema,
+        user_schema: pa.Schema,
+        result: TaskResult,
+    ) -> None:
+        from pyiceberg.io import load_file_io
+
+        self.spec, self.target, self.user_schema, self.result = spec, target, user_schema, result
+        self.required = tuple(f.name for f in user_schema if not f.nullable)
+        self.data = FanoutWriter(metadata, load_file_io(spec.io_properties, metadata.location))
+        self.quarantine: FanoutWriter | None = None
+        self.quarantine_schema: pa.Schema | None = None
+        self.first_bad: tuple[int, Rejection] | None = None  # (offset, rejection)
+        self.bad = 0
+        self.writing = True
+
+    def add_chunk(self, raw: RawChunk) -> None:
+        """Decode one chunk; write its rows and rejections unless writing has stopped."""
+        result, spec = self.result, self.spec
+        latest = max(raw.timestamps)
+        if result.max_timestamp_ms is None or latest > result.max_timestamp_ms:
+            result.max_timestamp_ms = latest
+        keys, key_rejections = _decode_keys(raw.keys, as_string=spec.key_format == "string")
+        decoded = _decode_chunk(spec, raw.values, self.user_schema, self.required, result)
+        result.new_fields.update(decoded.new_fields)
+        result.promotions.update(decoded.promotions)
+        rejected = merge_rejections(key_rejections, decoded.rejections)
+        if rejected and self.first_bad is None:
+            self.first_bad = (raw.offsets[rejected[0].index], rejected[0])
+        self.bad += len(rejected)
+        if result.needs_rerun or (self.bad and spec.errors_tolerance == "none"):
+            self.abort()  # nothing of this attempt will be reported: stop writing, delete
+        if not self.writing:
+            return
+        self._write_rows(raw, keys, decoded, {r.index for r in key_rejections})
+        if rejected:
+            self._write_quarantine(raw, rejected)
+
+    def _write_rows(
+        self, raw: RawChunk, keys: pa.Array, decoded: Decoded, bad_keys: set[int]
+    ) -> None:
+        table, rows = decoded.table, decoded.indices
+        if bad_keys:
+            keep = [position for position, row in enumerate(rows) if row not in bad_keys]
+            table = table.take(pa.array(keep, pa.int64()))
+            rows = [rows[position] for position in keep]
+        if len(rows) != len(raw.offsets):
+            keys = keys.take(pa.array(rows, pa.int64()))
+        for name, column in {**_coordinates(self.spec, raw, rows), "_kafka_key": keys}.items():
+            table = table.append_column(name, column)
+        self.data.write(_conform(table, self.target))
+        self.result.records += table.num_rows
+
+    def _write_quarantine(self, raw: RawChunk, rejected: list[Rejection]) -> None:
+        from pyiceberg.io import load_file_io
+        from pyiceberg.io.pyarrow import schema_to_pyarrow
+        from pyiceberg.table.metadata import TableMetadataUtil
+
+        if self.quarantine is None or self.quarantine_schema is None:
+            assert self.spec.quarantine_metadata_json is not None
+            quarantine = TableMetadataUtil.parse_raw(self.spec.quarantine_metadata_json)
+            io = load_file_io(self.spec.io_properties, quarantine.location)
+            self.quarantine = FanoutWriter(quarantine, io)
+            self.quarantine_schema = schema_to_pyarrow(quarantine.schema())
+        rows = _conform(_quarantine_rows(self.spec, raw, rejected), self.quarantine_schema)
+        self.quarantine.write(rows)
+        self.result.quarantined += rows.num_rows
+
+    def finish(self) -> TaskResult:
+        """Close the files and report them; or report only the schema change; or raise."""
+        result, spec = self.result, self.spec
+        if result.needs_rerun:
+            return result  # the coordinator evolves the schema or fetches schemas, then reruns
+        if self.first_bad is not None and spec.errors_tolerance == "none":
+            offset, first = self.first_bad
+            raise exceptions.DecodeError(
+                f"pipeline {spec.pipeline!r}: {spec.range.topic}[{spec.range.partition}] offset "
+                f"{offset} could not be decoded ({first.error_class}: {first.message}); "
+                f"{self.bad} bad record(s) in [{spec.range.start}, {spec.range.end}). Nothing "
+                "was committed. Fix the producer, or set errors_tolerance: all to quarantine "
+                "bad records."
+            )
+        result.data_files = self.data.close()
+        result.quarantine_files = self.quarantine.close() if self.quarantine else []
+        result.bytes_written = sum(
+            f.file_size_in_bytes for f in result.data_files + result.quarantine_files
+        )
+        return result
+
+    def abort(self) -> None:
+        """Stop writing; delete every file written so far (best-effort); report none."""
+        self.writing = False
+        self.data.abort()
+        if self.quarantine is not None:
+            self.quarantine.abort()
+        self.result.records = self.result.quarantined = 0

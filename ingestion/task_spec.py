@@ -1,0 +1,83 @@
+"""What an executor task receives and returns, and its per-record buffer (no behaviour).
+
+Kept apart from ingestion.task so that the task's chunk writer (ingestion.task_chunk) and the
+task itself share these types without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, cast
+
+import pyarrow as pa
+
+from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.ranges import OffsetRange
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
+    from pyiceberg.manifest import DataFile
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything one executor task needs (pickled to the executor)."""
+
+    pipeline: str
+    range: OffsetRange
+    kafka_config: dict[str, Any]
+    value_format: str
+    key_format: str
+    table_metadata_json: str
+    quarantine_metadata_json: str | None
+    io_properties: dict[str, str]
+    errors_tolerance: str
+    commit_id: str
+    writer_schemas: dict[int, str] = field(default_factory=dict)
+    missing_schema_ids: frozenset[int] = frozenset()
+    read_timeout_s: float = 60.0
+    hooks: FailureHooks = NO_HOOKS
+
+
+@dataclass
+class TaskResult:
+    """What a task returns: file metadata and counts, never rows."""
+
+    range: OffsetRange
+    data_files: list[DataFile] = field(default_factory=list)
+    quarantine_files: list[DataFile] = field(default_factory=list)
+    records: int = 0
+    quarantined: int = 0
+    bytes_written: int = 0
+    new_fields: dict[str, pa.DataType] = field(default_factory=dict)
+    unknown_schema_ids: set[int] = field(default_factory=set)
+    promotions: dict[str, pa.DataType] = field(default_factory=dict)
+    max_timestamp_ms: int | None = None
+
+    @property
+    def needs_rerun(self) -> bool:
+        """The coordinator must change the schema or fetch writer schemas, then rerun."""
+        return bool(self.new_fields or self.promotions or self.unknown_schema_ids)
+
+
+@dataclass
+class RawChunk:
+    """One chunk of records as parallel per-record lists (index ``i`` is one record)."""
+
+    offsets: list[int] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)
+    value_bytes: int = 0
+
+    def extend(self, batch: list[Message]) -> None:
+        """Append a consumed batch: one C-level pass per field, no per-record Python frame."""
+        from confluent_kafka import Message
+
+        self.offsets += cast("Iterator[int]", map(Message.offset, batch))  # never None here
+        self.keys += map(Message.key, batch)
+        self.values += map(Message.value, batch)
+        self.timestamps += map(itemgetter(1), map(Message.timestamp, batch))
+        self.value_bytes += sum(map(len, batch))
