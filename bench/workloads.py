@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import random
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -19,6 +20,14 @@ from ingestion.spec import PipelineSpec, load_pipeline_specs
 from platform_assets.demo import encode_event, make_order_event
 
 PIPELINES_FILE = Path(__file__).resolve().parent.parent / "platform_assets" / "pipelines.yaml"
+KafkaRecord = tuple[bytes | None, bytes | None]
+"""A record's key and value (None: no key, a tombstone)."""
+
+
+def order_record(rng: random.Random, sequence: int) -> KafkaRecord:
+    """An order event keyed by its order id."""
+    event = make_order_event(rng, sequence)
+    return event["order_id"].encode(), encode_event(event)
 
 
 def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
@@ -28,6 +37,7 @@ def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
             "name": name,
             "topic": topic,
             "table": f"bench.{name}",
+            "quarantine_table": f"bench.{name}_quarantine",
             "consumer_group_id": f"bench-{name}",
             "max_records_per_run": cap,
             "max_records_per_task": 250_000,
@@ -35,8 +45,14 @@ def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
     )
 
 
-def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: int) -> float:
-    """Produce ``records`` order events round-robin; return records/s.
+def produce(
+    kafka_config: dict[str, Any],
+    topic: str,
+    records: int,
+    partitions: int,
+    make: Callable[[random.Random, int], KafkaRecord] = order_record,
+) -> float:
+    """Produce ``records`` records (order events by default) round-robin; return records/s.
 
     Each partition's last record goes in a batch of its own (after a flush), so the embedded
     broker's end offsets are exact (Tansu reports the last batch's base offset + 1).
@@ -56,9 +72,8 @@ def produce(kafka_config: dict[str, Any], topic: str, records: int, partitions: 
     started = time.monotonic()
     last = {}
     for i in range(records):
-        event = make_order_event(rng, i)
         partition = i % partitions
-        record = (event["order_id"].encode(), encode_event(event))
+        record = make(rng, i)
         if i >= records - partitions:
             last[partition] = record
             continue
