@@ -79,15 +79,19 @@ KINDS: list[tuple[str, Corrupt, dict[float, float]]] = [
     ("bad key", bad_key, {}),
     ("missing required", missing_required, {}),
 ]
-WORKLOADS: list[Workload] = [Workload("clean")] + [
-    Workload(f"{kind} {rate:.1%}", rate, corrupt, targets.get(rate))
-    for kind, corrupt, targets in KINDS
-    for rate in (0.001, 0.01, 0.1)
+WORKLOADS: list[Workload] = [
+    Workload("clean"),
+    *(
+        Workload(f"{kind} {rate:.1%}", rate, corrupt, targets.get(rate))
+        for kind, corrupt, targets in KINDS
+        for rate in (0.001, 0.01, 0.1)
+    ),
+    Workload("clean (repeat)"),  # drift over the run; the ratios use the faster clean run
 ]
 
 
 def run_suite(kafka: Any, catalog: Any, records: int, workloads: list[Workload]) -> list[dict]:
-    """Produce and ingest every workload (clean first); return one result per workload."""
+    """Produce and ingest every workload in turn; return one result per workload."""
     from confluent_kafka.admin import NewTopic
 
     from ingestion.run import run_pipeline
@@ -134,8 +138,8 @@ def run_suite(kafka: Any, catalog: Any, records: int, workloads: list[Workload])
 
 
 def print_dirty_table(results: list[dict]) -> bool:
-    """Print the table (ratios to the clean workload); return whether every check held."""
-    clean = results[0]["records_per_s"]
+    """Print the table (ratios to the faster clean run); return whether every check held."""
+    clean = max(r["records_per_s"] for r in results if r["workload"].startswith("clean"))
     print(
         f"\n{'workload':<24}{'records':>9}{'quarant.':>9}{'seconds':>9}{'rec/s':>9}"
         f"{'x clean':>9}{'target':>8}  check"

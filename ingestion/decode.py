@@ -88,7 +88,7 @@ def _from_text(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
     return stamps.cast(pa.int64()).cast(pa.time64("us")).cast(kind)
 
 
-def _parse(payload: bytes, schema: pa.Schema, newlines: bool) -> pa.Table:
+def _parse(payload: bytes, schema: pa.Schema, newlines: bool, threads: bool = True) -> pa.Table:
     text_typed = [i for i, f in enumerate(schema) if _is_text_typed(f.type)]
     read_schema = schema
     for index in text_typed:
@@ -96,7 +96,8 @@ def _parse(payload: bytes, schema: pa.Schema, newlines: bool) -> pa.Table:
     options = pj.ParseOptions(
         explicit_schema=read_schema, unexpected_field_behavior="infer", newlines_in_values=newlines
     )
-    table = pj.read_json(io.BytesIO(payload), parse_options=options)
+    read = pj.ReadOptions(use_threads=threads)  # one record: a thread pool costs more than it saves
+    table = pj.read_json(io.BytesIO(payload), read_options=read, parse_options=options)
     for index in text_typed:
         field = schema.field(index)
         position = table.schema.get_field_index(field.name)
@@ -106,7 +107,7 @@ def _parse(payload: bytes, schema: pa.Schema, newlines: bool) -> pa.Table:
 
 def _parse_one(payload: bytes, schema: pa.Schema) -> pa.Table:
     """Parse one value alone; raises ``ArrowInvalid`` unless it is exactly one JSON object."""
-    table = _parse(payload, schema, newlines=True)
+    table = _parse(payload, schema, newlines=True, threads=False)
     if table.num_rows != 1:
         raise pa.ArrowInvalid(f"expected one JSON object, found {table.num_rows}")
     return table
@@ -114,9 +115,12 @@ def _parse_one(payload: bytes, schema: pa.Schema) -> pa.Table:
 
 def _promotable(error: Exception, payload: bytes) -> bool:
     """Whether a wider column type might decode ``payload``: not when the error cannot depend
-    on the schema (blank, several objects, JSON syntax the strict screen also rejects)."""
+    on the column types (blank, several objects, a required field absent or null, JSON syntax
+    the strict screen also rejects)."""
     message = str(error)
     if message.startswith(("expected one JSON object", "Empty JSON file")):
+        return False
+    if "a required field was" in message:
         return False
     syntax = message.startswith("JSON parse error:") and "Column(" not in message
     return not syntax or is_json_object(payload)
@@ -199,7 +203,8 @@ def decode_json(
             rejections.append(Rejection(present[row], type(error).__name__, str(error)[:1000]))
         return None
 
-    pieces = isolate_json(payloads, bulk, single, _PARSE_ERRORS, stats)
+    non_null = tuple(f.name for f in schema if not f.nullable)
+    pieces = isolate_json(payloads, bulk, single, _PARSE_ERRORS, stats, non_null)
     table, indices = _assemble(pieces, present, schema)
     decoded = finish_decoded(table, indices, rejections, schema, required)
     decoded.promotions = promotions

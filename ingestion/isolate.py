@@ -31,18 +31,20 @@ class DecodeStats:
     screened: int = 0
 
 
-def is_json_object(payload: bytes) -> bool:
-    """Whether ``payload`` is exactly one JSON object in UTF-8 (no NaN, no trailing content).
+def is_json_object(payload: bytes, required: tuple[str, ...] = ()) -> bool:
+    """Whether ``payload`` is exactly one JSON object in UTF-8 (no NaN, no trailing content)
+    with a non-null value for each of ``required``.
 
     Example:
         >>> values = [b'{"a": 1}\\n', b"[1]", b'{"a": 1}{"a": 2}', b" ", b'{"a": "x\\ny"}']
-        >>> [is_json_object(v) for v in values]
-        [True, False, False, False, False]
+        >>> [is_json_object(v) for v in values], is_json_object(b'{"a": null}', ("a",))
+        ([True, False, False, False, False], False)
     """
     try:
-        return isinstance(orjson.loads(payload), dict)
+        document = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return False
+    return isinstance(document, dict) and all(document.get(n) is not None for n in required)
 
 
 def flatten_newlines(payload: bytes) -> bytes:
@@ -102,13 +104,15 @@ def isolate_json(
     single: Callable[[int], T | None],
     errors: tuple[type[Exception], ...],
     stats: DecodeStats,
+    required: tuple[str, ...] = (),
 ) -> list[Piece[T]]:
     """Decode JSON ``payloads``: in bulk where possible, the suspect ones alone.
 
     Suspects, decoded alone by ``single``: blank values (they would collapse a row of a
     newline-delimited parse), values with a CR/LF that are not one JSON object (those that are
     lose the line breaks, see :func:`flatten_newlines`), and, once a bulk decode failed, every
-    value the screen finds is not one JSON object. The rest is bisected (:func:`bisect_bulk`).
+    value the screen finds is not one JSON object with its ``required`` (non-nullable) fields.
+    The rest is bisected (:func:`bisect_bulk`).
     Delivery: every payload is either in exactly one returned piece or was passed to ``single``,
     which keeps it or sets it aside; pieces come back in no particular order.
     """
@@ -135,7 +139,7 @@ def isolate_json(
             pieces = [(rows, bulk_rows(rows))]
         except errors:
             stats.screened += len(rows)
-            objects = [i for i in rows if is_json_object(clean[i])]
+            objects = [i for i in rows if is_json_object(clean[i], required)]
             suspect_set.update(set(rows) - set(objects))
             pieces = bisect_bulk(objects, bulk_rows, single, errors, len(objects) == len(rows))
     for row in sorted(suspect_set):
