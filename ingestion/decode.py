@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -137,7 +138,7 @@ def _assemble(
     pieces.sort(key=lambda piece: piece[0][0])
     rows = [row for piece_rows, _ in pieces for row in piece_rows]
     table = pa.concat_tables([t for _, t in pieces], promote_options="permissive")
-    if any(a > b for a, b in zip(rows, rows[1:], strict=False)):  # singles among bulk rows
+    if any(a > b for a, b in pairwise(rows)):  # singles among bulk rows
         order = sorted(range(len(rows)), key=rows.__getitem__)
         table, rows = table.take(pa.array(order, pa.int64())), [rows[i] for i in order]
     return table.combine_chunks(), [present[row] for row in rows]

@@ -4,8 +4,8 @@ One bad record must not make a whole batch decode record by record (a user measu
 JSON value in 1,000 making ingestion ~330x slower). The records that cannot be decoded in bulk
 are found instead: values that are not exactly one JSON object by a cheap per-record screen
 (orjson, strict RFC 8259), the rest by bisection (halves in bulk, recursively, down to single
-records). Only records decoded alone are ever rejected, by the same single-record decode as
-before, so the outcome (rows, rejections, promotions) is the one of decoding every record alone;
+records). Only records decoded alone are ever rejected (R33), by the same single-record decode
+as before, so the outcome (rows, rejections, promotions) is that of decoding every record alone;
 the cost is O(bad) single decodes and O(bad * log n) bulk decodes.
 """
 

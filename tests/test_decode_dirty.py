@@ -25,7 +25,11 @@ REQUIRED = ("id",)
 
 
 def good(i: int) -> bytes:
-    return b'{"id": %d, "amount": %d.25, "n": 1, "day": "2026-11-23", "note": "r%d"}' % (i, i % 1000, i)
+    return b'{"id": %d, "amount": %d.25, "n": 1, "day": "2026-11-23", "note": "r%d"}' % (
+        i,
+        i % 1000,
+        i,
+    )
 
 
 # (bad value, what becomes of it): "row" = decoded, "promotion" = reported, else error class
@@ -196,3 +200,19 @@ def test_avro_rows_one_bad_row_is_set_aside(position: int) -> None:
     table, bad = _rows_to_arrow(rows, schema)
     assert list(bad) == [position]
     assert table.column("id").to_pylist() == [i for i in range(1000) if i != position]
+
+
+@pytest.mark.parametrize("bad", [b'{"amount": 1.00}', b'{"id": null}'], ids=["absent", "null"])
+def test_required_field_screened_when_the_schema_says_not_null(bad: bytes) -> None:
+    """The engine's schema marks required columns not-null: pyarrow then fails the bulk parse
+    on a missing one; the screen sets such records aside (no bisection, no promotion tries)."""
+    schema = SCHEMA.set(0, pa.field("id", pa.int64(), nullable=False))
+    values: list[bytes | None] = [good(i) for i in range(50_000)]
+    bad_rows = range(100, 50_000, 100)
+    for i in bad_rows:
+        values[i] = bad
+    decoded = decode_json(values, schema, REQUIRED)
+    assert [r.index for r in decoded.rejections] == list(bad_rows)
+    assert decoded.rejections[0].message == decode_json([bad], schema).rejections[0].message
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, len(bad_rows))
+    assert not decoded.promotions
