@@ -1,12 +1,13 @@
 """The dirty-data suite: clean order events against bad records at 0.1 %, 1 % and 10 %.
 
-    .venv/bin/python bench/run.py --suite dirty [--records 300000] [--json PATH]
+    .venv/bin/python bench/run.py --suite dirty [--records 300000] [--repeats 3] [--json PATH]
 
 Each workload is produced to its own topic on the embedded broker and ingested by the engine
-(``run_pipeline``, local Spark) at the same parallelism, in one Spark session, ``REPEATS`` times
-(median shown); throughput counts every offset consumed (rows landed + rows quarantined). The
-table prints each workload's ratio to the faster clean run of the same process. Add a row by
-adding a :class:`Workload` to ``WORKLOADS``.
+(``run_pipeline``, local Spark) at the same parallelism, in one Spark session, ``--repeats``
+times (a fresh table and group each time; the median is shown). Throughput counts every offset
+consumed (rows landed + rows quarantined); the table prints each workload's ratio to the faster
+clean run of the same process, and its target (``SLOW`` when missed). The exit status is 1 only
+when a count is wrong. Add a row by adding a :class:`Workload` to ``WORKLOADS``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from platform_assets.demo import encode_event, make_order_event
 
 PARTITIONS = 6
 SLOTS = 2
-REPEATS = 3  # runs per workload (fresh table and group, same topic); the median is shown
 Corrupt = Callable[[bytes, dict[str, Any]], KafkaRecord]
 """(key, event) -> the bad record that replaces it."""
 
@@ -92,7 +92,9 @@ WORKLOADS: list[Workload] = [
 ]
 
 
-def run_suite(kafka: Any, catalog: Any, records: int, workloads: list[Workload]) -> list[dict]:
+def run_suite(
+    kafka: Any, catalog: Any, records: int, workloads: list[Workload], repeats: int = 3
+) -> list[dict]:
     """Produce and ingest every workload in turn; return one result per workload."""
     from confluent_kafka.admin import NewTopic
 
@@ -118,13 +120,13 @@ def run_suite(kafka: Any, catalog: Any, records: int, workloads: list[Workload])
     results = []
     for index, (workload, topic, bad) in enumerate(zip(workloads, topics, bad_counts, strict=True)):
         runs = []
-        for repeat in range(REPEATS):
+        for repeat in range(repeats):
             spec = spec_for(f"dirty_{index}_{repeat}", topic, None)
             spec = spec.model_copy(update=workload.overrides)
             runs.append(
                 run_pipeline(spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id())
             )
-        report = sorted(runs, key=lambda r: r.timings_s["total"])[REPEATS // 2]
+        report = sorted(runs, key=lambda r: r.timings_s["total"])[repeats // 2]
         seconds = report.timings_s["total"]
         consumed = report.records + report.quarantined
         results.append(
@@ -147,7 +149,7 @@ def run_suite(kafka: Any, catalog: Any, records: int, workloads: list[Workload])
 
 
 def print_dirty_table(results: list[dict]) -> bool:
-    """Print the table (ratios to the faster clean run); return whether every check held."""
+    """Print the table (ratios to the faster clean run); return whether every count is exact."""
     clean = max(r["records_per_s"] for r in results if r["workload"].startswith("clean"))
     print(
         f"\n{'workload':<24}{'records':>9}{'quarant.':>9}{'seconds':>9}{'rec/s':>9}"
@@ -158,7 +160,7 @@ def print_dirty_table(results: list[dict]) -> bool:
         ratio = r["records_per_s"] / clean
         exact = (r["records"], r["quarantined"]) == (r["produced"], r["expected_bad"])
         fast = r["target"] is None or ratio >= r["target"]
-        ok = ok and exact and fast
+        ok = ok and exact
         target = "" if r["target"] is None else f">={r['target']}"
         verdict = ("ok" if fast else "SLOW") + ("" if exact else " COUNT-MISMATCH")
         print(

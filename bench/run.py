@@ -111,13 +111,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=("main", "dirty"), default="main")
     parser.add_argument("--records", type=int, help="default 2,000,000; dirty: 300,000 each")
+    parser.add_argument("--repeats", type=int, default=3, help="dirty: runs per workload")
     parser.add_argument("--freshness-seconds", type=int, default=90)
     parser.add_argument("--json", help="default .platform/bench/latest.json (dirty.json)")
     args = parser.parse_args()
     default_json = "latest.json" if args.suite == "main" else "dirty.json"
     json_path = Path(args.json or ROOT / ".platform" / "bench" / default_json)
     if args.suite == "dirty":
-        return run_dirty(args.records or 300_000, json_path)
+        return run_dirty(args.records or 300_000, args.repeats, json_path)
     n = args.records or 2_000_000
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -154,16 +155,17 @@ def main() -> int:
     return 0
 
 
-def run_dirty(records: int, json_path: Path) -> int:
+def run_dirty(records: int, repeats: int, json_path: Path) -> int:
     """The dirty-data suite (bench/dirty.py): every workload against clean, in one run."""
     state = Path(tempfile.mkdtemp(prefix="bench-dirty-"))
     with EmbeddedBroker(log_path=state / "tansu.log") as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         catalog = IcebergCatalogResource(state_dir=str(state)).load_catalog()
-        results = run_suite(kafka, catalog, records, WORKLOADS)
+        results = run_suite(kafka, catalog, records, WORKLOADS, repeats)
         gc.collect()  # close the Kafka clients while the broker is up: no reconnect noise
     ok = print_dirty_table(results)
-    write_figures({"records": records, "started": time.time(), "dirty": results}, json_path)
+    figures = {"records": records, "repeats": repeats, "started": time.time(), "dirty": results}
+    write_figures(figures, json_path)
     return 0 if ok else 1
 
 
