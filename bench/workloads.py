@@ -118,7 +118,9 @@ def baseline(
 
     schema = table.schema().as_arrow()
     consumer = Consumer(consumer_config(kafka_config, "bench-baseline"))
-    started, total, rows, offsets = time.monotonic(), 0, [], {}
+    started, total = time.monotonic(), 0
+    rows: list[dict[str, Any]] = []
+    offsets: dict[str, int] = {}
 
     def flush() -> None:
         table.append(
