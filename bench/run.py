@@ -1,6 +1,7 @@
 """One command for the benchmark: produce, then limit / baseline / ours, freshness, memory.
 
     .venv/bin/python bench/run.py [--records 2000000] [--json .platform/bench/latest.json]
+    .venv/bin/python bench/run.py --suite dirty [--records 300000]   # bad records (dirty.py)
 
 Everything runs against the embedded stack it starts (Tansu, a throw-away SQLite catalog,
 local Spark). Figures are ratios within this run; absolute times on shared machines are noise.
@@ -24,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import TopicPartition  # noqa: E402
 
+from bench.dirty import WORKLOADS, print_dirty_table, run_suite  # noqa: E402
 from bench.freshness import measure_freshness  # noqa: E402
 from bench.rss import PeakRss  # noqa: E402
 from bench.workloads import baseline, limit, produce, spec_for  # noqa: E402
@@ -107,11 +109,17 @@ def profile_engine(kafka: KafkaResource, catalog: Any, topic: str, records: int)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--suite", choices=("main", "dirty"), default="main")
+    parser.add_argument("--records", type=int, help="default 2,000,000; dirty: 300,000 each")
+    parser.add_argument("--repeats", type=int, default=3, help="dirty: runs per workload")
     parser.add_argument("--freshness-seconds", type=int, default=90)
-    parser.add_argument("--json", default=str(ROOT / ".platform" / "bench" / "latest.json"))
+    parser.add_argument("--json", help="default .platform/bench/latest.json (dirty.json)")
     args = parser.parse_args()
-    n = args.records
+    default_json = "latest.json" if args.suite == "main" else "dirty.json"
+    json_path = Path(args.json or ROOT / ".platform" / "bench" / default_json)
+    if args.suite == "dirty":
+        return run_dirty(args.records or 300_000, args.repeats, json_path)
+    n = args.records or 2_000_000
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
     figures: dict[str, Any] = {"records": n, "partitions": PARTITIONS, "started": time.time()}
@@ -143,10 +151,28 @@ def main() -> int:
         figures["profile_top"] = profile_engine(kafka, catalog, "orders", min(200_000, ends[0]))
         gc.collect()  # close the Kafka clients while the broker is up: no reconnect noise
     print_table(figures)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(figures, indent=2))
-    print(f"figures written to {args.json}")
+    write_figures(figures, json_path)
     return 0
+
+
+def run_dirty(records: int, repeats: int, json_path: Path) -> int:
+    """The dirty-data suite (bench/dirty.py): every workload against clean, in one run."""
+    state = Path(tempfile.mkdtemp(prefix="bench-dirty-"))
+    with EmbeddedBroker(log_path=state / "tansu.log") as broker:
+        kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
+        catalog = IcebergCatalogResource(state_dir=str(state)).load_catalog()
+        results = run_suite(kafka, catalog, records, WORKLOADS, repeats)
+        gc.collect()  # close the Kafka clients while the broker is up: no reconnect noise
+    ok = print_dirty_table(results)
+    figures = {"records": records, "repeats": repeats, "started": time.time(), "dirty": results}
+    write_figures(figures, json_path)
+    return 0 if ok else 1
+
+
+def write_figures(figures: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(figures, indent=2))
+    print(f"figures written to {path}")
 
 
 def print_table(figures: dict[str, Any]) -> None:

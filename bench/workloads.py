@@ -21,6 +21,14 @@ from ingestion.spec import PipelineSpec, load_pipeline_specs
 from platform_assets.demo import encode_event, make_order_event
 
 PIPELINES_FILE = Path(__file__).resolve().parent.parent / "platform_assets" / "pipelines.yaml"
+KafkaRecord = tuple[bytes | None, bytes | None]
+"""A record's key and value (None: no key, a tombstone)."""
+
+
+def order_record(rng: random.Random, sequence: int) -> KafkaRecord:
+    """An order event keyed by its order id."""
+    event = make_order_event(rng, sequence)
+    return event["order_id"].encode(), encode_event(event)
 
 
 def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
@@ -30,6 +38,7 @@ def spec_for(name: str, topic: str, cap: int | None) -> PipelineSpec:
             "name": name,
             "topic": topic,
             "table": f"bench.{name}",
+            "quarantine_table": f"bench.{name}_quarantine",
             "consumer_group_id": f"bench-{name}",
             "max_records_per_run": cap,
             "max_records_per_task": 250_000,
@@ -79,8 +88,10 @@ def produce(
     records: int,
     partitions: int,
     workload: Workload = DEMO,
+    make: Callable[[random.Random, int], KafkaRecord] | None = None,
 ) -> float:
-    """Produce ``records`` events of ``workload`` round-robin; return records/s.
+    """Produce ``records`` records round-robin: ``make``'s if given (dirty workloads), else the
+    events of ``workload``; return records/s.
 
     Each partition's last record goes in a batch of its own (after a flush), so the embedded
     broker's end offsets are exact (Tansu reports the last batch's base offset + 1).
@@ -100,9 +111,12 @@ def produce(
     started = time.monotonic()
     last = {}
     for i in range(records):
-        event = workload.event(rng, i)
+        if make is not None:
+            record = make(rng, i)
+        else:
+            event = workload.event(rng, i)
+            record = (event["order_id"].encode(), encode_event(event))
         partition = i % partitions
-        record = (event["order_id"].encode(), encode_event(event))
         if i >= records - partitions:
             last[partition] = record
             continue
@@ -147,7 +161,9 @@ def baseline(
 
     schema = table.schema().as_arrow()
     consumer = Consumer(consumer_config(kafka_config, "bench-baseline"))
-    started, total, rows, offsets = time.monotonic(), 0, [], {}
+    started, total = time.monotonic(), 0
+    rows: list[dict[str, Any]] = []
+    offsets: dict[str, int] = {}
 
     def flush() -> None:
         table.append(

@@ -18,6 +18,7 @@ import orjson
 import pyarrow as pa
 
 from ingestion.decode import Decoded, Rejection, finish_decoded
+from ingestion.isolate import bisect_bulk
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -142,20 +143,33 @@ def decode_avro(
 def _rows_to_arrow(
     rows: list[dict[str, Any]], schema: pa.Schema
 ) -> tuple[pa.Table, dict[int, str]]:
-    """Rows to Arrow: known columns typed by the table, new ones inferred; bad rows by position."""
+    """Rows to Arrow: known columns typed by the table, new ones inferred; bad rows by position.
+
+    A failed conversion is bisected (halves, down to single rows), so one bad row costs
+    O(log n) conversions, not one per row (``ingestion/isolate.py``).
+    """
     extra = sorted({key for row in rows for key in row} - set(schema.names))
+    errors = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)
     try:
         return _convert(rows, schema, extra), {}
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except errors:
         pass
-    good, bad = [], {}
-    for position, row in enumerate(rows):
+    bad: dict[int, str] = {}
+
+    def single(position: int) -> int | None:
         try:
-            _convert([row], schema, extra)
-            good.append(row)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            _convert([rows[position]], schema, extra)
+        except errors as exc:
             bad[position] = str(exc)[:1000]
-    return _convert(good, schema, extra), bad
+            return None
+        return 1
+
+    def bulk(positions: list[int]) -> int:
+        _convert([rows[p] for p in positions], schema, extra)
+        return len(positions)
+
+    bisect_bulk(list(range(len(rows))), bulk, single, errors, known_bad=True)
+    return _convert([row for p, row in enumerate(rows) if p not in bad], schema, extra), bad
 
 
 def _convert(rows: list[dict[str, Any]], schema: pa.Schema, extra: list[str]) -> pa.Table:

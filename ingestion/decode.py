@@ -2,7 +2,8 @@
 
 JSON values are decoded a whole batch at a time with ``pyarrow.json`` against the table's Arrow
 schema (decimals and timestamps are parsed from their text, never through floats). When a batch
-fails, each of its records is decoded alone to find the bad ones; those are returned as
+fails, the bad records are isolated without leaving the bulk path (``ingestion/isolate.py``: a
+syntax screen, then bisection) and decoded alone; those that still fail are returned as
 rejections with their error, for the dead-letter path or to fail the run.
 """
 
@@ -10,10 +11,15 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
+
+from ingestion.isolate import DecodeStats, Piece, is_json_object, isolate_json
+
+_PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class Decoded:
     rejections: list[Rejection] = field(default_factory=list)
     new_fields: dict[str, pa.DataType] = field(default_factory=dict)
     promotions: dict[str, pa.DataType] = field(default_factory=dict)
+    stats: DecodeStats = field(default_factory=DecodeStats)
 
 
 def widen(kind: pa.DataType) -> pa.DataType | None:
@@ -82,7 +89,7 @@ def _from_text(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
     return stamps.cast(pa.int64()).cast(pa.time64("us")).cast(kind)
 
 
-def _parse(payload: bytes, schema: pa.Schema, newlines: bool) -> pa.Table:
+def _parse(payload: bytes, schema: pa.Schema, newlines: bool, threads: bool = True) -> pa.Table:
     text_typed = [i for i, f in enumerate(schema) if _is_text_typed(f.type)]
     read_schema = schema
     for index in text_typed:
@@ -90,12 +97,51 @@ def _parse(payload: bytes, schema: pa.Schema, newlines: bool) -> pa.Table:
     options = pj.ParseOptions(
         explicit_schema=read_schema, unexpected_field_behavior="infer", newlines_in_values=newlines
     )
-    table = pj.read_json(io.BytesIO(payload), parse_options=options)
+    read = pj.ReadOptions(use_threads=threads)  # one record: a thread pool costs more than it saves
+    table = pj.read_json(io.BytesIO(payload), read_options=read, parse_options=options)
     for index in text_typed:
         field = schema.field(index)
         position = table.schema.get_field_index(field.name)
         table = table.set_column(position, field, _from_text(table.column(position), field.type))
     return table
+
+
+def _parse_one(payload: bytes, schema: pa.Schema) -> pa.Table:
+    """Parse one value alone; raises ``ArrowInvalid`` unless it is exactly one JSON object."""
+    table = _parse(payload, schema, newlines=True, threads=False)
+    if table.num_rows != 1:
+        raise pa.ArrowInvalid(f"expected one JSON object, found {table.num_rows}")
+    return table
+
+
+def _promotable(error: Exception, payload: bytes) -> bool:
+    """Whether a wider column type might decode ``payload``: not when the error cannot depend
+    on the column types (blank, several objects, a required field absent or null, JSON syntax
+    the strict screen also rejects)."""
+    message = str(error)
+    if message.startswith(("expected one JSON object", "Empty JSON file")):
+        return False
+    if "a required field was" in message:
+        return False
+    syntax = message.startswith("JSON parse error:") and "Column(" not in message
+    return not syntax or is_json_object(payload)
+
+
+def _assemble(
+    pieces: list[Piece[pa.Table]], present: list[int], schema: pa.Schema
+) -> tuple[pa.Table, list[int]]:
+    """One compact table in batch order from decoded pieces, and the batch index of each row."""
+    if not pieces:
+        return schema.empty_table(), []
+    if len(pieces) == 1:
+        return pieces[0][1], [present[row] for row in pieces[0][0]]
+    pieces.sort(key=lambda piece: piece[0][0])
+    rows = [row for piece_rows, _ in pieces for row in piece_rows]
+    table = pa.concat_tables([t for _, t in pieces], promote_options="permissive")
+    if any(a > b for a, b in pairwise(rows)):  # singles among bulk rows
+        order = sorted(range(len(rows)), key=rows.__getitem__)
+        table, rows = table.take(pa.array(order, pa.int64())), [rows[i] for i in order]
+    return table.combine_chunks(), [present[row] for row in rows]
 
 
 def _required_violations(table: pa.Table, required: tuple[str, ...]) -> pa.Array | None:
@@ -118,7 +164,9 @@ def decode_json(
     kept as extra columns. A value that fits only a promoted column type (int->long,
     float->double, wider decimal) is reported in ``promotions`` instead of rejected (R35).
     A null value (tombstone), a value that is not a JSON object, a value that does not
-    convert to its column type, or a null required field is a rejection.
+    convert to its column type, or a null required field is a rejection. Rows keep batch
+    order; ``stats`` counts bulk and single-record parses (a bad record costs one single parse
+    and O(log n) bulk ones, never a record-by-record batch).
 
     Example:
         >>> schema = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(6, 2))])
@@ -133,40 +181,35 @@ def decode_json(
     ]
     present = [i for i, v in enumerate(values) if v is not None]
     payloads = [values[i] or b"" for i in present]
-    table: pa.Table | None = None
-    if payloads and not any(b"\n" in p for p in payloads):
-        try:
-            table = _parse(b"\n".join(payloads), schema, newlines=False)
-            if table.num_rows != len(payloads):  # blank values collapse rows: decode one by one
-                table = None
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            table = None
-    indices = present
+    stats = DecodeStats()
     promotions: dict[str, pa.DataType] = {}
-    if table is None and payloads:
-        pieces, indices = [], []
-        for index, payload in zip(present, payloads, strict=True):
-            try:
-                piece = _parse(payload, schema, newlines=True)
-                if piece.num_rows != 1:
-                    raise pa.ArrowInvalid(f"expected one JSON object, found {piece.num_rows}")
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                promotion = find_promotion(payload, schema)
-                promotions.update(promotion)
-                if not promotion:
-                    rejections.append(Rejection(index, type(exc).__name__, str(exc)[:1000]))
-                continue
-            pieces.append(piece)
-            indices.append(index)
-        table = (
-            pa.concat_tables(pieces, promote_options="permissive")
-            if pieces
-            else schema.empty_table()
-        )
-    if table is None:
-        table = schema.empty_table()
+
+    def bulk(chosen: list[bytes]) -> pa.Table:
+        stats.bulk_parses += 1
+        table = _parse(b"\n".join(chosen), schema, newlines=False)
+        if table.num_rows != len(chosen):  # a value holding several objects
+            raise pa.ArrowInvalid(f"expected {len(chosen)} rows, found {table.num_rows}")
+        return table
+
+    def single(row: int) -> pa.Table | None:
+        stats.single_parses += 1
+        try:
+            return _parse_one(payloads[row], schema)
+        except _PARSE_ERRORS as exc:
+            error = exc
+        promotable = _promotable(error, payloads[row])
+        promotion = find_promotion(payloads[row], schema) if promotable else {}
+        promotions.update(promotion)
+        if not promotion:
+            rejections.append(Rejection(present[row], type(error).__name__, str(error)[:1000]))
+        return None
+
+    non_null = tuple(f.name for f in schema if not f.nullable)
+    pieces = isolate_json(payloads, bulk, single, _PARSE_ERRORS, stats, non_null)
+    table, indices = _assemble(pieces, present, schema)
     decoded = finish_decoded(table, indices, rejections, schema, required)
     decoded.promotions = promotions
+    decoded.stats = stats
     return decoded
 
 

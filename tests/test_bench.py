@@ -45,6 +45,32 @@ def test_run_prints_and_writes_every_figure(tmp_path: Path) -> None:
         assert line in out
 
 
+def test_dirty_suite_prints_every_workload_against_clean(tmp_path: Path) -> None:
+    """Counts are exact for every workload (quarantined = bad records made, nothing lost); the
+    ratios are printed, not judged, at this size."""
+    from bench.dirty import WORKLOADS
+
+    target = tmp_path / "dirty.json"
+    out = run_bench(
+        "bench/run.py",
+        "--suite",
+        "dirty",
+        "--records",
+        "600",
+        "--repeats",
+        "1",
+        "--json",
+        str(target),
+    )
+    results = json.loads(target.read_text())["dirty"]
+    assert [r["workload"] for r in results] == [w.name for w in WORKLOADS]
+    for r in results:
+        assert (r["records"], r["quarantined"]) == (600, r["expected_bad"]), r
+    assert "COUNT-MISMATCH" not in out
+    assert sum(r["expected_bad"] for r in results) > 0
+    assert "malformed 10.0%" in out
+
+
 def test_small_runs_compares_both_modes() -> None:
     out = run_bench("bench/small_runs.py", "--runs", "1", "--records", "50")
     assert "in-process / spark wall time:" in out

@@ -171,3 +171,29 @@ def test_dead_letters_already_copied_are_not_copied_again(
         consumer.close()
     assert sorted(c or b"" for c in copies) == [b"[1,", b"{oops"]
     harness.assert_exactly_once(spec, ledger)
+
+
+def test_large_dirty_batch_lands_every_good_record_once(
+    harness: Harness, new_pipeline: NewPipeline, ledger: Ledger
+) -> None:
+    """R33: 20,000 records decoded as one batch with bad values in the middle (syntax error,
+    type error, blank) and a multi-line object: every good record lands once, each bad one is
+    quarantined once, and the multi-line object is decoded in the bulk path."""
+    bad: list[Record] = [(b"bad-syntax", b'{"id": 1, "amount": ', None)]
+    bad += [(b"bad-type", b'{"id": "x"}', None), (b"bad-blank", b" ", None)]
+    multi_line: Record = (b"lines", b'{\n  "id": 20000,\n  "name": "multi-line"\n}', None)
+    produce = [*records(10_000), *bad, multi_line, *records(10_000, 10_000)]
+    _, spec = new_pipeline(
+        "dirty_batch", produce=produce, errors_tolerance="all", max_records_per_task=50_000
+    )
+    report = harness.run(spec)
+    assert report.committed
+    assert (report.records, report.quarantined) == (20_001, 3)
+    assert not report.schema_changes
+    harness.assert_exactly_once(spec, ledger)
+    quarantine = harness.catalog.load_table(spec.quarantine_table).scan().to_arrow()
+    assert sorted(quarantine.column("_kafka_key").to_pylist()) == sorted(
+        k or b"" for k, _, _ in bad
+    )
+    row = harness.table(spec).scan(row_filter="id = 20000").to_arrow().to_pylist()
+    assert [r["name"] for r in row] == ["multi-line"]

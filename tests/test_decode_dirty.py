@@ -1,0 +1,218 @@
+"""Dirty batches decode at bulk speed with the outcome of decoding every record alone."""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+
+from ingestion.avro import _rows_to_arrow
+from ingestion.decode import Decoded, decode_json
+from ingestion.isolate import bisect_bulk
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("amount", pa.decimal128(6, 2)),
+        ("n", pa.int32()),
+        ("day", pa.date32()),
+        ("note", pa.string()),
+    ]
+)
+REQUIRED = ("id",)
+
+
+def good(i: int) -> bytes:
+    return b'{"id": %d, "amount": %d.25, "n": 1, "day": "2026-11-23", "note": "r%d"}' % (
+        i,
+        i % 1000,
+        i,
+    )
+
+
+# (bad value, what becomes of it): "row" = decoded, "promotion" = reported, else error class
+CASES = [
+    (b'{"id": 5, "amount": ', "ArrowInvalid"),  # bad syntax (truncated)
+    (b"\xff\xfe{}", "ArrowInvalid"),  # not UTF-8
+    (b"[1, 2]", "ArrowInvalid"),  # not an object
+    (b"42", "ArrowInvalid"),
+    (b'{"id": "x"}', "ArrowInvalid"),  # type error: string for a long
+    (b'{"id": 3, "day": "2026-02-30"}', "ArrowInvalid"),  # impossible date (text-typed column)
+    (b'{"id": 3, "amount": 1.234}', "ArrowInvalid"),  # more scale than the column: no rounding
+    (b"", "ArrowInvalid"),  # blank
+    (b"  \t ", "ArrowInvalid"),  # blank: rejected, never a promotion
+    (b"\n", "ArrowInvalid"),
+    (None, "NullValue"),  # tombstone
+    (b'{"id": 1}{"id": 2}', "ArrowInvalid"),  # two objects in one value
+    (b'{"id": 7, "note": "a\nb"}', "ArrowInvalid"),  # raw newline inside a string
+    (b'{"amount": 1.00}', "MissingRequiredField"),
+    (b'{\n  "id": 7,\r\n  "note": "multi-line"\n}', "row"),  # newlines as whitespace
+    (b'{"id": 8, "n": 3000000000}', "promotion"),  # int -> long (R35)
+    (b'{"id": 9, "amount": 12345.55}', "promotion"),  # decimal precision widening (R35)
+]
+IDS = [
+    "syntax",
+    "utf8",
+    "array",
+    "number",
+    "type",
+    "date",
+    "scale",
+    "empty",
+    "blank",
+    "newline-only",
+    "tombstone",
+    "two-objects",
+    "raw-newline-in-string",
+    "missing-required",
+    "multi-line-object",
+    "promote-int",
+    "promote-decimal",
+]
+
+
+def alone(values: list[bytes | None]) -> list[Decoded]:
+    """The reference: every value decoded in a batch of its own."""
+    return [decode_json([value], SCHEMA, REQUIRED) for value in values]
+
+
+def assert_same_as_alone(values: list[bytes | None], decoded: Decoded) -> None:
+    reference = alone(values)
+    expected_rows = [(i, r.table.to_pylist()[0]) for i, r in enumerate(reference) if r.indices]
+    assert decoded.indices == [i for i, _ in expected_rows]
+    assert decoded.table.to_pylist() == [
+        {**{name: None for name in decoded.table.column_names}, **row} for _, row in expected_rows
+    ]
+    assert [(r.index, r.error_class, r.message) for r in decoded.rejections] == [
+        (i, r.error_class, r.message) for i, ref in enumerate(reference) for r in ref.rejections
+    ]
+    promotions = {k: v for ref in reference for k, v in ref.promotions.items()}
+    assert decoded.promotions == promotions
+
+
+@pytest.mark.parametrize(("bad", "outcome"), CASES, ids=IDS)
+@pytest.mark.parametrize("position", [0, 57, 199])
+def test_one_bad_value_among_good_ones(bad: bytes | None, outcome: str, position: int) -> None:
+    values: list[bytes | None] = [good(i) for i in range(200)]
+    values[position] = bad
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    others = [i for i in range(200) if i != position]
+    assert_same_as_alone(values, decoded)
+    if outcome == "row":
+        assert decoded.indices == list(range(200))
+        assert decoded.table.column("note")[position].as_py() == "multi-line"
+    else:
+        assert decoded.indices == others
+        assert decoded.table.column("id").to_pylist() == others
+        assert decoded.table.column("amount")[0].as_py() == Decimal(f"{others[0] % 1000}.25")
+    if outcome == "promotion":
+        assert decoded.promotions
+        assert not decoded.rejections
+    elif outcome != "row":
+        assert [(r.index, r.error_class) for r in decoded.rejections] == [(position, outcome)]
+        assert not decoded.promotions
+    assert decoded.table.column("id").num_chunks <= 2
+
+
+def test_every_kind_at_once_keeps_order_and_indices() -> None:
+    """All bad kinds spread through one batch, blank next to a two-object value (which
+    together would keep the row count of a newline-delimited parse and shift rows)."""
+    values: list[bytes | None] = [good(i) for i in range(500)]
+    for slot, (bad, _) in enumerate(CASES):
+        values[20 + 25 * slot] = bad
+    values[21], values[22] = b"", b'{"id": 1}{"id": 2}'
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    assert_same_as_alone(values, decoded)
+    assert decoded.indices == sorted(decoded.indices)
+    ids = decoded.table.column("id").to_pylist()
+    assert [ids[k] for k, i in enumerate(decoded.indices) if i not in (20 + 25 * 14,)] == [
+        i for i in decoded.indices if i != 20 + 25 * 14
+    ]
+    assert decoded.table.column("id").num_chunks == 1
+
+
+def test_clean_batch_with_newlines_stays_in_bulk() -> None:
+    values: list[bytes | None] = [good(i).replace(b", ", b",\n ") for i in range(1000)]
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    assert decoded.indices == list(range(1000))
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("bad", "max_bulk"),
+    [
+        (b'{"id": 5, "amount": ', 2),  # the screen finds it: one bulk parse again
+        (b'{"id": "x"}', 2 * math.ceil(math.log2(50_000)) + 1),  # bisected
+        (b'{"id": 9, "amount": 12345.55}', 2 * math.ceil(math.log2(50_000)) + 1),
+    ],
+    ids=["syntax", "type", "promotion"],
+)
+def test_one_bad_record_in_50k_costs_log_n_bulk_parses(bad: bytes, max_bulk: int) -> None:
+    values: list[bytes | None] = [good(i) for i in range(50_000)]
+    values[25_000] = bad
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    assert decoded.stats.single_parses == 1
+    assert 2 <= decoded.stats.bulk_parses <= max_bulk
+    assert len(decoded.indices) == 49_999
+    assert decoded.table.column("id").num_chunks < 100
+
+
+def test_many_syntax_errors_cost_one_single_parse_each() -> None:
+    values: list[bytes | None] = [good(i) for i in range(50_000)]
+    bad = range(500, 50_000, 1000)
+    for i in bad:
+        values[i] = good(i)[:-9]  # truncated
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    assert [r.index for r in decoded.rejections] == list(bad)
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, len(bad))
+    assert decoded.table.column("id").to_pylist() == decoded.indices
+
+
+@pytest.mark.parametrize("bad", [{1}, {0, 1, 2, 3}, {5, 6}, {0, 63}, set(range(0, 64, 3))])
+def test_bisect_finds_exactly_the_bad_rows(bad: set[int]) -> None:
+    calls: list[list[int]] = []
+
+    def bulk(rows: list[int]) -> list[int]:
+        calls.append(rows)
+        if bad & set(rows):
+            raise ValueError(rows)
+        return rows
+
+    singles: list[int] = []
+
+    def single(row: int) -> list[int] | None:
+        singles.append(row)
+        return None if row in bad else [row]
+
+    pieces = bisect_bulk(list(range(64)), bulk, single, (ValueError,))
+    assert sorted(singles) == sorted(bad)
+    assert [row for rows, _ in pieces for row in rows] == [r for r in range(64) if r not in bad]
+    assert len(calls) <= 1 + 2 * len(bad) * math.ceil(math.log2(64))
+
+
+@pytest.mark.parametrize("position", [0, 500, 999])
+def test_avro_rows_one_bad_row_is_set_aside(position: int) -> None:
+    rows: list[dict[str, object]] = [{"id": i, "amount": Decimal("1.25")} for i in range(1000)]
+    rows[position] = {"id": "not a long", "amount": Decimal("1.25")}
+    schema = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(6, 2))])
+    table, bad = _rows_to_arrow(rows, schema)
+    assert list(bad) == [position]
+    assert table.column("id").to_pylist() == [i for i in range(1000) if i != position]
+
+
+@pytest.mark.parametrize("bad", [b'{"amount": 1.00}', b'{"id": null}'], ids=["absent", "null"])
+def test_required_field_screened_when_the_schema_says_not_null(bad: bytes) -> None:
+    """The engine's schema marks required columns not-null: pyarrow then fails the bulk parse
+    on a missing one; the screen sets such records aside (no bisection, no promotion tries)."""
+    schema = SCHEMA.set(0, pa.field("id", pa.int64(), nullable=False))
+    values: list[bytes | None] = [good(i) for i in range(50_000)]
+    bad_rows = range(100, 50_000, 100)
+    for i in bad_rows:
+        values[i] = bad
+    decoded = decode_json(values, schema, REQUIRED)
+    assert [r.index for r in decoded.rejections] == list(bad_rows)
+    assert decoded.rejections[0].message == decode_json([bad], schema).rejections[0].message
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, len(bad_rows))
+    assert not decoded.promotions
