@@ -231,7 +231,13 @@ def finish_decoded(
             )
         table = table.filter(pc.invert(violation))
         indices = [index for position, index in enumerate(indices) if position not in bad]
-    new_fields = {f.name: f.type for f in table.schema if f.name not in schema.names}
+    # A field null in every row says nothing of its type (and Iceberg v2 has no null type):
+    # it is added once a value arrives; its nulls read as null meanwhile.
+    new_fields = {
+        f.name: f.type
+        for f in table.schema
+        if f.name not in schema.names and not pa.types.is_null(f.type)
+    }
     rejections.sort(key=lambda r: r.index)
     return Decoded(table, indices, rejections, new_fields)
 
@@ -255,3 +261,28 @@ def decode_keys(keys: list[bytes | None], as_string: bool) -> tuple[pa.Array, li
             decoded.append(None)
             rejections.append(Rejection(index, "UnicodeDecodeError", f"key: {exc}"))
     return pa.array(decoded, pa.large_string()), rejections
+
+
+def merge_field_types(into: dict[str, pa.DataType], new: dict[str, pa.DataType]) -> None:
+    """Merge newly seen fields into ``into``, widening like one parse of all the rows would
+    (int64 and double give double), never narrowing: chunks and tasks each infer their own.
+
+    Example:
+        >>> seen = {"x": pa.float64()}
+        >>> merge_field_types(seen, {"x": pa.int64(), "y": pa.string()})
+        >>> seen
+        {'x': DataType(double), 'y': DataType(string)}
+    """
+    for name, kind in new.items():
+        known = into.get(name)
+        if known is None or known == kind:
+            into[name] = kind
+            continue
+        try:
+            merged = pa.unify_schemas(
+                [pa.schema([(name, known)]), pa.schema([(name, kind)])],
+                promote_options="permissive",
+            )
+            into[name] = merged.field(name).type
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            into[name] = pa.string() if pa.types.is_string(kind) else known

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion import exceptions
 from ingestion.avro import fetch_schemas_by_id
 from ingestion.commit import delete_files
+from ingestion.decode import merge_field_types
 from ingestion.hooks import FailureHooks
 from ingestion.plan import Plan
 from ingestion.spec import PipelineSpec
@@ -167,7 +168,7 @@ def prepare_files(
         unknown: set[int] = set()
         for index in rerun:
             delete_files(table, results[index].data_files + results[index].quarantine_files)
-            new_fields.update(results[index].new_fields)
+            merge_field_types(new_fields, results[index].new_fields)
             promotions.update(results[index].promotions)
             unknown |= results[index].unknown_schema_ids
         writers, missing = dict(specs[0].writer_schemas), set(specs[0].missing_schema_ids)

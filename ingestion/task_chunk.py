@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from ingestion import exceptions
 from ingestion.avro import decode_avro
-from ingestion.decode import Decoded, Rejection, decode_json, decode_keys
+from ingestion.decode import Decoded, Rejection, decode_json, decode_keys, merge_field_types
 from ingestion.writer import FanoutWriter
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class ChunkWriter:
             result.max_timestamp_ms = latest
         keys, key_rejections = _decode_keys(raw.keys, as_string=spec.key_format == "string")
         decoded = _decode_chunk(spec, raw.values, self.user_schema, self.required, result)
-        result.new_fields.update(decoded.new_fields)
+        merge_field_types(result.new_fields, decoded.new_fields)
         result.promotions.update(decoded.promotions)
         rejected = merge_rejections(key_rejections, decoded.rejections)
         if rejected and self.first_bad is None:

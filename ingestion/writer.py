@@ -106,8 +106,10 @@ class FanoutWriter:
         """Append ``rows`` (any partition values) to the open file of each value."""
         if rows.num_rows == 0:
             return
-        rows = self._to_file_schema(rows)
-        parts = [((), rows)] if self._spec.is_unpartitioned() else self._split(rows)
+        # Split on the table's column names, then rename to the file schema (pyiceberg
+        # sanitises names such as 'event-type' in Parquet files).
+        split = [((), rows)] if self._spec.is_unpartitioned() else self._split(rows)
+        parts = [(value, self._to_file_schema(part)) for value, part in split]
         for value, part in parts:
             self._pending.setdefault(value, []).append(part)
             self._pending_bytes[value] = self._pending_bytes.get(value, 0) + part.nbytes
