@@ -3,8 +3,9 @@
 JSON values are decoded a whole batch at a time with ``pyarrow.json`` against the table's Arrow
 schema (decimals and timestamps are parsed from their text, never through floats). When a batch
 fails, the bad records are isolated without leaving the bulk path (``ingestion/isolate.py``: a
-syntax screen, then bisection) and decoded alone; those that still fail are returned as
-rejections with their error, for the dead-letter path or to fail the run.
+strict-JSON screen rejects what is not one JSON object with its required fields, bisection
+finds the rest, which are decoded alone); every bad record is returned as a rejection with its
+error, for the dead-letter path or to fail the run. Invalid UTF-8 is rejected in every batch.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingestion.isolate import DecodeStats, Piece, is_json_object, isolate_json
+from ingestion.new_fields import reconcile_new_fields
 
 _PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
 
@@ -67,7 +69,7 @@ def find_promotion(payload: bytes, schema: pa.Schema) -> dict[str, pa.DataType]:
         if wider is None:
             continue
         try:
-            _parse(payload, schema.set(index, column.with_type(wider)), newlines=True)
+            _parse_one(payload, schema.set(index, column.with_type(wider)))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             continue
         return {column.name: wider}
@@ -136,6 +138,8 @@ def _assemble(
     if len(pieces) == 1:
         return pieces[0][1], [present[row] for row in pieces[0][0]]
     pieces.sort(key=lambda piece: piece[0][0])
+    if not pieces:
+        return schema.empty_table(), []
     rows = [row for piece_rows, _ in pieces for row in piece_rows]
     table = pa.concat_tables([t for _, t in pieces], promote_options="permissive")
     if any(a > b for a, b in pairwise(rows)):  # singles among bulk rows
@@ -204,8 +208,16 @@ def decode_json(
             rejections.append(Rejection(present[row], type(error).__name__, str(error)[:1000]))
         return None
 
+    def reject(row: int, error_class: str, message: str) -> None:
+        rejections.append(Rejection(present[row], error_class, message[:1000]))
+
     non_null = tuple(f.name for f in schema if not f.nullable)
-    pieces = isolate_json(payloads, bulk, single, _PARSE_ERRORS, stats, non_null)
+    pieces = isolate_json(payloads, bulk, single, reject, _PARSE_ERRORS, stats, non_null)
+    if len(pieces) > 1:  # parts may infer a new field's type differently
+        pieces.sort(key=lambda piece: piece[0][0])
+        pieces, mixed = reconcile_new_fields(pieces, schema)
+        for row, message in mixed:
+            reject(row, "MixedFieldType", message)
     table, indices = _assemble(pieces, present, schema)
     decoded = finish_decoded(table, indices, rejections, schema, required)
     decoded.promotions = promotions

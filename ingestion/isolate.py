@@ -2,11 +2,16 @@
 
 One bad record must not make a whole batch decode record by record (a user measured one bad
 JSON value in 1,000 making ingestion ~330x slower). The records that cannot be decoded in bulk
-are found instead: values that are not exactly one JSON object by a cheap per-record screen
-(orjson, strict RFC 8259), the rest by bisection (halves in bulk, recursively, down to single
-records). Only records decoded alone are ever rejected (R33), by the same single-record decode
-as before, so the outcome (rows, rejections, promotions) is that of decoding every record alone;
-the cost is O(bad) single decodes and O(bad * log n) bulk decodes.
+are found instead. Every batch is checked for invalid UTF-8 in one pass over its bytes (pyarrow
+would store such strings as they are). Once a bulk decode fails, a per-record screen (orjson,
+strict RFC 8259) rejects, without a ``pyarrow`` decode, the values that are not exactly one JSON
+object with non-null required fields; the rest are bisected (halves in bulk, recursively, down
+to single records). The contract is strict JSON: a value the screen rejects is rejected in any
+batch, alone too, with the same error, so the outcome (rows, rejections, promotions) is that of
+decoding every record alone. One exception keeps pyarrow's reading: values holding ``NaN`` or
+``Infinity`` (not JSON, read by pyarrow as floats) are decoded alone instead of rejected. The
+cost is O(n) screening once a batch is dirty, O(bad) cheap screen rejections, and O(bad * log n)
+bulk decodes only for the values that pass the screen but still fail (type errors).
 """
 
 from __future__ import annotations
@@ -29,6 +34,59 @@ class DecodeStats:
     bulk_parses: int = 0
     single_parses: int = 0
     screened: int = 0
+    screen_rejected: int = 0
+    """Values rejected by the screen (syntax, not an object, required field, UTF-8): no decode."""
+
+
+Reject = Callable[[int, str, str], None]
+"""(row, error class, message): set a record aside with its error."""
+
+
+def screen_json(payload: bytes, required: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """Why ``payload`` is not exactly one JSON object (RFC 8259, UTF-8) with a non-null value
+    for each of ``required``: (error class, message); None when it is.
+
+    Example:
+        >>> screen_json(b'{"a": 1}'), screen_json(b"[1]")
+        (None, ('ArrowInvalid', 'not a JSON object: a list'))
+        >>> screen_json(b'{"b": 1}', ("a",))
+        ('MissingRequiredField', "required ['a'] is null")
+    """
+    try:
+        document = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return "ArrowInvalid", f"JSON parse error (strict RFC 8259): {exc}"
+    if not isinstance(document, dict):
+        return "ArrowInvalid", f"not a JSON object: a {type(document).__name__}"
+    missing = [name for name in required if document.get(name) is None]
+    if missing:
+        return "MissingRequiredField", f"required {missing} is null"
+    return None
+
+
+def find_invalid_utf8(payloads: list[bytes], joined: bytes) -> list[tuple[int, str]]:
+    """The values that are not valid UTF-8, with the error: one pass over ``joined`` (the
+    values joined by newlines); a per-value check only when that pass fails.
+
+    Example:
+        >>> values = [b'{"a": "\\xc3\\xa9"}', b'{"a": "\\xff"}']
+        >>> find_invalid_utf8(values, b"\\n".join(values))  # doctest: +ELLIPSIS
+        [(1, "not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 7: ...")]
+    """
+    if joined.isascii():
+        return []
+    try:
+        joined.decode("utf-8")
+        return []
+    except UnicodeDecodeError:
+        pass
+    bad = []
+    for row, payload in enumerate(payloads):
+        try:
+            payload.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad.append((row, f"not valid UTF-8: {exc}"))
+    return bad
 
 
 def is_json_object(payload: bytes, required: tuple[str, ...] = ()) -> bool:
@@ -40,11 +98,7 @@ def is_json_object(payload: bytes, required: tuple[str, ...] = ()) -> bool:
         >>> [is_json_object(v) for v in values], is_json_object(b'{"a": null}', ("a",))
         ([True, False, False, False, False], False)
     """
-    try:
-        document = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return False
-    return isinstance(document, dict) and all(document.get(n) is not None for n in required)
+    return screen_json(payload, required) is None
 
 
 def flatten_newlines(payload: bytes) -> bytes:
@@ -98,37 +152,51 @@ def bisect_bulk(
     )
 
 
+def _reads_non_finite(payload: bytes) -> bool:
+    """Whether ``payload`` may hold NaN or Infinity, which pyarrow reads and JSON does not."""
+    return b"NaN" in payload or b"Infinity" in payload
+
+
 def isolate_json(
     payloads: list[bytes],
     bulk: Callable[[list[bytes]], T],
     single: Callable[[int], T | None],
+    reject: Reject,
     errors: tuple[type[Exception], ...],
     stats: DecodeStats,
     required: tuple[str, ...] = (),
 ) -> list[Piece[T]]:
     """Decode JSON ``payloads``: in bulk where possible, the suspect ones alone.
 
-    Suspects, decoded alone by ``single``: blank values (they would collapse a row of a
-    newline-delimited parse), values with a CR/LF that are not one JSON object (those that are
-    lose the line breaks, see :func:`flatten_newlines`), and, once a bulk decode failed, every
-    value the screen finds is not one JSON object with its ``required`` (non-nullable) fields.
-    The rest is bisected (:func:`bisect_bulk`).
-    Delivery: every payload is either in exactly one returned piece or was passed to ``single``,
-    which keeps it or sets it aside; pieces come back in no particular order.
+    Rejected by ``reject`` without a decode: values that are not UTF-8 (every batch), and,
+    once a bulk decode failed, every value :func:`screen_json` finds is not one JSON object
+    with its ``required`` (non-nullable) fields. Decoded alone by ``single``: blank values
+    (they would collapse a row of a newline-delimited parse), values with a CR/LF that are not
+    one JSON object (those that are lose the line breaks, see :func:`flatten_newlines`), and
+    values the screen rejects that may hold NaN or Infinity. The rest is bisected
+    (:func:`bisect_bulk`).
+    Delivery: every payload is either in exactly one returned piece, rejected once, or passed
+    to ``single``, which keeps it or sets it aside; pieces come back in no particular order.
     """
     clean = list(payloads)
-    suspects = [i for i, p in enumerate(payloads) if not p or p.isspace()]
+    suspect_set = {i for i, p in enumerate(payloads) if not p or p.isspace()}
     joined = b"\n".join(payloads)
+    rejected = set()
+    for row, message in find_invalid_utf8(payloads, joined):
+        reject(row, "UnicodeDecodeError", message)
+        rejected.add(row)
+    stats.screen_rejected += len(rejected)
     if b"\r" in joined or joined.count(b"\n") != len(payloads) - 1:
         for i, payload in enumerate(payloads):
-            if (b"\n" in payload or b"\r" in payload) and not payload.isspace():
+            if i in rejected or payload.isspace():
+                continue
+            if b"\n" in payload or b"\r" in payload:
                 stats.screened += 1
                 if is_json_object(payload):
                     clean[i] = flatten_newlines(payload)
                 else:
-                    suspects.append(i)
-    suspect_set = set(suspects)
-    rows = [i for i in range(len(payloads)) if i not in suspect_set]
+                    suspect_set.add(i)
+    rows = [i for i in range(len(payloads)) if i not in suspect_set and i not in rejected]
 
     def bulk_rows(chosen: list[int]) -> T:
         return bulk([clean[i] for i in chosen])
@@ -139,8 +207,16 @@ def isolate_json(
             pieces = [(rows, bulk_rows(rows))]
         except errors:
             stats.screened += len(rows)
-            objects = [i for i in rows if is_json_object(clean[i], required)]
-            suspect_set.update(set(rows) - set(objects))
+            objects = []
+            for i in rows:
+                reason = screen_json(clean[i], required)
+                if reason is None:
+                    objects.append(i)
+                elif reason[1].startswith("JSON parse") and _reads_non_finite(clean[i]):
+                    suspect_set.add(i)
+                else:
+                    reject(i, *reason)
+                    stats.screen_rejected += 1
             pieces = bisect_bulk(objects, bulk_rows, single, errors, len(objects) == len(rows))
     for row in sorted(suspect_set):
         value = single(row)

@@ -10,7 +10,7 @@ import pytest
 
 from ingestion.avro import _rows_to_arrow
 from ingestion.decode import Decoded, decode_json
-from ingestion.isolate import bisect_bulk
+from ingestion.isolate import bisect_bulk, find_invalid_utf8, screen_json
 
 SCHEMA = pa.schema(
     [
@@ -35,7 +35,8 @@ def good(i: int) -> bytes:
 # (bad value, what becomes of it): "row" = decoded, "promotion" = reported, else error class
 CASES = [
     (b'{"id": 5, "amount": ', "ArrowInvalid"),  # bad syntax (truncated)
-    (b"\xff\xfe{}", "ArrowInvalid"),  # not UTF-8
+    (b"\xff\xfe{}", "UnicodeDecodeError"),  # not UTF-8
+    (b'{"id": 4, "note": "caf\xe9"}', "UnicodeDecodeError"),  # Latin-1 inside a JSON string
     (b"[1, 2]", "ArrowInvalid"),  # not an object
     (b"42", "ArrowInvalid"),
     (b'{"id": "x"}', "ArrowInvalid"),  # type error: string for a long
@@ -55,6 +56,7 @@ CASES = [
 IDS = [
     "syntax",
     "utf8",
+    "utf8-in-string",
     "array",
     "number",
     "type",
@@ -127,8 +129,9 @@ def test_every_kind_at_once_keeps_order_and_indices() -> None:
     assert_same_as_alone(values, decoded)
     assert decoded.indices == sorted(decoded.indices)
     ids = decoded.table.column("id").to_pylist()
-    assert [ids[k] for k, i in enumerate(decoded.indices) if i not in (20 + 25 * 14,)] == [
-        i for i in decoded.indices if i != 20 + 25 * 14
+    multi_line = 20 + 25 * IDS.index("multi-line-object")  # its id is 7
+    assert [ids[k] for k, i in enumerate(decoded.indices) if i != multi_line] == [
+        i for i in decoded.indices if i != multi_line
     ]
     assert decoded.table.column("id").num_chunks == 1
 
@@ -141,32 +144,37 @@ def test_clean_batch_with_newlines_stays_in_bulk() -> None:
 
 
 @pytest.mark.parametrize(
-    ("bad", "max_bulk"),
+    ("bad", "max_bulk", "singles"),
     [
-        (b'{"id": 5, "amount": ', 2),  # the screen finds it: one bulk parse again
-        (b'{"id": "x"}', 2 * math.ceil(math.log2(50_000)) + 1),  # bisected
-        (b'{"id": 9, "amount": 12345.55}', 2 * math.ceil(math.log2(50_000)) + 1),
+        (b'{"id": 5, "amount": ', 2, 0),  # the screen rejects it: one bulk parse again
+        (b'{"id": "x"}', 2 * math.ceil(math.log2(50_000)) + 1, 1),  # bisected
+        (b'{"id": 9, "amount": 12345.55}', 2 * math.ceil(math.log2(50_000)) + 1, 1),
     ],
     ids=["syntax", "type", "promotion"],
 )
-def test_one_bad_record_in_50k_costs_log_n_bulk_parses(bad: bytes, max_bulk: int) -> None:
+def test_one_bad_record_in_50k_costs_log_n_bulk_parses(
+    bad: bytes, max_bulk: int, singles: int
+) -> None:
     values: list[bytes | None] = [good(i) for i in range(50_000)]
     values[25_000] = bad
     decoded = decode_json(values, SCHEMA, REQUIRED)
-    assert decoded.stats.single_parses == 1
+    assert decoded.stats.single_parses == singles
+    assert decoded.stats.screen_rejected == 1 - singles
     assert 2 <= decoded.stats.bulk_parses <= max_bulk
     assert len(decoded.indices) == 49_999
     assert decoded.table.column("id").num_chunks < 100
 
 
-def test_many_syntax_errors_cost_one_single_parse_each() -> None:
+def test_many_syntax_errors_cost_no_single_parse() -> None:
+    """10 % truncated values: one failed bulk parse, one screen, one bulk parse of the rest."""
     values: list[bytes | None] = [good(i) for i in range(50_000)]
-    bad = range(500, 50_000, 1000)
+    bad = range(5, 50_000, 10)
     for i in bad:
         values[i] = good(i)[:-9]  # truncated
     decoded = decode_json(values, SCHEMA, REQUIRED)
     assert [r.index for r in decoded.rejections] == list(bad)
-    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, len(bad))
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, 0)
+    assert decoded.stats.screen_rejected == len(bad)
     assert decoded.table.column("id").to_pylist() == decoded.indices
 
 
@@ -214,5 +222,112 @@ def test_required_field_screened_when_the_schema_says_not_null(bad: bytes) -> No
     decoded = decode_json(values, schema, REQUIRED)
     assert [r.index for r in decoded.rejections] == list(bad_rows)
     assert decoded.rejections[0].message == decode_json([bad], schema).rejections[0].message
-    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, len(bad_rows))
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, 0)
+    assert decoded.stats.screen_rejected == len(bad_rows)
+    assert decoded.rejections[0].error_class == "MissingRequiredField"
     assert not decoded.promotions
+
+
+@pytest.mark.parametrize(
+    ("payload", "outcome"),
+    [
+        (b'{"a": 1}', None),
+        (b'{"a": 1}\n', None),  # trailing whitespace is JSON
+        (b"", "ArrowInvalid"),  # empty payload
+        (b"  ", "ArrowInvalid"),
+        (b"[1, 2]", "ArrowInvalid"),  # valid JSON, not an object
+        (b'"text"', "ArrowInvalid"),
+        (b"null", "ArrowInvalid"),
+        (b'{"a": 1}{"a": 2}', "ArrowInvalid"),  # trailing content
+        (b'{"a": 1,}', "ArrowInvalid"),
+        (b'{"a": NaN}', "ArrowInvalid"),  # not JSON (decode_json decodes it alone, see below)
+        (b'{"a": "caf\xe9"}', "ArrowInvalid"),  # invalid UTF-8 in a string
+        (b'{"b": 1}', "MissingRequiredField"),
+        (b'{"a": null}', "MissingRequiredField"),
+        (b'{"a": -0.0}', None),
+    ],
+)
+def test_screen_json(payload: bytes, outcome: str | None) -> None:
+    reason = screen_json(payload, ("a",))
+    assert (reason and reason[0]) == outcome
+
+
+@pytest.mark.parametrize(
+    ("values", "bad"),
+    [
+        ([], []),
+        ([b""], []),
+        ([b'{"a": "\xc3\xa9"}'], []),  # valid multi-byte UTF-8
+        ([b'{"a": "\xc3"}', b"{}"], [0]),  # truncated sequence
+        ([b"{}", b'{"a": "\xed\xa0\x80"}'], [1]),  # an encoded surrogate is not UTF-8
+        ([b"\xc3", b"\xa9"], [0, 1]),  # invalid alone, valid only joined without the newline
+    ],
+    ids=["none", "empty", "valid", "truncated", "surrogate", "split-sequence"],
+)
+def test_find_invalid_utf8(values: list[bytes], bad: list[int]) -> None:
+    assert [row for row, _ in find_invalid_utf8(values, b"\n".join(values))] == bad
+
+
+def test_invalid_utf8_in_a_string_is_rejected_even_when_the_bulk_parse_passes() -> None:
+    """pyarrow reads invalid UTF-8 inside a JSON string into a string column as it is (a
+    corrupt Parquet string): the value is rejected in every batch, in bulk and alone."""
+    values: list[bytes | None] = [good(i) for i in range(1000)]
+    values[500] = b'{"id": 500, "note": "caf\xe9"}'
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    assert [(r.index, r.error_class) for r in decoded.rejections] == [(500, "UnicodeDecodeError")]
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (1, 0)
+    assert decoded.indices == [i for i in range(1000) if i != 500]
+    assert_same_as_alone(values, decoded)
+
+
+def test_nan_is_read_as_pyarrow_reads_it_in_any_batch() -> None:
+    """NaN is not JSON but pyarrow reads it as a float: kept, in bulk and after a screen."""
+    values: list[bytes | None] = [good(i) for i in range(100)]
+    values[10] = b'{"id": 10, "score": NaN}'
+    values[20] = b'{"id": 20, "amount": '  # makes the bulk parse fail: the screen runs
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    assert [r.index for r in decoded.rejections] == [20]
+    assert math.isnan(decoded.table.column("score")[10].as_py())
+    assert decoded.indices == [i for i in range(100) if i != 20]
+    alone_nan = decode_json([values[10]], SCHEMA, REQUIRED)
+    assert math.isnan(alone_nan.table.column("score")[0].as_py())
+
+
+@pytest.mark.parametrize("order", ["number-first", "text-first"])
+def test_mixed_type_new_field_in_one_chunk_is_no_poison_pill(order: str) -> None:
+    """A new field holding numbers in some records and text in others: the first type (in
+    offset order) wins, the records that do not convert to it are rejected, nothing raises."""
+    number, text = b'{"id": %d, "extra": 7}', b'{"id": %d, "extra": "seven"}'
+    first, second = (number, text) if order == "number-first" else (text, number)
+    values: list[bytes | None] = [first % i for i in range(1000)]
+    values += [second % i for i in range(1000, 1010)] + [good(i) for i in range(1010, 2000)]
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    if order == "number-first":
+        assert decoded.new_fields == {"extra": pa.int64()}
+        assert [r.index for r in decoded.rejections] == list(range(1000, 1010))
+        assert {r.error_class for r in decoded.rejections} == {"MixedFieldType"}
+    else:  # numbers convert to text: nothing to reject
+        assert decoded.new_fields == {"extra": pa.string()}
+        assert not decoded.rejections
+    assert len(decoded.indices) + len(decoded.rejections) == 2000
+    assert decoded.table.column("id").to_pylist() == decoded.indices
+
+
+def test_int_and_double_new_field_widens_to_double() -> None:
+    values: list[bytes | None] = [b'{"id": %d, "x": 1}' % i for i in range(100)]
+    values += [b'{"id": 100, "x": 1.5}', b'{"id": 101, "x": "bad"}']
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    assert decoded.new_fields == {"x": pa.float64()}
+    assert [r.index for r in decoded.rejections] == [101]
+
+
+def test_negative_and_positive_zero_stay_distinct_partition_values() -> None:
+    """-0.0 and 0.0 compare equal but are different values (identity partition, R33 rows):
+    both are decoded as they are, sign kept, in bulk and alone."""
+    values: list[bytes | None] = [b'{"id": 1, "p": -0.0}', b'{"id": 2, "p": 0.0}']
+    decoded = decode_json(values, SCHEMA, REQUIRED)
+    signs = [math.copysign(1, v) for v in decoded.table.column("p").to_pylist()]
+    assert signs == [-1.0, 1.0]
+    assert [
+        math.copysign(1, decode_json([v], SCHEMA).table.column("p")[0].as_py()) for v in values
+    ] == signs
