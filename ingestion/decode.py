@@ -254,27 +254,6 @@ def finish_decoded(
     return Decoded(table, indices, rejections, new_fields)
 
 
-def decode_keys(keys: list[bytes | None], as_string: bool) -> tuple[pa.Array, list[Rejection]]:
-    """Decode keys as UTF-8 strings (``key_format: string``) or keep their bytes.
-
-    Example:
-        >>> keys, bad = decode_keys([b"a", None, b"\\xff"], as_string=True)
-        >>> keys.to_pylist(), [r.index for r in bad]
-        (['a', None, None], [2])
-    """
-    if not as_string:
-        return pa.array(keys, pa.large_binary()), []
-    decoded: list[str | None] = []
-    rejections = []
-    for index, key in enumerate(keys):
-        try:
-            decoded.append(None if key is None else key.decode("utf-8"))
-        except UnicodeDecodeError as exc:
-            decoded.append(None)
-            rejections.append(Rejection(index, "UnicodeDecodeError", f"key: {exc}"))
-    return pa.array(decoded, pa.large_string()), rejections
-
-
 def merge_field_types(into: dict[str, pa.DataType], new: dict[str, pa.DataType]) -> None:
     """Merge newly seen fields into ``into``, widening like one parse of all the rows would
     (int64 and double give double), never narrowing: chunks and tasks each infer their own.

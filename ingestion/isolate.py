@@ -37,6 +37,13 @@ class DecodeStats:
     screen_rejected: int = 0
     """Values rejected by the screen (syntax, not an object, required field, UTF-8): no decode."""
 
+    def add(self, other: DecodeStats) -> None:
+        """Add ``other``'s counts to these (a task sums its chunks, a run its tasks)."""
+        self.bulk_parses += other.bulk_parses
+        self.single_parses += other.single_parses
+        self.screened += other.screened
+        self.screen_rejected += other.screen_rejected
+
 
 Reject = Callable[[int, str, str], None]
 """(row, error class, message): set a record aside with its error."""

@@ -15,6 +15,7 @@ from ingestion.consumer import open_consumer
 from ingestion.deadletter import count_copies, publish_dead_letters, unpublished_commits
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.isolate import DecodeStats
 from ingestion.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
 from ingestion.offsets import commit_properties, flatten
 from ingestion.plan import Plan, build_plan
@@ -54,6 +55,7 @@ class RunReport:
     dead_letter_error: str | None = None
     valid_through_ms: int | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
+    decode_stats: DecodeStats = field(default_factory=DecodeStats)
     executed_in: str = ""
 
     @property
@@ -172,6 +174,8 @@ def run_pipeline(
     quarantine_files = [f for r in results for f in r.quarantine_files]
     report.records = sum(r.records for r in results)
     report.quarantined = sum(r.quarantined for r in results)
+    for result in results:
+        report.decode_stats.add(result.decode_stats)
     report.bytes_written = sum(r.bytes_written for r in results)
     report.files = len(data_files)
     hooks.fire("before_commit", plan=plan)

@@ -12,7 +12,7 @@ reports no files (a rerun, a failure) deletes the ones it wrote, best-effort.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -39,7 +39,7 @@ CHUNK_RECORDS = 25_000
 CHUNK_BYTES = 32 * 2**20
 
 
-def read_chunks(spec: TaskSpec) -> Iterator[RawChunk]:
+def read_chunks(spec: TaskSpec) -> Generator[RawChunk]:
     """Read ``[start, end)`` of one partition in chunks of at most :data:`CHUNK_RECORDS`
     records (or about :data:`CHUNK_BYTES` of values); raise :class:`ReadError` if it cannot
     finish. Only one chunk is held at a time."""
@@ -80,13 +80,16 @@ def run_task(spec: TaskSpec) -> TaskResult:
     target = schema_to_pyarrow(metadata.schema())
     user_schema = pa.schema([f for f in target if not f.name.startswith("_kafka_")])
     state = ChunkWriter(spec, metadata, target, user_schema, TaskResult(spec.range))
+    chunks = read_chunks(spec)
     try:
-        for raw in read_chunks(spec):
+        for raw in chunks:
             state.add_chunk(raw)
         result = state.finish()
     except BaseException:
         state.abort()
         raise
+    finally:
+        chunks.close()  # closes the consumer now, not when the generator is collected
     # After the try: a crash here (injected) leaves the written files as orphans, as a
     # killed executor would.
     spec.hooks.fire("in_task", task=spec.range, stage="written", files=result.data_files)

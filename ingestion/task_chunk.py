@@ -14,7 +14,8 @@ import pyarrow as pa
 
 from ingestion import exceptions
 from ingestion.avro import decode_avro
-from ingestion.decode import Decoded, Rejection, decode_json, decode_keys, merge_field_types
+from ingestion.decode import Decoded, Rejection, decode_json, merge_field_types
+from ingestion.isolate import find_invalid_utf8
 from ingestion.writer import FanoutWriter
 
 if TYPE_CHECKING:
@@ -55,14 +56,21 @@ def _quarantine_rows(spec: TaskSpec, raw: RawChunk, rejected: list[Rejection]) -
 
 def _decode_keys(keys: list[bytes | None], as_string: bool) -> tuple[pa.Array, list[Rejection]]:
     """Keys as one Arrow column: a vectorised UTF-8 cast (validated) for ``key_format:
-    string``; only if it fails are the keys decoded one by one to find the bad ones."""
+    string``; if it fails, the bad keys are found (ingestion.isolate.find_invalid_utf8) and
+    the others cast again, without a Python string per key."""
     column = pa.array(keys, pa.large_binary())
     if not as_string:
         return column, []
     try:
         return column.cast(pa.large_string()), []
     except pa.ArrowInvalid:
-        return decode_keys(keys, as_string=True)
+        present = [key or b"" for key in keys]
+        bad = find_invalid_utf8(present, b"\n".join(present))
+        valid = list(keys)
+        for row, _ in bad:
+            valid[row] = None
+        rejections = [Rejection(row, "UnicodeDecodeError", f"key: {why}") for row, why in bad]
+        return pa.array(valid, pa.large_binary()).cast(pa.large_string()), rejections
 
 
 def merge_rejections(keys: list[Rejection], values: list[Rejection]) -> list[Rejection]:
@@ -147,6 +155,7 @@ class ChunkWriter:
             result.max_timestamp_ms = latest
         keys, key_rejections = _decode_keys(raw.keys, as_string=spec.key_format == "string")
         decoded = _decode_chunk(spec, raw.values, self.user_schema, self.required, result)
+        result.decode_stats.add(decoded.stats)
         merge_field_types(result.new_fields, decoded.new_fields)
         result.promotions.update(decoded.promotions)
         rejected = merge_rejections(key_rejections, decoded.rejections)
@@ -215,7 +224,9 @@ class ChunkWriter:
     def abort(self) -> None:
         """Stop writing; delete every file written so far (best-effort); report none."""
         self.writing = False
-        self.data.abort()
-        if self.quarantine is not None:
-            self.quarantine.abort()
         self.result.records = self.result.quarantined = 0
+        try:
+            self.data.abort()
+        finally:  # the quarantine writers too, whatever the data writers raised
+            if self.quarantine is not None:
+                self.quarantine.abort()

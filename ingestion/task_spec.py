@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from ingestion.hooks import NO_HOOKS, FailureHooks
+from ingestion.isolate import DecodeStats
 from ingestion.ranges import OffsetRange
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class TaskResult:
     unknown_schema_ids: set[int] = field(default_factory=set)
     promotions: dict[str, pa.DataType] = field(default_factory=dict)
     max_timestamp_ms: int | None = None
+    decode_stats: DecodeStats = field(default_factory=DecodeStats)
+    """How the task's values were decoded (bulk, alone, screened): the fast path's counters."""
 
     @property
     def needs_rerun(self) -> bool:

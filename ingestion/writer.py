@@ -131,9 +131,10 @@ class FanoutWriter:
 
     def abort(self) -> None:
         """Close and delete every file written (best-effort: leftovers are orphans)."""
-        for open_file in self._open.values():
+        for open_file in self._open.values():  # each closed on its own: none left open
             with contextlib.suppress(Exception):  # the file is deleted (or orphaned) below
                 open_file.writer.close()
+            with contextlib.suppress(Exception):
                 open_file.stream.close()
         self._open.clear()
         self._closed.clear()

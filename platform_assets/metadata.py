@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +39,7 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
         "offsets_before": _offsets(report.offsets_before),
         "offsets_after": _offsets(report.offsets_after),
         "timings_s": MetadataValue.json({k: round(v, 3) for k, v in report.timings_s.items()}),
+        "decode_stats": MetadataValue.json(asdict(report.decode_stats)),
     }
     if report.valid_through_ms is not None:
         metadata["valid_through"] = _time(report.valid_through_ms)

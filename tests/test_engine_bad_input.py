@@ -197,3 +197,39 @@ def test_large_dirty_batch_lands_every_good_record_once(
     )
     row = harness.table(spec).scan(row_filter="id = 20000").to_arrow().to_pylist()
     assert [r["name"] for r in row] == ["multi-line"]
+    # the syntax error is screened out; only the type error and the blank are decoded alone
+    stats = report.decode_stats
+    assert (stats.screen_rejected, stats.single_parses) == (1, 2)
+    assert stats.bulk_parses <= 2 + 2 * 15  # a failed bulk parse, the screened rest, bisection
+
+
+@pytest.mark.parametrize(
+    ("kind", "bad"),
+    [
+        ("malformed", b'{"id": 10000, "name": "cut'),  # truncated
+        ("missing", b'{"name": "no id"}'),  # missing required field
+        ("latin1", b'{"id": 10000, "name": "caf\xe9"}'),  # inside a string: not UTF-8
+    ],
+)
+def test_one_bad_record_in_20k_lands_the_rest_once_on_the_fast_path(
+    kind: str, bad: bytes, harness: Harness, new_pipeline: NewPipeline, ledger: Ledger
+) -> None:
+    """R33: one bad value in the middle of a 20,000-record batch: 19,999 rows land once, the
+    bad one is quarantined once, and no value was decoded alone (the screen rejected it; at
+    most two bulk parses), counted by the run's decode stats, not timed."""
+    produce = [*records(10_000), (b"bad", bad, None), *records(9_999, 10_001)]
+    _, spec = new_pipeline(
+        f"one_bad_{kind}", produce=produce, errors_tolerance="all", max_records_per_task=50_000
+    )
+    report = harness.run(spec)
+    assert report.committed
+    assert (report.records, report.quarantined) == (19_999, 1)
+    harness.assert_exactly_once(spec, ledger)
+    quarantine = harness.catalog.load_table(spec.quarantine_table).scan().to_arrow()
+    assert quarantine.column("value").to_pylist() == [bad]
+    assert quarantine.column("_kafka_offset").to_pylist() == [10_000]
+    ids = harness.table(spec).scan(selected_fields=("id",)).to_arrow().column("id").to_pylist()
+    assert sorted(ids) == [i for i in range(20_000) if i != 10_000]
+    stats = report.decode_stats
+    assert (stats.screen_rejected, stats.single_parses) == (1, 0)
+    assert stats.bulk_parses <= 2
