@@ -1,4 +1,5 @@
-"""The dirty-data suite: clean order events against bad records at 0.1 %, 1 % and 10 %.
+"""The data-shape suite: clean order events against bad records at 0.1 %, 1 % and 10 % (four
+kinds), and events spread over 30 day-partitions against all on one day.
 
     .venv/bin/python bench/run.py --suite dirty [--records 300000] [--repeats 3] [--json PATH]
 
@@ -6,8 +7,10 @@ Each workload is produced to its own topic on the embedded broker and ingested b
 (``run_pipeline``, local Spark) at the same parallelism, in one Spark session, ``--repeats``
 times (a fresh table and group each time; the median is shown). Throughput counts every offset
 consumed (rows landed + rows quarantined); the table prints each workload's ratio to the faster
-clean run of the same process, and its target (``SLOW`` when missed). The exit status is 1 only
-when a count is wrong. Add a row by adding a :class:`Workload` to ``WORKLOADS``.
+clean run of the same process (the spread row: to the one-day row), and its target (``SLOW``
+when missed). Each row checks its counts: every good record landed once, every bad one
+quarantined once. The exit status is 1 only when a count is wrong. Add a row by adding a
+:class:`Workload` to ``WORKLOADS``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.workloads import KafkaRecord, produce, spec_for
+from bench.workloads import ONE_PARTITION, SPREAD_30_DAYS, KafkaRecord, produce, spec_for
 from platform_assets.demo import encode_event, make_order_event
 
 PARTITIONS = 6
@@ -30,8 +33,9 @@ Corrupt = Callable[[bytes, dict[str, Any]], KafkaRecord]
 class Workload:
     """A topic of order events where a share ``rate`` of the records is replaced by ``corrupt``.
 
-    ``target``: the lowest acceptable throughput relative to the clean workload (None: shown
-    only). ``overrides``: changes to the bench pipeline spec (the ``orders`` pipeline).
+    ``target``: the lowest acceptable throughput relative to ``versus`` (the name of another
+    row; "clean": the faster clean run; None: shown only). ``event``: the event maker (default
+    the demo's). ``overrides``: changes to the bench pipeline spec (the ``orders`` pipeline).
     """
 
     name: str
@@ -39,13 +43,15 @@ class Workload:
     corrupt: Corrupt | None = None
     target: float | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
+    event: Callable[[random.Random, int], dict[str, Any]] = make_order_event
+    versus: str = "clean"
 
     def maker(self, counter: list[int]) -> Callable[[random.Random, int], KafkaRecord]:
         """The record maker for ``produce``; counts the bad records made in ``counter[0]``."""
         choose = random.Random(f"{self.name}-bad")
 
         def make(rng: random.Random, sequence: int) -> KafkaRecord:
-            event = make_order_event(rng, sequence)
+            event = self.event(rng, sequence)
             key = event["order_id"].encode()
             if self.corrupt is not None and choose.random() < self.rate:
                 counter[0] += 1
@@ -75,21 +81,37 @@ def missing_required(key: bytes, event: dict[str, Any]) -> KafkaRecord:
     return key, encode_event({k: v for k, v in event.items() if k != "order_id"})
 
 
-KINDS: list[tuple[str, Corrupt, dict[float, float]]] = [
-    ("malformed", truncated, {0.001: 0.8, 0.01: 0.8, 0.1: 0.5}),
-    ("tombstone", tombstone, {}),
-    ("bad key", bad_key, {}),
-    ("missing required", missing_required, {}),
+TARGETS = {0.001: 0.8, 0.01: 0.8, 0.1: 0.5}
+"""Lowest throughput relative to clean at each rate of bad records (issue 14)."""
+KINDS: list[tuple[str, Corrupt]] = [
+    ("malformed", truncated),
+    ("tombstone", tombstone),
+    ("bad key", bad_key),
+    ("missing required", missing_required),
 ]
 WORKLOADS: list[Workload] = [
     Workload("clean"),
     *(
-        Workload(f"{kind} {rate:.1%}", rate, corrupt, targets.get(rate))
-        for kind, corrupt, targets in KINDS
-        for rate in (0.001, 0.01, 0.1)
+        Workload(f"{kind} {rate:.1%}", rate, corrupt, TARGETS[rate])
+        for kind, corrupt in KINDS
+        for rate in TARGETS
     ),
+    Workload("one day", event=ONE_PARTITION.event),
+    Workload("spread 30 days", event=SPREAD_30_DAYS.event, target=0.7, versus="one day"),
     Workload("clean (repeat)"),  # drift over the run; the ratios use the faster clean run
 ]
+
+
+def count_landed(catalog: Any, table: str, quarantine: str) -> tuple[int, int, bool]:
+    """Rows in the table and its quarantine table, read back, and whether every Kafka offset
+    is in exactly one of them once (nothing twice, nothing in both)."""
+    coordinates = ["_kafka_partition", "_kafka_offset"]
+    rows = catalog.load_table(table).scan(selected_fields=tuple(coordinates)).to_arrow()
+    bad = catalog.load_table(quarantine).scan(selected_fields=tuple(coordinates)).to_arrow()
+    seen = set(zip(*(rows.column(c).to_pylist() for c in coordinates), strict=True))
+    seen_bad = set(zip(*(bad.column(c).to_pylist() for c in coordinates), strict=True))
+    once = len(seen) == rows.num_rows and len(seen_bad) == bad.num_rows and not seen & seen_bad
+    return rows.num_rows, bad.num_rows, once
 
 
 def run_suite(
@@ -129,6 +151,8 @@ def run_suite(
                 run_pipeline(spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id())
             )
         report = sorted(runs, key=lambda r: r.timings_s["total"])[repeats // 2]
+        first = spec_for(f"dirty_{index}_0", topic, None)
+        landed, quarantined, once = count_landed(catalog, first.table, first.quarantine_table)
         seconds = report.timings_s["total"]
         consumed = report.records + report.quarantined
         results.append(
@@ -139,10 +163,13 @@ def run_suite(
                 "landed": report.records,
                 "quarantined": report.quarantined,
                 "expected_bad": bad,
+                "read_back": [landed, quarantined, once],
                 "seconds": round(seconds, 2),
                 "all_seconds": [round(r.timings_s["total"], 2) for r in runs],
                 "records_per_s": round(consumed / seconds),
                 "target": workload.target,
+                "versus": workload.versus,
+                "files": report.files,
             }
         )
         print(f"  {results[-1]}", flush=True)
@@ -151,22 +178,28 @@ def run_suite(
 
 
 def print_dirty_table(results: list[dict]) -> bool:
-    """Print the table (ratios to the faster clean run); return whether every count is exact."""
-    clean = max(r["records_per_s"] for r in results if r["workload"].startswith("clean"))
+    """Print the table (ratios to the faster clean run, or to the row named by ``versus``);
+    return whether every count is exact."""
+    rates = {r["workload"]: r["records_per_s"] for r in results}
+    rates["clean"] = max(rate for name, rate in rates.items() if name.startswith("clean"))
     print(
         f"\n{'workload':<24}{'records':>9}{'quarant.':>9}{'seconds':>9}{'rec/s':>9}"
-        f"{'x clean':>9}{'target':>8}  check"
+        f"{'ratio':>7}{'versus':>9}{'target':>8}{'files':>7}  check"
     )
     ok = True
     for r in results:
-        ratio = r["records_per_s"] / clean
+        versus = r.get("versus", "clean")
+        ratio = r["records_per_s"] / rates[versus]
         exact = (r["records"], r["quarantined"]) == (r["produced"], r["expected_bad"])
+        good = r["produced"] - r["expected_bad"]
+        exact = exact and r["read_back"] == [good, r["expected_bad"], True]
         fast = r["target"] is None or ratio >= r["target"]
         ok = ok and exact
         target = "" if r["target"] is None else f">={r['target']}"
         verdict = ("ok" if fast else "SLOW") + ("" if exact else " COUNT-MISMATCH")
         print(
             f"{r['workload']:<24}{r['records']:>9}{r['quarantined']:>9}{r['seconds']:>9}"
-            f"{r['records_per_s']:>9}{ratio:>9.2f}{target:>8}  {verdict}"
+            f"{r['records_per_s']:>9}{ratio:>7.2f}{versus:>9}{target:>8}{r.get('files', 0):>7}"
+            f"  {verdict}"
         )
     return ok

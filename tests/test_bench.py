@@ -66,7 +66,9 @@ def test_dirty_suite_prints_every_workload_against_clean(tmp_path: Path) -> None
     assert [r["workload"] for r in results] == [w.name for w in WORKLOADS]
     for r in results:
         assert (r["records"], r["quarantined"]) == (600, r["expected_bad"]), r
+        assert r["read_back"] == [600 - r["expected_bad"], r["expected_bad"], True], r
     assert "COUNT-MISMATCH" not in out
+    assert "spread 30 days" in out
     assert sum(r["expected_bad"] for r in results) > 0
     assert "malformed 10.0%" in out
 
