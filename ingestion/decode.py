@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -178,13 +179,17 @@ def decode_json(
         >>> out.table.to_pylist(), out.indices, [r.index for r in out.rejections]
         ([{'id': 1, 'amount': Decimal('9.99')}], [0], [1, 2])
     """
-    rejections = [
-        Rejection(i, "NullValue", "null value (tombstone)")
-        for i, v in enumerate(values)
-        if v is None
-    ]
-    present = [i for i, v in enumerate(values) if v is not None]
-    payloads = [values[i] or b"" for i in present]
+    rejections: list[Rejection] = []
+    present = list(range(len(values)))
+    payloads = cast("list[bytes]", values)
+    if None in values:  # tombstones: one C-level scan finds none in a clean batch
+        rejections = [
+            Rejection(i, "NullValue", "null value (tombstone)")
+            for i, v in enumerate(values)
+            if v is None
+        ]
+        present = [i for i, v in enumerate(values) if v is not None]
+        payloads = [values[i] or b"" for i in present]
     stats = DecodeStats()
     promotions: dict[str, pa.DataType] = {}
 

@@ -186,7 +186,9 @@ def isolate_json(
     to ``single``, which keeps it or sets it aside; pieces come back in no particular order.
     """
     clean = list(payloads)
-    suspect_set = {i for i, p in enumerate(payloads) if not p or p.isspace()}
+    suspect_set: set[int] = set()
+    if b"" in payloads or any(map(bytes.isspace, payloads)):  # no Python frame per value
+        suspect_set = {i for i, p in enumerate(payloads) if not p or p.isspace()}
     joined = b"\n".join(payloads)
     rejected = set()
     for row, message in find_invalid_utf8(payloads, joined):
@@ -203,7 +205,9 @@ def isolate_json(
                     clean[i] = flatten_newlines(payload)
                 else:
                     suspect_set.add(i)
-    rows = [i for i in range(len(payloads)) if i not in suspect_set and i not in rejected]
+    rows = list(range(len(payloads)))
+    if suspect_set or rejected:
+        rows = [i for i in rows if i not in suspect_set and i not in rejected]
 
     def bulk_rows(chosen: list[int]) -> T:
         return bulk([clean[i] for i in chosen])
