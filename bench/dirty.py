@@ -4,13 +4,13 @@ kinds), and events spread over 30 day-partitions against all on one day.
     .venv/bin/python bench/run.py --suite dirty [--records 300000] [--repeats 3] [--json PATH]
 
 Each workload is produced to its own topic on the embedded broker and ingested by the engine
-(``run_pipeline``, local Spark) at the same parallelism, in one Spark session, ``--repeats``
-times (a fresh table and group each time; the median is shown). Throughput counts every offset
-consumed (rows landed + rows quarantined); the table prints each workload's ratio to the faster
-clean run of the same process (the spread row: to the one-day row), and its target (``SLOW``
-when missed). Each row checks its counts: every good record landed once, every bad one
-quarantined once. The exit status is 1 only when a count is wrong. Add a row by adding a
-:class:`Workload` to ``WORKLOADS``.
+(``run_pipeline``, local Spark) at the same parallelism, in one Spark session, in ``--repeats``
+rounds of every workload (a fresh table and group each time; the median is shown).
+Throughput counts every offset consumed (rows landed + rows quarantined); the table prints
+each workload's ratio to the faster clean run (the spread row: to the one-day row) and its
+target (``SLOW`` when missed). Each row checks its counts, read back from the tables: every
+good record landed once, every bad one quarantined once. The exit status is 1 only when a
+count is wrong. Add a row by adding a :class:`Workload` to ``WORKLOADS``.
 """
 
 from __future__ import annotations
@@ -141,15 +141,19 @@ def run_suite(
     spark = spark_resource.spark_session
     warm_up = spec_for("dirty_warm_up", "dirty-warm-up", None)  # JVM, workers, imports: not timed
     run_pipeline(warm_up, kafka.client_config(), catalog, spark, kafka.get_cluster_id())
-    results = []
-    for index, (workload, topic, bad) in enumerate(zip(workloads, topics, bad_counts, strict=True)):
-        runs = []
-        for repeat in range(repeats):
+    # Rounds: every workload once per round, so drift over the run (a shared machine, a
+    # warming JVM) weighs on every workload alike.
+    all_runs: list[list[Any]] = [[] for _ in workloads]
+    for repeat in range(repeats):
+        for index, (workload, topic) in enumerate(zip(workloads, topics, strict=True)):
             spec = spec_for(f"dirty_{index}_{repeat}", topic, None)
             spec = spec.model_copy(update=workload.overrides)
-            runs.append(
+            all_runs[index].append(
                 run_pipeline(spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id())
             )
+    results = []
+    for index, (workload, topic, bad) in enumerate(zip(workloads, topics, bad_counts, strict=True)):
+        runs = all_runs[index]
         report = sorted(runs, key=lambda r: r.timings_s["total"])[repeats // 2]
         first = spec_for(f"dirty_{index}_0", topic, None)
         landed, quarantined, once = count_landed(catalog, first.table, first.quarantine_table)

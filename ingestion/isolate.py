@@ -3,24 +3,28 @@
 One bad record must not make a whole batch decode record by record (a user measured one bad
 JSON value in 1,000 making ingestion ~330x slower). The records that cannot be decoded in bulk
 are found instead. Every batch is checked for invalid UTF-8 in one pass over its bytes (pyarrow
-would store such strings as they are). Once a bulk decode fails, a per-record screen (orjson,
-strict RFC 8259) rejects, without a ``pyarrow`` decode, the values that are not exactly one JSON
-object with non-null required fields; the rest are bisected (halves in bulk, recursively, down
-to single records). The contract is strict JSON: a value the screen rejects is rejected in any
-batch, alone too, with the same error, so the outcome (rows, rejections, promotions) is that of
-decoding every record alone. One exception keeps pyarrow's reading: values holding ``NaN`` or
-``Infinity`` (not JSON, read by pyarrow as floats) are decoded alone instead of rejected. The
-cost is O(n) screening once a batch is dirty, O(bad) cheap screen rejections, and O(bad * log n)
-bulk decodes only for the values that pass the screen but still fail (type errors).
+would store such strings as they are). Once a bulk decode fails, the strict screen
+(``ingestion/screen.py``: orjson, RFC 8259) rejects, without a ``pyarrow`` decode, the values
+that are not exactly one JSON object with non-null required fields: first those a vectorised
+look flags (not ``{...}``, a required name absent), then, only if the rest still fails in
+bulk, every value; what passes the screen and still fails is bisected (halves in bulk,
+recursively, down to single records). The contract is strict JSON: a value the screen rejects
+is rejected in any batch, alone too, with the same error, so the outcome (rows, rejections,
+promotions) is that of decoding every record alone. One exception keeps pyarrow's reading:
+values holding ``NaN`` or ``Infinity`` (not JSON, read by pyarrow as floats) are decoded alone
+instead of rejected. The cost of a batch with truncated or incomplete values is one vectorised
+pass, O(flagged) screens and two bulk decodes; other bad values add an O(n) screen and
+O(bad * log n) bulk decodes.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import orjson
+from ingestion.screen import find_invalid_utf8, find_suspect_shapes, screen_json
 
 T = TypeVar("T")
 Piece = tuple[list[int], T]
@@ -47,53 +51,6 @@ class DecodeStats:
 
 Reject = Callable[[int, str, str], None]
 """(row, error class, message): set a record aside with its error."""
-
-
-def screen_json(payload: bytes, required: tuple[str, ...] = ()) -> tuple[str, str] | None:
-    """Why ``payload`` is not exactly one JSON object (RFC 8259, UTF-8) with a non-null value
-    for each of ``required``: (error class, message); None when it is.
-
-    Example:
-        >>> screen_json(b'{"a": 1}'), screen_json(b"[1]")
-        (None, ('ArrowInvalid', 'not a JSON object: a list'))
-        >>> screen_json(b'{"b": 1}', ("a",))
-        ('MissingRequiredField', "required ['a'] is null")
-    """
-    try:
-        document = orjson.loads(payload)
-    except orjson.JSONDecodeError as exc:
-        return "ArrowInvalid", f"JSON parse error (strict RFC 8259): {exc}"
-    if not isinstance(document, dict):
-        return "ArrowInvalid", f"not a JSON object: a {type(document).__name__}"
-    missing = [name for name in required if document.get(name) is None]
-    if missing:
-        return "MissingRequiredField", f"required {missing} is null"
-    return None
-
-
-def find_invalid_utf8(payloads: list[bytes], joined: bytes) -> list[tuple[int, str]]:
-    """The values that are not valid UTF-8, with the error: one pass over ``joined`` (the
-    values joined by newlines); a per-value check only when that pass fails.
-
-    Example:
-        >>> values = [b'{"a": "\\xc3\\xa9"}', b'{"a": "\\xff"}']
-        >>> find_invalid_utf8(values, b"\\n".join(values))  # doctest: +ELLIPSIS
-        [(1, "not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 7: ...")]
-    """
-    if joined.isascii():
-        return []
-    try:
-        joined.decode("utf-8")
-        return []
-    except UnicodeDecodeError:
-        pass
-    bad = []
-    for row, payload in enumerate(payloads):
-        try:
-            payload.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            bad.append((row, f"not valid UTF-8: {exc}"))
-    return bad
 
 
 def is_json_object(payload: bytes, required: tuple[str, ...] = ()) -> bool:
@@ -217,18 +174,36 @@ def isolate_json(
         try:
             pieces = [(rows, bulk_rows(rows))]
         except errors:
-            stats.screened += len(rows)
-            objects = []
-            for i in rows:
-                reason = screen_json(clean[i], required)
-                if reason is None:
-                    objects.append(i)
-                elif reason[1].startswith("JSON parse") and _reads_non_finite(clean[i]):
-                    suspect_set.add(i)
-                else:
-                    reject(i, *reason)
-                    stats.screen_rejected += 1
-            pieces = bisect_bulk(objects, bulk_rows, single, errors, len(objects) == len(rows))
+
+            def screen(chosen: list[int]) -> list[int]:
+                """Screen ``chosen`` one by one: reject or set aside the bad; return the rest."""
+                stats.screened += len(chosen)
+                kept = []
+                for i in chosen:
+                    reason = screen_json(clean[i], required)
+                    if reason is None:
+                        kept.append(i)
+                    elif reason[1].startswith("JSON parse") and _reads_non_finite(clean[i]):
+                        suspect_set.add(i)
+                    else:
+                        reject(i, *reason)
+                        stats.screen_rejected += 1
+                return kept
+
+            # First the values a vectorised look calls suspect (most bad ones, few good ones),
+            # then one bulk try of the rest; only if that fails too is every value screened.
+            flagged = find_suspect_shapes([clean[i] for i in rows], required)
+            flagged_rows = [rows[position] for position in flagged]
+            bad = set(flagged_rows) - set(screen(flagged_rows))
+            rest = [i for i in rows if i not in bad] if bad else rows
+            with contextlib.suppress(*errors):
+                pieces = [(rest, bulk_rows(rest))] if bad and rest else []
+            if not pieces and rest:
+                seen = set(flagged_rows)
+                objects = screen([i for i in rest if i not in seen])
+                objects = sorted({*objects, *(i for i in rest if i in seen)})
+                known_bad = len(objects) == len(rest)  # the same rows just failed in bulk
+                pieces = bisect_bulk(objects, bulk_rows, single, errors, known_bad)
     for row in sorted(suspect_set):
         value = single(row)
         if value is not None:

@@ -15,7 +15,7 @@ import pyarrow as pa
 from ingestion import exceptions
 from ingestion.avro import decode_avro
 from ingestion.decode import Decoded, Rejection, decode_json, merge_field_types
-from ingestion.isolate import find_invalid_utf8
+from ingestion.screen import find_invalid_utf8
 from ingestion.writer import FanoutWriter
 
 if TYPE_CHECKING:

@@ -10,7 +10,8 @@ import pytest
 
 from ingestion.avro import _rows_to_arrow
 from ingestion.decode import Decoded, decode_json
-from ingestion.isolate import bisect_bulk, find_invalid_utf8, screen_json
+from ingestion.isolate import bisect_bulk
+from ingestion.screen import find_invalid_utf8, find_suspect_shapes, screen_json
 
 SCHEMA = pa.schema(
     [
@@ -331,3 +332,36 @@ def test_negative_and_positive_zero_stay_distinct_partition_values() -> None:
     assert [
         math.copysign(1, decode_json([v], SCHEMA).table.column("p")[0].as_py()) for v in values
     ] == signs
+
+
+@pytest.mark.parametrize(
+    ("values", "flagged"),
+    [
+        ([], []),
+        ([b'{"id": 1}'], []),
+        ([b'{"id": 1'], [0]),  # truncated
+        ([b""], [0]),
+        ([b' {"id": 1} '], [0]),  # valid: flagged only, the screen keeps it
+        ([b"[1]", b'"{id}"'], [0, 1]),
+        ([b'{"name": "no id"}'], [0]),  # no "id" name: flagged
+        ([b'{"id": 1, "x": }'], []),  # bad inside the braces: not flagged, found later
+    ],
+)
+def test_find_suspect_shapes(values: list[bytes], flagged: list[int]) -> None:
+    assert find_suspect_shapes(values, ("id",)) == flagged
+
+
+@pytest.mark.parametrize("share", [0.001, 0.01, 0.1])
+def test_truncated_and_incomplete_values_cost_two_bulk_parses_at_any_rate(share: float) -> None:
+    """Flagged by the vectorised look, screened alone, the rest parsed once more in bulk."""
+    schema = SCHEMA.set(0, pa.field("id", pa.int64(), nullable=False))
+    values: list[bytes | None] = [good(i) for i in range(20_000)]
+    step = int(1 / share)
+    bad = list(range(3, 20_000, step))
+    for n, i in enumerate(bad):
+        values[i] = good(i)[:-9] if n % 2 else b'{"amount": 1.00}'
+    decoded = decode_json(values, schema, REQUIRED)
+    assert [r.index for r in decoded.rejections] == bad
+    assert (decoded.stats.bulk_parses, decoded.stats.single_parses) == (2, 0)
+    assert decoded.stats.screened == decoded.stats.screen_rejected == len(bad)
+    assert decoded.indices == [i for i in range(20_000) if i not in set(bad)]
