@@ -1,7 +1,7 @@
 """The data-shape suite: clean order events against bad records at 0.1 %, 1 % and 10 % (four
 kinds), and events spread over 30 day-partitions against all on one day.
 
-    .venv/bin/python bench/run.py --suite dirty [--records 300000] [--repeats 3] [--json PATH]
+    .venv/bin/python bench/run.py --suite dirty [--records 1000000] [--repeats 3] [--json PATH]
 
 Each workload is produced to its own topic on the embedded broker and ingested by the engine
 (``run_pipeline``, local Spark) at the same parallelism, in one Spark session, in ``--repeats``

@@ -1,7 +1,7 @@
 """One command for the benchmark: produce, then limit / baseline / ours, freshness, memory.
 
     .venv/bin/python bench/run.py [--records 2000000] [--json .platform/bench/latest.json]
-    .venv/bin/python bench/run.py --suite dirty [--records 300000]   # bad records (dirty.py)
+    .venv/bin/python bench/run.py --suite dirty [--records 1000000]   # bad records, spread
 
 Everything runs against the embedded stack it starts (Tansu, a throw-away SQLite catalog,
 local Spark). Figures are ratios within this run; absolute times on shared machines are noise.
@@ -110,7 +110,7 @@ def profile_engine(kafka: KafkaResource, catalog: Any, topic: str, records: int)
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", choices=("main", "dirty"), default="main")
-    parser.add_argument("--records", type=int, help="default 2,000,000; dirty: 300,000 each")
+    parser.add_argument("--records", type=int, help="default 2,000,000; dirty: 1,000,000 each")
     parser.add_argument("--repeats", type=int, default=3, help="dirty: runs per workload")
     parser.add_argument("--freshness-seconds", type=int, default=90)
     parser.add_argument("--json", help="default .platform/bench/latest.json (dirty.json)")
@@ -118,7 +118,7 @@ def main() -> int:
     default_json = "latest.json" if args.suite == "main" else "dirty.json"
     json_path = Path(args.json or ROOT / ".platform" / "bench" / default_json)
     if args.suite == "dirty":
-        return run_dirty(args.records or 300_000, args.repeats, json_path)
+        return run_dirty(args.records or 1_000_000, args.repeats, json_path)
     n = args.records or 2_000_000
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
