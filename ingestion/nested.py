@@ -255,3 +255,46 @@ def _leaf_promotions(kind: pa.DataType) -> Iterator[tuple[list[str], pa.DataType
         for path, changed, leaf in _leaf_promotions(kind.item_type):
             rebuilt = pa.map_(kind.key_field, kind.item_field.with_type(changed))
             yield ["value", *path], rebuilt, leaf
+
+
+def cast_nested(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    """``column.cast(kind)``, also when a required nested field holds nulls under null
+    parents (valid Arrow that pyarrow's cast refuses): rebuilt from its children then.
+
+    Example:
+        >>> kind = pa.struct([pa.field("id", pa.int64(), nullable=False)])
+        >>> valid = pa.array([False, True])
+        >>> array = pa.StructArray.from_arrays([pa.array([1, None])], fields=list(kind), mask=valid)
+        >>> cast_nested(pa.chunked_array([array]), kind).to_pylist()
+        [{'id': 1}, None]
+    """
+    if column.type == kind:
+        return column
+    try:
+        return column.cast(kind)
+    except pa.ArrowInvalid:
+        return pa.chunked_array([_cast_array(chunk, kind) for chunk in column.chunks], kind)
+
+
+def _cast_array(array: pa.Array, kind: pa.DataType) -> pa.Array:
+    if array.type == kind:
+        return array
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(kind) and isinstance(array, pa.StructArray):
+        present = {f.name for f in array.type.fields}
+        children = [
+            _cast_array(array.field(f.name), f.type)
+            if f.name in present
+            else pa.nulls(len(array), f.type)
+            for f in kind.fields
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(kind.fields), mask=mask)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        offsets = pc.subtract(array.offsets, array.offsets[0])
+        large = pa.types.is_large_list(kind)
+        builder = pa.LargeListArray if large else pa.ListArray
+        values = _cast_array(array.flatten(), kind.value_type)
+        return builder.from_arrays(
+            offsets.cast(pa.int64() if large else pa.int32()), values, type=kind, mask=mask
+        )
+    return array.cast(kind)
