@@ -268,12 +268,61 @@ def cast_nested(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
         >>> cast_nested(pa.chunked_array([array]), kind).to_pylist()
         [{'id': 1}, None]
     """
-    if column.type == kind:
+    if column.type != kind:
+        try:
+            column = column.cast(kind)
+        except pa.ArrowInvalid:
+            column = pa.chunked_array([_cast_array(c, kind) for c in column.chunks], kind)
+    if not _has_required_nested(kind):
         return column
-    try:
-        return column.cast(kind)
-    except pa.ArrowInvalid:
-        return pa.chunked_array([_cast_array(chunk, kind) for chunk in column.chunks], kind)
+    return pa.chunked_array([_fill_required(chunk) for chunk in column.chunks], kind)
+
+
+def _has_required_nested(kind: pa.DataType) -> bool:
+    if pa.types.is_struct(kind):
+        return any(not f.nullable or _has_required_nested(f.type) for f in kind.fields)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return not kind.value_field.nullable or _has_required_nested(kind.value_type)
+    if pa.types.is_map(kind):
+        return _has_required_nested(kind.item_type)  # keys and entries: handled by Arrow
+    return False
+
+
+def _fill_required(array: pa.Array) -> pa.Array:
+    """Mark required nested fields valid where only a null parent made them null: Parquet
+    writers refuse a non-nullable child with nulls, even under null parents."""
+    kind = array.type
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(kind):
+        children = []
+        for i, f in enumerate(kind.fields):
+            child = _fill_required(array.field(i))
+            children.append(child if f.nullable else _all_valid(child))
+        return pa.StructArray.from_arrays(children, fields=list(kind.fields), mask=mask)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        values = _fill_required(array.flatten())
+        values = values if kind.value_field.nullable else _all_valid(values)
+        offsets = pc.subtract(array.offsets, array.offsets[0])
+        builder = pa.LargeListArray if pa.types.is_large_list(kind) else pa.ListArray
+        return builder.from_arrays(offsets, values, type=kind, mask=mask)
+    return array
+
+
+def _all_valid(array: pa.Array) -> pa.Array:
+    """``array`` without its validity bitmap (its values under nulls are kept as they are)."""
+    if not array.null_count:
+        return array
+    if pa.types.is_struct(array.type):
+        fields = list(array.type.fields)
+        return pa.StructArray.from_arrays(
+            [array.field(i) for i in range(len(fields))], fields=fields
+        )
+    if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        builder = pa.LargeListArray if pa.types.is_large_list(array.type) else pa.ListArray
+        offsets = pc.subtract(array.offsets, array.offsets[0])
+        return builder.from_arrays(offsets, array.flatten(), type=array.type)
+    buffers = [None, *array.buffers()[1:]]
+    return pa.Array.from_buffers(array.type, len(array), buffers, 0, array.offset)
 
 
 def _cast_array(array: pa.Array, kind: pa.DataType) -> pa.Array:
