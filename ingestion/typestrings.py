@@ -60,8 +60,8 @@ class Node:
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
-        self.tokens = [(m.start(), m.group().strip()) for m in _TOKEN.finditer(text)]
-        self.tokens = [(p, t) for p, t in self.tokens if t]
+        matches = [m for m in _TOKEN.finditer(text) if m.lastindex]
+        self.tokens = [(m.start(m.lastindex), m.group(m.lastindex)) for m in matches]
         self.i = 0
 
     def fail(self, expected: str) -> TypeStringError:

@@ -25,7 +25,7 @@ from tests.test_engine_avro import serialize
 
 pytestmark = pytest.mark.integration
 
-NESTED_SCHEMA = [
+NESTED_SCHEMA: list[dict[str, Any]] = [
     {"name": "id", "type": "long", "required": True},
     {"name": "customer", "type": "struct<id:long not null, name:string>"},
     {"name": "items", "type": "list<struct<sku:string, qty:int>>"},
@@ -137,7 +137,7 @@ def test_headers_land_with_repeats_and_binary_values_and_duckdb_reads_them(
     harness: Harness, create_topic: CreateTopic, kafka: KafkaResource
 ) -> None:
     topic = create_topic(partitions=1)
-    headers: list[list[tuple[str, bytes | None]] | None] = [
+    headers: list[list[tuple[str, str | bytes | None]] | None] = [
         [("trace", b"t-0"), ("hop", b"a"), ("hop", b"b")],
         None,
         [("bin", b"\x00\xff\x10"), ("empty", None)],
@@ -156,10 +156,12 @@ def test_headers_land_with_repeats_and_binary_values_and_duckdb_reads_them(
     assert landed == [h or [] for h in headers]
     # Another engine: DuckDB on the Arrow scan, unnesting the list of structs in order.
     frame = table.scan().to_arrow()  # noqa: F841 - read by DuckDB's replacement scan
-    found = duckdb.sql(
+    relation = duckdb.sql(
         "select id, h.key, h.value from (select id, unnest(_kafka_headers) as h from frame)"
         " where h.key = 'hop' or h.key = 'bin' order by id, h.key, h.value"
-    ).fetchall()
+    )
+    assert relation is not None
+    found = relation.fetchall()
     assert found == [(0, "hop", b"a"), (0, "hop", b"b"), (2, "bin", b"\x00\xff\x10")]
 
 
