@@ -60,8 +60,8 @@ class Node:
 class _Parser:
     def __init__(self, text: str) -> None:
         self.text = text
-        matches = [m for m in _TOKEN.finditer(text) if m.lastindex]
-        self.tokens = [(m.start(m.lastindex), m.group(m.lastindex)) for m in matches]
+        groups = [(m, m.lastindex) for m in _TOKEN.finditer(text)]
+        self.tokens = [(m.start(g), m.group(g)) for m, g in groups if g is not None]
         self.i = 0
 
     def fail(self, expected: str) -> TypeStringError:
