@@ -29,10 +29,10 @@ from platform_assets.demo import encode_event, make_order_event
 
 PARTITIONS = 6
 SLOTS = 2
-Headers = list[tuple[str, bytes]] | None
+Headers = list[tuple[str, str | bytes | None]] | None
 Record = tuple[bytes, bytes, Headers]
 
-NESTED_SCHEMA = [
+NESTED_SCHEMA: list[dict[str, Any]] = [
     {"name": "order_id", "type": "string", "required": True},
     {
         "name": "customer",
