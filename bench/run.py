@@ -1,7 +1,8 @@
 """One command for the benchmark: produce, then limit / baseline / ours, freshness, memory.
 
     .venv/bin/python bench/run.py [--records 2000000] [--json .platform/bench/latest.json]
-    .venv/bin/python bench/run.py --suite dirty [--records 1000000]   # bad records, spread
+    .venv/bin/python bench/run.py --suite dirty [--records 1000000]  # bad records, spread
+    .venv/bin/python bench/run.py --suite nested   # nested JSON, headers (nested.py); all: both
 
 Everything runs against the embedded stack it starts (Tansu, a throw-away SQLite catalog,
 local Spark). Figures are ratios within this run; absolute times on shared machines are noise.
@@ -27,6 +28,7 @@ from confluent_kafka import TopicPartition  # noqa: E402
 
 from bench.dirty import WORKLOADS, print_dirty_table, run_suite  # noqa: E402
 from bench.freshness import measure_freshness  # noqa: E402
+from bench.nested import profile_nested, run_nested_suite  # noqa: E402
 from bench.rss import PeakRss  # noqa: E402
 from bench.workloads import baseline, limit, produce, spec_for  # noqa: E402
 from ingestion.execute import build_task_specs, execute_locally  # noqa: E402
@@ -109,16 +111,18 @@ def profile_engine(kafka: KafkaResource, catalog: Any, topic: str, records: int)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("main", "dirty"), default="main")
-    parser.add_argument("--records", type=int, help="default 2,000,000; dirty: 1,000,000 each")
+    parser.add_argument("--suite", choices=("main", "dirty", "nested", "all"), default="main")
+    parser.add_argument(
+        "--records", type=int, help="default 2,000,000; dirty/nested: 1,000,000 each"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="dirty: runs per workload")
     parser.add_argument("--freshness-seconds", type=int, default=90)
     parser.add_argument("--json", help="default .platform/bench/latest.json (dirty.json)")
     args = parser.parse_args()
-    default_json = "latest.json" if args.suite == "main" else "dirty.json"
+    default_json = "latest.json" if args.suite == "main" else f"{args.suite}.json"
     json_path = Path(args.json or ROOT / ".platform" / "bench" / default_json)
-    if args.suite == "dirty":
-        return run_dirty(args.records or 1_000_000, args.repeats, json_path)
+    if args.suite != "main":  # dirty, nested or both: one table of ratios to clean
+        return run_dirty(args.records or 1_000_000, args.repeats, json_path, args.suite)
     n = args.records or 2_000_000
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -155,15 +159,24 @@ def main() -> int:
     return 0
 
 
-def run_dirty(records: int, repeats: int, json_path: Path) -> int:
-    """The dirty-data suite (bench/dirty.py): every workload against clean, in one run."""
-    state = Path(tempfile.mkdtemp(prefix="bench-dirty-"))
+def run_dirty(records: int, repeats: int, json_path: Path, suite: str = "dirty") -> int:
+    """The dirty-data (bench/dirty.py) and nested (bench/nested.py) suites: every workload
+    against clean, in one run and one table."""
+    state = Path(tempfile.mkdtemp(prefix=f"bench-{suite}-"))
+    profile: list[str] = []
     with EmbeddedBroker(log_path=state / "tansu.log") as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         catalog = IcebergCatalogResource(state_dir=str(state)).load_catalog()
-        results = run_suite(kafka, catalog, records, WORKLOADS, repeats)
+        results = []
+        if suite in ("dirty", "all"):
+            results += run_suite(kafka, catalog, records, WORKLOADS, repeats)
+        if suite in ("nested", "all"):
+            results += run_nested_suite(kafka, catalog, records, repeats)
+            profile = profile_nested(kafka, catalog, "nested-1")
         gc.collect()  # close the Kafka clients while the broker is up: no reconnect noise
     ok = print_dirty_table(results)
+    for line in profile:
+        print(line)
     figures = {"records": records, "repeats": repeats, "started": time.time(), "dirty": results}
     write_figures(figures, json_path)
     return 0 if ok else 1

@@ -20,6 +20,13 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from ingestion.isolate import DecodeStats, Piece, is_json_object, isolate_json
+from ingestion.nested import (
+    fix_column,
+    needs_fix,
+    nested_additions,
+    promotion_candidates,
+    read_type,
+)
 from ingestion.new_fields import reconcile_new_fields
 
 _PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError)
@@ -65,38 +72,22 @@ def widen(kind: pa.DataType) -> pa.DataType | None:
 
 def find_promotion(payload: bytes, schema: pa.Schema) -> dict[str, pa.DataType]:
     """The single-column promotion under which ``payload`` decodes, or {} if none does."""
-    for index, column in enumerate(schema):
-        wider = widen(column.type)
-        if wider is None:
-            continue
+    for path, widened, wider in promotion_candidates(schema):  # nested leaves too: "c.qty"
         try:
-            _parse_one(payload, schema.set(index, column.with_type(wider)))
+            _parse_one(payload, widened)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             continue
-        return {column.name: wider}
+        return {path: wider}
     return {}
 
 
-def _is_text_typed(kind: pa.DataType) -> bool:
-    """Types JSON carries as text that ``pyarrow.json`` cannot read as such: ISO dates
-    (``"2026-11-23"``) and times of day (``"10:00:00.123"``)."""
-    return pa.types.is_date(kind) or pa.types.is_time(kind)
-
-
-def _from_text(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
-    """Parse ISO text into a date or time column; raises ``ArrowInvalid`` on a bad value."""
-    if pa.types.is_date(kind):
-        return column.cast(kind)
-    # No string -> time cast in Arrow: parse as a timestamp on 1970-01-01, keep the time of day.
-    stamps = pc.binary_join_element_wise("1970-01-01T", column, "").cast(pa.timestamp("us"))
-    return stamps.cast(pa.int64()).cast(pa.time64("us")).cast(kind)
-
-
 def _parse(payload: bytes, schema: pa.Schema, newlines: bool, threads: bool = True) -> pa.Table:
-    text_typed = [i for i, f in enumerate(schema) if _is_text_typed(f.type)]
+    text_typed = [i for i, f in enumerate(schema) if needs_fix(f.type)]  # date, time, maps
     read_schema = schema
     for index in text_typed:
-        read_schema = read_schema.set(index, schema.field(index).with_type(pa.string()))
+        read_schema = read_schema.set(
+            index, schema.field(index).with_type(read_type(schema[index].type))
+        )
     options = pj.ParseOptions(
         explicit_schema=read_schema, unexpected_field_behavior="infer", newlines_in_values=newlines
     )
@@ -105,7 +96,8 @@ def _parse(payload: bytes, schema: pa.Schema, newlines: bool, threads: bool = Tr
     for index in text_typed:
         field = schema.field(index)
         position = table.schema.get_field_index(field.name)
-        table = table.set_column(position, field, _from_text(table.column(position), field.type))
+        column = fix_column(table.column(position), field.type)  # may hold new struct fields
+        table = table.set_column(position, field.with_type(column.type), column)
     return table
 
 
@@ -255,6 +247,11 @@ def finish_decoded(
         for f in table.schema
         if f.name not in schema.names and not pa.types.is_null(f.type)
     }
+    for f in schema:  # new fields inside struct columns: the column's type with them added
+        seen = table.schema.field(f.name).type if f.name in table.column_names else f.type
+        added = nested_additions(f.type, seen) if seen != f.type else None
+        if added is not None:
+            new_fields[f.name] = added
     rejections.sort(key=lambda r: r.index)
     return Decoded(table, indices, rejections, new_fields)
 

@@ -96,6 +96,7 @@ def build_task_specs(
             commit_id=plan.commit_id,
             writer_schemas=writer_schemas,
             read_timeout_s=spec.read_timeout_seconds,
+            headers=spec.headers,
             hooks=hooks.only("in_task"),
         )
         for task in plan.tasks
@@ -125,8 +126,12 @@ def evolve_schema(
             update.union_by_name(pa.schema(fields))
         for name, kind in promotions.items():
             update.update_column(name, field_type=iceberg_type(kind))
+    existing = {f.name for f in table.schema().fields}
     changes = [
-        f"added optional column {name} ({kind})" for name, kind in sorted(new_fields.items())
+        f"added nested field(s) to {name}: now {kind}"
+        if name in existing
+        else f"added optional column {name} ({kind})"
+        for name, kind in sorted(new_fields.items())
     ]
     return changes + [f"promoted {name} to {kind}" for name, kind in sorted(promotions.items())]
 

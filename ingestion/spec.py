@@ -15,24 +15,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingestion.exceptions import PipelineSpecError
+from ingestion.typestrings import TypeStringError, parse_type_string
 
 _NAME = r"^[a-z][a-z0-9_]*$"
 _TRANSFORM = re.compile(r"^(identity|year|month|day|hour|void|bucket\[(\d+)\]|truncate\[(\d+)\])$")
-_PRIMITIVES = {
-    "boolean",
-    "int",
-    "long",
-    "float",
-    "double",
-    "date",
-    "time",
-    "timestamp",
-    "timestamptz",
-    "string",
-    "uuid",
-    "binary",
-}
-_DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 
 
 class _Model(BaseModel):
@@ -43,22 +29,21 @@ class FieldSpec(_Model):
     """One column of the declared Iceberg schema (a top-level field of the record value)."""
 
     name: str
-    type: str = Field(description="Iceberg primitive: long, string, timestamptz, decimal(p,s)...")
+    type: str = Field(
+        description="Iceberg primitive (long, string, timestamptz, decimal(p,s)...) or nested: "
+        "struct<a:long not null, b:string>, list<T>, map<K, V> (ingestion/typestrings.py)."
+    )
     required: bool = False
     doc: str | None = None
 
     @field_validator("type")
     @classmethod
     def _check_type(cls, value: str) -> str:
-        value = value.strip().lower()
-        match = _DECIMAL.match(value)
-        if match and 1 <= int(match[1]) <= 38 and int(match[2]) <= int(match[1]):
-            return value
-        if value not in _PRIMITIVES:
-            raise ValueError(
-                f"unknown type {value!r}; use one of {sorted(_PRIMITIVES)} or decimal(p,s)"
-            )
-        return value
+        try:
+            parse_type_string(value)
+        except TypeStringError as exc:
+            raise ValueError(f"unknown type: {exc}") from None
+        return value.strip().lower()
 
 
 class PartitionFieldSpec(_Model):
@@ -126,7 +111,17 @@ class PipelineSpec(_Model):
         "consumer_group_id, which is the one the platform uses.",
     )
     value_format: Literal["json", "avro", "raw"] = "json"
-    key_format: Literal["raw", "string"] = "raw"
+    key_format: Literal["raw", "string", "json"] = "raw"
+    key_schema: list[FieldSpec] | None = Field(
+        default=None,
+        description="With key_format 'json': the key's fields; the key lands as the struct "
+        "column _kafka_key (a key that does not decode is a rejection, like a bad value).",
+    )
+    headers: bool = Field(
+        default=False,
+        description="Store the record headers as _kafka_headers list<struct<key:string, "
+        "value:binary>> (in order, repeated keys kept).",
+    )
     schema_registry_url: str | None = None
     schema_subject: str | None = Field(
         default=None, description="Registry subject of the values; default '<topic>-value'."
@@ -207,6 +202,8 @@ class PipelineSpec(_Model):
             raise ValueError("value_format 'avro' needs schema_registry_url")
         if self.value_format == "json" and not self.schema_fields:
             raise ValueError("value_format 'json' needs a declared schema (schema: [...])")
+        if (self.key_format == "json") != bool(self.key_schema):
+            raise ValueError("key_schema is required with key_format 'json' and only then")
         names = [field.name for field in self.schema_fields or []]
         if len(set(names)) != len(names):
             raise ValueError("schema has repeated field names")

@@ -6,10 +6,13 @@ coordinates): ``_kafka_topic, _kafka_partition, _kafka_offset, _kafka_timestamp,
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ingestion.spec import PipelineSpec
+from ingestion.spec import FieldSpec, PipelineSpec
+from ingestion.typestrings import parse_type_string, to_iceberg
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -21,33 +24,17 @@ if TYPE_CHECKING:
 TABLE_PROPERTIES = {"format-version": "2", "write.parquet.compression-codec": "zstd"}
 
 
-def parse_type(name: str) -> IcebergType:
-    """Return the Iceberg type for a spec type name such as ``long`` or ``decimal(12,2)``.
+def parse_type(name: str, ids: Iterator[int] | None = None) -> IcebergType:
+    """Return the Iceberg type for a spec type name such as ``long``, ``decimal(12,2)`` or
+    ``struct<id:long,tags:list<string>>`` (nested field ids drawn from ``ids``).
 
     Example:
         >>> parse_type("decimal(12, 2)")
         DecimalType(precision=12, scale=2)
+        >>> parse_type("list<long not null>", itertools.count(5))
+        ListType(type='list', element_id=5, element_type=LongType(), element_required=True)
     """
-    from pyiceberg import types
-
-    decimal = re.fullmatch(r"decimal\((\d+),\s*(\d+)\)", name)
-    if decimal:
-        return types.DecimalType(int(decimal[1]), int(decimal[2]))
-    primitives: dict[str, IcebergType] = {
-        "boolean": types.BooleanType(),
-        "int": types.IntegerType(),
-        "long": types.LongType(),
-        "float": types.FloatType(),
-        "double": types.DoubleType(),
-        "date": types.DateType(),
-        "time": types.TimeType(),
-        "timestamp": types.TimestampType(),
-        "timestamptz": types.TimestamptzType(),
-        "string": types.StringType(),
-        "uuid": types.UUIDType(),
-        "binary": types.BinaryType(),
-    }
-    return primitives[name]
+    return to_iceberg(parse_type_string(name), ids if ids is not None else itertools.count(1))
 
 
 def coordinate_columns(key_type: IcebergType) -> list[tuple[str, IcebergType, bool]]:
@@ -63,6 +50,24 @@ def coordinate_columns(key_type: IcebergType) -> list[tuple[str, IcebergType, bo
     ]
 
 
+def key_type(spec: PipelineSpec, ids: Iterator[int]) -> IcebergType:
+    """The ``_kafka_key`` column's type: binary, string, or a struct of ``key_schema``."""
+    from pyiceberg.types import BinaryType, NestedField, StringType, StructType
+
+    if spec.key_format == "json":
+        fields: list[FieldSpec] = spec.key_schema or []
+        return StructType(
+            *(NestedField(next(ids), f.name, parse_type(f.type, ids), f.required) for f in fields)
+        )
+    return StringType() if spec.key_format == "string" else BinaryType()
+
+
+def headers_type(ids: Iterator[int]) -> IcebergType:
+    """``list<struct<key:string not null, value:binary>>``: Kafka headers are ordered and may
+    repeat a key, so a list of pairs, not a map."""
+    return parse_type("list<struct<key:string not null, value:binary> not null>", ids)
+
+
 def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     """Return the table schema: declared (or ``derived``, e.g. from Avro) fields, metadata last.
 
@@ -72,12 +77,12 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     from pyiceberg.types import (
         BinaryType,
         NestedField,
-        StringType,
     )
 
+    ids = itertools.count(len(spec.schema_fields or []) + 1)  # nested ids after the columns
     if spec.schema_fields:
         fields = [
-            NestedField(i, f.name, parse_type(f.type), required=f.required, doc=f.doc)
+            NestedField(i, f.name, parse_type(f.type, ids), required=f.required, doc=f.doc)
             for i, f in enumerate(spec.schema_fields, start=1)
         ]
     elif derived is not None:
@@ -86,8 +91,11 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
         fields = [NestedField(1, "value", BinaryType(), required=False)]
     else:
         raise ValueError(f"pipeline {spec.name!r}: no declared or derived schema")
-    metadata = coordinate_columns(StringType() if spec.key_format == "string" else BinaryType())
     first = max(Schema(*fields).highest_field_id, len(fields)) + 1
+    ids = itertools.count(first + 16)  # ids of the metadata columns' nested fields
+    metadata = coordinate_columns(key_type(spec, ids))
+    if spec.headers:
+        metadata.append(("_kafka_headers", headers_type(ids), False))
     fields += [
         NestedField(first + i, name, kind, required=required)
         for i, (name, kind, required) in enumerate(metadata)

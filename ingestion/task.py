@@ -45,7 +45,7 @@ def read_chunks(spec: TaskSpec) -> Generator[RawChunk]:
     finish. Only one chunk is held at a time."""
     rng = spec.range
     where = f"pipeline {spec.pipeline!r}, {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})"
-    raw = RawChunk()
+    raw = RawChunk(headers=[] if spec.headers else None)
     with open_consumer(spec.kafka_config, f"{spec.pipeline}-reader") as consumer:
         for batch in iter_batches(consumer, rng, spec.read_timeout_s, where):
             while batch:
@@ -54,7 +54,7 @@ def read_chunks(spec: TaskSpec) -> Generator[RawChunk]:
                 batch = [] if len(batch) <= room else batch[room:]
                 if len(raw.offsets) >= CHUNK_RECORDS or raw.value_bytes >= CHUNK_BYTES:
                     yield raw
-                    raw = RawChunk()
+                    raw = RawChunk(headers=[] if spec.headers else None)
     if raw.offsets:
         yield raw
 

@@ -15,6 +15,8 @@ import pyarrow as pa
 from ingestion import exceptions
 from ingestion.avro import decode_avro
 from ingestion.decode import Decoded, Rejection, decode_json, merge_field_types
+from ingestion.kafka_columns import decode_json_keys, headers_column
+from ingestion.nested import cast_nested
 from ingestion.screen import find_invalid_utf8
 from ingestion.writer import FanoutWriter
 
@@ -104,7 +106,9 @@ def merge_rejections(keys: list[Rejection], values: list[Rejection]) -> list[Rej
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     """Order and cast columns to the table's Arrow schema (ms timestamps widen to us)."""
-    return pa.Table.from_arrays([rows.column(f.name).cast(f.type) for f in schema], schema=schema)
+    return pa.Table.from_arrays(
+        [cast_nested(rows.column(f.name), f.type) for f in schema], schema=schema
+    )
 
 
 def _decode_chunk(
@@ -153,7 +157,10 @@ class ChunkWriter:
         latest = max(raw.timestamps)
         if result.max_timestamp_ms is None or latest > result.max_timestamp_ms:
             result.max_timestamp_ms = latest
-        keys, key_rejections = _decode_keys(raw.keys, as_string=spec.key_format == "string")
+        if spec.key_format == "json":
+            keys, key_rejections = decode_json_keys(raw.keys, self.target.field("_kafka_key").type)
+        else:
+            keys, key_rejections = _decode_keys(raw.keys, as_string=spec.key_format == "string")
         decoded = _decode_chunk(spec, raw.values, self.user_schema, self.required, result)
         result.decode_stats.add(decoded.stats)
         merge_field_types(result.new_fields, decoded.new_fields)
@@ -178,9 +185,15 @@ class ChunkWriter:
             keep = [position for position, row in enumerate(rows) if row not in bad_keys]
             table = table.take(pa.array(keep, pa.int64()))
             rows = [rows[position] for position in keep]
+        columns = {"_kafka_key": keys}
+        if raw.headers is not None:
+            columns["_kafka_headers"] = headers_column(
+                raw.headers, self.target.field("_kafka_headers").type
+            )
         if len(rows) != len(raw.offsets):
-            keys = keys.take(pa.array(rows, pa.int64()))
-        for name, column in {**_coordinates(self.spec, raw, rows), "_kafka_key": keys}.items():
+            take = pa.array(rows, pa.int64())
+            columns = {name: column.take(take) for name, column in columns.items()}
+        for name, column in {**_coordinates(self.spec, raw, rows), **columns}.items():
             table = table.append_column(name, column)
         self.data.write(_conform(table, self.target))
         self.result.records += table.num_rows

@@ -39,6 +39,7 @@ class TaskSpec:
     writer_schemas: dict[int, str] = field(default_factory=dict)
     missing_schema_ids: frozenset[int] = frozenset()
     read_timeout_s: float = 60.0
+    headers: bool = False
     hooks: FailureHooks = NO_HOOKS
 
 
@@ -74,6 +75,7 @@ class RawChunk:
     values: list[bytes | None] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
     value_bytes: int = 0
+    headers: list[Any] | None = None  # Message.headers() of each record, when asked
 
     def extend(self, batch: list[Message]) -> None:
         """Append a consumed batch: one C-level pass per field, no per-record Python frame."""
@@ -84,3 +86,5 @@ class RawChunk:
         self.values += map(Message.value, batch)
         self.timestamps += map(itemgetter(1), map(Message.timestamp, batch))
         self.value_bytes += sum(map(len, batch))
+        if self.headers is not None:
+            self.headers += map(Message.headers, batch)

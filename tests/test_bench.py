@@ -73,6 +73,29 @@ def test_dirty_suite_prints_every_workload_against_clean(tmp_path: Path) -> None
     assert "malformed 10.0%" in out
 
 
+def test_nested_suite_prints_nested_and_headers_against_flat(tmp_path: Path) -> None:
+    """Every nested and headers workload lands every record; the ratios and the profile of the
+    nested path are printed (not judged at this size)."""
+    from bench.nested import WORKLOADS
+
+    target = tmp_path / "nested.json"
+    out = run_bench(
+        "bench/run.py",
+        "--suite",
+        "nested",
+        "--records",
+        "600",
+        "--repeats",
+        "1",
+        "--json",
+        str(target),
+    )
+    results = json.loads(target.read_text())["dirty"]
+    assert [r["workload"] for r in results] == [w.name for w in WORKLOADS]
+    assert all((r["landed"], r["quarantined"]) == (600, 0) for r in results), results
+    assert "in-process nested run: 600 records" in out
+
+
 def test_small_runs_compares_both_modes() -> None:
     out = run_bench("bench/small_runs.py", "--runs", "1", "--records", "50")
     assert "in-process / spark wall time:" in out

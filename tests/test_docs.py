@@ -75,3 +75,26 @@ def test_production_doc_has_its_examples() -> None:
     assert len(yaml_blocks(PRODUCTION_MD, "# platform.yaml")) >= 3
     (dagster_yaml,) = yaml_blocks(PRODUCTION_MD, "# dagster.yaml")
     assert "postgresql+psycopg2" in dagster_yaml
+
+
+README = ROOT / "README.md"
+
+
+@pytest.mark.parametrize("block", yaml_blocks(README, "# pipelines.yaml"))
+def test_readme_pipeline_examples_validate_and_build_their_tables(
+    block: str, tmp_path: Path
+) -> None:
+    from ingestion.spec import load_pipeline_specs
+    from ingestion.tables import build_schema
+
+    path = tmp_path / "pipelines.yaml"
+    path.write_text(block)
+    for spec in load_pipeline_specs(path):
+        schema = build_schema(spec)
+        assert all(schema.find_field(field.name) for field in spec.schema_fields or [])
+
+
+def test_readme_has_a_nested_pipeline_example() -> None:
+    (block,) = yaml_blocks(README, "# pipelines.yaml: a nested pipeline")
+    for kind in ("struct<", "list<", "map<"):
+        assert kind in block
