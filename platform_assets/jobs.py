@@ -74,7 +74,7 @@ def build_ingest_job(spec: PipelineSpec) -> AssetJob:
 
 def build_ingest_all_job(specs: list[PipelineSpec]) -> AssetJob:
     """Ingest every pipeline (each still one run at a time through its pool)."""
-    selection = AssetSelection.assets()
+    selection: AssetSelection = AssetSelection.assets()
     for spec in specs:
         selection = selection | ingestion_selection(spec)
     return define_asset_job("ingest_all", selection=selection)
