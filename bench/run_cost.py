@@ -13,7 +13,11 @@ and ingests the same new records each round. Modes:
 - ``local``: the same local[2] session per run, the audit left to ``run_checks``;
 - ``connect``: attached to one long-lived Spark Connect server (local[2]) started here once;
 - ``driver``: prepared in the run process, no Spark (``in_process_max_records``);
-- ``auto``: the shipped defaults: Connect above ``in_process_max_records``, the driver below.
+- ``auto``: the shipped defaults: Connect above ``in_process_max_records``, the driver below;
+- ``cli``: the shipped defaults through a real run instead of ``materialize``: ``dagster job
+  execute`` of the pipeline's ingest job from the code location (``platform_assets.definitions``,
+  dbt project included), with the job's own executor, configured only by the environment
+  ``make dev`` sets (``PLATFORM_SPARK_REMOTE``, ``KAFKA_BOOTSTRAP_SERVERS``, ...).
 
 Printed per size and mode: the median wall time from launching the process to RUN_SUCCESS, the
 median RUN_START -> RUN_SUCCESS, their ratio against ``before``, and, against the consume-only
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +47,7 @@ from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 from resources.spark_connect import SparkConnectServer  # noqa: E402
 
-MODES = ("before", "local", "connect", "driver", "auto")
+MODES = ("before", "local", "connect", "driver", "auto", "cli")
 ALWAYS_SPARK = 0
 NEVER_SPARK = 10_000_000
 
@@ -103,8 +109,70 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def launch_cli(config: dict[str, Any]) -> dict[str, Any]:
+    """A real run of the ingest job with ``dagster job execute``; what its instance recorded."""
+    import yaml
+    from dagster import DagsterEventType, DagsterInstance
+
+    from ingestion.spec import PipelineSpec
+    from platform_assets.pipelines import table_key
+
+    spec = spec_for("cost_cli", config["topic"], None)
+    default = PipelineSpec.model_fields["in_process_max_records"].default
+    spec = spec.model_copy(update={"in_process_max_records": default})
+    home = Path(config["instance_dir"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    pipelines = home / "pipelines.yaml"
+    raw = spec.model_dump(mode="json", by_alias=True)
+    pipelines.write_text(yaml.safe_dump({"pipelines": [raw]}))
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "KAFKA_BOOTSTRAP_SERVERS": config["bootstrap"],
+        "PLATFORM_STATE_DIR": config["state_dir"],
+        "PLATFORM_SPARK_REMOTE": config["remote"],
+        "PLATFORM_PIPELINES_FILE": str(pipelines),
+    }
+    command = [str(Path(sys.executable).with_name("dagster")), "job", "execute"]
+    command += ["-m", "platform_assets.definitions", "-j", f"ingest_{spec.name}_job"]
+    started = time.time()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"cli failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    with DagsterInstance.from_config(str(home)) as instance:
+        run = instance.get_runs(limit=1)[0]
+        stamps = {
+            entry.dagster_event_type: entry.timestamp
+            for entry in instance.all_logs(
+                run.run_id,
+                of_type={DagsterEventType.RUN_START, DagsterEventType.RUN_SUCCESS},
+            )
+        }
+        event = instance.get_latest_materialization_event(table_key(spec))
+        assert event is not None
+        assert event.asset_materialization is not None
+        metadata = event.asset_materialization.metadata
+        checks = instance.all_logs(run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        names = sorted(
+            e.dagster_event.event_specific_data.check_name  # type: ignore[union-attr]
+            for e in checks
+            if e.dagster_event is not None
+        )
+    success = stamps[DagsterEventType.RUN_SUCCESS]
+    return {
+        "run_s": success - stamps[DagsterEventType.RUN_START],
+        "wall_s": success - started,
+        "records": metadata["records"].value,
+        "executed_in": metadata["executed_in"].value,
+        "checks": names,
+    }
+
+
 def launch(config: dict[str, Any]) -> dict[str, Any]:
     """Run :func:`child` in a fresh process; add the wall time from launch to RUN_SUCCESS."""
+    if config["mode"] == "cli":
+        return launch_cli(config)
     started = time.time()
     done = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(config)],
@@ -175,6 +243,7 @@ def main() -> int:
                 limit(kafka.client_config(), ranges, 2) for _ in range(3)
             )
             rows += [(size, mode, reports[1:]) for mode, reports in runs.items()]
+    shutil.rmtree(work, ignore_errors=True)
     print_table(rows, limits)
     return 0
 
