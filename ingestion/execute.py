@@ -26,13 +26,20 @@ MAX_ROUNDS = 3
 
 
 def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskResult]:
-    """Run one Spark task per range; rows never leave the executors, only file metadata."""
+    """Run one Spark task per range; rows never leave the executors, only file metadata.
+
+    The fan-out is a DataFrame of pickled task specs, one partition each, mapped with
+    ``mapInArrow``: the same code on a classic session and on Spark Connect (which has no
+    ``SparkContext``). Delivery: a failed or retried Spark task only writes files no commit
+    names; the coordinator commits the results it collects, or nothing.
+    """
     import pyarrow as pa
     from pyspark import cloudpickle
 
     payloads = [(i, cloudpickle.dumps(spec)) for i, spec in enumerate(specs)]
-    rdd = spark.sparkContext.parallelize(payloads, numSlices=len(payloads))
-    frame = spark.createDataFrame(rdd, "i int, task binary")
+    frame = spark.createDataFrame(payloads, "i int, task binary").repartitionByRange(
+        len(payloads), "i"
+    )
     output = pa.schema([("i", pa.int32()), ("result", pa.binary())])
 
     def prepare(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -50,6 +57,11 @@ def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskRes
     except Exception as exc:
         raise exceptions.TaskFailedError(task_failure_message(specs[0].pipeline, exc)) from exc
     ordered = sorted(rows, key=lambda row: row["i"])
+    if [row["i"] for row in ordered] != list(range(len(specs))):  # never commit a partial set
+        raise exceptions.TaskFailedError(
+            f"pipeline {specs[0].pipeline!r}: Spark returned results for tasks "
+            f"{[row['i'] for row in ordered]} of {len(specs)}; nothing was committed"
+        )
     return [pickle.loads(row["result"]) for row in ordered]  # noqa: S301 - our own payload
 
 

@@ -15,6 +15,8 @@ only when a client is built; a literal value for a credential key is refused. An
       properties: {type: rest, uri: "https://catalog.internal", credential: "${ICEBERG_CREDENTIAL}"}
     file_io: {s3.region: eu-west-1}
     spark: {master: "spark://spark-master:7077", ship_engine: true}
+    # or attach every run to a long-lived Spark Connect server:
+    # spark: {remote: "sc://spark-connect.internal:15002", ship_engine: true}
 """
 
 from __future__ import annotations
@@ -113,9 +115,12 @@ class CatalogConfig(Section):
 
 
 class SparkConfig(Section):
-    """The Spark master, Spark properties (``conf``) and whether to ship the engine's zip."""
+    """The Spark master, or ``remote``: the ``sc://host:port`` of a long-lived Spark Connect
+    server every run attaches to (then ``master`` is the server's business); Spark properties
+    (``conf``; runtime SQL settings only over Connect) and whether to ship the engine's zip."""
 
     master: str = "local[*]"
+    remote: str = "${PLATFORM_SPARK_REMOTE:-}"  # make dev sets it to its Connect server
     app_name: str = "kafka-iceberg-platform"
     conf: Properties = Field(default_factory=dict)
     ship_engine: bool = False
@@ -124,6 +129,16 @@ class SparkConfig(Section):
     @classmethod
     def _secrets(cls, value: dict[str, str]) -> dict[str, str]:
         return _no_literal_secrets(value, "conf")
+
+    @field_validator("remote")
+    @classmethod
+    def _remote(cls, value: str) -> str:
+        if value and not value.startswith(("sc://", "${")):
+            raise ValueError(
+                f"{value!r} is not a Spark Connect URL: write sc://host:port (the server's "
+                "spark.connect.grpc.binding.port, 15002 by default), or leave it empty"
+            )
+        return value
 
 
 class AlertsConfig(Section):

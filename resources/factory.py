@@ -50,6 +50,7 @@ def spark_resource(config: PlatformConfig) -> SparkResource:
         app_name=config.spark.app_name,
         spark_config=dict(config.spark.conf),
         ship_engine=config.spark.ship_engine,
+        remote=config.spark.remote,
     )
 
 

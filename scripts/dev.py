@@ -1,8 +1,11 @@
 """``make dev``: run the platform on the embedded stack until Ctrl-C.
 
-Starts, in order: a Tansu broker on a free loopback port, the demo topic and its producer, and
-``dagster dev -w workspace.yaml`` (UI and daemon) with ``DAGSTER_HOME`` under ``.platform/``.
-Everything it starts is stopped on Ctrl-C or SIGTERM, the broker last; nothing is left running.
+Starts, in order: a Tansu broker on a free loopback port, the demo topic and its producer, one
+Spark Connect server (``--spark connect``, the default: every ingestion run attaches to it
+through ``PLATFORM_SPARK_REMOTE`` instead of starting its own JVM; ``--spark local``: each run
+starts its own), and ``dagster dev -w workspace.yaml`` (UI and daemon) with ``DAGSTER_HOME``
+under ``.platform/``. Everything it starts is stopped on Ctrl-C or SIGTERM, the broker last;
+nothing is left running.
 
 The embedded broker keeps data in memory only, so each start begins with an empty ``orders``
 topic; the demo's Iceberg catalog and warehouse are reset with it (a table whose offsets point
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from platform_assets.demo import DemoProducerStats, run_demo_producer  # noqa: E402
 from resources.embedded import EmbeddedBroker, find_free_port  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
+from resources.spark_connect import SparkConnectServer  # noqa: E402
 
 DAGSTER_YAML = """\
 # Written by scripts/dev.py for the embedded stack.
@@ -90,6 +94,12 @@ def main() -> int:
     parser.add_argument("--ui-port", type=int, default=None, help="default: 3000 if free")
     parser.add_argument("--rate", type=float, default=20.0, help="demo events per second")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument(
+        "--spark",
+        choices=("connect", "local"),
+        default="connect",
+        help="connect: one long-lived Spark Connect server for every run; local: a Spark per run",
+    )
     args = parser.parse_args()
 
     state_dir = Path(args.state_dir).resolve()
@@ -102,7 +112,11 @@ def main() -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
-    with EmbeddedBroker(log_path=state_dir / "logs" / "tansu.log") as broker:
+    spark_server = SparkConnectServer(state_dir / "logs", master="local[*]")
+    with (
+        EmbeddedBroker(log_path=state_dir / "logs" / "tansu.log") as broker,
+        contextlib.ExitStack() as spark_stack,
+    ):
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         create_topic(kafka, "orders", args.partitions)
         stats = DemoProducerStats()
@@ -120,12 +134,16 @@ def main() -> int:
         )
         producer_thread.start()
 
+        if args.spark == "connect":
+            spark_stack.enter_context(spark_server)  # stopped after dagster, before the broker
         ui_port = args.ui_port or find_ui_port()
         env = {
             **os.environ,
             "DAGSTER_HOME": str(dagster_home),
             "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
             "PLATFORM_STATE_DIR": str(state_dir),
+            # Runs attach to the Connect server (the configuration's spark.remote default).
+            "PLATFORM_SPARK_REMOTE": spark_server.remote if args.spark == "connect" else "",
             # Alert sinks: empty = off. Set them in your shell to try a webhook or Slack.
             "PLATFORM_ALERT_WEBHOOK_URL": os.environ.get("PLATFORM_ALERT_WEBHOOK_URL", ""),
             "PLATFORM_SLACK_TOKEN": os.environ.get("PLATFORM_SLACK_TOKEN", ""),
@@ -155,6 +173,10 @@ def main() -> int:
             )
         print(f"Kafka (Tansu):  {broker.bootstrap_servers}  (log: {broker.log_path})", flush=True)
         print(f"Iceberg:        SQLite catalog + warehouse under {state_dir}", flush=True)
+        if args.spark == "connect":
+            print(f"Spark Connect:  {spark_server.remote}  (log: {spark_server.log_path})")
+        else:
+            print("Spark:          local, one session per run (--spark local)")
         print(f"Dagster UI:     http://127.0.0.1:{ui_port}  (log: {state_dir}/logs/dagster.log)")
         print(f"Demo producer:  orders topic, {args.rate:g} events/s. Ctrl-C stops everything.")
         sys.stdout.flush()
@@ -166,10 +188,11 @@ def main() -> int:
                     print(f"dagster dev exited with {dagster.returncode}; stopping", flush=True)
                     break
         finally:
-            print("Stopping: dagster, demo producer, broker...", flush=True)
+            print("Stopping: dagster, demo producer, Spark, broker...", flush=True)
             stop.set()
             stop_process_group(dagster)
             producer_thread.join(15)
+            spark_stack.close()
             print(f"Stopped. Demo events produced: {stats.produced}", flush=True)
     # Stopped by the user: success. Stopped because dagster dev died on its own: failure.
     return 1 if died else 0

@@ -13,7 +13,7 @@ import yaml
 from platform_assets.cli import main
 from platform_assets.resources import build_resources
 from resources.config import ConfigError, PlatformConfig, load_config
-from resources.factory import iceberg_resource, kafka_resource, unresolved
+from resources.factory import iceberg_resource, kafka_resource, spark_resource, unresolved
 from resources.secrets import UnresolvedReferenceError, resolve
 
 
@@ -61,6 +61,10 @@ def write(tmp_path: Path, data: Any) -> Path:
         ({"alerts": {"slack_token": "xoxb-1"}}, r"alerts\.slack_token: a credential"),
         ({"kafka": {"properties": {"group.id": "g"}}}, r"kafka\.properties: sets \['group\.id'\]"),
         ({"spark": {"ship_engine": "maybe"}}, r"spark\.ship_engine: Input should be a valid bool"),
+        (
+            {"spark": {"remote": "http://spark:15002"}},
+            r"spark\.remote: 'http://spark:15002' is not a Spark Connect URL: write sc://host:port",
+        ),
         ("[1, 2]", "the top level must be a mapping"),
         ("kafka: [", "not valid YAML"),
     ],
@@ -68,6 +72,21 @@ def write(tmp_path: Path, data: Any) -> Path:
 def test_invalid_configuration_names_the_key(tmp_path: Path, data: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(write(tmp_path, data))
+
+
+def test_spark_remote_attaches_runs_to_a_connect_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``spark.remote`` reaches the Spark resource; by default it is ``$PLATFORM_SPARK_REMOTE``
+    (set by ``make dev``), empty when unset: each run starts its own session."""
+    written = load_config(write(tmp_path, {"spark": {"remote": "sc://spark-connect:15002"}}))
+    assert spark_resource(written).remote == "sc://spark-connect:15002"
+    default = spark_resource(PlatformConfig())
+    assert default.remote == "${PLATFORM_SPARK_REMOTE:-}"
+    monkeypatch.delenv("PLATFORM_SPARK_REMOTE", raising=False)
+    assert resolve(default.remote) == ""
+    monkeypatch.setenv("PLATFORM_SPARK_REMOTE", "sc://127.0.0.1:15002")
+    assert resolve(default.remote) == "sc://127.0.0.1:15002"
 
 
 def test_yaml_scalars_become_property_text(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from dagster import (
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import pipeline_check_keys
 from platform_assets.definitions import build_definitions
+from platform_assets.jobs import ingestion_selection
 from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
 from platform_assets.sensors import build_check_alert_sensor, build_lag_sensor
 from resources.alerts import AlertResource
@@ -106,6 +107,32 @@ def test_materialize_ingests_and_every_check_passes(
     found = evaluations(result)
     assert set(found) == PIPELINE_CHECKS
     assert all(e.passed for e in found.values()), {n: e.description for n, e in found.items()}
+
+
+def test_ingestion_run_leaves_the_audit_to_run_checks(
+    resources: dict[str, Any], new_pipeline: NewPipeline, ledger_producer: LedgerProducer
+) -> None:
+    """An ingestion run evaluates the metadata-only checks; the exactly-once audit (a Kafka
+    recount and a read of each new commit's files) runs in ``run_checks``, from its cursor, so
+    it still audits every commit the runs made, once (R47)."""
+    topic, spec = new_pipeline("dg_no_audit", produce=40, in_process_max_records=10_000)
+    defs = build_definitions([spec])
+    run_checks = defs.resolve_job_def("run_checks")
+    with DagsterInstance.ephemeral() as instance:
+        for batch in range(2):
+            ingest = materialize_pipeline(spec, resources, ingestion_selection(spec), instance)
+            assert ingest.success
+            found = evaluations(ingest)
+            assert "exactly_once_audit" not in found
+            assert {"group_id_consistency", "commit_freshness"} <= set(found)
+            ledger_producer.produce(topic, records(10, first=40 + batch * 10))
+        checks = run_checks.execute_in_process(
+            instance=instance, resources={**resources, "dbt": None}, raise_on_error=False
+        )
+        assert checks.success
+        audit = evaluations(checks)["exactly_once_audit"]
+        assert audit.passed, audit.description
+        assert audit.metadata["commits_recounted"].value == 2  # both runs' commits, once
 
 
 def test_seed_misconfiguration_fails_the_check_and_blocks_ingestion(

@@ -540,3 +540,27 @@ def test_small_runs_skip_spark_large_runs_use_it(
     assert (large.records, large.executed_in, asked) == (300, "spark", ["spark"])
     assert ingest().executed_in == ""  # nothing to read: neither
     harness.assert_exactly_once(spec, ledger)
+
+
+def test_default_threshold_keeps_small_runs_off_spark(
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """A spec that does not set ``in_process_max_records`` prepares runs up to
+    ``IN_PROCESS_MAX_RECORDS`` offsets in the run process: Spark is neither started nor
+    attached, and the commit is the same exactly-once commit (the spec's other settings too)."""
+    from ingestion.spec import IN_PROCESS_MAX_RECORDS, parse_pipeline_spec
+
+    topic, tested = new_pipeline("default_small", partitions=2)
+    raw = tested.model_dump(mode="json", by_alias=True, exclude={"in_process_max_records"})
+    spec = parse_pipeline_spec(raw)
+    assert spec.in_process_max_records == IN_PROCESS_MAX_RECORDS >= 10_000
+
+    def no_spark() -> Any:
+        raise AssertionError("a small run asked for Spark")
+
+    ledger_producer.produce(topic, records(500))
+    config = harness.kafka.client_config()
+    report = run_pipeline(spec, config, harness.catalog, no_spark, harness.cluster_id)
+    assert (report.records, report.executed_in, report.committed) == (500, "driver", True)
+    harness.assert_exactly_once(spec, ledger)
+    harness.assert_mirror_matches_table(spec)

@@ -9,7 +9,7 @@ import pytest
 
 from resources.iceberg import IcebergCatalogResource, embedded_catalog_properties
 from resources.kafka import KafkaResource
-from resources.spark import session_config, zip_engine_package
+from resources.spark import SparkResource, session_config, zip_engine_package
 
 
 def test_kafka_client_config_merges_pass_through_and_secrets() -> None:
@@ -96,6 +96,15 @@ def test_spark_local_workers_use_this_interpreter() -> None:
     assert config["spark.executor.memory"] == "1g"
     cluster = session_config("spark://master:7077", "app", {})
     assert "spark.pyspark.python" not in cluster
+
+
+def test_spark_remote_must_resolve_to_a_connect_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``spark.remote`` reference is resolved when the session is needed; what it resolves
+    to must be ``sc://``, refused before any connection with the key and the fix named."""
+    monkeypatch.setenv("SPARK_REMOTE_X", "http://spark:15002")
+    resource = SparkResource(remote="${SPARK_REMOTE_X}")
+    with pytest.raises(ValueError, match=r"spark\.remote resolves to 'http://spark:15002'.*sc://"):
+        resource.spark_session  # noqa: B018 - the property connects
 
 
 def test_engine_zip_contains_the_package() -> None:

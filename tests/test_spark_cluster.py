@@ -9,13 +9,10 @@ judges the table from this process.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,36 +21,15 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import Ledger
 from tests.support.pipelines import Harness, NewPipeline
-from tests.support.spark_cluster import StandaloneCluster, make_executor_python
+from tests.support.spark_cluster import StandaloneCluster, make_executor_python, run_driver
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-PROJECT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster")) as running:
         yield running
-
-
-def run_driver(config: dict[str, Any], work_dir: Path) -> dict[str, Any]:
-    """Run the driver process; return its report (fail with its output if it fails)."""
-    path = work_dir / "driver.json"
-    path.write_text(json.dumps(config))
-    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}  # set by local Spark
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.support.cluster_driver", str(path)],
-        cwd=PROJECT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("CLUSTER-REPORT ")]
-    assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-8000:])
-    assert lines, done.stdout[-4000:]
-    report: dict[str, Any] = json.loads(lines[-1].removeprefix("CLUSTER-REPORT "))
-    return report
 
 
 def test_ingestion_through_a_standalone_cluster(

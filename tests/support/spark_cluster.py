@@ -9,6 +9,7 @@ by the driver (``SparkResource(ship_engine=True)``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -17,6 +18,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 from resources.embedded import find_free_port
 
@@ -134,3 +136,23 @@ class StandaloneCluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def run_driver(config: dict[str, Any], work_dir: Path) -> dict[str, Any]:
+    """Run the driver process; return its report (fail with its output if it fails)."""
+    path = work_dir / "driver.json"
+    path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}  # set by local Spark
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.cluster_driver", str(path)],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("CLUSTER-REPORT ")]
+    assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-8000:])
+    assert lines, done.stdout[-4000:]
+    report: dict[str, Any] = json.loads(lines[-1].removeprefix("CLUSTER-REPORT "))
+    return report
