@@ -24,6 +24,7 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     EventLogEntry,
+    JobDefinition,
     RunFailureSensorContext,
     RunRequest,
     RunsFilter,
@@ -43,7 +44,7 @@ from dagster._core.storage.asset_check_execution_record import (
 
 from ingestion.checks import GROUP_CHECK, Finding, check_group_consistency
 from ingestion.spec import PipelineSpec
-from ingestion.triggers import decide, decide_group_check
+from ingestion.triggers import decide, decide_group_check, oldest_age_seconds
 from platform_assets.alert_policy import (
     Evaluation,
     Notice,
@@ -57,6 +58,7 @@ from platform_assets.alert_policy import (
 from platform_assets.jobs import AssetJob, count_active_runs
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
+from platform_assets.stream import GENERATION_TAG, supervise_streams
 from resources.alerts import Alert, AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -85,14 +87,24 @@ def blocked_reason(spec: PipelineSpec, outcome: Finding) -> str:
     return f"ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}: {outcome.message}"
 
 
-def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
+def build_lag_sensor(
+    spec: PipelineSpec,
+    job: AssetJob,
+    stream_job: JobDefinition | None = None,
+    generation: str = "",
+) -> SensorDefinition:
     """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds,
-    unless the blocking group-id check fails on the state just read."""
+    unless the blocking group-id check fails on the state just read.
+
+    A continuous pipeline (``stream_job``, see ``ingestion.triggers.is_continuous``) instead
+    keeps one stream run alive: started when none is, asked to stop when blocked or started
+    from other definitions (``generation``), failed when its heartbeat stops
+    (``platform_assets.stream.supervise_streams``)."""
     group_key = AssetCheckKey(table_key(spec), GROUP_CHECK.name)
 
     @sensor(
         name=f"{spec.name}_lag_sensor",
-        job=job,
+        jobs=[job] if stream_job is None else [job, stream_job],
         minimum_interval_seconds=15,
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Reads {spec.name!r} lag from offsets (no consumption) and requests runs; "
@@ -101,35 +113,49 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     def _sensor(
         context: SensorEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
-        state = read_pipeline_state(spec, kafka, iceberg)
+        state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
         finding = check_group_consistency(state)
         outcome = finding
         cursor = json.loads(context.cursor) if context.cursor else {}
         busy = count_active_runs(context.instance, job.name) > 0
+        if stream_job is not None:
+            stop = blocked_reason(spec, finding) if finding.blocks else None
+            busy = supervise_streams(context.instance, spec, generation, stop) or busy
         requested = cursor.get("group_check_requested")
         evaluate, _ = decide_group_check(
             outcome, latest_outcome(context.instance, group_key), requested, busy
         )
         lag = sum(state.lag().values())
+        age = oldest_age_seconds(state.oldest_uncommitted_ms, time.time())
         if outcome.blocks:  # no ingestion: it would fail, or re-read everything
-            launch, reason, first = False, blocked_reason(spec, outcome), cursor.get("first_lag_at")
+            launch, reason = False, blocked_reason(spec, outcome)
+        elif stream_job is not None:  # continuous: a stream runs whenever none does
+            launch, reason = not busy, "a stream or run of the pipeline is active"
         else:
-            launch, reason, first = decide(lag, cursor.get("first_lag_at"), time.time(), spec, busy)
-        if launch or evaluate:  # an ingestion run evaluates the group check first
+            launch, reason = decide(lag, age, spec, busy)
+        if stream_job is not None and evaluate:
+            launch = False  # record the check first (a stream does not); the stream next tick
+        if (launch and stream_job is None) or evaluate:  # an ingestion run evaluates it first
             requested = outcome.fingerprint
         context.update_cursor(
             json.dumps(
                 {
-                    "first_lag_at": None if launch else first,
                     "lag": lag,
+                    "lag_seconds": age,
                     "group_check_requested": requested,
                 }
             )
         )
+        if launch and stream_job is not None:
+            return RunRequest(
+                job_name=stream_job.name,
+                tags={"trigger": "lag_sensor", GENERATION_TAG: generation, "lag": str(lag)},
+            )
         if launch:
-            return RunRequest(tags={"trigger": "lag_sensor", "lag": str(lag)})
+            return RunRequest(job_name=job.name, tags={"trigger": "lag_sensor", "lag": str(lag)})
         if evaluate:  # only the check: nothing is read or committed
             return RunRequest(
+                job_name=job.name,
                 asset_selection=[],
                 asset_check_keys=[group_key],
                 tags={"trigger": "lag_sensor", "evaluates": GROUP_CHECK.name},
