@@ -35,6 +35,7 @@ from platform_assets.sensors import (
     run_failure_alert_sensor,
 )
 from platform_assets.stream import build_stream_job, stream_generation
+from platform_assets.stream_sensor import build_stream_sensor
 
 
 def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
@@ -49,8 +50,9 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
         assets += build_pipeline_assets(spec)
         checks.append(build_pipeline_checks(spec))
         jobs += [ingest] if stream is None else [ingest, stream]
-        generation = stream_generation(spec, loaded_at)
-        sensors.append(build_lag_sensor(spec, ingest, stream, generation))
+        sensors.append(build_lag_sensor(spec, ingest))
+        if stream is not None:
+            sensors.append(build_stream_sensor(spec, stream, stream_generation(spec, loaded_at)))
         schedules.append(build_fallback_schedule(spec, ingest))
     observe, run_checks = build_observe_topics_job(specs), build_run_checks_job(specs)
     check_keys = [key for spec in specs for key in pipeline_check_keys(spec)]

@@ -24,7 +24,6 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     EventLogEntry,
-    JobDefinition,
     RunFailureSensorContext,
     RunRequest,
     RunsFilter,
@@ -44,7 +43,7 @@ from dagster._core.storage.asset_check_execution_record import (
 
 from ingestion.checks import GROUP_CHECK, Finding, check_group_consistency
 from ingestion.spec import PipelineSpec
-from ingestion.triggers import decide, decide_group_check, oldest_age_seconds
+from ingestion.triggers import decide, decide_group_check, is_continuous, oldest_age_seconds
 from platform_assets.alert_policy import (
     Evaluation,
     Notice,
@@ -58,7 +57,7 @@ from platform_assets.alert_policy import (
 from platform_assets.jobs import AssetJob, count_active_runs
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
-from platform_assets.stream import GENERATION_TAG, supervise_streams
+from platform_assets.stream import active_stream_runs
 from resources.alerts import Alert, AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -87,24 +86,19 @@ def blocked_reason(spec: PipelineSpec, outcome: Finding) -> str:
     return f"ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}: {outcome.message}"
 
 
-def build_lag_sensor(
-    spec: PipelineSpec,
-    job: AssetJob,
-    stream_job: JobDefinition | None = None,
-    generation: str = "",
-) -> SensorDefinition:
+def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds,
     unless the blocking group-id check fails on the state just read.
 
-    A continuous pipeline (``stream_job``, see ``ingestion.triggers.is_continuous``) instead
-    keeps one stream run alive: started when none is, asked to stop when blocked or started
-    from other definitions (``generation``), failed when its heartbeat stops
-    (``platform_assets.stream.supervise_streams``)."""
+    A continuous pipeline (``ingestion.triggers.is_continuous``) launches no ingestion run
+    here: its stream sensor keeps one stream run alive (``platform_assets/stream_sensor.py``);
+    this sensor still requests the runs that record the group check, once no stream is active.
+    """
     group_key = AssetCheckKey(table_key(spec), GROUP_CHECK.name)
 
     @sensor(
         name=f"{spec.name}_lag_sensor",
-        jobs=[job] if stream_job is None else [job, stream_job],
+        job=job,
         minimum_interval_seconds=15,
         default_status=DefaultSensorStatus.RUNNING,
         description=f"Reads {spec.name!r} lag from offsets (no consumption) and requests runs; "
@@ -118,9 +112,9 @@ def build_lag_sensor(
         outcome = finding
         cursor = json.loads(context.cursor) if context.cursor else {}
         busy = count_active_runs(context.instance, job.name) > 0
-        if stream_job is not None:
-            stop = blocked_reason(spec, finding) if finding.blocks else None
-            busy = supervise_streams(context.instance, spec, generation, stop) or busy
+        continuous = is_continuous(spec)
+        if continuous:  # a stream stops itself, or is stopped, before the check is recorded
+            busy = busy or bool(active_stream_runs(context.instance, spec))
         requested = cursor.get("group_check_requested")
         evaluate, _ = decide_group_check(
             outcome, latest_outcome(context.instance, group_key), requested, busy
@@ -129,13 +123,11 @@ def build_lag_sensor(
         age = oldest_age_seconds(state.oldest_uncommitted_ms, time.time())
         if outcome.blocks:  # no ingestion: it would fail, or re-read everything
             launch, reason = False, blocked_reason(spec, outcome)
-        elif stream_job is not None:  # continuous: a stream runs whenever none does
-            launch, reason = not busy, "a stream or run of the pipeline is active"
+        elif continuous:
+            launch, reason = False, f"{spec.name!r} streams: see {spec.name}_stream_sensor"
         else:
             launch, reason = decide(lag, age, spec, busy)
-        if stream_job is not None and evaluate:
-            launch = False  # record the check first (a stream does not); the stream next tick
-        if (launch and stream_job is None) or evaluate:  # an ingestion run evaluates it first
+        if launch or evaluate:  # an ingestion run evaluates the group check first
             requested = outcome.fingerprint
         context.update_cursor(
             json.dumps(
@@ -146,16 +138,10 @@ def build_lag_sensor(
                 }
             )
         )
-        if launch and stream_job is not None:
-            return RunRequest(
-                job_name=stream_job.name,
-                tags={"trigger": "lag_sensor", GENERATION_TAG: generation, "lag": str(lag)},
-            )
         if launch:
-            return RunRequest(job_name=job.name, tags={"trigger": "lag_sensor", "lag": str(lag)})
+            return RunRequest(tags={"trigger": "lag_sensor", "lag": str(lag)})
         if evaluate:  # only the check: nothing is read or committed
             return RunRequest(
-                job_name=job.name,
                 asset_selection=[],
                 asset_check_keys=[group_key],
                 tags={"trigger": "lag_sensor", "evaluates": GROUP_CHECK.name},
