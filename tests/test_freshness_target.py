@@ -68,3 +68,12 @@ def test_shipped_target_is_met_through_dagster(tmp_path: Path) -> None:
     stream_runs = {r["runId"] for r in runs["data"]["runsOrError"]["results"]}  # type: ignore[index]
     run_ids = {c.properties.get(RUN_ID) for c in commits_of(table, GROUP, limit=1000)}
     assert run_ids <= stream_runs, (run_ids, stream_runs)
+
+
+def test_latency_docstring_examples() -> None:
+    """bench/latency.py is outside the packages tests/test_docs.py walks."""
+    import doctest
+
+    import bench.latency
+
+    assert doctest.testmod(bench.latency).failed == 0
