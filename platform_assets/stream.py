@@ -66,6 +66,17 @@ def active_stream_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[Da
     )
 
 
+def seconds_since_failure(
+    instance: DagsterInstance, spec: PipelineSpec, now: float
+) -> float | None:
+    """Seconds since the pipeline's newest stream run failed (None if the newest did not)."""
+    records = instance.get_run_records(RunsFilter(job_name=stream_job_name(spec)), limit=1)
+    if not records or records[0].dagster_run.status != DagsterRunStatus.FAILURE:
+        return None
+    ended = records[0].end_time
+    return now - ended if ended is not None else None
+
+
 def is_stale(run: DagsterRun, spec: PipelineSpec, now: float, started_at: float | None) -> bool:
     """Whether a started stream stopped beating (no heartbeat: judged from its start time)."""
     beat = run.tags.get(HEARTBEAT_TAG)

@@ -8,6 +8,8 @@ The lag sensor records the group check; a stream starts only once its newest eva
 longer blocks.
 """
 
+import time
+
 from dagster import (
     AssetCheckKey,
     DefaultSensorStatus,
@@ -25,11 +27,12 @@ from platform_assets.jobs import count_active_runs, ingest_job_name
 from platform_assets.pipelines import table_key
 from platform_assets.sensors import blocked_reason, latest_outcome
 from platform_assets.state import read_pipeline_state
-from platform_assets.stream import GENERATION_TAG, supervise_streams
+from platform_assets.stream import GENERATION_TAG, seconds_since_failure, supervise_streams
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
 STREAM_SENSOR_INTERVAL_SECONDS = 10
+RESTART_BACKOFF_SECONDS = 30
 
 
 def build_stream_sensor(
@@ -58,6 +61,13 @@ def build_stream_sensor(
             return SkipReason(stop)
         if count_active_runs(context.instance, ingest_job_name(spec)):
             return SkipReason(f"a run of {ingest_job_name(spec)} is active; the stream follows")
+        failed_ago = seconds_since_failure(context.instance, spec, time.time())
+        if failed_ago is not None and failed_ago < RESTART_BACKOFF_SECONDS:
+            return SkipReason(
+                f"the last stream of {spec.name!r} failed {failed_ago:.0f} s ago; restarting "
+                f"{RESTART_BACKOFF_SECONDS} s after a failure (a failure that repeats does "
+                "not become a storm of runs)"
+            )
         latest = latest_outcome(context.instance, group_key)
         if latest is not None and latest.blocks:
             return SkipReason(f"waiting for the lag sensor's run to record {GROUP_CHECK.name}")
