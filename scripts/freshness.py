@@ -49,12 +49,18 @@ def first_commit_ms(catalog: IcebergCatalogResource, timeout_s: float) -> int:
 
 
 def start_stack(state_dir: Path, rate: float) -> subprocess.Popen[str]:
-    """scripts/dev.py, as ``make dev`` runs it."""
+    """scripts/dev.py, as ``make dev`` runs it; returns once it reset the demo catalog (its
+    banner is printed after that: opening the catalog earlier would race the reset)."""
     command = [sys.executable, str(ROOT / "scripts" / "dev.py"), "--state-dir", str(state_dir)]
     command += ["--ui-port", str(find_free_port()), "--rate", f"{rate:g}"]
-    return subprocess.Popen(
+    process = subprocess.Popen(
         command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("Dagster UI:"):
+            break
+    return process
 
 
 def produce_extra(rate: float, stop: threading.Event) -> None:
