@@ -38,6 +38,10 @@ def test_shipped_target_is_met_through_dagster(tmp_path: Path) -> None:
     process = start_dev_stack(tmp_path, port)  # the demo producer at 50 events/s
     catalog = IcebergCatalogResource(state_dir=str(tmp_path))
     try:
+        assert process.stdout is not None
+        for line in process.stdout:  # the banner follows the demo catalog's reset
+            if line.startswith("Dagster UI:"):
+                break
         deadline, first = time.monotonic() + 240, None
         while first is None and time.monotonic() < deadline:
             loaded = catalog.load_catalog()
