@@ -7,7 +7,7 @@ With ``--attach STATE_DIR`` it measures a running stack instead, producing ``--r
 events/s to ``orders`` at ``$KAFKA_BOOTSTRAP_SERVERS`` (0: only watch the demo producer).
 
 Latency per record = commit time of the first snapshot whose offsets cover it minus its Kafka
-timestamp (bench/latency.py); nothing else of the stack is changed for the measurement.
+timestamp (ingestion/latency.py); nothing else of the stack is changed for the measurement.
 
     python scripts/freshness.py --rate 20 --minutes 3
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.latency import measure_latency  # noqa: E402
+from ingestion.latency import measure_latency  # noqa: E402
 from ingestion.state import commits_of  # noqa: E402
 from resources.embedded import find_free_port  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402

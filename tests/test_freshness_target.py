@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.latency import measure_latency
+from ingestion.latency import measure_latency
 from ingestion.offsets import RUN_ID
 from ingestion.spec import load_pipeline_specs
 from ingestion.state import commits_of
@@ -72,12 +72,3 @@ def test_shipped_target_is_met_through_dagster(tmp_path: Path) -> None:
     stream_runs = {r["runId"] for r in runs["data"]["runsOrError"]["results"]}  # type: ignore[index]
     run_ids = {c.properties.get(RUN_ID) for c in commits_of(table, GROUP, limit=1000)}
     assert run_ids <= stream_runs, (run_ids, stream_runs)
-
-
-def test_latency_docstring_examples() -> None:
-    """bench/latency.py is outside the packages tests/test_docs.py walks."""
-    import doctest
-
-    import bench.latency
-
-    assert doctest.testmod(bench.latency).failed == 0
