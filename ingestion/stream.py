@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
@@ -37,7 +37,7 @@ class StreamSummary:
     iterations: int = 0
     commits: int = 0
     records: int = 0
-    conflicts: list[str] = field(default_factory=list)
+    conflicts: int = 0
     stopped_because: str = ""
 
 
@@ -60,13 +60,14 @@ def stream_pipeline(
     io_properties: dict[str, str] | None = None,
     hooks: FailureHooks = NO_HOOKS,
     schema_registry: Any | None = None,
+    on_conflict: Callable[[str], None] = lambda message: None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> StreamSummary:
     """Ingest the pipeline continuously: one ``run_pipeline`` every ``interval_s`` seconds.
 
     ``should_stop`` is asked before every iteration; a non-None answer (the reason) ends the
     loop cleanly between commits. ``on_report`` receives every iteration's report (committed
-    or not: ``report.committed`` says which).
+    or not: ``report.committed`` says which); ``on_conflict`` each lost compare-and-set.
 
     Delivery: exactly once, as run-per-commit, because each iteration is one: a kill at any
     point leaves at most unreferenced files, and the next stream (or run) re-plans from the
@@ -97,7 +98,8 @@ def stream_pipeline(
                 schema_registry=schema_registry,
             )
         except exceptions.CommitConflictError as exc:  # re-plan at once from the new head
-            summary.conflicts.append(str(exc))
+            summary.conflicts += 1
+            on_conflict(str(exc))
             continue
         if report.committed:
             summary.commits += 1

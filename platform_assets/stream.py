@@ -161,12 +161,13 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
                 if spec.value_format == "avro"
                 else None
             ),
+            on_conflict=lambda message: context.log.warning(
+                f"re-planning after a concurrent commit: {message}"
+            ),
         )
-        for conflict in summary.conflicts:
-            context.log.warning(f"re-planned after a concurrent commit: {conflict}")
         context.log.info(
             f"stream of {spec.name!r} stopped ({summary.stopped_because}) after "
-            f"{summary.commits} commits, {summary.records} records"
+            f"{summary.commits} commits, {summary.records} records, {summary.conflicts} re-plans"
         )
 
     @job(

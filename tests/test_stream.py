@@ -116,7 +116,7 @@ def test_stream_replans_when_another_commit_lands_first(
         on_report=reports.append,
         hooks=FailureHooks({"before_commit": commit_first}),
     )
-    assert len(summary.conflicts) == 1, summary
+    assert summary.conflicts == 1, summary
     assert summary.commits == 1, summary
     assert summary.records == 25, summary
     assert summary.stopped_because == "done"
