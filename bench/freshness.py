@@ -19,7 +19,7 @@ from confluent_kafka.admin import NewTopic
 from bench.workloads import spec_for
 from ingestion.run import run_pipeline
 from ingestion.state import commits_of, read_state
-from ingestion.triggers import decide
+from ingestion.triggers import decide, oldest_age_seconds
 from platform_assets.demo import encode_event, make_order_event
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
@@ -61,18 +61,20 @@ def measure_freshness(
     stop = threading.Event()
     producer = threading.Thread(target=_produce_steadily, args=(kafka, topic, rate, stop))
     producer.start()
-    runs, first_lag_at, started = 0, None, time.monotonic()
+    runs, started = 0, time.monotonic()
     while True:
         table = catalog.load_table(spec.table) if catalog.table_exists(spec.table) else None
         consumer = kafka.get_consumer()
         try:
-            lag = sum(read_state(spec, table, admin, consumer).lag().values())
+            state = read_state(spec, table, admin, consumer, kafka.client_config())
         finally:
             consumer.close()
-        launch, _, first_lag_at = decide(lag, first_lag_at, time.time(), spec, busy=False)
+        lag = sum(state.lag().values())
+        age = oldest_age_seconds(state.oldest_uncommitted_ms, time.time())
+        launch, _ = decide(lag, age, spec, busy=False)
         if launch:
             run_pipeline(spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id())
-            runs, first_lag_at = runs + 1, None
+            runs += 1
         elapsed = time.monotonic() - started
         if elapsed >= seconds and not stop.is_set():
             stop.set()

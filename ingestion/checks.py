@@ -173,6 +173,19 @@ def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> F
         )
     if lag == 0:
         return passed("no uncommitted records: the table is current", meta)
+    oldest = state.oldest_uncommitted_ms
+    if oldest:  # lag in seconds: the age of the oldest uncommitted record
+        lag_s = max(0.0, now_ms - min(oldest.values())) / 1000
+        meta["lag_seconds"] = round(lag_s, 1)
+        if lag_s <= bound:
+            return passed(f"{lag} records pending, the oldest {lag_s:.0f} s old", meta)
+        return failed(
+            "ERROR",
+            f"{lag} records are waiting, the oldest for {lag_s:.0f} s (bound {bound} s). Check "
+            "that the lag sensor (or the pipeline's stream) is running and recent ingestion "
+            "runs succeeded.",
+            meta,
+        )
     if age_s is not None and age_s <= bound:
         return passed(f"{lag} records pending, last commit {age_s:.0f} s ago", meta)
     when = "never" if age_s is None else f"{age_s:.0f} s ago"

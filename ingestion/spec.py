@@ -160,6 +160,12 @@ class PipelineSpec(_Model):
     on_data_loss: Literal["fail", "skip"] = "fail"
     max_lag_records: PositiveInt = 10_000
     max_lag_seconds: PositiveInt = 300
+    freshness_target_seconds: PositiveInt | None = Field(
+        default=None,
+        description="Produce -> queryable target; derives the triggers (ingestion.triggers): "
+        "below the run-per-commit floor the pipeline streams, above it max_lag_seconds derives "
+        "from it. Unset: the lag sensor uses max_lag_records / max_lag_seconds as given.",
+    )
     freshness_bound_seconds: PositiveInt = 900
     retention_margin_records: PositiveInt = 10_000
     max_dead_letter_ratio: float = Field(default=0.01, ge=0, le=1)
@@ -206,6 +212,11 @@ class PipelineSpec(_Model):
                 "progress reported under another. Set both to the same id (or drop "
                 "commit_group_id); to move a pipeline to a new group use the group migration "
                 "operation, not a config edit"
+            )
+        if self.freshness_target_seconds is not None and "max_lag_seconds" in self.model_fields_set:
+            raise ValueError(
+                "set freshness_target_seconds or max_lag_seconds, not both: the lag sensor's "
+                "age trigger derives from freshness_target_seconds (see ingestion.triggers)"
             )
         if self.value_format == "avro" and not self.schema_registry_url:
             raise ValueError("value_format 'avro' needs schema_registry_url")

@@ -8,41 +8,114 @@ offsets and asks :func:`decide`; while the blocking group check fails it asks
 from __future__ import annotations
 
 from ingestion.checks import GROUP_CHECK, Finding
+from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec
 
+# Produce -> queryable floor of run-per-commit on ``make dev``, measured (README "Freshness"):
+# a run of a few hundred records takes ~40 s from RUN_START to RUN_SUCCESS (launch, Spark or
+# in-process tasks, checks) and the lag sensor ticks every 15 s. A target below this floor
+# cannot be met by launching runs: such a pipeline streams (one long-lived run).
+RUN_PER_COMMIT_FLOOR_SECONDS = 60
+SENSOR_INTERVAL_SECONDS = 15
+# A stream commits a few times per target: p95 is about one interval plus one commit (~1 s).
+MIN_COMMIT_INTERVAL_SECONDS = 1.0
+MAX_COMMIT_INTERVAL_SECONDS = 15.0
 
-def decide(
-    lag: int, first_lag_at: float | None, now: float, spec: PipelineSpec, busy: bool
-) -> tuple[bool, str, float | None]:
-    """Whether to request a run, why, and the new time lag was first seen (pure).
+
+def is_continuous(spec: PipelineSpec) -> bool:
+    """Whether the pipeline streams: its freshness target is below the run-per-commit floor.
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> base = {"name": "p", "topic": "t", "table": "n.t", "consumer_group_id": "g",
+        ...     "value_format": "raw"}
+        >>> is_continuous(parse_pipeline_spec({**base, "freshness_target_seconds": 15}))
+        True
+        >>> is_continuous(parse_pipeline_spec({**base, "freshness_target_seconds": 600}))
+        False
+        >>> is_continuous(parse_pipeline_spec(base))
+        False
+    """
+    target = spec.freshness_target_seconds
+    return target is not None and target < RUN_PER_COMMIT_FLOOR_SECONDS
+
+
+def commit_interval_seconds(spec: PipelineSpec) -> float:
+    """Seconds between a stream's commits: a quarter of the target, within [1, 15].
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> commit_interval_seconds(parse_pipeline_spec({"name": "p", "topic": "t",
+        ...     "table": "n.t", "consumer_group_id": "g", "value_format": "raw",
+        ...     "freshness_target_seconds": 15}))
+        3.75
+    """
+    target = spec.freshness_target_seconds or RUN_PER_COMMIT_FLOOR_SECONDS
+    return min(MAX_COMMIT_INTERVAL_SECONDS, max(MIN_COMMIT_INTERVAL_SECONDS, target / 4))
+
+
+def max_lag_age_seconds(spec: PipelineSpec) -> int:
+    """Age of the oldest uncommitted record at which the lag sensor launches a run.
+
+    With a freshness target (run-per-commit), the target minus the floor: a run launched then
+    commits within the target. Without one, ``max_lag_seconds``.
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> max_lag_age_seconds(parse_pipeline_spec({"name": "p", "topic": "t",
+        ...     "table": "n.t", "consumer_group_id": "g", "value_format": "raw",
+        ...     "freshness_target_seconds": 300}))
+        240
+    """
+    target = spec.freshness_target_seconds
+    if target is None:
+        return spec.max_lag_seconds
+    return max(1, target - RUN_PER_COMMIT_FLOOR_SECONDS)
+
+
+def oldest_age_seconds(oldest_uncommitted_ms: dict[Key, int], now: float) -> float | None:
+    """Lag in seconds: the age of the oldest uncommitted record (None when nothing lags).
+
+    Example:
+        >>> oldest_age_seconds({("t", 0): 995_000, ("t", 1): 999_000}, now=1000.0)
+        5.0
+        >>> oldest_age_seconds({}, now=1000.0) is None
+        True
+    """
+    if not oldest_uncommitted_ms:
+        return None
+    return max(0.0, now - min(oldest_uncommitted_ms.values()) / 1000)
+
+
+def decide(lag: int, age_s: float | None, spec: PipelineSpec, busy: bool) -> tuple[bool, str]:
+    """Whether to request a run, and why (pure).
+
+    ``lag`` counts uncommitted offsets; ``age_s`` is the age of the oldest uncommitted record
+    (:func:`oldest_age_seconds`; None when it could not be read, then only ``lag`` counts).
 
     Example:
         >>> from ingestion.spec import parse_pipeline_spec
         >>> spec = parse_pipeline_spec({"name": "p", "topic": "t", "table": "n.t",
         ...     "consumer_group_id": "g", "value_format": "raw", "max_lag_records": 100,
         ...     "max_lag_seconds": 60})
-        >>> decide(0, None, 1000.0, spec, busy=False)[:2]
+        >>> decide(0, None, spec, busy=False)
         (False, 'idle: no uncommitted records')
-        >>> decide(150, None, 1000.0, spec, busy=False)[:2]
+        >>> decide(150, 1.0, spec, busy=False)
         (True, 'lag 150 >= 100 records')
-        >>> decide(5, 900.0, 1000.0, spec, busy=False)[:2]
-        (True, 'oldest uncommitted lag is 100 s old >= 60 s')
+        >>> decide(5, 100.0, spec, busy=False)
+        (True, 'oldest uncommitted record is 100 s old >= 60 s')
     """
     if lag == 0:
-        return False, "idle: no uncommitted records", None
-    first = first_lag_at if first_lag_at is not None else now
-    age = now - first
+        return False, "idle: no uncommitted records"
+    age = age_s or 0.0
+    limit = max_lag_age_seconds(spec)
     if busy:
-        return False, f"lag {lag}: a run of {spec.name!r} is already queued or running", first
+        return False, f"lag {lag}: a run of {spec.name!r} is already queued or running"
     if lag >= spec.max_lag_records:
-        return True, f"lag {lag} >= {spec.max_lag_records} records", first
-    if age >= spec.max_lag_seconds:
-        return True, f"oldest uncommitted lag is {age:.0f} s old >= {spec.max_lag_seconds} s", first
-    return (
-        False,
-        (f"lag {lag} < {spec.max_lag_records} records and {age:.0f} s < {spec.max_lag_seconds} s"),
-        first,
-    )
+        return True, f"lag {lag} >= {spec.max_lag_records} records"
+    if age >= limit:
+        return True, f"oldest uncommitted record is {age:.0f} s old >= {limit} s"
+    return False, f"lag {lag} < {spec.max_lag_records} records and {age:.0f} s < {limit} s"
 
 
 def decide_group_check(

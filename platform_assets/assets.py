@@ -94,6 +94,7 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
         deps=topics,
         group_name=spec.name,
         kinds={"iceberg", "spark"},
+        skippable=True,  # a run that commits nothing reports no materialization (R10)
         description=f"Iceberg table {spec.table}: every record of {sources} exactly once, with "
         f"its Kafka coordinates (group {spec.consumer_group_id!r}).",
         freshness_policy=FreshnessPolicy.time_window(
@@ -174,6 +175,9 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
             for error in (report.dead_letter_error, report.mirror and report.mirror.error):
                 if error:
                     context.log.warning(error)
+            if not report.committed:  # nothing ingested: no new materialization, dbt not rebuilt
+                context.log.info(f"{spec.name!r}: nothing new to ingest; no materialization")
+                return
             yield MaterializeResult(asset_key=table.key, metadata=run_metadata(report))
             if quarantine_key(spec) in context.selected_asset_keys:
                 yield MaterializeResult(

@@ -114,7 +114,7 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
         context: AssetCheckExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> Iterator[AssetCheckResult]:
         selected = {key.name for key in context.selected_asset_check_keys}
-        state = read_pipeline_state(spec, kafka, iceberg)
+        state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
         evaluated = evaluate_state_checks(state)
         findings = {name: f for name, f in evaluated.items() if name in selected}
         if AUDIT_CHECK.name in selected:

@@ -1,8 +1,11 @@
 """The code location: every definition is built from the pipeline specs by one loop."""
 
-from dagster import Definitions
+import time
+
+from dagster import Definitions, JobDefinition
 
 from ingestion.spec import PipelineSpec
+from ingestion.triggers import is_continuous
 from platform_assets.assets import build_pipeline_assets
 from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
 from platform_assets.dbt import (
@@ -12,6 +15,7 @@ from platform_assets.dbt import (
     load_dbt_project,
 )
 from platform_assets.jobs import (
+    AssetJob,
     build_ingest_all_job,
     build_ingest_job,
     build_observe_topics_job,
@@ -30,18 +34,25 @@ from platform_assets.sensors import (
     build_lag_sensor,
     run_failure_alert_sensor,
 )
+from platform_assets.stream import build_stream_job, stream_generation
+from platform_assets.stream_sensor import build_stream_sensor
 
 
 def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
     """Build the Definitions for ``specs`` (default: every pipeline in ``pipelines.yaml``)."""
     specs = load_pipelines() if specs is None else specs
-    assets, checks, jobs, sensors, schedules = [], [], [], [], []
+    loaded_at = time.time()  # a reload restarts the streams (platform_assets/stream.py)
+    assets, checks, sensors, schedules = [], [], [], []
+    jobs: list[JobDefinition | AssetJob] = []
     for spec in specs:
         ingest = build_ingest_job(spec)
+        stream = build_stream_job(spec) if is_continuous(spec) else None
         assets += build_pipeline_assets(spec)
         checks.append(build_pipeline_checks(spec))
-        jobs.append(ingest)
+        jobs += [ingest] if stream is None else [ingest, stream]
         sensors.append(build_lag_sensor(spec, ingest))
+        if stream is not None:
+            sensors.append(build_stream_sensor(spec, stream, stream_generation(spec, loaded_at)))
         schedules.append(build_fallback_schedule(spec, ingest))
     observe, run_checks = build_observe_topics_job(specs), build_run_checks_job(specs)
     check_keys = [key for spec in specs for key in pipeline_check_keys(spec)]

@@ -12,9 +12,11 @@ from dagster import (
 
 from ingestion.checks import check_group_consistency
 from ingestion.spec import PipelineSpec
+from ingestion.triggers import is_continuous
 from platform_assets.jobs import AssetJob
 from platform_assets.sensors import blocked_reason
 from platform_assets.state import read_pipeline_state
+from platform_assets.stream import active_stream_runs
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -43,6 +45,8 @@ def build_fallback_schedule(spec: PipelineSpec, job: AssetJob) -> ScheduleDefini
     def _fallback(
         context: ScheduleEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
+        if is_continuous(spec) and active_stream_runs(context.instance, spec):
+            return SkipReason(f"{spec.name!r} streams: its stream run is ingesting")
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if finding.blocks:
             return SkipReason(blocked_reason(spec, finding))

@@ -43,7 +43,7 @@ from dagster._core.storage.asset_check_execution_record import (
 
 from ingestion.checks import GROUP_CHECK, Finding, check_group_consistency
 from ingestion.spec import PipelineSpec
-from ingestion.triggers import decide, decide_group_check
+from ingestion.triggers import decide, decide_group_check, is_continuous, oldest_age_seconds
 from platform_assets.alert_policy import (
     Evaluation,
     Notice,
@@ -57,6 +57,7 @@ from platform_assets.alert_policy import (
 from platform_assets.jobs import AssetJob, count_active_runs
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
+from platform_assets.stream import active_stream_runs
 from resources.alerts import Alert, AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -87,7 +88,12 @@ def blocked_reason(spec: PipelineSpec, outcome: Finding) -> str:
 
 def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds,
-    unless the blocking group-id check fails on the state just read."""
+    unless the blocking group-id check fails on the state just read.
+
+    A continuous pipeline (``ingestion.triggers.is_continuous``) launches no ingestion run
+    here: its stream sensor keeps one stream run alive (``platform_assets/stream_sensor.py``);
+    this sensor still requests the runs that record the group check, once no stream is active.
+    """
     group_key = AssetCheckKey(table_key(spec), GROUP_CHECK.name)
 
     @sensor(
@@ -101,27 +107,33 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     def _sensor(
         context: SensorEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
-        state = read_pipeline_state(spec, kafka, iceberg)
+        state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
         finding = check_group_consistency(state)
         outcome = finding
         cursor = json.loads(context.cursor) if context.cursor else {}
         busy = count_active_runs(context.instance, job.name) > 0
+        continuous = is_continuous(spec)
+        if continuous:  # a stream stops itself, or is stopped, before the check is recorded
+            busy = busy or bool(active_stream_runs(context.instance, spec))
         requested = cursor.get("group_check_requested")
         evaluate, _ = decide_group_check(
             outcome, latest_outcome(context.instance, group_key), requested, busy
         )
         lag = sum(state.lag().values())
+        age = oldest_age_seconds(state.oldest_uncommitted_ms, time.time())
         if outcome.blocks:  # no ingestion: it would fail, or re-read everything
-            launch, reason, first = False, blocked_reason(spec, outcome), cursor.get("first_lag_at")
+            launch, reason = False, blocked_reason(spec, outcome)
+        elif continuous:
+            launch, reason = False, f"{spec.name!r} streams: see {spec.name}_stream_sensor"
         else:
-            launch, reason, first = decide(lag, cursor.get("first_lag_at"), time.time(), spec, busy)
+            launch, reason = decide(lag, age, spec, busy)
         if launch or evaluate:  # an ingestion run evaluates the group check first
             requested = outcome.fingerprint
         context.update_cursor(
             json.dumps(
                 {
-                    "first_lag_at": None if launch else first,
                     "lag": lag,
+                    "lag_seconds": age,
                     "group_check_requested": requested,
                 }
             )

@@ -134,7 +134,8 @@ def test_dead_letter_rate_and_watermark() -> None:
             120.0,
             ["commit_freshness"],
         ),
-        (state(None), {("orders", 0): 999_000}, 10, 1.0, None, ["commit_freshness"]),
+        # lag in seconds is the oldest uncommitted record's age (1 s), not "never committed"
+        (state(None), {("orders", 0): 999_000}, 10, 1.0, None, []),
         (
             state({0: 10}, ends={0: 10, 1: 3}, commits=[commit(1)]),
             {("orders", 1): 990_000},

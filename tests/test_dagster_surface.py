@@ -87,6 +87,32 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
     assert defs.resolve_sensor_def("run_failure_alerts")
 
 
+def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
+    fast = make_spec("fast", "walk_fast", freshness_target_seconds=15)
+    slow = make_spec("slow", "walk_slow", freshness_target_seconds=600)
+    defs = build_definitions([fast, slow])
+    assert defs.resolve_sensor_def("walk_fast_stream_sensor").job_name == "stream_walk_fast_job"
+    assert defs.resolve_job_def("stream_walk_fast_job")
+    names = {s.name for s in defs.sensors or []}
+    assert "walk_slow_stream_sensor" not in names
+    assert "walk_slow_lag_sensor" in names
+
+
+def test_a_run_that_ingests_nothing_reports_no_materialization(
+    resources: dict[str, Any], new_pipeline: NewPipeline
+) -> None:
+    """R10 on the Dagster surface: downstream (dbt, eager) is not rebuilt by an idle run."""
+    _, spec = new_pipeline("dg_idle", produce=20)
+    first = run_pipeline_assets(spec, resources)
+    assert first.success
+    materialized = {e.asset_key for e in first.get_asset_materialization_events()}
+    assert table_key(spec) in materialized
+    idle = run_pipeline_assets(spec, resources)
+    assert idle.success
+    assert idle.get_asset_materialization_events() == []
+    assert evaluations(idle)["group_id_consistency"].passed
+
+
 def test_materialize_ingests_and_every_check_passes(
     resources: dict[str, Any], new_pipeline: NewPipeline
 ) -> None:

@@ -68,6 +68,12 @@ def test_valid_spec_defaults() -> None:
             "unknown transform",
         ),
         ({"starting_position": {"mode": "timestamp"}}, "starting_position", "timestamp_ms"),
+        ({"freshness_target_seconds": 0}, "freshness_target_seconds", "greater than 0"),
+        (
+            {"freshness_target_seconds": 15, "max_lag_seconds": 60},
+            "<spec>",
+            "set freshness_target_seconds or max_lag_seconds, not both",
+        ),
         (
             {"starting_position": {"mode": "offsets", "offsets": {"orders": 3}}},
             "starting_position",

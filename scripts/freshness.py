@@ -1,0 +1,114 @@
+"""Produce -> queryable on the real dev stack: p50/p95/max from the table, and the commit interval.
+
+Starts ``make dev``'s stack (scripts/dev.py: broker, catalog, demo producer at ``--rate``,
+``dagster dev`` with its daemon: sensors, runs, commits), waits for its first commit, measures
+the records produced during the next ``--minutes``, prints the figures and stops the stack.
+With ``--attach STATE_DIR`` it measures a running stack instead, producing ``--rate`` extra
+events/s to ``orders`` at ``$KAFKA_BOOTSTRAP_SERVERS`` (0: only watch the demo producer).
+
+Latency per record = commit time of the first snapshot whose offsets cover it minus its Kafka
+timestamp (ingestion/latency.py); nothing else of the stack is changed for the measurement.
+
+    python scripts/freshness.py --rate 20 --minutes 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ingestion.latency import measure_latency  # noqa: E402
+from ingestion.state import commits_of  # noqa: E402
+from resources.embedded import find_free_port  # noqa: E402
+from resources.iceberg import IcebergCatalogResource  # noqa: E402
+
+TABLE, GROUP = "demo.orders", "platform-orders"
+
+
+def first_commit_ms(catalog: IcebergCatalogResource, timeout_s: float) -> int:
+    """Wait for the table's first commit; its commit time."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        loaded = catalog.load_catalog()
+        if loaded.table_exists(TABLE):
+            commits = commits_of(loaded.load_table(TABLE), GROUP, limit=1)
+            if commits:
+                return commits[0].timestamp_ms
+        time.sleep(1)
+    raise SystemExit(f"no commit to {TABLE} within {timeout_s:.0f} s")
+
+
+def start_stack(state_dir: Path, rate: float) -> subprocess.Popen[str]:
+    """scripts/dev.py, as ``make dev`` runs it; returns once it reset the demo catalog (its
+    banner is printed after that: opening the catalog earlier would race the reset)."""
+    command = [sys.executable, str(ROOT / "scripts" / "dev.py"), "--state-dir", str(state_dir)]
+    command += ["--ui-port", str(find_free_port()), "--rate", f"{rate:g}"]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("Dagster UI:"):
+            break
+    return process
+
+
+def produce_extra(rate: float, stop: threading.Event) -> None:
+    """Demo events at ``rate``/s to the attached stack's ``orders`` topic."""
+    from platform_assets.demo import run_demo_producer
+    from resources.kafka import KafkaResource
+
+    kafka = KafkaResource(bootstrap_servers=os.environ["KAFKA_BOOTSTRAP_SERVERS"])
+    run_demo_producer(kafka.get_producer(), "orders", stop, rate_per_s=rate, duplicate_ratio=0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=20.0, help="events per second")
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--attach", help="state dir of a running stack (default: start one)")
+    parser.add_argument("--settle-seconds", type=float, default=60.0)
+    args = parser.parse_args()
+
+    stack, stop = None, threading.Event()
+    if args.attach:
+        state_dir = Path(args.attach)
+        if args.rate > 0:
+            threading.Thread(target=produce_extra, args=(args.rate, stop), daemon=True).start()
+    else:
+        state_dir = Path(tempfile.mkdtemp(prefix="freshness-"))
+        stack = start_stack(state_dir, args.rate)
+    catalog = IcebergCatalogResource(state_dir=str(state_dir))
+    try:
+        since_ms = max(first_commit_ms(catalog, 300), int(time.time() * 1000))
+        print(
+            f"stack committing; measuring {args.minutes:g} min at {args.rate:g} events/s",
+            flush=True,
+        )
+        until_ms = since_ms + int(args.minutes * 60_000)
+        time.sleep(max(0.0, until_ms / 1000 - time.time()))
+        stop.set()
+        time.sleep(args.settle_seconds)  # the window's last records commit
+        table = catalog.load_catalog().load_table(TABLE)
+        latency = measure_latency(table, GROUP, since_ms, until_ms)
+    finally:
+        stop.set()
+        if stack is not None:
+            stack.send_signal(signal.SIGINT)
+            stack.communicate(timeout=120)
+    print(f"rate {args.rate:g} events/s, {args.minutes:g} min: {latency.line()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
