@@ -75,3 +75,39 @@ def replica_finding(
             "configuration and that both clusters are up",
         )
     return check_replica(facts, replica.max_checkpoint_age_seconds)
+
+
+def replica_config_problems(
+    specs: list[PipelineSpec], kafka: KafkaResource, timeout_s: float = 10.0
+) -> list[str]:
+    """What ``platform validate`` reports about replicas: a pipeline naming a replica the
+    configuration lacks, or a configured replica cluster that does not answer.
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> spec = parse_pipeline_spec({"name": "p", "topics": ["orders"], "table": "n.t",
+        ...     "consumer_group_id": "g", "value_format": "raw",
+        ...     "replicas": [{"name": "dr", "source_alias": "primary"}]})
+        >>> replica_config_problems([spec], KafkaResource(bootstrap_servers="b:9092"))[0][:46]
+        "pipeline 'p': replicas[0].name: replica 'dr' i"
+    """
+    from confluent_kafka import KafkaException
+
+    problems = []
+    for spec in specs:
+        for index, replica in enumerate(spec.replicas):
+            if replica.name not in kafka.replicas:
+                problems.append(
+                    f"pipeline {spec.name!r}: replicas[{index}].name: replica {replica.name!r} "
+                    f"is not in the platform configuration: add replicas.{replica.name} "
+                    "(bootstrap_servers, properties) to it"
+                )
+    for name in sorted(kafka.replicas):
+        try:
+            kafka.for_cluster(name).get_admin_client().list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            problems.append(
+                f"replicas.{name}: the replica cluster did not answer within {timeout_s:.0f} s "
+                f"({exc.args[0].name()}): check its bootstrap_servers and properties"
+            )
+    return problems
