@@ -60,13 +60,17 @@ def load_platform_config() -> PlatformConfig:
     return config
 
 
-def connect(config: PlatformConfig) -> tuple[KafkaResource, IcebergCatalogResource]:
-    """The resources of ``config``; Kafka must answer and the catalog load."""
+def connect(
+    config: PlatformConfig, check_kafka: bool = True
+) -> tuple[KafkaResource, IcebergCatalogResource]:
+    """The resources of ``config``; Kafka must answer (unless not ``check_kafka``: a failover
+    runs while the primary is down) and the catalog load."""
     from confluent_kafka import KafkaException
 
     kafka, iceberg = kafka_resource(config), iceberg_resource(config)
     try:
-        kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
+        if check_kafka:
+            kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
     except KafkaException as exc:
         raise SystemExit(
             f"platform: no Kafka broker answered at {kafka.client_config()['bootstrap.servers']} "
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = load_platform_config()
     specs = {spec.name: spec for spec in load_pipelines()}
-    kafka, iceberg = connect(config)
+    kafka, iceberg = connect(config, check_kafka=args.command != "failover")
     if args.command in ("status", "validate"):
         audit = args.command == "status" and not args.skip_audit
         full = args.command == "status" and args.full_audit

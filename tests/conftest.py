@@ -36,6 +36,15 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 
 
 @pytest.fixture(scope="session")
+def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A second cluster, the MirrorMaker 2 replica (the session broker is the source)."""
+    log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
+    with EmbeddedBroker(log_path=log_path, cluster_id="replica_cluster") as running:
+        yield running
+        gc.collect()  # close leftover clients while the broker is up: no reconnect noise
+
+
+@pytest.fixture(scope="session")
 def kafka(broker: EmbeddedBroker) -> KafkaResource:
     """The Kafka resource pointed at the session broker."""
     return KafkaResource(bootstrap_servers=broker.bootstrap_servers)
