@@ -204,6 +204,7 @@ def audit_pipeline(
     *,
     after_snapshot_id: int | None = None,
     full: bool = False,
+    cluster_configs: dict[str, dict[str, Any]] | None = None,
 ) -> PipelineAudit | None:
     """The production oracle of one pipeline; None when the table does not exist.
 
@@ -211,6 +212,8 @@ def audit_pipeline(
     ``after_snapshot_id`` (the previous evaluation's cursor) are recounted in Kafka, at most
     :data:`DEFAULT_RECOUNT_OFFSETS` offsets. ``full`` recounts every commit in the lineage
     and scans every row's coordinates of the table and its quarantine table as well.
+    ``cluster_configs`` (by cluster name) recount each commit on the cluster it read, across
+    failovers.
     """
     if not catalog.table_exists(spec.table):
         return None
@@ -222,6 +225,7 @@ def audit_pipeline(
         spec.name,
         after_snapshot_id=None if full else after_snapshot_id,
         max_offsets=None if full else DEFAULT_RECOUNT_OFFSETS,
+        cluster_configs=cluster_configs,
     )
     if not full:
         return PipelineAudit(commits)

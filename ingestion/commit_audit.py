@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 from ingestion.consumer import open_consumer
 from ingestion.offsets import (
     COMMIT_ID,
+    FAILOVER_TO,
+    GROUP_ID,
     OFFSETS_PREFIX,
     RESET_BY,
     decode_offsets,
@@ -118,6 +120,18 @@ def _select_window(
     return _Window(list(reversed(ancestry[: first + 1])), base, notes)
 
 
+def clusters_by_snapshot(table: Table, group_id: str) -> dict[int, str]:
+    """The cluster each snapshot's group offsets refer to: ``primary`` until a failover commit
+    (``kafka.failover-to``) names another, then that one (metadata only)."""
+    current, clusters = "primary", {}
+    for snapshot in reversed(list(iter_ancestry(table))):
+        properties = snapshot_properties(snapshot)
+        if properties.get(GROUP_ID) == group_id and FAILOVER_TO in properties:
+            current = properties[FAILOVER_TO]
+        clusters[snapshot.snapshot_id] = current
+    return clusters
+
+
 def _offsets(snapshot: Snapshot, key: str) -> dict[Key, int]:
     return flatten(decode_offsets(snapshot_properties(snapshot)[key]))
 
@@ -131,11 +145,15 @@ def audit_commits(
     after_snapshot_id: int | None = None,
     max_offsets: int | None = 500_000,
     timeout_s: float = 30.0,
+    cluster_configs: dict[str, dict[str, Any]] | None = None,
 ) -> CommitAudit:
     """Audit the snapshots after ``after_snapshot_id`` (see the module docstring).
 
     ``max_offsets`` bounds the recount of one call (None: no bound, the full audit). Reads
-    only; safe to run at any time and repeatedly.
+    only; safe to run at any time and repeatedly. Across a failover each commit is recounted
+    on the cluster it read (:func:`clusters_by_snapshot`), through ``cluster_configs`` (by
+    cluster name; ``kafka_config`` for a cluster not in it); a failover commit itself is a
+    switch, not a rewind (its offsets are another cluster's).
     """
     key = OFFSETS_PREFIX + group_id
     window = _select_window(table, group_id, after_snapshot_id, max_offsets)
@@ -143,8 +161,16 @@ def audit_commits(
     if window.notes and after_snapshot_id is not None:
         audit.cursor = None
     carriers = [s for s in window.snapshots if key in snapshot_properties(s)]
-    keys = {k for s in carriers for k in _offsets(s, key)}
-    log_starts = _log_starts(kafka_config, keys, f"{pipeline}-audit") if keys else {}
+    clusters = clusters_by_snapshot(table, group_id) if cluster_configs else {}
+
+    def config_of(snapshot: Snapshot) -> dict[str, Any]:
+        name = clusters.get(snapshot.snapshot_id, "primary")
+        return (cluster_configs or {}).get(name, kafka_config)
+
+    log_starts: dict[Key, int] = {}
+    for config in {id(config_of(s)): config_of(s) for s in carriers}.values():
+        keys = {k for s in carriers if config_of(s) is config for k in _offsets(s, key)}
+        log_starts.update(_log_starts(config, keys, f"{pipeline}-audit") if keys else {})
     previous, clean = window.base, True
     # One commit may take several snapshots (a reset's delete is pyiceberg's DELETE then
     # OVERWRITE, both with its commit id): only the last one is the commit's outcome.
@@ -158,7 +184,8 @@ def audit_commits(
             check_other(snapshot, properties, group_id, audit)
         elif RESET_BY in properties:
             current = _offsets(snapshot, key)
-            check_rewind(table, snapshot, previous or {}, current, audit)
+            if FAILOVER_TO not in properties:
+                check_rewind(table, snapshot, previous or {}, current, audit)
             previous = current
         else:
             current = _offsets(snapshot, key)
@@ -169,7 +196,8 @@ def audit_commits(
                 audit.pending = len(carriers) - carriers.index(snapshot)
                 break
             check_rows(table, snapshot, previous, current, properties, audit)
-            check_count(snapshot, properties, recount, kafka_config, pipeline, timeout_s, audit)
+            config = config_of(snapshot)
+            check_count(snapshot, properties, recount, config, pipeline, timeout_s, audit)
             previous = current
         clean = clean and len(audit.findings) == found
         if clean:

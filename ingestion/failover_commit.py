@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
-FAILOVER_TO = "kafka.failover-to"
+FAILOVER_TO = props.FAILOVER_TO
 FAILOVER_PLAN = "kafka.failover-plan"
+# JSON {spec topic: topic read since the switch}: a failback composes MM2's two namings
+FAILOVER_TOPICS = "kafka.failover-topics"
 
 
 def active_cluster(table: Table, group_id: str) -> str | None:
@@ -52,6 +54,19 @@ def active_cluster(table: Table, group_id: str) -> str | None:
         if properties.get(props.GROUP_ID) == group_id and FAILOVER_TO in properties:
             same = properties.get(props.CLUSTER_ID) == committed.cluster_id
             return properties[FAILOVER_TO] if same else None
+    return None
+
+
+def active_topics(table: Table, group_id: str) -> dict[str, str] | None:
+    """The newest switch's topic names, ``{spec topic: topic read}``, while it is active
+    (:func:`active_cluster`); None without one, or for a switch that did not record them."""
+    if active_cluster(table, group_id) is None:
+        return None
+    for snapshot in iter_ancestry(table):
+        properties = props.snapshot_properties(snapshot)
+        if properties.get(props.GROUP_ID) == group_id and FAILOVER_TO in properties:
+            names = properties.get(FAILOVER_TOPICS)
+            return dict(orjson.loads(names)) if names else None
     return None
 
 
@@ -100,8 +115,12 @@ def apply_failover(
     requested_by: str,
     reason: str,
     active_runs: int = 0,
+    spec_topics: dict[str, str] | None = None,
 ) -> ActionOutcome:
     """Commit the switch to ``target`` with ``plans``; the table then reads there.
+
+    ``spec_topics`` (``{spec topic: topic read on the target}``) is recorded so that later
+    runs, checks and a failback know the names (:func:`active_topics`).
 
     Raises:
         CommitConflictError: a run is in progress, or the offsets moved since the plan.
@@ -146,6 +165,8 @@ def apply_failover(
     )
     properties[FAILOVER_TO] = target.name
     properties[FAILOVER_PLAN] = orjson.dumps([plan.__dict__ for plan in plans]).decode()
+    if spec_topics is not None:
+        properties[FAILOVER_TOPICS] = orjson.dumps(spec_topics).decode()
     commit = ActionCommit(
         spec.name,
         f"failover to {target.name!r}",

@@ -32,6 +32,7 @@ VALID_THROUGH_MS = "kafka.valid-through-ms"
 LOST_RANGES = "kafka.lost-ranges"
 RESET_BY = "kafka.reset-by"  # an operator's explicit offset change (reset or group migration)
 RESET_REASON = "kafka.reset-reason"
+FAILOVER_TO = "kafka.failover-to"  # a switch to another cluster (ingestion.failover_commit)
 MIGRATED_FROM = "kafka.migrated-from"
 # Comma-separated group ids a migration retired: their offsets need not stay reachable (expiry)
 # and must not be planned from again. Written by the migration commit; the planner refuses a

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ingestion.exceptions import PipelineSpecError
+from ingestion.replica_spec import ReplicaSpec
 from ingestion.typestrings import TypeStringError, parse_type_string
 
 _NAME = r"^[a-z][a-z0-9_]*$"
@@ -170,8 +171,22 @@ class PipelineSpec(_Model):
     retention_margin_records: PositiveInt = 10_000
     max_dead_letter_ratio: float = Field(default=0.01, ge=0, le=1)
     fallback_cron: str = "*/15 * * * *"
+    replicas: list[ReplicaSpec] = Field(
+        default_factory=list, description="MirrorMaker 2 replicas a failover may switch to."
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def replica(self, name: str) -> ReplicaSpec:
+        """The replica ``name`` of this pipeline (a clear error naming the known ones)."""
+        for replica in self.replicas:
+            if replica.name == name:
+                return replica
+        known = [replica.name for replica in self.replicas]
+        raise PipelineSpecError(
+            f"pipeline {self.name!r} has no replica {name!r} (replicas: {known}): add it under "
+            "replicas: in the pipeline spec"
+        )
 
     def value_subjects(self, topics: list[str]) -> list[str]:
         """Schema Registry subjects of the values of ``topics`` (topic name strategy)."""
@@ -218,6 +233,14 @@ class PipelineSpec(_Model):
                 "set freshness_target_seconds or max_lag_seconds, not both: the lag sensor's "
                 "age trigger derives from freshness_target_seconds (see ingestion.triggers)"
             )
+        replica_names = [replica.name for replica in self.replicas]
+        if len(set(replica_names)) != len(replica_names) or "primary" in replica_names:
+            raise ValueError(
+                f"replicas {replica_names}: names must be unique and not 'primary' (the "
+                "pipeline's own cluster)"
+            )
+        if self.replicas and self.topic_pattern is not None:
+            raise ValueError("replicas need a topic list (topics: [...]), not a topic_pattern")
         if self.value_format == "avro" and not self.schema_registry_url:
             raise ValueError("value_format 'avro' needs schema_registry_url")
         if self.value_format == "json" and not self.schema_fields:

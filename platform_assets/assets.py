@@ -32,6 +32,7 @@ from platform_assets.pipelines import (
     table_key,
     topic_asset_keys,
 )
+from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -156,16 +157,18 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
                     metadata={"blocked_by": GROUP_CHECK.name},
                 )
             catalog = iceberg.load_catalog()
+            route = active_route(spec, kafka, iceberg)  # a failover moves it to a replica
+            source = route.kafka
             report = run_pipeline(
-                spec,
-                kafka.client_config(),
+                route.spec,
+                source.client_config(),
                 catalog,
                 lambda: spark.spark_session,
-                kafka.get_cluster_id(),
+                source.get_cluster_id(),
                 run_id=context.run.run_id,
                 io_properties=iceberg.io_properties(),
                 schema_registry=(
-                    kafka.get_schema_registry_client(spec.schema_registry_url)
+                    source.get_schema_registry_client(spec.schema_registry_url)
                     if spec.value_format == "avro"
                     else None
                 ),

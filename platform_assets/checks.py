@@ -33,6 +33,7 @@ from ingestion.checks import (
 )
 from ingestion.spec import PipelineSpec
 from platform_assets.pipelines import table_key
+from platform_assets.replica_checks import replica_check_def, replica_finding
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -48,12 +49,16 @@ def audit_finding(
 ) -> Finding:
     """The exactly-once audit of the pipeline's table: the commits after ``after_snapshot_id``
     recounted in Kafka, or (``full``) every commit and every row's coordinates."""
+    clusters = {"primary": kafka.client_config()}
+    for replica in spec.replicas:  # each commit is recounted on the cluster it read
+        clusters[replica.name] = kafka.for_cluster(replica.name).client_config()
     audit = audit_pipeline(
         spec,
         iceberg.load_catalog(),
         kafka.client_config(),
         after_snapshot_id=after_snapshot_id,
         full=full,
+        cluster_configs=clusters if spec.replicas else None,
     )
     return check_exactly_once(spec.table, audit)
 
@@ -98,7 +103,8 @@ def check_spec(spec: PipelineSpec, check: CheckDef, blocking: bool = False) -> A
 
 def pipeline_check_keys(spec: PipelineSpec) -> list[AssetCheckKey]:
     """Every check of the pipeline's table, the blocking group check included."""
-    return [AssetCheckKey(table_key(spec), check.name) for check in ALL_CHECKS]
+    checks = [*ALL_CHECKS, *(replica_check_def(r) for r in spec.replicas)]
+    return [AssetCheckKey(table_key(spec), check.name) for check in checks]
 
 
 def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
@@ -107,7 +113,9 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
     A check that cannot be evaluated (the audit before the table exists) yields no result: the
     run logs why and Dagster records the check as skipped.
     """
-    specs = [check_spec(spec, check) for check in (*STATE_CHECKS, AUDIT_CHECK)]
+    replicas = {replica_check_def(r).name: r for r in spec.replicas}
+    defs = (*STATE_CHECKS, AUDIT_CHECK, *(replica_check_def(r) for r in spec.replicas))
+    specs = [check_spec(spec, check) for check in defs]
 
     @multi_asset_check(name=f"{spec.name}_checks", specs=specs, can_subset=True)
     def _checks(
@@ -126,6 +134,9 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
                 findings[AUDIT_CHECK.name] = audit_finding(
                     spec, iceberg, kafka, after_snapshot_id=cursor
                 )
+        for name, replica in replicas.items():
+            if name in selected:
+                findings[name] = replica_finding(spec, replica, kafka, iceberg)
         for name, finding in findings.items():
             if finding.skipped and "blocked_by" not in finding.metadata:
                 context.log.info(f"{name} skipped: {finding.message}")  # e.g. no table yet

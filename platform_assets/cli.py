@@ -5,6 +5,7 @@
     platform reset PIPELINE --to earliest|latest|timestamp:MS [--apply --by WHO --reason WHY]
     platform migrate-group PIPELINE NEW_GROUP --by WHO --reason WHY
     platform maintain PIPELINE [--retention-hours H] [--orphan-window-hours H]
+    platform failover PIPELINE --to REPLICA|primary [--dry-run] --reason WHY [--by WHO]
 
 Connection settings come from the same configuration as the code location's
 (``resources.config``: the file named by ``$PLATFORM_CONFIG``, else the embedded stack's
@@ -25,16 +26,16 @@ import sys
 
 from ingestion.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks, not_evaluated
 from ingestion.exceptions import IngestionError
-from ingestion.spec import PipelineSpec, StartingPosition
+from ingestion.spec import PipelineSpec
 from ingestion.status import PipelineStatus, build_status
 from platform_assets.checks import audit_finding
-from platform_assets.operations import (
-    count_ingestion_runs,
-    maintain_pipeline_table,
-    migrate_group_offsets,
-    reset_offsets,
-)
+from platform_assets.cli_actions import run_action
 from platform_assets.pipelines import load_pipelines
+from platform_assets.replica_checks import (
+    replica_check_def,
+    replica_config_problems,
+    replica_finding,
+)
 from platform_assets.state import read_pipeline_state
 from resources.config import ConfigError, PlatformConfig, config_path, load_config
 from resources.factory import iceberg_resource, kafka_resource, redact, unresolved
@@ -59,13 +60,17 @@ def load_platform_config() -> PlatformConfig:
     return config
 
 
-def connect(config: PlatformConfig) -> tuple[KafkaResource, IcebergCatalogResource]:
-    """The resources of ``config``; Kafka must answer and the catalog load."""
+def connect(
+    config: PlatformConfig, check_kafka: bool = True
+) -> tuple[KafkaResource, IcebergCatalogResource]:
+    """The resources of ``config``; Kafka must answer (unless not ``check_kafka``: a failover
+    runs while the primary is down) and the catalog load."""
     from confluent_kafka import KafkaException
 
     kafka, iceberg = kafka_resource(config), iceberg_resource(config)
     try:
-        kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
+        if check_kafka:
+            kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
     except KafkaException as exc:
         raise SystemExit(
             f"platform: no Kafka broker answered at {kafka.client_config()['bootstrap.servers']} "
@@ -101,6 +106,8 @@ def pipeline_status(
         findings[AUDIT_CHECK.name] = not_evaluated(state)
     elif audit:
         findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, full=full_audit)
+    for replica in spec.replicas:
+        findings[replica_check_def(replica).name] = replica_finding(spec, replica, kafka, iceberg)
     return build_status(state, findings)
 
 
@@ -131,35 +138,6 @@ def print_status(status: PipelineStatus) -> None:
         print(f"  checks: all {len(ran)} pass ({', '.join(ran)})")
 
 
-def count_active_ingestion_runs(
-    spec: PipelineSpec, iceberg: IcebergCatalogResource
-) -> tuple[int, str]:
-    """The pipeline's active ingestion runs in the Dagster instance, and a line saying where
-    they were counted (0 without an instance: the action's compare-and-set is then the guard)."""
-    from dagster import DagsterInstance
-
-    home = os.environ.get("DAGSTER_HOME") or ""
-    if not home:
-        default = iceberg.embedded_state_dir() / "dagster_home"
-        embedded = iceberg.source() == "embedded" and (default / "dagster.yaml").is_file()
-        home = str(default) if embedded else ""
-    if not home:
-        return 0, (
-            "active runs not counted (no Dagster instance: DAGSTER_HOME is unset); a run in "
-            "flight aborts at its own commit instead (compare-and-set)"
-        )
-    with DagsterInstance.from_config(home) as instance:
-        count = count_ingestion_runs(instance, spec)
-    return count, f"{count} active ingestion run(s) of {spec.name!r} in the Dagster instance {home}"
-
-
-def parse_position(text: str) -> StartingPosition:
-    """``earliest``, ``latest`` or ``timestamp:<ms>``."""
-    if text.startswith("timestamp:"):
-        return StartingPosition(mode="timestamp", timestamp_ms=int(text.split(":", 1)[1]))
-    return StartingPosition(mode=text)  # type: ignore[arg-type]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="platform", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -185,10 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     maintain.add_argument("pipeline")
     maintain.add_argument("--retention-hours", type=float, default=24 * 7)
     maintain.add_argument("--orphan-window-hours", type=float, default=72)
+    failover = commands.add_parser("failover")
+    failover.add_argument("pipeline")
+    failover.add_argument("--to", required=True, help="a replica's name, or primary (failback)")
+    failover.add_argument("--dry-run", action="store_true", help="print the plan only")
+    failover.add_argument("--by", default=os.environ.get("USER", "operator"))
+    failover.add_argument("--reason", required=True)
     args = parser.parse_args(argv)
     config = load_platform_config()
     specs = {spec.name: spec for spec in load_pipelines()}
-    kafka, iceberg = connect(config)
+    kafka, iceberg = connect(config, check_kafka=args.command != "failover")
     if args.command in ("status", "validate"):
         audit = args.command == "status" and not args.skip_audit
         full = args.command == "status" and args.full_audit
@@ -201,12 +185,20 @@ def main(argv: list[str] | None = None) -> int:
         blocking = [s for s in statuses if GROUP_CHECK.name in s.failing]
         for item in blocking if args.command == "validate" else []:
             print(f"{item.pipeline}: {item.failing[GROUP_CHECK.name]}")
-        if args.command == "validate" and not blocking:
+        replicas = (
+            replica_config_problems(list(specs.values()), kafka)
+            if args.command == "validate"
+            else []
+        )
+        for problem in replicas if args.command == "validate" else []:
+            print(problem)
+        invalid = args.command == "validate" and bool(blocking or replicas)
+        if args.command == "validate" and not invalid:
             source = config_path() or "defaults (the embedded stack)"
             catalog = f"{config.catalog.name!r} ({iceberg.source()})"
             print(f"configuration {source}: valid; catalog {catalog}")
             print(f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree")
-        return 1 if args.command == "validate" and blocking else 0
+        return 1 if invalid else 0
     if args.pipeline not in specs:
         raise SystemExit(f"platform: unknown pipeline {args.pipeline!r}; known: {sorted(specs)}")
     spec = specs[args.pipeline]
@@ -216,33 +208,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"platform: {exc}") from None
     print("\n".join(lines))
     return 0
-
-
-def run_action(
-    args: argparse.Namespace,
-    spec: PipelineSpec,
-    kafka: KafkaResource,
-    iceberg: IcebergCatalogResource,
-) -> list[str]:
-    """Run ``reset``, ``migrate-group`` or ``maintain``; return the lines to print."""
-    if args.command == "maintain":
-        return maintain_pipeline_table(
-            spec, iceberg, args.retention_hours * 3600, args.orphan_window_hours * 3600
-        )
-    if args.command == "reset" and not args.apply:
-        position = parse_position(args.to)
-        return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
-    active, counted = count_active_ingestion_runs(spec, iceberg)
-    if args.command == "reset":
-        position = parse_position(args.to)
-        lines = reset_offsets(
-            spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
-        )
-    else:
-        lines = migrate_group_offsets(
-            spec, kafka, iceberg, args.new_group, args.by, args.reason, active_runs=active
-        )
-    return [counted, *lines]
 
 
 if __name__ == "__main__":

@@ -12,9 +12,11 @@ from dagster import (
     op,
 )
 
+from ingestion.exceptions import IngestionError
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import migrate_group
 from ingestion.spec import PipelineSpec, StartingPosition
+from platform_assets.failover import failover_pipeline
 from platform_assets.operations import count_ingestion_runs, reset_offsets
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -47,8 +49,17 @@ class MaintainConfig(Config):
     compact: bool = True
 
 
+class FailoverConfig(Config):
+    """Switch a pipeline to a replica (or ``primary``: failback); a dry run unless ``apply``."""
+
+    pipeline: str
+    to: str
+    apply: bool = False
+    reason: str = ""
+
+
 def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
-    """reset_offsets, migrate_group and maintain_tables jobs for the given pipelines."""
+    """reset_offsets, migrate_group, maintain_tables and failover jobs for the given pipelines."""
     by_name = {spec.name: spec for spec in specs}
 
     def pick(name: str) -> PipelineSpec:
@@ -130,6 +141,31 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         if report.errors:  # every step ran; the run still fails so that it alerts
             raise Failure(f"maintenance of {spec.table}: " + "; ".join(report.errors))
 
+    @op(name="failover_pipeline")
+    def _failover(
+        context: OpExecutionContext,
+        config: FailoverConfig,
+        kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
+    ) -> None:
+        spec = pick(config.pipeline)
+        if config.apply and not config.reason:
+            raise Failure("a failover needs a reason (config: reason)")
+        try:
+            lines = failover_pipeline(
+                spec,
+                kafka,
+                iceberg,
+                config.to,
+                dry_run=not config.apply,
+                requested_by=f"dagster run {context.run_id}",
+                reason=config.reason,
+                active_runs=count_ingestion_runs(context.instance, spec),
+            )
+        except IngestionError as exc:
+            raise Failure(str(exc)) from None
+        context.add_output_metadata({"plan": MetadataValue.md("\n".join(f"- {x}" for x in lines))})
+
     @job(name="reset_offsets", description="Reset a pipeline's offsets (dry run by default).")
     def reset_job() -> None:
         _reset()
@@ -142,4 +178,8 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     def maintain_job() -> None:
         _maintain()
 
-    return [reset_job, migrate_job, maintain_job]
+    @job(name="failover", description="Switch a pipeline to a replica or back (dry run default).")
+    def failover_job() -> None:
+        _failover()
+
+    return [reset_job, migrate_job, maintain_job, failover_job]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ingestion.spec import PipelineSpec
 from ingestion.state import PipelineState, read_state
+from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -15,7 +16,12 @@ def read_pipeline_state(
     with_oldest: bool = False,
 ) -> PipelineState:
     """The table's offsets and Kafka's metadata for ``spec`` (with ``with_oldest``, also the
-    timestamp of each lagging partition's oldest uncommitted record); commits nothing."""
+    timestamp of each lagging partition's oldest uncommitted record); commits nothing.
+
+    Read on the pipeline's active route: after a failover, the replica and its topic names.
+    """
+    route = active_route(spec, kafka, iceberg)
+    spec, kafka = route.spec, route.kafka
     catalog = iceberg.load_catalog()
     table = catalog.load_table(spec.table) if catalog.table_exists(spec.table) else None
     consumer = kafka.get_consumer()

@@ -17,6 +17,9 @@ only when a client is built; a literal value for a credential key is refused. An
     spark: {master: "spark://spark-master:7077", ship_engine: true}
     # or attach every run to a long-lived Spark Connect server:
     # spark: {remote: "sc://spark-connect.internal:15002", ship_engine: true}
+    replicas:
+      dr: {bootstrap_servers: b-1.kafka-dr.internal:9096,
+           properties: {sasl.password: "${KAFKA_DR_SASL_PASSWORD}"}}
 """
 
 from __future__ import annotations
@@ -84,6 +87,13 @@ class KafkaConfig(Section):
                 f"sets {owned}: the ingestion engine sets these for exactly-once reads; remove them"
             )
         return _no_literal_secrets(value, "properties")
+
+
+class ReplicaClusterConfig(KafkaConfig):
+    """A MirrorMaker 2 replica cluster (``replicas.<name>``): its own bootstrap servers and
+    librdkafka properties, secrets as ``${NAME}``; the Schema Registry stays the one above."""
+
+    bootstrap_servers: str
 
 
 class SchemaRegistryConfig(Section):
@@ -167,6 +177,9 @@ class PlatformConfig(Section):
     """
 
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
+    replicas: dict[str, ReplicaClusterConfig] = Field(
+        default_factory=dict, description="Replica clusters by name (a pipeline's replicas)."
+    )
     schema_registry: SchemaRegistryConfig = Field(default_factory=SchemaRegistryConfig)
     catalog: CatalogConfig = Field(default_factory=CatalogConfig)
     file_io: Properties = Field(
@@ -180,6 +193,17 @@ class PlatformConfig(Section):
     @classmethod
     def _secrets(cls, value: dict[str, str]) -> dict[str, str]:
         return _no_literal_secrets(value, "file_io")
+
+    @field_validator("replicas")
+    @classmethod
+    def _replica_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for name in value:
+            if name == "primary" or not re.fullmatch(r"[a-z][a-z0-9_-]*", name):
+                raise ValueError(
+                    f"replica name {name!r}: use lower-case letters, digits, '_' or '-' "
+                    "('primary' is the kafka section)"
+                )
+        return value
 
 
 def config_path() -> Path | None:
@@ -209,9 +233,12 @@ def describe_errors(error: ValidationError, source: str) -> str:
 
 
 def _known_keys(loc: tuple[Any, ...]) -> list[str]:
+    from typing import get_args
+
     model: Any = PlatformConfig
     for part in loc:
-        model = model.model_fields[part].annotation
+        fields = getattr(model, "model_fields", None)
+        model = fields[part].annotation if fields else get_args(model)[-1]  # a dict's value
     return list(model.model_fields)
 
 

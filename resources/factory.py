@@ -30,6 +30,10 @@ def kafka_resource(config: PlatformConfig) -> KafkaResource:
         client_properties=dict(config.kafka.properties),
         schema_registry_url=config.schema_registry.url,
         schema_registry_properties=dict(config.schema_registry.properties),
+        replicas={
+            name: {"bootstrap.servers": replica.bootstrap_servers, **replica.properties}
+            for name, replica in config.replicas.items()
+        },
     )
 
 

@@ -55,6 +55,37 @@ class KafkaResource(ConfigurableResource):
         description="Schema Registry client properties (basic.auth.user.info, ssl.ca.location).",
     )
 
+    replicas: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="Replica clusters by name: each one's librdkafka properties, "
+        "bootstrap.servers included, secrets as ${NAME} (the config's replicas section).",
+    )
+
+    def for_cluster(self, name: str) -> KafkaResource:
+        """This resource for cluster ``name``: ``primary`` (itself) or a configured replica,
+        with the same Schema Registry settings.
+
+        Example:
+            >>> kafka = KafkaResource(bootstrap_servers="a:9092",
+            ...     replicas={"dr": {"bootstrap.servers": "b:9092"}})
+            >>> kafka.for_cluster("dr").client_config()
+            {'bootstrap.servers': 'b:9092'}
+        """
+        if name == "primary":
+            return self
+        if name not in self.replicas:
+            raise ValueError(
+                f"no replica cluster {name!r} in the configuration (replicas: "
+                f"{sorted(self.replicas)}): add it under replicas.{name}"
+            )
+        properties = dict(self.replicas[name])
+        return KafkaResource(
+            bootstrap_servers=properties.pop("bootstrap.servers", ""),
+            client_properties=properties,
+            schema_registry_url=self.schema_registry_url,
+            schema_registry_properties=self.schema_registry_properties,
+        )
+
     @field_validator("client_properties")
     @classmethod
     def _refuse_engine_owned(cls, properties: dict[str, str]) -> dict[str, str]:

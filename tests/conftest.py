@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gc
 import itertools
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,30 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
     with EmbeddedBroker(log_path=log_path) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
+
+
+@pytest.fixture(scope="session")
+def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    """A second cluster, the MirrorMaker 2 replica (the session broker is the source)."""
+    log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
+    with EmbeddedBroker(log_path=log_path, cluster_id="replica_cluster") as running:
+        yield running
+        gc.collect()  # close leftover clients while the broker is up: no reconnect noise
+
+
+@pytest.fixture(scope="module")
+def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, ...]]:
+    """A source and a replica cluster of the module's own (a test may SIGSTOP the source)."""
+    logs = tmp_path_factory.mktemp("dr")
+    with (
+        EmbeddedBroker(log_path=logs / "source.log", cluster_id="source_cluster") as source,
+        EmbeddedBroker(log_path=logs / "replica.log", cluster_id="replica_cluster") as replica,
+    ):
+        yield source, replica
+        for running in (source, replica):
+            if running.pid:
+                os.kill(running.pid, signal.SIGCONT)
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -7,14 +7,11 @@ source's."""
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingestion.failover import plan_failover, read_offset_syncs
@@ -24,51 +21,17 @@ from ingestion.replica_facts import ReplicaTarget, read_checkpoints
 from ingestion.run import run_pipeline
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
+from tests.support.failover_stream import oracle, produce
 from tests.support.mm2_standin import MirrorStandIn
-from tests.support.pipelines import make_spec, records
+from tests.support.pipelines import make_spec
 
 pytestmark = pytest.mark.integration
-BAD = {57, 104, 105}  # malformed values: quarantined, around the positions of the switch
-
-
-@pytest.fixture(scope="module")
-def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, ...]]:
-    """A source and a replica cluster of this module's own (the source gets stopped)."""
-    logs = tmp_path_factory.mktemp("dr")
-    with (
-        EmbeddedBroker(log_path=logs / "source.log", cluster_id="source_cluster") as source,
-        EmbeddedBroker(log_path=logs / "replica.log", cluster_id="replica_cluster") as replica,
-    ):
-        yield source, replica
-        if source.pid:
-            os.kill(source.pid, signal.SIGCONT)
-        gc.collect()
-
-
-def produce(bootstrap: str, topic: str, first: int, count: int) -> None:
-    """Records ``first..first+count-1`` on partitions 0 and 1 (partition 2 stays empty)."""
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for key, value, _ in records(count, first=first):
-        number = int((key or b"k0")[1:])
-        bad = b"{not json" if number in BAD else value
-        producer.produce(topic, value=bad, key=key, partition=number % 2)
-        producer.flush(10)  # one record per batch (Tansu's end offset is its last batch's base + 1)
-
-
-def oracle(catalog: Any, spec: Any, expected: int) -> None:
-    """Every record once, in the data table or (the malformed ones) the quarantine table."""
-    data = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
-    bad = catalog.load_table(spec.quarantine_table).scan(selected_fields=("_kafka_key",))
-    found = data.column("_kafka_key").to_pylist()
-    found += [k.decode() for k in bad.to_arrow().column("_kafka_key").to_pylist()]
-    assert len(found) == len(set(found)), "a record landed twice"
-    assert sorted(found) == sorted(f"k{i}" for i in range(expected)), "a record is missing"
 
 
 def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
-    clusters: tuple[EmbeddedBroker, EmbeddedBroker], catalog_resource: IcebergCatalogResource
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], catalog_resource: IcebergCatalogResource
 ) -> None:
-    source, replica = clusters
+    source, replica = dr_clusters
     src: dict[str, Any] = {"bootstrap.servers": source.bootstrap_servers}
     dst: dict[str, Any] = {"bootstrap.servers": replica.bootstrap_servers}
     admin = AdminClient({**src})

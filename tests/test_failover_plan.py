@@ -4,8 +4,6 @@ a conservative checkpoint alone (the source down), and a replica behind the tabl
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,14 +24,6 @@ from tests.support.pipelines import records
 
 pytestmark = pytest.mark.integration
 JUNK = 5  # records already in each replica partition: replica offsets differ from the source's
-
-
-@pytest.fixture(scope="module")
-def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
-    with EmbeddedBroker(log_path=log_path, cluster_id="replica_cluster") as running:
-        yield running
-        gc.collect()
 
 
 def start_mirror(

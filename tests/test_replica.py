@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -16,15 +15,6 @@ from tests.support.mm2_standin import MirrorStandIn
 
 pytestmark = pytest.mark.integration
 GROUP = "platform-dr"
-
-
-@pytest.fixture(scope="module")
-def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """A second cluster, the replica (the session broker is the source)."""
-    log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
-    with EmbeddedBroker(log_path=log_path, cluster_id="replica_cluster") as running:
-        yield running
-        gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 
 
 def commit_group(bootstrap: str, topic: str, offsets: dict[int, int]) -> None:

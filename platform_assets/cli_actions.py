@@ -1,0 +1,92 @@
+"""The operator actions of the ``platform`` CLI: reset, migrate-group, maintain, failover.
+
+Each commit of an action first counts the pipeline's active Dagster runs (see
+:func:`count_active_ingestion_runs`) and refuses while there are any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ingestion.spec import PipelineSpec, StartingPosition
+from platform_assets.failover import failover_pipeline
+from platform_assets.operations import (
+    count_ingestion_runs,
+    maintain_pipeline_table,
+    migrate_group_offsets,
+    reset_offsets,
+)
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+
+def count_active_ingestion_runs(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource
+) -> tuple[int, str]:
+    """The pipeline's active ingestion runs in the Dagster instance, and a line saying where
+    they were counted (0 without an instance: the action's compare-and-set is then the guard)."""
+    from dagster import DagsterInstance
+
+    home = os.environ.get("DAGSTER_HOME") or ""
+    if not home:
+        default = iceberg.embedded_state_dir() / "dagster_home"
+        embedded = iceberg.source() == "embedded" and (default / "dagster.yaml").is_file()
+        home = str(default) if embedded else ""
+    if not home:
+        return 0, (
+            "active runs not counted (no Dagster instance: DAGSTER_HOME is unset); a run in "
+            "flight aborts at its own commit instead (compare-and-set)"
+        )
+    with DagsterInstance.from_config(home) as instance:
+        count = count_ingestion_runs(instance, spec)
+    return count, f"{count} active ingestion run(s) of {spec.name!r} in the Dagster instance {home}"
+
+
+def parse_position(text: str) -> StartingPosition:
+    """``earliest``, ``latest`` or ``timestamp:<ms>``."""
+    if text.startswith("timestamp:"):
+        return StartingPosition(mode="timestamp", timestamp_ms=int(text.split(":", 1)[1]))
+    return StartingPosition(mode=text)  # type: ignore[arg-type]
+
+
+def run_action(
+    args: argparse.Namespace,
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+) -> list[str]:
+    """Run ``reset``, ``migrate-group``, ``maintain`` or ``failover``; return the lines to print."""
+    if args.command == "maintain":
+        return maintain_pipeline_table(
+            spec, iceberg, args.retention_hours * 3600, args.orphan_window_hours * 3600
+        )
+    if args.command == "failover" and args.dry_run:
+        return failover_pipeline(
+            spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by, reason=args.reason
+        )
+    if args.command == "reset" and not args.apply:
+        position = parse_position(args.to)
+        return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
+    active, counted = count_active_ingestion_runs(spec, iceberg)
+    if args.command == "reset":
+        position = parse_position(args.to)
+        lines = reset_offsets(
+            spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
+        )
+    elif args.command == "failover":
+        lines = failover_pipeline(
+            spec,
+            kafka,
+            iceberg,
+            args.to,
+            dry_run=False,
+            requested_by=args.by,
+            reason=args.reason,
+            active_runs=active,
+        )
+    else:
+        lines = migrate_group_offsets(
+            spec, kafka, iceberg, args.new_group, args.by, args.reason, active_runs=active
+        )
+    return [counted, *lines]

@@ -1,0 +1,147 @@
+"""Fail a pipeline over to a MirrorMaker 2 replica, or back: shared by the CLI and the job.
+
+The pipeline reads from its active route (:mod:`platform_assets.route`); the target is a replica
+named in its spec (the MM2 flow primary -> replica) or ``primary`` from the replica it reads now
+(the reverse flow, the replica's ``failback_*`` settings). The plan translates the table's
+committed offsets through the target's newest checkpoints (and the offset syncs when the source
+still answers) and aligns them with the table's tail (``ingestion.failover``); the switch is one
+compare-and-set commit recorded as an operator action, who and why
+(``ingestion.failover_commit``). Delivery: nothing is written by a dry run; the switch refuses
+while an ingestion run is active, and a run that slipped in aborts at its own commit; retrying
+a refused or failed switch is safe (nothing was changed, plan again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingestion.exceptions import FailoverRefusedError
+from ingestion.failover import PartitionPlan, plan_failover, read_offset_syncs
+from ingestion.failover_commit import apply_failover
+from ingestion.mirror import mirror_table_offsets
+from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
+from ingestion.offsets import find_committed_state, flatten
+from ingestion.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.replica_spec import ReplicaSpec
+from ingestion.spec import PipelineSpec
+from platform_assets.route import PRIMARY, Route, active_route
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+SYNCS_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class FailoverTarget:
+    """Where a switch goes: the cluster's resource and MM2's naming of the flow into it."""
+
+    target: ReplicaTarget
+    kafka: KafkaResource
+    syncs_topic: str | None
+
+
+def failover_target(
+    route: Route, spec: PipelineSpec, kafka: KafkaResource, to: str
+) -> FailoverTarget:
+    """The target ``to`` as seen from ``route`` (a failback reads the reverse flow)."""
+    if to == route.cluster:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r} already reads from {to!r}; nothing to do"
+        )
+    if to == PRIMARY:
+        replica: ReplicaSpec = spec.replica(route.cluster)
+        alias, policy = replica.failback_alias, replica.failback_replication_policy
+        syncs: str | None = offset_syncs_topic(replica.source_alias)  # on the replica
+    else:
+        if route.cluster != PRIMARY:
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r} reads from replica {route.cluster!r}: fail back to "
+                f"primary first (platform failover {spec.name} --to primary)"
+            )
+        replica = spec.replica(to)
+        alias, policy = replica.source_alias, replica.replication_policy
+        syncs = offset_syncs_topic(replica.target_alias) if replica.target_alias else None
+    try:
+        resource = kafka.for_cluster(to)
+    except ValueError as exc:
+        raise FailoverRefusedError(f"pipeline {spec.name!r}: {exc}") from None
+    target = ReplicaTarget(to, resource.client_config(), alias, policy)
+    return FailoverTarget(target, resource, syncs)
+
+
+def describe_plan(plans: list[PartitionPlan]) -> list[str]:
+    """One line per partition: where it resumes on the target, and the evidence."""
+    return [
+        f"{p.source_topic}[{p.partition}] at {p.source_next} -> {p.replica_topic}"
+        f"[{p.partition}] from {p.replica_start} ({p.skipped} copies already ingested; "
+        f"{p.anchor})"
+        for p in plans
+    ]
+
+
+def failover_pipeline(
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+    to: str,
+    *,
+    dry_run: bool,
+    requested_by: str,
+    reason: str,
+    active_runs: int = 0,
+) -> list[str]:
+    """Plan the switch of ``spec`` to cluster ``to`` and (unless ``dry_run``) commit it; return
+    the lines describing it.
+
+    Raises:
+        FailoverRefusedError: the evidence does not single out a position (nothing changed).
+        CommitConflictError: a run is active, or the offsets moved since the plan.
+    """
+    route = active_route(spec, kafka, iceberg)
+    goal = failover_target(route, spec, kafka, to)
+    catalog = iceberg.load_catalog()
+    table = catalog.load_table(spec.table)
+    committed = find_committed_state(table, spec.consumer_group_id)
+    if committed is None:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r} has committed nothing yet: there is nothing to fail over; "
+            f"point the pipeline at {to!r} in the configuration instead"
+        )
+    target = goal.target
+    names = {
+        topic: replica_topic(topic, target.source_alias, target.replication_policy)
+        for topic in route.spec.source_topics
+    }
+    syncs = (
+        read_offset_syncs(route.kafka.client_config(), goal.syncs_topic, SYNCS_TIMEOUT_S)
+        if goal.syncs_topic
+        else {}
+    )
+    checkpoints = read_checkpoints(target.kafka_config, checkpoints_topic(target.source_alias))
+    offsets = flatten(committed.offsets)
+    plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names)
+    lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
+    if dry_run:
+        return [*lines, "dry run: nothing committed"]
+    originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
+    outcome = apply_failover(
+        catalog,
+        route.spec,
+        plans,
+        committed.offsets,
+        target,
+        goal.kafka.get_cluster_id(),
+        goal.kafka.get_admin_client(),
+        requested_by,
+        reason,
+        active_runs,
+        spec_topics={originals[t]: copy for t, copy in names.items()},
+    )
+    table = catalog.load_table(spec.table)
+    mirrored = mirror_table_offsets(goal.kafka.get_admin_client(), table, spec.consumer_group_id)
+    return [
+        *lines,
+        f"switched to {to!r} in snapshot {outcome.snapshot_id} by {requested_by!r} "
+        f"(reason {reason!r}); the pipeline now reads there",
+        mirrored.describe(),
+    ]

@@ -1,0 +1,56 @@
+"""Which cluster a pipeline reads now, and under which topic names: the table says.
+
+After a failover (``platform failover``) the table's newest switch names the cluster
+(:func:`~ingestion.failover_commit.active_cluster`) and the topics read there; the ingestion
+asset, the lag sensor, the checks and the CLI all read through :func:`active_route`, so they
+follow the switch without a configuration change. Reads only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ingestion.failover_commit import active_cluster, active_topics
+from ingestion.spec import PipelineSpec
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+PRIMARY = "primary"
+
+
+@dataclass(frozen=True)
+class Route:
+    """The cluster a pipeline reads (``primary`` or a replica's name), the spec as it reads
+    there (topics under MM2's names) and the Kafka resource of that cluster."""
+
+    cluster: str
+    spec: PipelineSpec
+    kafka: KafkaResource
+
+
+def active_route(
+    spec: PipelineSpec, kafka: KafkaResource, iceberg: IcebergCatalogResource
+) -> Route:
+    """The route the table records for ``spec`` (``primary`` before any switch).
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> spec = parse_pipeline_spec({"name": "p", "topic": "orders", "table": "n.t",
+        ...     "consumer_group_id": "g", "value_format": "raw"})
+        >>> kafka = KafkaResource(bootstrap_servers="b:9092")
+        >>> active_route(spec, kafka, IcebergCatalogResource(state_dir="unused")).cluster
+        'primary'
+    """
+    if not spec.replicas:
+        return Route(PRIMARY, spec, kafka)
+    catalog = iceberg.load_catalog()
+    if not catalog.table_exists(spec.table):
+        return Route(PRIMARY, spec, kafka)
+    table = catalog.load_table(spec.table)
+    cluster = active_cluster(table, spec.consumer_group_id)
+    if cluster is None:
+        return Route(PRIMARY, spec, kafka)
+    names = active_topics(table, spec.consumer_group_id) or {}
+    topics = [names.get(topic, topic) for topic in spec.source_topics]
+    moved = spec.model_copy(update={"topic": None, "topics": topics})
+    return Route(cluster, moved, kafka.for_cluster(cluster))

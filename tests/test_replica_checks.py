@@ -1,0 +1,159 @@
+"""The replica readiness check as a Dagster asset check of the pipeline's table, on two real
+brokers with the MirrorMaker 2 stand-in between them: each way it fails names its fix, and it
+passes once MM2 has what a failover needs. The replica comes from the platform configuration."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from dagster import AssetCheckKey, AssetSelection, DagsterInstance
+
+from ingestion.spec import PipelineSpec
+from platform_assets.checks import pipeline_check_keys
+from platform_assets.pipelines import table_key
+from platform_assets.replica_checks import replica_config_problems
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from resources.spark import SparkResource
+from tests.support.dagster_runs import materialize_pipeline
+from tests.support.mm2_standin import MirrorStandIn
+from tests.support.pipelines import make_spec
+
+pytestmark = pytest.mark.integration
+CHECK = "replica_dr_ready"
+
+
+def commit_group(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """What the platform's offset mirror does after a commit: store the group's offsets."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        consumer.commit(
+            offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False
+        )
+    finally:
+        consumer.close()
+
+
+Setup = Callable[..., tuple[PipelineSpec, MirrorStandIn, Callable[..., Any]]]
+
+
+@pytest.fixture
+def replicated(
+    broker: EmbeddedBroker,
+    replica_broker: EmbeddedBroker,
+    create_topic: Callable[..., str],
+    catalog_resource: IcebergCatalogResource,
+    spark_resource: SparkResource,
+    request: pytest.FixtureRequest,
+) -> Setup:
+    """A pipeline with replica 'dr' in its spec and the configuration, a stand-in for MM2,
+    and ``evaluate()``: the check through Dagster, returning its evaluation."""
+
+    def _make(policy: str = "default", max_age_s: float = 300, **standin: Any) -> Any:
+        topic = create_topic(partitions=3)
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+        for i in range(12):
+            producer.produce(topic, value=b"{}", key=str(i).encode(), partition=i % 3)
+        producer.flush(10)
+        alias = f"src{abs(hash(request.node.name)) % 10**8}"
+        replica = {"name": "dr", "source_alias": alias, "replication_policy": policy}
+        name = f"rc{abs(hash(request.node.name)) % 10**6}"
+        spec = make_spec(topic, name, replicas=[{**replica, "max_checkpoint_age_seconds": 300}])
+        mirror = MirrorStandIn(
+            broker.bootstrap_servers,
+            replica_broker.bootstrap_servers,
+            [topic],
+            [spec.consumer_group_id],
+            source_alias=alias,
+            **standin,
+        ).setup()
+        kafka = KafkaResource(
+            bootstrap_servers=broker.bootstrap_servers,
+            replicas={"dr": {"bootstrap.servers": replica_broker.bootstrap_servers}},
+        )
+        resources = {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}
+
+        def evaluate(age_s: float = max_age_s) -> Any:
+            checked = spec.model_copy(
+                update={
+                    "replicas": [
+                        spec.replicas[0].model_copy(update={"max_checkpoint_age_seconds": age_s})
+                    ]
+                }
+            )
+            key = AssetCheckKey(table_key(spec), CHECK)
+            with DagsterInstance.ephemeral() as instance:
+                result = materialize_pipeline(
+                    checked, resources, AssetSelection.checks(key), instance
+                )
+                (evaluation,) = result.get_asset_check_evaluations()
+            return evaluation
+
+        return spec, mirror, evaluate
+
+    return _make
+
+
+def test_the_check_is_one_of_the_pipelines_checks_and_alerts_like_them() -> None:
+    spec = make_spec("t", "rc_keys", replicas=[{"name": "dr", "source_alias": "primary"}])
+    assert AssetCheckKey(table_key(spec), CHECK) in pipeline_check_keys(spec)
+    problems = replica_config_problems([spec], KafkaResource(bootstrap_servers="b:9092"))
+    assert problems == [
+        "pipeline 'rc_keys': replicas[0].name: replica 'dr' is not in the platform "
+        "configuration: add replicas.dr (bootstrap_servers, properties) to it"
+    ]
+
+
+def test_a_group_that_never_committed_fails_then_passes_once_it_has(replicated: Setup) -> None:
+    spec, mirror, evaluate = replicated()
+    mirror.step()  # records copied, but the group has no offsets: MM2 writes no checkpoint
+    failing = evaluate()
+    assert not failing.passed
+    assert failing.severity.value == "ERROR"
+    assert "has no committed offsets on the source cluster" in (failing.description or "")
+    assert "emits no checkpoints" in (failing.description or "")
+    commit_group(mirror.source, spec.consumer_group_id, mirror.topics[0], {0: 2, 1: 2, 2: 2})
+    mirror.step()
+    passing = evaluate()
+    assert passing.passed, passing.description
+    assert passing.metadata["checkpoints_topic"].value == mirror.checkpoints_topic
+
+
+def test_a_stale_checkpoint_fails_the_check(replicated: Setup) -> None:
+    spec, mirror, evaluate = replicated()
+    commit_group(mirror.source, spec.consumer_group_id, mirror.topics[0], {0: 2})
+    mirror.step()
+    time.sleep(1.2)
+    stale = evaluate(age_s=1)
+    assert not stale.passed
+    assert "the checkpoint connector is stopped or lagging; restart it" in (stale.description or "")
+    assert stale.metadata["checkpoint_age_s"].value >= 1
+
+
+@pytest.mark.parametrize(
+    ("policy", "standin", "fix"),
+    [
+        ("default", {"checkpoints_partitions": 3}, "has 3 partitions; MM2 needs exactly 1"),
+        (
+            "default",
+            {"checkpoints_config": {"cleanup.policy": "delete"}},
+            "set cleanup.policy=compact",
+        ),
+        ("identity", {}, "add it to MM2's topics filter, or fix the replication policy"),
+    ],
+    ids=["three-partitions", "not-compacted", "no-copy"],
+)
+def test_a_broken_mirror_fails_the_check_naming_the_fix(
+    replicated: Setup, policy: str, standin: dict[str, Any], fix: str
+) -> None:
+    spec, mirror, evaluate = replicated(policy, **standin)
+    commit_group(mirror.source, spec.consumer_group_id, mirror.topics[0], {0: 2})
+    mirror.step()
+    failing = evaluate()
+    assert not failing.passed
+    assert fix in (failing.description or "")
