@@ -33,6 +33,7 @@ from ingestion.triggers import commit_interval_seconds
 from platform_assets.jobs import ACTIVE_RUN_STATUSES
 from platform_assets.metadata import commit_log_metadata, run_metadata
 from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
+from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -103,6 +104,8 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
         across kills and restarts; a lost compare-and-set re-plans, never overwrites."""
         instance, run_id = context.instance, context.run_id
         catalog = iceberg.load_catalog()
+        route = active_route(spec, kafka, iceberg)  # a failover moves it to a replica
+        source = route.kafka
 
         def should_stop() -> str | None:
             instance.add_run_tags(run_id, {HEARTBEAT_TAG: str(int(time.time()))})
@@ -114,6 +117,10 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
             if finding.blocks:  # the lag sensor then records the check in one run
                 context.log.error(f"blocked by {GROUP_CHECK.name}: {finding.message}")
                 return f"blocked by {GROUP_CHECK.name}"
+            now_on = active_route(spec, kafka, iceberg).cluster
+            if now_on != route.cluster:  # the sensor starts the next stream on the new route
+                context.log.warning(f"{spec.name!r} failed over to {now_on!r}; stopping")
+                return f"failed over from {route.cluster!r} to {now_on!r}"
             return None
 
         def on_report(report: RunReport) -> None:
@@ -146,10 +153,10 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
             )
 
         summary = stream_pipeline(
-            spec,
-            kafka.client_config(),
+            route.spec,
+            source.client_config(),
             catalog,
-            kafka.get_cluster_id(),
+            source.get_cluster_id(),
             interval_s,
             should_stop,
             on_report,
@@ -157,7 +164,7 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
             run_id=run_id,
             io_properties=iceberg.io_properties(),
             schema_registry=(
-                kafka.get_schema_registry_client(spec.schema_registry_url)
+                source.get_schema_registry_client(spec.schema_registry_url)
                 if spec.value_format == "avro"
                 else None
             ),
