@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.dirty import count_landed
 from bench.workloads import spec_for
 from platform_assets.demo import encode_event, make_order_event
 
@@ -164,7 +165,7 @@ def run_nested_suite(
     spark = spark_resource.spark_session
     results = []
     for index, (workload, topic) in enumerate(zip(workloads, topics, strict=True)):
-        runs = []
+        runs, read_back = [], []
         for repeat in range(repeats + 1):  # the first run of each workload warms up, untimed
             spec = spec_for(f"nested_{index}_{repeat}", topic, None)
             spec = parse_pipeline_spec({**spec.model_dump(by_alias=True), **workload.overrides})
@@ -173,6 +174,8 @@ def run_nested_suite(
             )
             if repeat:
                 runs.append(report)
+            if repeat == 1:  # every repeat ingests the whole topic into its own table
+                read_back = list(count_landed(catalog, spec.table, spec.quarantine_table))
         report = sorted(runs, key=lambda r: r.timings_s["total"])[len(runs) // 2]
         seconds = report.timings_s["total"]
         results.append(
@@ -183,6 +186,8 @@ def run_nested_suite(
                 "landed": report.records,
                 "quarantined": report.quarantined,
                 "expected_bad": 0,
+                "read_back": read_back,
+                "files": report.files,
                 "seconds": round(seconds, 2),
                 "all_seconds": [round(r.timings_s["total"], 2) for r in runs],
                 "records_per_s": round((report.records + report.quarantined) / seconds),

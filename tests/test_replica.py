@@ -49,7 +49,7 @@ def mirrored(
     def _make(policy: str = "default", **standin: object) -> tuple[MirrorStandIn, Check]:
         topic = create_topic(partitions=3)
         produce(broker.bootstrap_servers, topic, 30, 3)
-        alias = f"src{abs(hash(request.node.name)) % 10**8}"
+        alias = f"src{abs(hash(request.node.nodeid)) % 10**8}"
         mirror = MirrorStandIn(
             broker.bootstrap_servers,
             replica_broker.bootstrap_servers,

@@ -60,9 +60,9 @@ def replicated(
         for i in range(12):
             producer.produce(topic, value=b"{}", key=str(i).encode(), partition=i % 3)
         producer.flush(10)
-        alias = f"src{abs(hash(request.node.name)) % 10**8}"
+        alias = f"src{abs(hash(request.node.nodeid)) % 10**8}"
         replica = {"name": "dr", "source_alias": alias, "replication_policy": policy}
-        name = f"rc{abs(hash(request.node.name)) % 10**6}"
+        name = f"rc{abs(hash(request.node.nodeid)) % 10**6}"
         spec = make_spec(topic, name, replicas=[{**replica, "max_checkpoint_age_seconds": 300}])
         mirror = MirrorStandIn(
             broker.bootstrap_servers,
