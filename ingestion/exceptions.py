@@ -101,3 +101,7 @@ class ReplicaFormatError(IngestionError):
 
 class FailoverRefusedError(IngestionError):
     """A failover cannot place the pipeline on the replica without a loss or a duplicate."""
+
+
+class OperationRefusedError(IngestionError):
+    """An operator action does not apply to the pipeline's current state; nothing changed."""

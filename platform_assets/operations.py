@@ -8,10 +8,12 @@ from typing import Any
 
 from dagster import DagsterInstance
 
+from ingestion.exceptions import OperationRefusedError
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import apply_reset, migrate_group, plan_reset
 from ingestion.spec import PipelineSpec
 from platform_assets.jobs import count_active_runs, ingest_job_name
+from platform_assets.route import PRIMARY, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -23,6 +25,22 @@ def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:
     return count_active_runs(instance, ingest_job_name(spec)) + count_active_runs(
         instance, INGEST_ALL_JOB
     )
+
+
+def refuse_off_route(
+    spec: PipelineSpec, kafka: KafkaResource, iceberg: IcebergCatalogResource, action: str
+) -> None:
+    """Refuse ``action`` on a pipeline that a failover moved off its configured cluster or
+    topics: reset and migration address the spec's own topics on the primary, so on a moved
+    route they would silently switch it back without a failback plan (records produced only on
+    the replica skipped) or stall on topics the route no longer reads."""
+    route = active_route(spec, kafka, iceberg)
+    if route.cluster != PRIMARY or route.spec.source_topics != spec.source_topics:
+        raise OperationRefusedError(
+            f"pipeline {spec.name!r} reads {route.spec.source_topics} on {route.cluster!r} since "
+            f"a failover; {action} is not supported on a moved route. Use `platform failover "
+            f"{spec.name} --to ...` to move it, then {action}."
+        )
 
 
 def reset_offsets(
@@ -37,6 +55,7 @@ def reset_offsets(
 ) -> list[str]:
     """Plan (and with ``apply``, commit) a reset, then move the Kafka group to the table's
     offsets; return the lines describing it."""
+    refuse_off_route(spec, kafka, iceberg, "reset")
     catalog = iceberg.load_catalog()
     consumer = kafka.get_consumer()
     admin = kafka.get_admin_client()
@@ -71,6 +90,7 @@ def migrate_group_offsets(
     active_runs: int = 0,
 ) -> list[str]:
     """Carry the offsets to ``new_group`` (one commit); return the lines describing it."""
+    refuse_off_route(spec, kafka, iceberg, "migrate-group")
     migration = migrate_group(
         iceberg.load_catalog(),
         spec,

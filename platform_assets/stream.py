@@ -110,7 +110,11 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
         def should_stop() -> str | None:
             instance.add_run_tags(run_id, {HEARTBEAT_TAG: str(int(time.time()))})
             run = instance.get_run_by_id(run_id)
-            requested = run.tags.get(STOP_TAG) if run is not None else None
+            if run is None or run.status != DagsterRunStatus.STARTED:
+                # The sensor marked this run failed (a stale heartbeat: it was slow, not dead)
+                # and may have started another: stop, so two streams never run side by side.
+                return f"run is {run.status.value if run else 'gone'}, no longer STARTED"
+            requested = run.tags.get(STOP_TAG)
             if requested:
                 return requested
             finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
