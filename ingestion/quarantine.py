@@ -64,6 +64,7 @@ from ingestion.offsets import (
     GROUP_ID,
     OFFSETS_PREFIX,
     PIPELINE,
+    OffsetMap,
     decode_offsets,
     encode_offsets,
     flatten,
@@ -139,6 +140,11 @@ def _source_commit(snapshot: Snapshot, location: str) -> SourceCommit | None:
     )
 
 
+def _ids(offsets: OffsetMap) -> dict[str, str]:
+    """Topic ids of the last reflected commit (a cut holds only for the same topic id)."""
+    return {topic: value.topic_id for topic, value in offsets.items()}
+
+
 def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
     """Snapshots of ``table`` that snapshot expiry must keep (rule 7's kin): while a commit
     still has to reach the quarantine table, the path from the current snapshot back to the
@@ -151,9 +157,10 @@ def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
     location = quarantine.metadata.location
     state = quarantine.metadata.properties
     after = int(state.get(SYNCED_SEQUENCE, "0"))
-    synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
+    synced_map = decode_offsets(state.get(SYNCED_OFFSETS, "{}"))
+    synced = flatten(synced_map)
     newer, before, head = read_source_commits(table, after, location)
-    steps = plan_sync(synced, newer, before, head)
+    steps = plan_sync(synced, newer, before, head, _ids(synced_map))
     if not steps or not newer:  # nothing to replay (a truncation needs the current snapshot)
         return set()
     first = steps[0].commit.sequence
@@ -198,10 +205,11 @@ def sync_quarantine(catalog: Catalog, spec: PipelineSpec, max_conflicts: int = 5
                 f"table uuid {state[FOLLOWS]}, but {spec.table} is now {follows} (dropped and "
                 f"recreated); move {spec.quarantine_table} aside, then run again"
             )
-        synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
+        synced_map = decode_offsets(state.get(SYNCED_OFFSETS, "{}"))
+        synced = flatten(synced_map)
         after = int(state.get(SYNCED_SEQUENCE, "0"))
         newer, before, head = read_source_commits(table, after, quarantine.metadata.location)
-        steps = plan_sync(synced, newer, before, head)
+        steps = plan_sync(synced, newer, before, head, _ids(synced_map))
         if not steps:
             return made
         try:
