@@ -101,3 +101,7 @@ class ReplicaFormatError(IngestionError):
 
 class FailoverRefusedError(IngestionError):
     """A failover cannot place the pipeline on the replica without a loss or a duplicate."""
+
+
+class AmbiguousRewindError(IngestionError):
+    """A backward reset would delete rows of two topics with one name (read on two clusters)."""

@@ -88,6 +88,8 @@ def plan_reset(
     for (topic, partition), offset in target.items():
         by_topic.setdefault(topic, {})[partition] = offset
     ids = {state.topic: state.topic_id for state in topics}
+    changes = {key: (before.get(key), offset) for key, offset in target.items()}
+    refuse_ambiguous_rewind(spec.name, changes, topic_ids_read(table, spec.consumer_group_id))
     retirement = find_retirement(table, spec.consumer_group_id)
     return OffsetReset(
         spec.name,
@@ -95,9 +97,49 @@ def plan_reset(
         str(table.metadata.table_uuid),
         committed.offsets if committed else None,
         {topic: TopicOffsets(ids[topic], parts) for topic, parts in by_topic.items()},
-        {key: (before.get(key), offset) for key, offset in target.items()},
+        changes,
         retirement.snapshot_id if retirement else None,
     )
+
+
+def topic_ids_read(table: Table, group_id: str) -> dict[str, set[str]]:
+    """Every topic id the group's commits in the table's lineage name, per topic name."""
+    seen: dict[str, set[str]] = {}
+    for snapshot in props.iter_ancestry(table):
+        text = props.snapshot_properties(snapshot).get(props.OFFSETS_PREFIX + group_id)
+        for topic, value in (props.decode_offsets(text) if text else {}).items():
+            seen.setdefault(topic, set()).add(value.topic_id)
+    return seen
+
+
+def refuse_ambiguous_rewind(
+    pipeline: str, changes: dict[Key, tuple[int | None, int]], ids_read: dict[str, set[str]]
+) -> None:
+    """Refuse a backward reset of a topic name the table read from two topics (pure).
+
+    After a failback under MM2's identity naming, ``primary.orders`` was read on the replica
+    and then on the primary: two topics, one name, unrelated offsets. The table's rows carry
+    topic, partition and offset but not the cluster, so deleting "rows at or after offset X"
+    would also delete rows read on the other cluster: records lost, or read twice.
+
+    Example:
+        >>> refuse_ambiguous_rewind("p", {("t", 0): (9, 5)}, {"t": {"a"}})
+        >>> refuse_ambiguous_rewind("p", {("t", 0): (9, 5)}, {"t": {"a", "b"}})
+        Traceback (most recent call last):
+        ...
+        ingestion.exceptions.AmbiguousRewindError: pipeline 'p': a backward reset of t[0] ...
+    """
+    for (topic, partition), (before, after) in sorted(changes.items()):
+        if before is None or after >= before or len(ids_read.get(topic, set())) < 2:
+            continue
+        raise exceptions.AmbiguousRewindError(
+            f"pipeline {pipeline!r}: a backward reset of {topic}[{partition}] ({before} -> "
+            f"{after}) is refused: the table read topic {topic!r} from {len(ids_read[topic])} "
+            "topics with that name (a failback with MirrorMaker 2's identity replication "
+            "policy), and its rows do not record the cluster, so the rewind would delete rows "
+            "read on the other cluster. Reset forward only, or fail over with "
+            "failback_replication_policy: default (distinct names); nothing was changed"
+        )
 
 
 def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:
