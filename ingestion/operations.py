@@ -89,7 +89,7 @@ def plan_reset(
         by_topic.setdefault(topic, {})[partition] = offset
     ids = {state.topic: state.topic_id for state in topics}
     changes = {key: (before.get(key), offset) for key, offset in target.items()}
-    refuse_ambiguous_rewind(spec.name, changes, topic_ids_read(table, spec.consumer_group_id))
+    refuse_ambiguous_rewind(spec.name, changes, clusters_read(table, spec.consumer_group_id))
     retirement = find_retirement(table, spec.consumer_group_id)
     return OffsetReset(
         spec.name,
@@ -102,20 +102,22 @@ def plan_reset(
     )
 
 
-def topic_ids_read(table: Table, group_id: str) -> dict[str, set[str]]:
-    """Every topic id the group's commits in the table's lineage name, per topic name."""
+def clusters_read(table: Table, group_id: str) -> dict[str, set[str]]:
+    """The cluster ids of the group's commits in the table's lineage, per topic name."""
     seen: dict[str, set[str]] = {}
     for snapshot in props.iter_ancestry(table):
-        text = props.snapshot_properties(snapshot).get(props.OFFSETS_PREFIX + group_id)
-        for topic, value in (props.decode_offsets(text) if text else {}).items():
-            seen.setdefault(topic, set()).add(value.topic_id)
+        properties = props.snapshot_properties(snapshot)
+        text = properties.get(props.OFFSETS_PREFIX + group_id)
+        cluster = properties.get(props.CLUSTER_ID)
+        for topic in props.decode_offsets(text) if text and cluster else {}:
+            seen.setdefault(topic, set()).add(cluster or "")
     return seen
 
 
 def refuse_ambiguous_rewind(
-    pipeline: str, changes: dict[Key, tuple[int | None, int]], ids_read: dict[str, set[str]]
+    pipeline: str, changes: dict[Key, tuple[int | None, int]], read_on: dict[str, set[str]]
 ) -> None:
-    """Refuse a backward reset of a topic name the table read from two topics (pure).
+    """Refuse a backward reset of a topic name the table read on two clusters (pure).
 
     After a failback under MM2's identity naming, ``primary.orders`` was read on the replica
     and then on the primary: two topics, one name, unrelated offsets. The table's rows carry
@@ -130,14 +132,14 @@ def refuse_ambiguous_rewind(
         ingestion.exceptions.AmbiguousRewindError: pipeline 'p': a backward reset of t[0] ...
     """
     for (topic, partition), (before, after) in sorted(changes.items()):
-        if before is None or after >= before or len(ids_read.get(topic, set())) < 2:
+        if before is None or after >= before or len(read_on.get(topic, set())) < 2:
             continue
         raise exceptions.AmbiguousRewindError(
             f"pipeline {pipeline!r}: a backward reset of {topic}[{partition}] ({before} -> "
-            f"{after}) is refused: the table read topic {topic!r} from {len(ids_read[topic])} "
-            "topics with that name (a failback with MirrorMaker 2's identity replication "
-            "policy), and its rows do not record the cluster, so the rewind would delete rows "
-            "read on the other cluster. Reset forward only, or fail over with "
+            f"{after}) is refused: the table read topic {topic!r} on {len(read_on[topic])} "
+            "clusters (a failback with MirrorMaker 2's identity replication policy), and its "
+            "rows do not record the cluster, so the rewind would delete rows read on the other "
+            "cluster. Reset forward only, or fail over with "
             "failback_replication_policy: default (distinct names); nothing was changed"
         )
 

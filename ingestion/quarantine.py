@@ -60,11 +60,11 @@ from typing import TYPE_CHECKING
 from ingestion import exceptions
 from ingestion.commit import commit_view, load_table_with_retry
 from ingestion.offsets import (
+    CLUSTER_ID,
     COMMIT_ID,
     GROUP_ID,
     OFFSETS_PREFIX,
     PIPELINE,
-    OffsetMap,
     decode_offsets,
     encode_offsets,
     flatten,
@@ -94,6 +94,7 @@ FOLLOWS = "kafka.quarantine.follows"  # quarantine table: the data table's uuid
 SYNCED_SEQUENCE = "kafka.quarantine.synced-sequence"  # ... the last reflected commit's
 SYNCED_COMMIT = "kafka.quarantine.synced-commit"
 SYNCED_OFFSETS = "kafka.quarantine.synced-offsets"
+SYNCED_CLUSTER = "kafka.quarantine.synced-cluster"  # ... its cluster id (a cut needs the same)
 
 
 def quarantine_properties(quarantine: Table, files: list[DataFile]) -> dict[str, str]:
@@ -137,12 +138,8 @@ def _source_commit(snapshot: Snapshot, location: str) -> SourceCommit | None:
         properties[COMMIT_ID],
         decode_offsets(properties[key]),
         decode_file_list(location, properties.get(QUARANTINE_FILES, "[]")),
+        properties.get(CLUSTER_ID, ""),
     )
-
-
-def _ids(offsets: OffsetMap) -> dict[str, str]:
-    """Topic ids of the last reflected commit (a cut holds only for the same topic id)."""
-    return {topic: value.topic_id for topic, value in offsets.items()}
 
 
 def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
@@ -157,10 +154,9 @@ def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
     location = quarantine.metadata.location
     state = quarantine.metadata.properties
     after = int(state.get(SYNCED_SEQUENCE, "0"))
-    synced_map = decode_offsets(state.get(SYNCED_OFFSETS, "{}"))
-    synced = flatten(synced_map)
+    synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
     newer, before, head = read_source_commits(table, after, location)
-    steps = plan_sync(synced, newer, before, head, _ids(synced_map))
+    steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER))
     if not steps or not newer:  # nothing to replay (a truncation needs the current snapshot)
         return set()
     first = steps[0].commit.sequence
@@ -205,11 +201,10 @@ def sync_quarantine(catalog: Catalog, spec: PipelineSpec, max_conflicts: int = 5
                 f"table uuid {state[FOLLOWS]}, but {spec.table} is now {follows} (dropped and "
                 f"recreated); move {spec.quarantine_table} aside, then run again"
             )
-        synced_map = decode_offsets(state.get(SYNCED_OFFSETS, "{}"))
-        synced = flatten(synced_map)
+        synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
         after = int(state.get(SYNCED_SEQUENCE, "0"))
         newer, before, head = read_source_commits(table, after, quarantine.metadata.location)
-        steps = plan_sync(synced, newer, before, head, _ids(synced_map))
+        steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER))
         if not steps:
             return made
         try:
@@ -252,6 +247,8 @@ def apply_step(quarantine: Table, step: Step, follows: str, pipeline: str) -> No
         SYNCED_COMMIT: step.commit.commit_id,
         SYNCED_OFFSETS: encode_offsets(step.commit.offsets),
     }
+    if step.commit.cluster_id:
+        state[SYNCED_CLUSTER] = step.commit.cluster_id
     with commit_view(quarantine).transaction() as transaction, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Delete operation did not match any records")
         if step.cuts:

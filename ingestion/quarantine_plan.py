@@ -42,6 +42,7 @@ class SourceCommit:
     commit_id: str
     offsets: OffsetMap
     files: tuple[str, ...] = ()
+    cluster_id: str = ""  # the Kafka cluster its offsets refer to ("": not recorded)
 
 
 @dataclass(frozen=True)
@@ -57,15 +58,15 @@ def plan_sync(
     newer: list[SourceCommit],
     before: dict[Key, int] | None,
     head: SourceCommit | None,
-    synced_ids: dict[str, str] | None = None,
+    synced_cluster: str | None = None,
 ) -> list[Step]:
     """The quarantine commits that bring the quarantine table up to the data table (pure).
 
-    A cut is a rewind of one topic: it applies only while the commit reads the same topic
-    (same topic id) as the rows it would delete. A failover or failback switches the group to
-    another cluster's topic; under MM2's identity naming it has the same name (``primary.orders``
-    on the replica and, copied back, on the primary) but another id and unrelated offsets: its
-    lower offsets are no rewind, and the other topic's dead letters must stay.
+    A cut is a rewind: it applies only while the commit's offsets refer to the cluster the
+    synced rows were read on. A failover or failback switches the group to another cluster's
+    topic; under MM2's identity naming it has the same name (``primary.orders`` on the replica
+    and, copied back, on the primary) but unrelated offsets: its lower offsets are no rewind,
+    and the dead letters read on the other cluster must stay.
 
     Args:
         synced: offsets of the last reflected commit: no quarantine row lies at or beyond them.
@@ -73,7 +74,8 @@ def plan_sync(
         before: offsets of the commit before ``newer[0]``; ``{}`` when there is none, None when
             it expired (then nothing below the commits' own offsets is deleted).
         head: the data table's newest commit (None: none in its lineage).
-        synced_ids: topic ids of the last reflected commit (None: unknown, every cut holds).
+        synced_cluster: cluster id of the last reflected commit (None or "": unknown, every
+            cut holds, as before clusters were compared).
 
     Example (a reset back to 5, then a run re-reading [5, 9) with dead letters):
         >>> from ingestion.offsets import TopicOffsets
@@ -85,47 +87,37 @@ def plan_sync(
     """
     steps = []
     bound = dict(synced)
-    ids = synced_ids
+    cluster = synced_cluster
     start = before
     for commit in newer:
         end = flatten(commit.offsets)
         origin = start if start is not None else bound
         # A partition absent from the commit's offsets (a reset that dropped a topic) keeps its
-        # data rows, so it keeps its dead letters too: no cut. Nor one of another topic id.
-        cuts = {
-            key: min(origin.get(key, 0), end[key])
-            for key in bound
-            if key in end and _same_topic(ids, commit, key[0])
-        }
+        # data rows, so it keeps its dead letters too: no cut. Nor after a cluster switch.
+        same = _same_cluster(cluster, commit)
+        cuts = {key: min(origin.get(key, 0), end[key]) for key in bound if key in end and same}
         cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
         if commit.files or cuts:
             steps.append(Step(commit, cuts))
             bound = end
-            ids = _topic_ids(commit)
+            cluster = commit.cluster_id or cluster
         start = end
     if not newer:  # rolled back (or emptied) past the last reflected commit: truncate to it
         end = flatten(head.offsets) if head else {}
         cuts = {
             key: end.get(key, 0)
             for key in bound
-            if end.get(key, 0) < bound[key] and (head is None or _same_topic(ids, head, key[0]))
+            if end.get(key, 0) < bound[key] and (head is None or _same_cluster(cluster, head))
         }
         if cuts:
             steps.append(Step(head or SourceCommit(0, "", {}), cuts))
     return steps
 
 
-def _topic_ids(commit: SourceCommit) -> dict[str, str]:
-    return {topic: value.topic_id for topic, value in commit.offsets.items()}
-
-
-def _same_topic(ids: dict[str, str] | None, commit: SourceCommit, topic: str) -> bool:
-    """Whether ``commit`` reads the topic instance the synced rows of ``topic`` came from
-    (unknown ids, as in a state written before topic ids were compared: assume so)."""
-    if ids is None or topic not in ids or topic not in commit.offsets:
-        return True
-    known, now = ids[topic], commit.offsets[topic].topic_id
-    return not known or not now or known == now
+def _same_cluster(cluster: str | None, commit: SourceCommit) -> bool:
+    """Whether ``commit``'s offsets refer to the cluster the synced rows were read on (either
+    unknown, as in a state written before clusters were compared: assume so)."""
+    return not cluster or not commit.cluster_id or cluster == commit.cluster_id
 
 
 def rows_at_or_after(cuts: dict[Key, int]) -> str:

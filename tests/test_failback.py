@@ -172,14 +172,14 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
 
 
 def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> None:
-    """After a failback under identity naming the table read ``primary.orders`` from two
-    topics (two ids); its rows do not record the cluster, so a backward reset that deletes
+    """After a failback under identity naming the table read ``primary.orders`` on two
+    clusters; its rows do not record the cluster, so a backward reset that deletes
     "rows at or after X" would take rows read on the other cluster: refused, naming the
-    pipeline and what to do. A forward reset, or one topic id, goes ahead."""
+    pipeline and what to do. A forward reset, or a name read on one cluster, goes ahead."""
     from ingestion.exceptions import AmbiguousRewindError
     from ingestion.operations import refuse_ambiguous_rewind
 
-    both = {"primary.orders": {"dr-id", "primary-id"}}
+    both = {"primary.orders": {"dr-cluster", "primary-cluster"}}
     with pytest.raises(AmbiguousRewindError) as refused:
         refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 70)}, both)
     message = str(refused.value)
@@ -189,5 +189,5 @@ def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> No
     assert "nothing was changed" in message
     refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 85)}, both)  # forward
     refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (None, 0)}, both)  # first commit
-    one = {"primary.orders": {"primary-id"}}
+    one = {"primary.orders": {"primary-cluster"}}
     refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 70)}, one)

@@ -101,10 +101,11 @@ def test_plan_sync(
     assert [(s.commit.commit_id, s.cuts) for s in steps] == expected
 
 
-def on(sequence: int, name: str, topic_id: str, p0: int, files: int = 0) -> SourceCommit:
-    """A commit of topic ``t`` partition 0 read from the topic with id ``topic_id``."""
+def on(sequence: int, name: str, cluster: str, p0: int, files: int = 0) -> SourceCommit:
+    """A commit of topic ``t`` partition 0 read on ``cluster`` (its own topic id there)."""
     names = tuple(f"{name}-{i}" for i in range(files))
-    return SourceCommit(sequence, name, {"t": TopicOffsets(topic_id, {0: p0})}, names)
+    offsets = {"t": TopicOffsets(f"{cluster}-id", {0: p0})}
+    return SourceCommit(sequence, name, offsets, names, cluster)
 
 
 @pytest.mark.parametrize(
@@ -126,7 +127,7 @@ def on(sequence: int, name: str, topic_id: str, p0: int, files: int = 0) -> Sour
             [on(9, "failback", "primary", 76, files=0), on(10, "reset", "primary", 70)],
             None,
             [],
-            id="a-rewind-on-the-new-topic-cuts-nothing-of-the-old-one",
+            id="a-rewind-on-the-new-cluster-cuts-nothing-read-on-the-old-one",
         ),
         pytest.param(
             [on(9, "reset", "dr", 76)],
@@ -148,7 +149,7 @@ def test_plan_sync_keeps_dead_letters_of_another_topic_with_the_same_name(
     expected: list[tuple[str, dict[tuple[str, int], int]]],
 ) -> None:
     """MM2's identity naming on the way back: ``primary.orders`` on the replica and on the
-    primary are two topics (two ids); the failback's lower offsets are not a rewind of the rows
-    read on the replica (the k141 loss of the failback test)."""
-    steps = plan_sync({P0: 90}, newer, {P0: 90}, head, {"t": "dr"})
+    primary are two topics on two clusters; the failback's lower offsets are not a rewind of
+    the rows read on the replica (the k141 loss of the failback test)."""
+    steps = plan_sync({P0: 90}, newer, {P0: 90}, head, "dr")
     assert [(s.commit.commit_id, s.cuts) for s in steps] == expected
