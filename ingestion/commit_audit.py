@@ -167,10 +167,12 @@ def audit_commits(
         name = clusters.get(snapshot.snapshot_id, "primary")
         return (cluster_configs or {}).get(name, kafka_config)
 
-    log_starts: dict[Key, int] = {}
+    # Per cluster: under MM2's identity naming a failback reads a topic with the same name on
+    # the other cluster (``primary.orders`` on both), whose log start is its own.
+    log_starts: dict[int, dict[Key, int]] = {}
     for config in {id(config_of(s)): config_of(s) for s in carriers}.values():
         keys = {k for s in carriers if config_of(s) is config for k in _offsets(s, key)}
-        log_starts.update(_log_starts(config, keys, f"{pipeline}-audit") if keys else {})
+        log_starts[id(config)] = _log_starts(config, keys, f"{pipeline}-audit") if keys else {}
     previous, clean = window.base, True
     # One commit may take several snapshots (a reset's delete is pyiceberg's DELETE then
     # OVERWRITE, both with its commit id): only the last one is the commit's outcome.
@@ -189,7 +191,8 @@ def audit_commits(
             previous = current
         else:
             current = _offsets(snapshot, key)
-            recount = plan_recount(previous, current, properties, log_starts)
+            starts = log_starts.get(id(config_of(snapshot)), {})
+            recount = plan_recount(previous, current, properties, starts)
             size = sum(r.size for r in recount.ranges)
             over = max_offsets is not None and audit.offsets_recounted + size > max_offsets
             if over and audit.recounted:

@@ -105,3 +105,7 @@ class FailoverRefusedError(IngestionError):
 
 class OperationRefusedError(IngestionError):
     """An operator action does not apply to the pipeline's current state; nothing changed."""
+
+
+class AmbiguousRewindError(IngestionError):
+    """A backward reset would delete rows of two topics with one name (read on two clusters)."""

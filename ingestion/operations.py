@@ -88,6 +88,8 @@ def plan_reset(
     for (topic, partition), offset in target.items():
         by_topic.setdefault(topic, {})[partition] = offset
     ids = {state.topic: state.topic_id for state in topics}
+    changes = {key: (before.get(key), offset) for key, offset in target.items()}
+    refuse_ambiguous_rewind(spec.name, changes, clusters_read(table, spec.consumer_group_id))
     retirement = find_retirement(table, spec.consumer_group_id)
     return OffsetReset(
         spec.name,
@@ -95,9 +97,51 @@ def plan_reset(
         str(table.metadata.table_uuid),
         committed.offsets if committed else None,
         {topic: TopicOffsets(ids[topic], parts) for topic, parts in by_topic.items()},
-        {key: (before.get(key), offset) for key, offset in target.items()},
+        changes,
         retirement.snapshot_id if retirement else None,
     )
+
+
+def clusters_read(table: Table, group_id: str) -> dict[str, set[str]]:
+    """The cluster ids of the group's commits in the table's lineage, per topic name."""
+    seen: dict[str, set[str]] = {}
+    for snapshot in props.iter_ancestry(table):
+        properties = props.snapshot_properties(snapshot)
+        text = properties.get(props.OFFSETS_PREFIX + group_id)
+        cluster = properties.get(props.CLUSTER_ID)
+        for topic in props.decode_offsets(text) if text and cluster else {}:
+            seen.setdefault(topic, set()).add(cluster or "")
+    return seen
+
+
+def refuse_ambiguous_rewind(
+    pipeline: str, changes: dict[Key, tuple[int | None, int]], read_on: dict[str, set[str]]
+) -> None:
+    """Refuse a backward reset of a topic name the table read on two clusters (pure).
+
+    After a failback under MM2's identity naming, ``primary.orders`` was read on the replica
+    and then on the primary: two topics, one name, unrelated offsets. The table's rows carry
+    topic, partition and offset but not the cluster, so deleting "rows at or after offset X"
+    would also delete rows read on the other cluster: records lost, or read twice.
+
+    Example:
+        >>> refuse_ambiguous_rewind("p", {("t", 0): (9, 5)}, {"t": {"a"}})
+        >>> refuse_ambiguous_rewind("p", {("t", 0): (9, 5)}, {"t": {"a", "b"}})
+        Traceback (most recent call last):
+        ...
+        ingestion.exceptions.AmbiguousRewindError: pipeline 'p': a backward reset of t[0] ...
+    """
+    for (topic, partition), (before, after) in sorted(changes.items()):
+        if before is None or after >= before or len(read_on.get(topic, set())) < 2:
+            continue
+        raise exceptions.AmbiguousRewindError(
+            f"pipeline {pipeline!r}: a backward reset of {topic}[{partition}] ({before} -> "
+            f"{after}) is refused: the table read topic {topic!r} on {len(read_on[topic])} "
+            "clusters (a failback with MirrorMaker 2's identity replication policy), and its "
+            "rows do not record the cluster, so the rewind would delete rows read on the other "
+            "cluster. Reset forward only, or fail over with "
+            "failback_replication_policy: default (distinct names); nothing was changed"
+        )
 
 
 def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:

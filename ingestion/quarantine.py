@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING
 from ingestion import exceptions
 from ingestion.commit import commit_view, load_table_with_retry
 from ingestion.offsets import (
+    CLUSTER_ID,
     COMMIT_ID,
     GROUP_ID,
     OFFSETS_PREFIX,
@@ -93,6 +94,7 @@ FOLLOWS = "kafka.quarantine.follows"  # quarantine table: the data table's uuid
 SYNCED_SEQUENCE = "kafka.quarantine.synced-sequence"  # ... the last reflected commit's
 SYNCED_COMMIT = "kafka.quarantine.synced-commit"
 SYNCED_OFFSETS = "kafka.quarantine.synced-offsets"
+SYNCED_CLUSTER = "kafka.quarantine.synced-cluster"  # ... its cluster id (a cut needs the same)
 
 
 def quarantine_properties(quarantine: Table, files: list[DataFile]) -> dict[str, str]:
@@ -136,6 +138,7 @@ def _source_commit(snapshot: Snapshot, location: str) -> SourceCommit | None:
         properties[COMMIT_ID],
         decode_offsets(properties[key]),
         decode_file_list(location, properties.get(QUARANTINE_FILES, "[]")),
+        properties.get(CLUSTER_ID, ""),
     )
 
 
@@ -153,7 +156,7 @@ def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
     after = int(state.get(SYNCED_SEQUENCE, "0"))
     synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
     newer, before, head = read_source_commits(table, after, location)
-    steps = plan_sync(synced, newer, before, head)
+    steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER))
     if not steps or not newer:  # nothing to replay (a truncation needs the current snapshot)
         return set()
     first = steps[0].commit.sequence
@@ -201,7 +204,7 @@ def sync_quarantine(catalog: Catalog, spec: PipelineSpec, max_conflicts: int = 5
         synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
         after = int(state.get(SYNCED_SEQUENCE, "0"))
         newer, before, head = read_source_commits(table, after, quarantine.metadata.location)
-        steps = plan_sync(synced, newer, before, head)
+        steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER))
         if not steps:
             return made
         try:
@@ -244,6 +247,8 @@ def apply_step(quarantine: Table, step: Step, follows: str, pipeline: str) -> No
         SYNCED_COMMIT: step.commit.commit_id,
         SYNCED_OFFSETS: encode_offsets(step.commit.offsets),
     }
+    if step.commit.cluster_id:
+        state[SYNCED_CLUSTER] = step.commit.cluster_id
     with commit_view(quarantine).transaction() as transaction, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Delete operation did not match any records")
         if step.cuts:

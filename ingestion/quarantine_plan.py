@@ -42,6 +42,7 @@ class SourceCommit:
     commit_id: str
     offsets: OffsetMap
     files: tuple[str, ...] = ()
+    cluster_id: str = ""  # the Kafka cluster its offsets refer to ("": not recorded)
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,15 @@ def plan_sync(
     newer: list[SourceCommit],
     before: dict[Key, int] | None,
     head: SourceCommit | None,
+    synced_cluster: str | None = None,
 ) -> list[Step]:
     """The quarantine commits that bring the quarantine table up to the data table (pure).
+
+    A cut is a rewind: it applies only while the commit's offsets refer to the cluster the
+    synced rows were read on. A failover or failback switches the group to another cluster's
+    topic; under MM2's identity naming it has the same name (``primary.orders`` on the replica
+    and, copied back, on the primary) but unrelated offsets: its lower offsets are no rewind,
+    and the dead letters read on the other cluster must stay.
 
     Args:
         synced: offsets of the last reflected commit: no quarantine row lies at or beyond them.
@@ -66,6 +74,8 @@ def plan_sync(
         before: offsets of the commit before ``newer[0]``; ``{}`` when there is none, None when
             it expired (then nothing below the commits' own offsets is deleted).
         head: the data table's newest commit (None: none in its lineage).
+        synced_cluster: cluster id of the last reflected commit (None or "": unknown, every
+            cut holds, as before clusters were compared).
 
     Example (a reset back to 5, then a run re-reading [5, 9) with dead letters):
         >>> from ingestion.offsets import TopicOffsets
@@ -77,24 +87,37 @@ def plan_sync(
     """
     steps = []
     bound = dict(synced)
+    cluster = synced_cluster
     start = before
     for commit in newer:
         end = flatten(commit.offsets)
         origin = start if start is not None else bound
         # A partition absent from the commit's offsets (a reset that dropped a topic) keeps its
-        # data rows, so it keeps its dead letters too: no cut.
-        cuts = {key: min(origin.get(key, 0), end[key]) for key in bound if key in end}
+        # data rows, so it keeps its dead letters too: no cut. Nor after a cluster switch.
+        same = _same_cluster(cluster, commit)
+        cuts = {key: min(origin.get(key, 0), end[key]) for key in bound if key in end and same}
         cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
         if commit.files or cuts:
             steps.append(Step(commit, cuts))
             bound = end
+            cluster = commit.cluster_id or cluster
         start = end
     if not newer:  # rolled back (or emptied) past the last reflected commit: truncate to it
         end = flatten(head.offsets) if head else {}
-        cuts = {key: end.get(key, 0) for key in bound if end.get(key, 0) < bound[key]}
+        cuts = {
+            key: end.get(key, 0)
+            for key in bound
+            if end.get(key, 0) < bound[key] and (head is None or _same_cluster(cluster, head))
+        }
         if cuts:
             steps.append(Step(head or SourceCommit(0, "", {}), cuts))
     return steps
+
+
+def _same_cluster(cluster: str | None, commit: SourceCommit) -> bool:
+    """Whether ``commit``'s offsets refer to the cluster the synced rows were read on (either
+    unknown, as in a state written before clusters were compared: assume so)."""
+    return not cluster or not commit.cluster_id or cluster == commit.cluster_id
 
 
 def rows_at_or_after(cuts: dict[Key, int]) -> str:

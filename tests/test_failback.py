@@ -66,11 +66,6 @@ def ingest(spec: PipelineSpec, resources: dict[str, Any], cap: int | None = None
     assert result.success, [e.message for e in result.all_events if e.is_failure]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="OPEN: after the failback k141 (a malformed record produced on the replica, "
-    "quarantined) is missing from the tables; under investigation (see the DR report)",
-)
 def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_once(
     dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
     spark_resource: SparkResource,
@@ -174,3 +169,25 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     oracle(catalog, spec, 150)
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message
+
+
+def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> None:
+    """After a failback under identity naming the table read ``primary.orders`` on two
+    clusters; its rows do not record the cluster, so a backward reset that deletes
+    "rows at or after X" would take rows read on the other cluster: refused, naming the
+    pipeline and what to do. A forward reset, or a name read on one cluster, goes ahead."""
+    from ingestion.exceptions import AmbiguousRewindError
+    from ingestion.operations import refuse_ambiguous_rewind
+
+    both = {"primary.orders": {"dr-cluster", "primary-cluster"}}
+    with pytest.raises(AmbiguousRewindError) as refused:
+        refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 70)}, both)
+    message = str(refused.value)
+    assert f"pipeline {NAME!r}" in message
+    assert "primary.orders[1] (79 -> 70)" in message
+    assert "failback_replication_policy: default" in message
+    assert "nothing was changed" in message
+    refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 85)}, both)  # forward
+    refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (None, 0)}, both)  # first commit
+    one = {"primary.orders": {"primary-cluster"}}
+    refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 70)}, one)

@@ -99,3 +99,57 @@ def test_plan_sync(
 ) -> None:
     steps = plan_sync(synced, newer, before, head)
     assert [(s.commit.commit_id, s.cuts) for s in steps] == expected
+
+
+def on(sequence: int, name: str, cluster: str, p0: int, files: int = 0) -> SourceCommit:
+    """A commit of topic ``t`` partition 0 read on ``cluster`` (its own topic id there)."""
+    names = tuple(f"{name}-{i}" for i in range(files))
+    offsets = {"t": TopicOffsets(f"{cluster}-id", {0: p0})}
+    return SourceCommit(sequence, name, offsets, names, cluster)
+
+
+@pytest.mark.parametrize(
+    ("newer", "head", "expected"),
+    [
+        pytest.param(
+            [on(9, "failback", "primary", 76), on(10, "run", "primary", 79)],
+            None,
+            [],
+            id="switch-to-a-same-named-topic-is-no-rewind",
+        ),
+        pytest.param(
+            [on(9, "failback", "primary", 76), on(10, "run", "primary", 80, files=1)],
+            None,
+            [("run", {})],
+            id="switched-topic-adds-its-dead-letters-and-keeps-the-others",
+        ),
+        pytest.param(
+            [on(9, "failback", "primary", 76, files=0), on(10, "reset", "primary", 70)],
+            None,
+            [],
+            id="a-rewind-on-the-new-cluster-cuts-nothing-read-on-the-old-one",
+        ),
+        pytest.param(
+            [on(9, "reset", "dr", 76)],
+            None,
+            [("reset", {P0: 76})],
+            id="rewind-of-the-same-topic-still-cuts",
+        ),
+        pytest.param(
+            [],
+            on(9, "failback", "primary", 76),
+            [],
+            id="no-truncation-to-a-switch-to-another-topic",
+        ),
+    ],
+)
+def test_plan_sync_keeps_dead_letters_of_another_topic_with_the_same_name(
+    newer: list[SourceCommit],
+    head: SourceCommit | None,
+    expected: list[tuple[str, dict[tuple[str, int], int]]],
+) -> None:
+    """MM2's identity naming on the way back: ``primary.orders`` on the replica and on the
+    primary are two topics on two clusters; the failback's lower offsets are not a rewind of
+    the rows read on the replica (the k141 loss of the failback test)."""
+    steps = plan_sync({P0: 90}, newer, {P0: 90}, head, "dr")
+    assert [(s.commit.commit_id, s.cuts) for s in steps] == expected
