@@ -20,10 +20,13 @@ import yaml
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetSelection, DagsterInstance
 
+from ingestion.exceptions import OperationRefusedError
 from ingestion.offsets import RESET_BY, RESET_REASON
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
+from platform_assets.cli_actions import parse_position
+from platform_assets.operations import reset_offsets
 from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.replica_checks import replica_finding
@@ -124,6 +127,11 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     assert switch.summary is not None
     recorded = switch.summary.additional_properties
     assert (recorded[RESET_BY], recorded[RESET_REASON]) == ("ops@example.com", "primary down")
+    # A reset addresses the spec's topics on the primary: on a moved route it would switch the
+    # pipeline back without a plan, so it is refused, nothing changed.
+    with pytest.raises(OperationRefusedError, match="not supported on a moved route"):
+        reset_offsets(spec, kafka, iceberg, parse_position("latest"), True, "ops", "wrong")
+    assert catalog.load_table(spec.table).current_snapshot() == switch
 
     ingest(spec, resources)  # the Dagster asset now reads the replica: the 20 not ingested
     oracle(catalog, spec, 130)
