@@ -53,23 +53,6 @@ class Decoded:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
 
-def widen(kind: pa.DataType) -> pa.DataType | None:
-    """The type an Iceberg promotion allows for ``kind``: int->long, float->double, decimal
-    precision widening (scale kept); None when there is none (R35).
-
-    Example:
-        >>> widen(pa.int32()), widen(pa.decimal128(12, 2)), widen(pa.string())
-        (DataType(int64), Decimal128Type(decimal128(38, 2)), None)
-    """
-    if kind == pa.int32():
-        return pa.int64()
-    if kind == pa.float32():
-        return pa.float64()
-    if pa.types.is_decimal(kind) and kind.precision < 38:
-        return pa.decimal128(38, kind.scale)
-    return None
-
-
 def find_promotion(payload: bytes, schema: pa.Schema) -> dict[str, pa.DataType]:
     """The single-column promotion under which ``payload`` decodes, or {} if none does."""
     for path, widened, wider in promotion_candidates(schema):  # nested leaves too: "c.qty"

@@ -225,7 +225,14 @@ def promotion_candidates(schema: pa.Schema) -> Iterator[tuple[str, pa.Schema, pa
             yield full, schema.set(index, column.with_type(kind)), wider
 
 
-def _widen(kind: pa.DataType) -> pa.DataType | None:
+def widen(kind: pa.DataType) -> pa.DataType | None:
+    """The type an Iceberg promotion allows for ``kind``: int->long, float->double, decimal
+    precision widening (scale kept); None when there is none (R35).
+
+    Example:
+        >>> widen(pa.int32()), widen(pa.decimal128(12, 2)), widen(pa.string())
+        (DataType(int64), Decimal128Type(decimal128(38, 2)), None)
+    """
     if kind == pa.int32():
         return pa.int64()
     if kind == pa.float32():
@@ -237,7 +244,7 @@ def _widen(kind: pa.DataType) -> pa.DataType | None:
 
 def _leaf_promotions(kind: pa.DataType) -> Iterator[tuple[list[str], pa.DataType, pa.DataType]]:
     """(path below ``kind``, ``kind`` with that leaf widened, the wider leaf type)."""
-    wider = _widen(kind)
+    wider = widen(kind)
     if wider is not None:
         yield [], wider, wider
     elif pa.types.is_struct(kind):
