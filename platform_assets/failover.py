@@ -59,6 +59,13 @@ def failover_target(
                 f"pipeline {spec.name!r} reads from replica {route.cluster!r}: fail back to "
                 f"primary first (platform failover {spec.name} --to primary)"
             )
+        if route.spec.source_topics != spec.source_topics:
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r} reads {route.spec.source_topics} on the primary since "
+                f"its failback (reverse copies next to {spec.source_topics}); MM2 does not copy "
+                "a reverse copy back to the replica, so a failover from this route is not "
+                "supported; nothing was changed"
+            )
         replica = spec.replica(to)
         alias, policy = replica.source_alias, replica.replication_policy
         syncs = offset_syncs_topic(replica.target_alias) if replica.target_alias else None
