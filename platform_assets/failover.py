@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failback_origin import OriginPlan, find_switch, plan_origin
-from ingestion.failover import PartitionPlan, Replica, plan_failover, read_offset_syncs
+from ingestion.failback_origin import OriginPlan, find_switch
+from ingestion.failover import PartitionPlan, plan_failover, read_offset_syncs
 from ingestion.failover_commit import apply_failover
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
@@ -25,6 +25,7 @@ from ingestion.offsets import find_committed_state, flatten
 from ingestion.replica_facts import ReplicaTarget, read_checkpoints
 from ingestion.replica_spec import ReplicaSpec
 from ingestion.spec import PipelineSpec
+from platform_assets.failback import describe_origin, origin_links, plan_failback_origin
 from platform_assets.route import PRIMARY, Route, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -87,45 +88,6 @@ def describe_plan(plans: list[PartitionPlan]) -> list[str]:
     ]
 
 
-def describe_origin(origin: list[OriginPlan], replica: str) -> list[str]:
-    """One line per origin partition a failback reads again: where, and the tail it ingests."""
-    return [
-        f"origin {o.topic}[{o.partition}] (at {o.committed_before} before the failover) resumes "
-        f"at {o.resume}: {o.copies_ingested} record(s) were ingested as copies on {replica!r}, "
-        f"{o.tail} record(s) of unreplicated tail to ingest"
-        for o in origin
-    ]
-
-
-def plan_failback_origin(
-    spec: PipelineSpec, iceberg: IcebergCatalogResource, route: Route, goal: FailoverTarget,
-    names: dict[str, str], replica_next: dict[tuple[str, int], int],
-) -> list[OriginPlan]:  # fmt: skip
-    """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
-
-    An origin with the name of its reverse copy (MM2's identity policy both ways, a replication
-    loop MM2 cannot break) is left out: that topic is the reverse copy, read as before.
-    """
-    originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
-    origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
-    if not origins:
-        return []
-    catalog = iceberg.load_catalog()
-    table = catalog.load_table(spec.table)
-    switch = find_switch(table, spec.consumer_group_id, route.cluster)
-    if switch is None:
-        raise FailoverRefusedError(
-            f"pipeline {spec.name!r}: the failover to {route.cluster!r} is not in the table's "
-            "history (expired?), so the origin topics' positions before it are unknown; "
-            "nothing was changed"
-        )
-    tables = [table]
-    if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
-        tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
-    reader = Replica(goal.kafka.client_config())
-    return plan_origin(tables, reader, switch, origins, replica_next, spec.name)
-
-
 def failover_pipeline(
     spec: PipelineSpec,
     kafka: KafkaResource,
@@ -166,11 +128,15 @@ def failover_pipeline(
     )
     checkpoints = read_checkpoints(target.kafka_config, checkpoints_topic(target.source_alias))
     offsets = flatten(committed.offsets)
-    plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names)
+    # A failback undoes the newest switch to the replica it leaves: its plan ties the replica's
+    # partitions to the origin topics (ingestion.failback_link, ingestion.failback_origin).
+    switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
+    links = origin_links(switch, offsets, names) if switch else None
+    plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names, links)
     lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
     origin: list[OriginPlan] = []
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
-        origin = plan_failback_origin(spec, iceberg, route, goal, names, offsets)
+        origin = plan_failback_origin(spec, catalog, route, goal.kafka, names, offsets, switch)
         lines += describe_origin(origin, route.cluster)
     if dry_run:
         return [*lines, "dry run: nothing committed"]

@@ -317,3 +317,69 @@ def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
     listed = future.result(10).topic_partitions or []
     return {(tp.topic, tp.partition): tp.offset for tp in listed}
+
+
+@pytest.mark.parametrize("with_syncs", [True, False], ids=["offset-syncs", "checkpoints-only"])
+def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], tmp_path: Path, with_syncs: bool
+) -> None:
+    """Partition 1 got nothing on the replica after the failover, so MM2's anchor on the way
+    back is a copy of a record the table read on the primary, under the origin's name: the
+    failback aligns through the origin instead of refusing. The tail the primary never copied
+    (k20..k23) and what producers write there after the failback land once."""
+    source, replica = dr_clusters
+    n = int(with_syncs)
+    topic, alias, name = f"refunds{n}", f"east{n}", f"dr_quiet{n}"
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        topic, name, in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": f"home{n}"}],
+    )  # fmt: skip
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
+
+    def ingest_route() -> None:
+        route = active_route(spec, kafka, iceberg)
+        cluster = route.kafka.get_cluster_id()
+        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
+
+    send(source.bootstrap_servers, topic, list(range(20)), stamp)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
+    ).setup()
+    ingest_route()
+    forward.step()
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], stamp)  # never copied
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    send(replica.bootstrap_servers, f"{alias}.{topic}", [30], stamp)  # partition 0 only
+    ingest_route()
+    # The reverse flow's offset syncs live on the replica, named after the forward alias when
+    # MM2 calls the primary that (the failback reads them there).
+    syncs_alias = alias if with_syncs else f"nowhere{n}"
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [f"{alias}.{topic}"], [group],
+        source_alias=f"home{n}", target_alias=syncs_alias, identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+
+    lines = failover_pipeline(
+        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
+    )
+    quiet = next(line for line in lines if line.startswith(f"{alias}.{topic}[1] "))
+    assert "read before the failover" in quiet, lines
+    assert "from 10 (9 copies already ingested" in quiet, lines
+    route = active_route(spec, kafka, iceberg)
+    assert (route.cluster, route.spec.source_topics) == ("primary", [f"{alias}.{topic}", topic])
+    send(source.bootstrap_servers, topic, [40, 41], stamp)  # producers are back
+    ingest_route()
+    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
+    landed = sorted(keys.column("_kafka_key").to_pylist())
+    assert landed == sorted(f"k{i}" for i in [*range(24), 30, 40, 41])
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message
