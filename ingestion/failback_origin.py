@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 # JSON list of OriginPlan: what the failback resumed on the origin topics, and why
 FAILOVER_ORIGIN = "kafka.failover-origin"
+FAILOVER_PLAN = "kafka.failover-plan"  # the switch's per-partition plan (ingestion.failover_commit)
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def find_switch(table: Table, group_id: str, replica: str) -> UndoneSwitch | Non
              snapshot_properties(s)),
             None,
         )  # fmt: skip
-        plans = orjson.loads(properties.get("kafka.failover-plan", "[]"))
+        plans = orjson.loads(properties.get(FAILOVER_PLAN, "[]"))
         offsets = decode_offsets(before) if before is not None else None
         return UndoneSwitch(snapshot.snapshot_id, list(plans), offsets)
     return None
@@ -198,7 +199,9 @@ def plan_origin_partition(
     if high < before:
         raise _refuse(where, f"the origin ends at {high}: it was truncated or recreated")
     _check_anchor(tables, reader, (topic, partition), before, where)
-    origin: Records = reader.read(topic, partition, before, high - before)[0] if high else []
+    origin: Records = (
+        reader.read(topic, partition, before, high - before)[0] if high > before else []
+    )
     copies = ingested_tail_where(
         tables, (copy, partition), f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}"
     )

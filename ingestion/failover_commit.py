@@ -8,7 +8,9 @@ source position, the replica position, the anchor and the copies skipped), the t
 (``kafka.failover-to``), who and why. From then on the table says which cluster the pipeline
 reads: :func:`active_cluster` (the newest switch in the current ancestry; none means the
 pipeline's own cluster). Runs read there; their commits carry that cluster's id, so the
-planner's cluster check holds.
+planner's cluster check holds. A failback to the pipeline's own cluster also puts the origin
+topics back at their planned positions (``kafka.failover-origin``,
+``ingestion.failback_origin``): the route then reads the reverse copies and the origin topics.
 
 Delivery: exactly once across the switch when the plan's alignment holds (see
 ``ingestion.failover``). A run in flight when the switch commits aborts at its own commit (its
@@ -25,7 +27,7 @@ import orjson
 from ingestion import offsets as props
 from ingestion.actions import ActionCommit, ActionOutcome, commit_action, refuse_active_runs
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failback_origin import FAILOVER_ORIGIN, OriginPlan
+from ingestion.failback_origin import FAILOVER_ORIGIN, FAILOVER_PLAN, OriginPlan
 from ingestion.failover import PartitionPlan
 from ingestion.mm2 import replica_topic
 from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, iter_ancestry
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 FAILOVER_TO = props.FAILOVER_TO
-FAILOVER_PLAN = "kafka.failover-plan"
 # JSON {spec topic: topic read since the switch}: a failback composes MM2's two namings
 FAILOVER_TOPICS = "kafka.failover-topics"
 
