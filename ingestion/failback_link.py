@@ -44,14 +44,15 @@ class OriginLink:
     origin: Key
     committed_before: int
     replica_start: int
+    pipeline: str = ""
 
     def __call__(
         self, tables: list[Table], reader: Replica, anchor: tuple[int, RecordId]
     ) -> Alignment:
         """Align the reverse copy from ``anchor`` (its offset there, and its identity)."""
         where = (
-            f"{self.key[0]}[{self.key[1]}] -> {self.reverse_topic}[{self.key[1]}] (via origin "
-            f"{self.origin[0]}[{self.origin[1]}])"
+            f"pipeline {self.pipeline!r}: {self.key[0]}[{self.key[1]}] -> {self.reverse_topic}"
+            f"[{self.key[1]}] (via origin {self.origin[0]}[{self.origin[1]}])"
         )
         matches = locate(tables, self.origin, anchor[1], self.committed_before)
         after = ingested_tail(tables, *self.key, self.replica_start, self.source_next)
@@ -74,5 +75,6 @@ class OriginLink:
             f"{where}: reverse copy offset {anchor[0]} matches {len(matches)} record(s) the "
             f"table read from the origin before the failover, and {len(found)} of them continue "
             "like the reverse copy: it is not a copy of what the table ingested, or records "
-            "repeat (same timestamp and key); nothing was changed"
+            "repeat (same timestamp and key); nothing was changed, the pipeline keeps reading "
+            "the replica"
         )

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def origin_links(
-    switch: UndoneSwitch, offsets: dict[Key, int], names: dict[str, str]
+    switch: UndoneSwitch, offsets: dict[Key, int], names: dict[str, str], pipeline: str
 ) -> dict[Key, Fallback]:
     """Per replica partition the failover moved, its link to the origin partition it copied."""
     links: dict[Key, Fallback] = {}
@@ -31,7 +31,7 @@ def origin_links(
         if key in offsets and key[0] in names:
             links[key] = OriginLink(
                 key, offsets[key], names[key[0]], (str(entry["source_topic"]), key[1]),
-                int(entry["source_next"]), int(entry["replica_start"]),
+                int(entry["source_next"]), int(entry["replica_start"]), pipeline,
             )  # fmt: skip
     return links
 

@@ -131,7 +131,7 @@ def failover_pipeline(
     # A failback undoes the newest switch to the replica it leaves: its plan ties the replica's
     # partitions to the origin topics (ingestion.failback_link, ingestion.failback_origin).
     switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
-    links = origin_links(switch, offsets, names) if switch else None
+    links = origin_links(switch, offsets, names, spec.name) if switch else None
     plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names, links)
     lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
     origin: list[OriginPlan] = []
