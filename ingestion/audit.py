@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ingestion.audit_clusters import allowed_copies
 from ingestion.commit_audit import CommitAudit, audit_commits
 from ingestion.offsets import (
     OFFSETS_PREFIX,
@@ -133,7 +134,8 @@ def audit_table(
         result.quarantined = len(quarantined)
         landed += quarantined
     counts = Counter(landed)
-    result.duplicates = sorted(c for c, n in counts.items() if n > 1)
+    allowed = allowed_copies(table, group_id)  # once per cluster that read it (R49)
+    result.duplicates = sorted(c for c, n in counts.items() if n > 1 and n > allowed(c))
     current = table.current_snapshot()
     files = list_file_paths(table, current) if current else []
     result.duplicate_files = sorted(p for p, n in Counter(files).items() if n > 1)
