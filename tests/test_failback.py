@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,17 @@ def write_config(tmp_path: Path, source: str, replica: str, spec: PipelineSpec) 
     return config
 
 
+def readme_failover_commands() -> list[list[str]]:
+    """The README's ``platform failover`` lines (dry run, switch, failback) for this pipeline."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lines = re.findall(r"^ +platform (failover .+)$", text, flags=re.MULTILINE)
+    commands = [shlex.split(line, comments=True) for line in lines]
+    assert [c[c.index("--to") + 1] for c in commands] == ["dr", "dr", "primary"], commands
+    assert "--dry-run" in commands[0]
+    assert "--dry-run" not in commands[1] + commands[2]
+    return [[NAME if word == "PIPELINE" else word for word in c] for c in commands]
+
+
 def ingest(spec: PipelineSpec, resources: dict[str, Any], cap: int | None = None) -> None:
     """One run of the pipeline's Dagster ingestion asset (it reads the active route)."""
     capped = spec.model_copy(update={"max_records_per_run": cap}) if cap else spec
@@ -121,8 +133,8 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     produce(source.bootstrap_servers, "orders", 130, 10)
     os.kill(source.pid or 0, signal.SIGSTOP)  # disaster
 
-    args = ["failover", NAME, "--to", "dr", "--reason", "primary down", "--by", "ops@example.com"]
-    assert main([*args, "--dry-run"]) == 0
+    dry_run, args, failback = readme_failover_commands()  # the README's commands, as written
+    assert main(dry_run) == 0
     shown = capsys.readouterr().out
     assert "failover of 'dr_wired': primary -> dr" in shown
     assert "orders[0] at " in shown
@@ -137,7 +149,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     assert switch is not None
     assert switch.summary is not None
     recorded = switch.summary.additional_properties
-    assert (recorded[RESET_BY], recorded[RESET_REASON]) == ("ops@example.com", "primary down")
+    assert (recorded[RESET_BY], recorded[RESET_REASON]) == ("ops", "primary down")
     # A reset addresses the spec's topics on the primary: on a moved route it would switch the
     # pipeline back without a plan, so it is refused, nothing changed.
     with pytest.raises(OperationRefusedError, match="not supported on a moved route"):
@@ -165,8 +177,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     ingest(spec, resources, cap=5)  # 145 of 150: past the reverse checkpoint
     reverse.replicate()
 
-    back_args = ["failover", NAME, "--to", "primary", "--reason", "primary is back", "--dry-run"]
-    assert main(back_args) == 0
+    assert main([*failback, "--dry-run"]) == 0  # the job below commits it (the same code)
     shown = capsys.readouterr().out
     for partition in (0, 1):  # k130..k139: five per partition, copied by no one
         assert re.search(
