@@ -133,7 +133,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     produce(source.bootstrap_servers, "orders", 130, 10)
     os.kill(source.pid or 0, signal.SIGSTOP)  # disaster
 
-    dry_run, args, failback = readme_failover_commands()  # the README's commands, as written
+    dry_run, args, back_args = readme_failover_commands()  # the README's commands, as written
     assert main(dry_run) == 0
     shown = capsys.readouterr().out
     assert "failover of 'dr_wired': primary -> dr" in shown
@@ -177,7 +177,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     ingest(spec, resources, cap=5)  # 145 of 150: past the reverse checkpoint
     reverse.replicate()
 
-    assert main([*failback, "--dry-run"]) == 0  # the job below commits it (the same code)
+    assert main([*back_args, "--dry-run"]) == 0  # the job below commits it (the same code)
     shown = capsys.readouterr().out
     for partition in (0, 1):  # k130..k139: five per partition, copied by no one
         assert re.search(
