@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ingestion.lag import measure_lag_age
 from ingestion.offsets import describe_commit
 from ingestion.rewind import explain_ahead
 from ingestion.state import PipelineState
@@ -153,8 +154,14 @@ def check_group_consistency(state: PipelineState) -> Finding:
 
 
 def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> Finding:
-    """Stale only while there is lag and the last commit is older than the bound (at
-    ``now_ms``, by default when the state was read); an idle topic is fresh (R10)."""
+    """Stale only while records wait longer than the bound (at ``now_ms``, by default when the
+    state was read); an idle topic is fresh (R10).
+
+    How long records wait is the lag in seconds of :func:`ingestion.lag.measure_lag_age`: a
+    producer timestamp in the future is not trusted (the age is then bounded by the last
+    commit), and the partition and offset that carry it are named in the message and in
+    ``future_timestamps``. Without the records' timestamps, the last commit's age stands in.
+    """
     now_ms = state.read_at_ms if now_ms is None else now_ms
     lag = sum(state.lag().values())
     last = state.commits[0].timestamp_ms if state.commits else None
@@ -173,19 +180,37 @@ def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> F
         )
     if lag == 0:
         return passed("no uncommitted records: the table is current", meta)
-    oldest = state.oldest_uncommitted_ms
-    if oldest:  # lag in seconds: the age of the oldest uncommitted record
-        lag_s = max(0.0, now_ms - min(oldest.values())) / 1000
+    waited = measure_lag_age(state, now_ms)
+    future = ""
+    if waited.future:
+        meta["future_timestamps"] = waited.describe_future()
+        future = (
+            f"; producer timestamps in the future at {waited.describe_future()} are not "
+            "trusted (fix that producer's clock): their age is bounded by the last commit"
+        )
+    if waited.seconds is not None:  # lag in seconds: the age of the oldest uncommitted record
+        lag_s = waited.seconds
         meta["lag_seconds"] = round(lag_s, 1)
-        if lag_s <= bound:
-            return passed(f"{lag} records pending, the oldest {lag_s:.0f} s old", meta)
+        if lag_s > bound:
+            return failed(
+                "ERROR",
+                f"{lag} records are waiting, the oldest for {lag_s:.0f} s (bound {bound} s)"
+                f"{future}. Check that the lag sensor (or the pipeline's stream) is running and "
+                "recent ingestion runs succeeded.",
+                meta,
+            )
+    if waited.unknown:
+        where = ", ".join(f"{t}[{p}]" for t, p in waited.unknown[:5])
         return failed(
-            "ERROR",
-            f"{lag} records are waiting, the oldest for {lag_s:.0f} s (bound {bound} s). Check "
-            "that the lag sensor (or the pipeline's stream) is running and recent ingestion "
-            "runs succeeded.",
+            "WARN",
+            f"{lag} records are waiting; at {where} the oldest carries a timestamp in the "
+            f"future and pipeline {state.spec.name!r} never committed, so how long they have "
+            f"waited is unknown{future}. Fix that producer's clock; the first commit bounds "
+            "the age.",
             meta,
         )
+    if waited.seconds is not None:
+        return passed(f"{lag} records pending, the oldest {waited.seconds:.0f} s old{future}", meta)
     if age_s is not None and age_s <= bound:
         return passed(f"{lag} records pending, last commit {age_s:.0f} s ago", meta)
     when = "never" if age_s is None else f"{age_s:.0f} s ago"
