@@ -31,14 +31,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class CommitAudit:
-    """What the incremental audit found; ``cursor`` is the newest snapshot audited clean."""
+    """What the incremental audit found; ``cursor`` is the newest snapshot audited clean (it
+    never passes an ``unrecounted`` commit: that one is retried by the next evaluation)."""
 
     cursor: int | None = None
     recounted: list[int] = field(default_factory=list)
     offsets_recounted: int = 0
     findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    pending: int = 0
+    pending: int = 0  # commits after the cursor not audited by this evaluation (the backlog)
+    backlog_offsets: int = 0  # offsets those commits cover
+    oldest_unaudited_ms: int | None = None  # commit time of the oldest of them
+    unrecounted: str | None = None  # the commit whose recount failed, where and why
+    unrecounted_snapshot: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,16 +133,28 @@ def check_count(
     timeout_s: float,
     audit: CommitAudit,
 ) -> None:
-    """``added-records`` + quarantined against Kafka's visible records in the ranges."""
+    """``added-records`` + quarantined against Kafka's visible records in the ranges.
+
+    A range that cannot be read (a broker error, no progress within ``timeout_s``) leaves the
+    commit ``unrecounted``: not verified, to be retried, never counted as audited.
+    """
+    from confluent_kafka import KafkaException
+
     sid = snapshot.snapshot_id
     if not recount.verifiable:
         audit.notes.append(f"snapshot {sid}: the group's first commit, start not recorded")
         return
-    try:
-        visible = count_visible(kafka_config, list(recount.ranges), f"{pipeline}-audit", timeout_s)
-    except exceptions.ReadError as exc:
-        audit.notes.append(f"snapshot {sid}: could not recount its ranges ({exc})")
-        return
+    visible = 0
+    for rng in recount.ranges:  # one range at a time: a failure names its partition
+        try:
+            visible += count_visible(kafka_config, [rng], f"{pipeline}-audit", timeout_s)
+        except (exceptions.ReadError, KafkaException) as exc:
+            audit.unrecounted_snapshot = sid
+            audit.unrecounted = (
+                f"snapshot {sid}: could not recount {rng.topic}[{rng.partition}] "
+                f"[{rng.start}, {rng.end}) ({exc})"
+            )
+            return
     audit.recounted.append(sid)
     audit.offsets_recounted += sum(r.size for r in recount.ranges)
     added = _count(snapshot, "added-records") + int(properties.get(QUARANTINED, "0"))
