@@ -68,9 +68,8 @@ def test_a_producer_clock_ahead_does_not_make_waiting_records_fresh(
     assert f"{topic}[0] offset 10" in freshness.metadata["future_timestamps"].value
     assert freshness.metadata["lag_seconds"].value >= 3.0
 
-    sensor = build_lag_sensor(
-        spec, build_definitions([spec]).resolve_job_def(f"ingest_{spec.name}_job")
-    )  # type: ignore[arg-type]
+    job = build_definitions([spec]).resolve_job_def(f"ingest_{spec.name}_job")
+    sensor = build_lag_sensor(spec, job)  # type: ignore[arg-type]
     with DagsterInstance.ephemeral() as instance:
         context = build_sensor_context(
             instance=instance, resources={"kafka": kafka, "iceberg": resources["iceberg"]}
