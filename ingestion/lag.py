@@ -1,4 +1,5 @@
-"""Lag in seconds: the age of the oldest uncommitted record, one definition for every reader.
+"""Lag in seconds: the age of the oldest uncommitted record, one definition for every reader
+(R53).
 
 The lag sensor, the ``commit_freshness`` check and ``platform status`` all call
 :func:`measure_lag_age` on the state they read (:class:`ingestion.state.PipelineState`), so
