@@ -4,6 +4,7 @@ is fresh, a table with records waiting past the bound is not."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -29,7 +30,8 @@ HOUR_MS = 3_600_000
 def produce_stamped(kafka: KafkaResource, topic: str, count: int, timestamp_ms: int) -> None:
     """Produce ``count`` records to partition 0 with CreateTime ``timestamp_ms`` (a producer
     whose clock is wrong), one batch each so the broker's end offset is exact."""
-    producer = kafka.get_producer()
+    # librdkafka logs through Python logging: no reconnect noise once the broker has stopped.
+    producer = kafka.get_producer(logger=logging.getLogger("tests.stamped_producer"))
     for key, value, _ in records(count, first=1000):
         producer.produce(topic, value=value, key=key, partition=0, timestamp=timestamp_ms)
         assert producer.flush(30) == 0
