@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/recount.py [--records 1000000] [--partitions 4]
 
-Starts an embedded broker, produces the demo events, then times ``count_visible`` (the audit's
-read_committed recount, ``ingestion.snapshot_audit.check_count``) over all of them. The audit's
-budget per evaluation (the pipeline's ``audit_recount_offsets``) is sized from this rate
-(README "The exactly-once audit's budget").
+Starts an embedded broker, produces the demo events, then times ``count_visible`` over all
+of them: the read_committed read the audit's recount makes (``iter_batches``, as in
+``ingestion.snapshot_audit.check_count``). The audit's budget per evaluation (the pipeline's
+``audit_recount_offsets``) is sized from this rate (README "The exactly-once audit's budget
+and backlog").
 """
 
 from __future__ import annotations

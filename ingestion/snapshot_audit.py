@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
 from ingestion.compaction import MAINTENANCE
-from ingestion.consumer import count_visible
+from ingestion.consumer import iter_batches, open_consumer
 from ingestion.offsets import (
     MIGRATED_FROM,
     OFFSETS_PREFIX,
@@ -144,17 +144,17 @@ def check_count(
     if not recount.verifiable:
         audit.notes.append(f"snapshot {sid}: the group's first commit, start not recorded")
         return
-    visible = 0
-    for rng in recount.ranges:  # one range at a time: a failure names its partition
-        try:
-            visible += count_visible(kafka_config, [rng], f"{pipeline}-audit", timeout_s)
-        except (exceptions.ReadError, KafkaException) as exc:
-            audit.unrecounted_snapshot = sid
-            audit.unrecounted = (
-                f"snapshot {sid}: could not recount {rng.topic}[{rng.partition}] "
-                f"[{rng.start}, {rng.end}) ({exc})"
-            )
-            return
+    visible, role = 0, f"{pipeline}-audit"
+    rng = recount.ranges[0] if recount.ranges else None
+    try:
+        with open_consumer(kafka_config, role) as consumer:
+            for rng in recount.ranges:  # one at a time: a failure names its partition
+                visible += sum(len(b) for b in iter_batches(consumer, rng, timeout_s, role))
+    except (exceptions.ReadError, KafkaException) as exc:
+        where = f"{rng.topic}[{rng.partition}] [{rng.start}, {rng.end})" if rng else "its ranges"
+        audit.unrecounted_snapshot = sid
+        audit.unrecounted = f"snapshot {sid}: could not recount {where} ({exc})"
+        return
     audit.recounted.append(sid)
     audit.offsets_recounted += sum(r.size for r in recount.ranges)
     added = _count(snapshot, "added-records") + int(properties.get(QUARANTINED, "0"))
