@@ -16,6 +16,11 @@ the record's real age (it over-reports, never under-reports). Without any commit
 the time the caller first saw the record (the lag sensor remembers it), else unknown (None),
 which the checks report as failing, never as fresh.
 
+Where the bound is weaker: after a commit capped by ``max_records_per_run`` whose own records
+carry future timestamps, or after an operator's backward reset (no plan time recorded), the
+bound is that commit's time; a record waiting from before it is then older than reported. The
+bound still grows while nothing commits, so records cannot look fresh for ever.
+
 Nothing here reads or writes: retrying it is free.
 """
 

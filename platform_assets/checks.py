@@ -20,6 +20,7 @@ from dagster import (
 )
 
 from ingestion.audit import audit_pipeline
+from ingestion.audit_check import check_exactly_once
 from ingestion.checks import (
     ALL_CHECKS,
     AUDIT_CHECK,
@@ -27,7 +28,6 @@ from ingestion.checks import (
     STATE_CHECKS,
     CheckDef,
     Finding,
-    check_exactly_once,
     evaluate_state_checks,
     not_evaluated,
 )

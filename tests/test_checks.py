@@ -7,13 +7,13 @@ from typing import Any
 import pytest
 
 from ingestion.audit import AuditResult, PipelineAudit
+from ingestion.audit_check import check_exactly_once
 from ingestion.checks import (
     AUDIT_CHECK,
     GROUP_CHECK,
     STATE_CHECKS,
     check_commit_freshness,
     check_dead_letter_rate,
-    check_exactly_once,
     check_group_consistency,
     check_retention_risk,
     check_watermark_reachable,

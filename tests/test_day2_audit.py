@@ -14,7 +14,8 @@ import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
 from ingestion.audit import PipelineAudit
-from ingestion.checks import Finding, check_exactly_once
+from ingestion.audit_check import check_exactly_once
+from ingestion.checks import Finding
 from ingestion.commit_audit import audit_commits
 from ingestion.offsets import TopicOffsets, commit_properties, find_committed_state
 from ingestion.spec import PipelineSpec
