@@ -91,6 +91,10 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds,
     unless the blocking group-id check fails on the state just read.
 
+    The age is lag in seconds as the checks compute it (``ingestion.lag``, R53): a producer
+    timestamp in the future is bounded by the last commit, or before any commit by the tick
+    that first saw it (``future_seen`` in the cursor), and named in ``future_timestamps``.
+
     A continuous pipeline (``ingestion.triggers.is_continuous``) launches no ingestion run
     here: its stream sensor keeps one stream run alive (``platform_assets/stream_sensor.py``);
     this sensor still requests the runs that record the group check, once no stream is active.
