@@ -8,7 +8,6 @@ offsets and asks :func:`decide`; while the blocking group check fails it asks
 from __future__ import annotations
 
 from ingestion.checks import GROUP_CHECK, Finding
-from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec
 
 # Produce -> queryable floor of run-per-commit on ``make dev``, measured (README "Freshness",
@@ -75,25 +74,12 @@ def max_lag_age_seconds(spec: PipelineSpec) -> int:
     return max(1, target - RUN_PER_COMMIT_FLOOR_SECONDS)
 
 
-def oldest_age_seconds(oldest_uncommitted_ms: dict[Key, int], now: float) -> float | None:
-    """Lag in seconds: the age of the oldest uncommitted record (None when nothing lags).
-
-    Example:
-        >>> oldest_age_seconds({("t", 0): 995_000, ("t", 1): 999_000}, now=1000.0)
-        5.0
-        >>> oldest_age_seconds({}, now=1000.0) is None
-        True
-    """
-    if not oldest_uncommitted_ms:
-        return None
-    return max(0.0, now - min(oldest_uncommitted_ms.values()) / 1000)
-
-
 def decide(lag: int, age_s: float | None, spec: PipelineSpec, busy: bool) -> tuple[bool, str]:
     """Whether to request a run, and why (pure).
 
     ``lag`` counts uncommitted offsets; ``age_s`` is the age of the oldest uncommitted record
-    (:func:`oldest_age_seconds`; None when it could not be read, then only ``lag`` counts).
+    (:func:`ingestion.lag.measure_lag_age`; None when it could not be read, then only
+    ``lag`` counts).
 
     Example:
         >>> from ingestion.spec import parse_pipeline_spec
