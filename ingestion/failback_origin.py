@@ -8,14 +8,17 @@ failover switch's plan) and after the records whose copies the table ingested on
 A failback to the primary therefore reads the origin topics again, next to the reverse copies
 (``docs/reliability.md``, R49).
 
-Per origin partition: the origin's records from ``N`` are aligned, in order, with the table's
-rows of the replica copy from the failover's start position (Kafka timestamp and key, as
-``ingestion.failover_align`` does): the records with an ingested copy form a prefix (MM2 copies
-in order) and the first one without is the start of the unreplicated tail, read from there
-exactly once. Refused (:class:`~ingestion.exceptions.FailoverRefusedError`, nothing changed)
-when the evidence contradicts: the origin topic was recreated or truncated below ``N`` by
-retention, its record before ``N`` is not the one the table holds, or a record after the first
-uncopied one has an ingested copy. Reads only.
+Per origin partition: the origin's records from ``N`` are aligned, in order, with the replica
+copy from the failover's start position to the replica's end now (Kafka timestamp and key, as
+``ingestion.failover_align`` does): the table's rows up to where it read, then the records in
+Kafka on the replica, which the reverse copy delivers after the failback
+(``ingestion.failback_copies``: MM2's forward flow may have copied tail records there after the
+failover). The records with a copy form a prefix (MM2 copies in order) and the first one without
+is the start of the unreplicated tail, read from there exactly once. Refused
+(:class:`~ingestion.exceptions.FailoverRefusedError`, nothing changed) when the evidence
+contradicts: the origin topic was recreated or truncated below ``N`` by retention, its record
+before ``N`` is not the one the table holds, a record after the first uncopied one has a copy,
+or the replica does not answer. Reads only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.failback_copies import replica_copies
 from ingestion.failover import Records, Replica, ingested_tail_where
 from ingestion.failover_align import RecordId
 from ingestion.offsets import (
@@ -61,6 +65,8 @@ class OriginPlan:
     tail: int  # records from resume to the origin's end when planned (the unreplicated tail)
     replica_topic: str
     replica_start: int
+    copies_pending: int  # origin records copied to the replica, not ingested yet (reverse copy)
+    replica_end: int  # the replica partition's end when planned (recheck_copies)
 
 
 @dataclass(frozen=True)
@@ -96,43 +102,44 @@ def split_tail(
     copies: Sequence[tuple[int, RecordId]],
     origin_end: int,
     where: str,
-) -> tuple[int, int]:
-    """The origin offset where the unreplicated tail starts, and how many origin records
-    before it the table ingested as copies.
+) -> tuple[int, list[int]]:
+    """The origin offset where the unreplicated tail starts, and the replica offsets of the
+    copies of the origin records before it.
 
     ``origin`` is the origin partition's records from the pre-failover position, ``copies``
-    the table's rows of the replica copy from the failover's start, both in offset order.
-    The copied records are a prefix of ``origin`` whose copies appear in ``copies`` in the
-    same order (other rows are records produced on the replica); a record after that prefix
+    the replica copy from the failover's start (``ingestion.failback_copies``), both in offset
+    order. The copied records are a prefix of ``origin`` whose copies appear in ``copies`` in
+    the same order (other records were produced on the replica); a record after that prefix
     with a copy contradicts the order MM2 copies in: refused.
 
     Example:
         >>> ids = [RecordId(t, b"k") for t in (1, 2, 3, 9)]
-        >>> split_tail([(5, ids[0]), (6, ids[1]), (7, ids[2])], [(40, ids[0]), (41, ids[1]),
-        ...     (42, ids[3])], 8, "p")
-        (7, 2)
+        >>> split_tail([(5, ids[0]), (6, ids[1]), (7, ids[2])], [(40, ids[0]), (41, ids[3]),
+        ...     (42, ids[1])], 8, "p")
+        (7, [40, 42])
     """
     positions: dict[tuple[int, bytes | None], list[int]] = {}
     for position, (_, record) in enumerate(copies):
         positions.setdefault((record.timestamp_ms, record.key), []).append(position)
-    last, matched = -1, 0
+    last, matched = -1, []
     for _, record in origin:
         after = [p for p in positions.get((record.timestamp_ms, record.key), []) if p > last]
         if not after:
             break
-        last, matched = after[0], matched + 1
-    for offset, record in origin[matched:]:
+        last = after[0]
+        matched.append(copies[last][0])
+    for offset, record in origin[len(matched) :]:
         found = positions.get((record.timestamp_ms, record.key))
         if found:
             raise FailoverRefusedError(
-                f"{where}: origin offset {offset} has an ingested copy (replica offset "
-                f"{copies[found[0]][0]}) although origin offset {origin[matched][0]} before it "
-                "has none: the copies are not in the origin's order (records repeat with the "
-                "same timestamp and key, or the replica is not a copy of this topic), so the "
-                "unreplicated tail cannot be told apart. Nothing was changed; the pipeline keeps "
-                "reading the replica. Inspect both partitions from these offsets."
+                f"{where}: origin offset {offset} has a copy on the replica (offset "
+                f"{copies[found[0]][0]}) although origin offset {origin[len(matched)][0]} before "
+                "it has none: the copies are not in the origin's order (records repeat with "
+                "the same timestamp and key, or the replica is not a copy of this topic), so "
+                "the unreplicated tail cannot be told apart. Nothing was changed; the pipeline "
+                "keeps reading the replica. Inspect both partitions from these offsets."
             )
-    resume = origin[matched][0] if matched < len(origin) else origin_end
+    resume = origin[len(matched)][0] if len(matched) < len(origin) else origin_end
     return resume, matched
 
 
@@ -174,12 +181,14 @@ def _check_anchor(tables: list[Table], reader: Replica, key: Key, before: int, w
 def plan_origin_partition(
     tables: list[Table],
     reader: Replica,
+    replica: Replica,
     entry: dict[str, Any],
     replica_next: int,
     pipeline: str,
 ) -> OriginPlan:
-    """Where one origin partition resumes; ``entry`` is its line of the failover's plan and
-    ``replica_next`` the table's next offset of its replica copy now."""
+    """Where one origin partition resumes; ``entry`` is its line of the failover's plan,
+    ``replica_next`` the table's next offset of its replica copy now, ``reader`` reads the
+    primary and ``replica`` the replica cluster."""
     topic, partition = str(entry["source_topic"]), int(entry["partition"])
     before, copy, start = int(entry["source_next"]), entry["replica_topic"], entry["replica_start"]
     where = f"pipeline {pipeline!r}: failback of origin {topic}[{partition}] (offset {before})"
@@ -202,23 +211,27 @@ def plan_origin_partition(
     origin: Records = (
         reader.read(topic, partition, before, high - before)[0] if high > before else []
     )
-    copies = ingested_tail_where(
-        tables, (copy, partition), f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}"
-    )
+    copies, end = replica_copies(tables, replica, (copy, partition), start, replica_next, where)
     resume, matched = split_tail(origin, copies, high, where)
     tail = sum(1 for offset, _ in origin if offset >= resume)
-    return OriginPlan(topic, partition, "", before, resume, matched, tail, copy, int(start))
+    pending = sum(1 for offset in matched if offset >= replica_next)
+    return OriginPlan(
+        topic, partition, "", before, resume, len(matched) - pending, tail, copy, int(start),
+        pending, end,
+    )  # fmt: skip
 
 
 def plan_origin(
     tables: list[Table],
     reader: Replica,
+    replica: Replica,
     switch: UndoneSwitch,
     origins: list[str],
     replica_next: dict[Key, int],
     pipeline: str,
 ) -> list[OriginPlan]:
-    """A plan for every partition of the ``origins`` topics the undone failover moved."""
+    """A plan for every partition of the ``origins`` topics the undone failover moved
+    (``reader`` reads the primary, ``replica`` the replica cluster the failback leaves)."""
     plans: list[OriginPlan] = []
     for topic in origins:
         entries = [e for e in switch.plans if e.get("source_topic") == topic]
@@ -245,8 +258,7 @@ def plan_origin(
             )
         for entry in sorted(entries, key=lambda e: int(e["partition"])):
             key = (str(entry["replica_topic"]), int(entry["partition"]))
-            plan = plan_origin_partition(
-                tables, reader, entry, replica_next.get(key, int(entry["replica_start"])), pipeline
-            )
+            at = replica_next.get(key, int(entry["replica_start"]))
+            plan = plan_origin_partition(tables, reader, replica, entry, at, pipeline)
             plans.append(OriginPlan(**{**plan.__dict__, "topic_id": topic_id}))
     return plans

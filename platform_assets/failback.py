@@ -20,6 +20,8 @@ from resources.kafka import KafkaResource
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
+REPLICA_TIMEOUT_S = 10.0  # the replica a failback leaves: reading it is refused after this
+
 
 def origin_links(
     switch: UndoneSwitch, offsets: dict[Key, int], names: dict[str, str], pipeline: str
@@ -42,6 +44,8 @@ def plan_failback_origin(
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
 
+    The replica it leaves is read too (``ingestion.failback_copies``): tail records MM2's
+    forward flow copied there arrive through the reverse copy; refused when it does not answer.
     An origin with the name of its reverse copy (MM2's identity policy both ways, a replication
     cycle MM2 cannot break) is left out: that topic is the reverse copy, read as before.
     """
@@ -59,7 +63,8 @@ def plan_failback_origin(
     if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
         tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
     reader = Replica(primary.client_config())
-    return plan_origin(tables, reader, switch, origins, replica_next, spec.name)
+    replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
+    return plan_origin(tables, reader, replica, switch, origins, replica_next, spec.name)
 
 
 def describe_origin(origin: list[OriginPlan], replica: str) -> list[str]:
@@ -68,5 +73,11 @@ def describe_origin(origin: list[OriginPlan], replica: str) -> list[str]:
         f"origin {o.topic}[{o.partition}] (at {o.committed_before} before the failover) resumes "
         f"at {o.resume}: {o.copies_ingested} record(s) were ingested as copies on {replica!r}, "
         f"{o.tail} record(s) of unreplicated tail to ingest"
+        + (
+            f"; {o.copies_pending} more were copied to {replica!r} since the failover and "
+            f"arrive through the reverse copy of {o.replica_topic}[{o.partition}]"
+            if o.copies_pending
+            else ""
+        )
         for o in origin
     ]

@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.failback_copies import recheck_copies
 from ingestion.failback_origin import OriginPlan, find_switch
-from ingestion.failover import PartitionPlan, plan_failover, read_offset_syncs
+from ingestion.failover import PartitionPlan, Replica, plan_failover, read_offset_syncs
 from ingestion.failover_commit import apply_failover
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
@@ -25,7 +26,12 @@ from ingestion.offsets import find_committed_state, flatten
 from ingestion.replica_facts import ReplicaTarget, read_checkpoints
 from ingestion.replica_spec import ReplicaSpec
 from ingestion.spec import PipelineSpec
-from platform_assets.failback import describe_origin, origin_links, plan_failback_origin
+from platform_assets.failback import (
+    REPLICA_TIMEOUT_S,
+    describe_origin,
+    origin_links,
+    plan_failback_origin,
+)
 from platform_assets.route import PRIMARY, Route, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -140,6 +146,9 @@ def failover_pipeline(
         lines += describe_origin(origin, route.cluster)
     if dry_run:
         return [*lines, "dry run: nothing committed"]
+    if origin:  # MM2's forward flow must not have copied tail records since the plan (R49)
+        replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
+        recheck_copies(origin, replica, Replica(goal.kafka.client_config()), spec.name)
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     outcome = apply_failover(
         catalog,

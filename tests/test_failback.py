@@ -318,7 +318,7 @@ def test_a_failback_whose_copies_contradict_the_origin_is_refused_nothing_change
         )
     message = str(refused.value)
     assert f"pipeline {name!r}: failback of origin payments[0] (offset 10)" in message
-    assert "origin offset 11 has an ingested copy" in message
+    assert "origin offset 11 has a copy on the replica" in message
     assert "although origin offset 10 before it has none" in message
     assert "Nothing was changed" in message
     assert catalog.load_table(spec.table).current_snapshot() == before
@@ -398,3 +398,109 @@ def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
     assert landed == sorted(f"k{i}" for i in [*range(24), 30, 40, 41])
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message
+
+
+def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MM2's forward flow, never stopped, copies the unreplicated tail k20..k23 to the replica
+    when the primary is back, after the replica producers' k30 and k31 and before the pipeline
+    read them there. The reverse copy delivers those copies after the failback, so the origin
+    resumes after them; nothing of the tail is read from the origin. A failback while the
+    replica does not answer, or while the forward flow copies between the plan and the commit,
+    is refused with nothing changed. Oracle: every record once, and the audits pass."""
+    import platform_assets.failover as failover_module
+
+    source, replica = dr_clusters
+    topic, alias, name = "fwdres", "eastf", "dr_fwdres"
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        topic, name, in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": "homef"}],
+    )  # fmt: skip
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
+
+    def ingest_route() -> None:
+        route = active_route(spec, kafka, iceberg)
+        cluster = route.kafka.get_cluster_id()
+        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
+
+    def fail_back() -> list[str]:
+        return failover_pipeline(
+            spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
+        )
+
+    send(source.bootstrap_servers, topic, list(range(20)), stamp)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
+    ).setup()
+    ingest_route()
+    forward.step()
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], stamp)  # the RPO tail, not copied
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    send(replica.bootstrap_servers, f"{alias}.{topic}", [30, 31], stamp + 10_000)
+    ingest_route()
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [f"{alias}.{topic}"], [group],
+        source_alias="homef", target_alias=alias, identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+    before = catalog.load_table(spec.table).current_snapshot()
+
+    os.kill(replica.pid or 0, signal.SIGSTOP)  # the replica does not answer
+    try:
+        with pytest.raises(FailoverRefusedError, match="the replica cluster does not answer"):
+            fail_back()
+    finally:
+        os.kill(replica.pid or 0, signal.SIGCONT)
+    assert catalog.load_table(spec.table).current_snapshot() == before
+
+    planned = failover_module.plan_failback_origin
+
+    def plan_then_copy(*args: Any) -> Any:
+        plans = planned(*args)
+        assert forward.replicate() == 4  # the forward flow copies the tail after the plan
+        return plans
+
+    monkeypatch.setattr(failover_module, "plan_failback_origin", plan_then_copy)
+    with pytest.raises(FailoverRefusedError) as refused:
+        fail_back()
+    message = str(refused.value)
+    assert f"pipeline {name!r}: failback of origin {topic}[0]" in message
+    assert "a copy of origin offset 10" in message
+    assert "MM2's forward flow still runs" in message
+    assert "Nothing was changed" in message
+    assert catalog.load_table(spec.table).current_snapshot() == before
+    assert active_route(spec, kafka, iceberg).cluster == "dr"
+    monkeypatch.undo()
+
+    # The copies of k20..k23 are on the replica after k30 and k31, not ingested: the origin
+    # resumes after them, and the reverse copy brings them.
+    lines = fail_back()
+    for partition in (0, 1):
+        assert (
+            f"origin {topic}[{partition}] (at 10 before the failover) resumes at 12: 0 record(s) "
+            "were ingested as copies on 'dr', 0 record(s) of unreplicated tail to ingest; 2 more "
+            f"were copied to 'dr' since the failover and arrive through the reverse copy of "
+            f"{alias}.{topic}[{partition}]"
+        ) in lines, lines
+    reverse.step()
+    ingest_route()
+    send(source.bootstrap_servers, topic, [40, 41], stamp)  # producers are back on the primary
+    ingest_route()
+    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
+    landed = sorted(keys.column("_kafka_key").to_pylist())
+    assert landed == sorted(f"k{i}" for i in [*range(24), 30, 31, 40, 41])
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message
