@@ -75,6 +75,12 @@ def recheck_copies(
         where = f"pipeline {pipeline!r}: failback of origin {plan.topic}[{plan.partition}]"
         key = (plan.replica_topic, plan.partition)
         added, end = read_replica(replica, key, plan.replica_end, where)
+        if end < plan.replica_end:
+            raise FailoverRefusedError(
+                f"{where}: {key[0]}[{key[1]}] on the replica ends at {end}, below "
+                f"{plan.replica_end} when planned (recreated or truncated since). Nothing was "
+                "changed; plan again"
+            )
         if not added:
             continue
         tail, _ = origin.read(plan.topic, plan.partition, plan.resume, sys.maxsize)
