@@ -21,6 +21,10 @@ from platform_assets.operations import count_ingestion_runs, reset_offsets
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
+# The maintenance job and its op, named by the per-pipeline maintenance schedules.
+MAINTAIN_JOB = "maintain_tables"
+MAINTAIN_OP = "maintain_pipeline_tables"
+
 
 class ResetConfig(Config):
     """Where to move the pipeline's offsets; a dry run unless ``apply``."""
@@ -113,10 +117,14 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             }
         )
 
-    @op(name="maintain_pipeline_tables")
+    # No pool: a stream holds its pipeline's pool ``ingest_<p>`` for as long as it lives, so
+    # maintenance in that pool would never run. It needs none: every step is a compare-and-set
+    # or provably safe against a concurrent commit (R41, R43, R44).
+    @op(name=MAINTAIN_OP)
     def _maintain(
         context: OpExecutionContext, config: MaintainConfig, iceberg: IcebergCatalogResource
     ) -> None:
+        """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``)."""
         spec = pick(config.pipeline)
         report = maintain_pipeline(
             iceberg.load_catalog(),
@@ -174,7 +182,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     def migrate_job() -> None:
         _migrate()
 
-    @job(name="maintain_tables", description="Compact, expire (keeping offsets), drop orphans.")
+    @job(name=MAINTAIN_JOB, description="Compact, expire (keeping offsets), drop orphans.")
     def maintain_job() -> None:
         _maintain()
 

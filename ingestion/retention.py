@@ -1,0 +1,74 @@
+"""How long a pipeline keeps its table's history, and when its maintenance runs (pure).
+
+Every commit rewrites the table metadata, which lists every snapshot still kept, so the cost of
+a commit grows with the history kept. A streaming pipeline commits every few seconds (~21,600
+snapshots a day at one commit per 4 s): it keeps hours, expired every hour; a pipeline that
+runs per commit keeps a week, expired once a day. Expiry always keeps the offsets watermark
+(rule 7) whatever the retention; the orphan window is never shorter than the floor and twice
+the longest run (``ingestion.maintenance.orphan_window``).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from ingestion.spec import PipelineSpec
+from ingestion.triggers import is_continuous
+
+STREAM_SNAPSHOT_RETENTION_HOURS = 6.0
+BATCH_SNAPSHOT_RETENTION_HOURS = 24.0 * 7
+MAX_ORPHAN_WINDOW_HOURS = 72.0  # the CLI's and the maintain_tables job's default
+
+
+def snapshot_retention_hours(spec: PipelineSpec) -> float:
+    """Hours of snapshots the maintenance schedule keeps: the spec's, else by trigger mode.
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> base = {"name": "p", "topic": "t", "table": "n.t", "consumer_group_id": "g",
+        ...     "value_format": "raw"}
+        >>> snapshot_retention_hours(parse_pipeline_spec({**base, "freshness_target_seconds": 15}))
+        6.0
+        >>> snapshot_retention_hours(parse_pipeline_spec(base))
+        168.0
+        >>> snapshot_retention_hours(parse_pipeline_spec({**base, "snapshot_retention_hours": 2}))
+        2.0
+    """
+    if spec.snapshot_retention_hours is not None:
+        return float(spec.snapshot_retention_hours)
+    if is_continuous(spec):
+        return STREAM_SNAPSHOT_RETENTION_HOURS
+    return BATCH_SNAPSHOT_RETENTION_HOURS
+
+
+def orphan_window_hours(spec: PipelineSpec) -> float:
+    """The scheduled orphan window: the retention, at most 72 h (``maintain_table`` raises it
+    to its floor and to twice the longest run recorded).
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> base = {"name": "p", "topic": "t", "table": "n.t", "consumer_group_id": "g",
+        ...     "value_format": "raw"}
+        >>> orphan_window_hours(parse_pipeline_spec(base))
+        72.0
+        >>> orphan_window_hours(parse_pipeline_spec({**base, "freshness_target_seconds": 15}))
+        6.0
+    """
+    return min(snapshot_retention_hours(spec), MAX_ORPHAN_WINDOW_HOURS)
+
+
+def maintenance_cron(spec: PipelineSpec) -> str:
+    """When the pipeline's maintenance runs: hourly for a stream, daily (03:MM) otherwise; the
+    minute derives from the name, so pipelines do not all compact at the same minute.
+
+    Example:
+        >>> from ingestion.spec import parse_pipeline_spec
+        >>> base = {"name": "orders", "topic": "t", "table": "n.t", "consumer_group_id": "g",
+        ...     "value_format": "raw"}
+        >>> maintenance_cron(parse_pipeline_spec({**base, "freshness_target_seconds": 15}))
+        '2 * * * *'
+        >>> maintenance_cron(parse_pipeline_spec(base))
+        '2 3 * * *'
+    """
+    minute = zlib.crc32(spec.name.encode()) % 60
+    return f"{minute} * * * *" if is_continuous(spec) else f"{minute} 3 * * *"
