@@ -96,16 +96,19 @@ def build_stream_sensor(
     return _sensor
 
 
-def stop_retired_streams(instance: DagsterInstance, streaming: Set[str], now: float) -> list[str]:
+def stop_retired_streams(
+    instance: DagsterInstance, streaming: Set[str], now: float
+) -> tuple[list[str], list[str]]:
     """Stop the stream runs whose pipeline is not in ``streaming`` (the continuous pipelines of
-    the current definitions); return what was done, one line per run.
+    the current definitions); return what was done now, one line per run, and the ids of the
+    runs asked earlier that are still ending.
 
     A run is a stream when its job is ``stream_<p>_job`` for its ``pipeline`` tag. One still
     beating is asked to stop (the tag ``should_stop`` reads: it ends between commits); one
     silent for :data:`RETIRED_STALE_AFTER_SECONDS` is marked failed (its process died). A
     run already asked is left to finish. Delivery: nothing is consumed or committed here.
     """
-    lines = []
+    lines, ending = [], []
     for run in instance.get_runs(RunsFilter(statuses=ACTIVE_RUN_STATUSES)):
         pipeline = run.tags.get("pipeline")
         if not pipeline or run.job_name != stream_job_name_of(pipeline) or pipeline in streaming:
@@ -124,10 +127,12 @@ def stop_retired_streams(instance: DagsterInstance, streaming: Set[str], now: fl
             )
             lines.append(f"marked stream run {run.run_id} failed (no heartbeat): {why}")
             continue
-        if STOP_TAG not in run.tags:
-            instance.add_run_tags(run.run_id, {STOP_TAG: why})
-            lines.append(f"asked stream run {run.run_id} to stop: {why}")
-    return lines
+        if STOP_TAG in run.tags:
+            ending.append(run.run_id)
+            continue
+        instance.add_run_tags(run.run_id, {STOP_TAG: why})
+        lines.append(f"asked stream run {run.run_id} to stop: {why}")
+    return lines, ending
 
 
 def build_retired_streams_sensor(specs: list[PipelineSpec]) -> SensorDefinition:
@@ -142,9 +147,11 @@ def build_retired_streams_sensor(specs: list[PipelineSpec]) -> SensorDefinition:
         "their freshness target raised above the floor): they would hold the pool forever.",
     )
     def _sensor(context: SensorEvaluationContext) -> SkipReason:
-        lines = stop_retired_streams(context.instance, streaming, time.time())
+        lines, ending = stop_retired_streams(context.instance, streaming, time.time())
         for line in lines:
             context.log.warning(line)
+        if ending:
+            lines.append(f"asked earlier, still ending: {', '.join(ending)}")
         return SkipReason("; ".join(lines) or "no stream run of a retired pipeline")
 
     return _sensor
