@@ -175,8 +175,8 @@ class PipelineSpec(_Model):
         default=None,
         gt=0,
         description="Snapshots older than this are expired by the pipeline's maintenance "
-        "schedule (the offsets watermark always kept, rule 7). Unset: a stream's last 960 "
-        "commits (1 h at a 15 s target), 168 h otherwise (ingestion.retention).",
+        "schedule (the offsets watermark always kept, rule 7). Unset: a stream's last 480 "
+        "commits (30 min at a 15 s target), 168 h otherwise (ingestion.retention).",
     )
     replicas: list[ReplicaSpec] = Field(
         default_factory=list, description="MirrorMaker 2 replicas a failover may switch to."

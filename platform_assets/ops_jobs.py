@@ -15,6 +15,7 @@ from dagster import (
 from ingestion.exceptions import IngestionError
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import migrate_group
+from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.failover import failover_pipeline
 from platform_assets.operations import count_ingestion_runs, reset_offsets
@@ -45,11 +46,12 @@ class MigrateConfig(Config):
 
 
 class MaintainConfig(Config):
-    """Retention of snapshots and the orphan safety window, in hours."""
+    """Retention of snapshots and the orphan safety window, in hours (unset: the pipeline's
+    own, ``ingestion.retention``, as its maintenance schedule uses)."""
 
     pipeline: str
-    snapshot_retention_hours: float = 24 * 7
-    orphan_window_hours: float = 72
+    snapshot_retention_hours: float | None = None
+    orphan_window_hours: float | None = None
     compact: bool = True
 
 
@@ -126,11 +128,12 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     ) -> None:
         """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``)."""
         spec = pick(config.pipeline)
+        retention, window = config.snapshot_retention_hours, config.orphan_window_hours
         report = maintain_pipeline(
             iceberg.load_catalog(),
             spec,
-            config.snapshot_retention_hours * 3600,
-            config.orphan_window_hours * 3600,
+            (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
+            (orphan_window_hours(spec) if window is None else window) * 3600,
             config.compact,
         )
         context.add_output_metadata(
