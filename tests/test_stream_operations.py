@@ -1,7 +1,7 @@
-"""Day 2 of a stream (R52), through real Dagster runs of the stream job on the real stack:
-the pipeline's maintenance schedule runs beside a live stream and expires its history keeping
-the watermark; a stream marked failed stops itself; a stream whose pipeline no longer streams
-is stopped by ``stop_retired_streams``. Every table judged by the oracle."""
+"""Day 2 of a stream (R52) on the real stack and a real Dagster instance: the pipeline's
+maintenance schedule runs beside a live stream and expires its history keeping the watermark;
+a stream run (the real ``stream_<p>_job``) marked failed stops itself; a stream run whose
+pipeline no longer streams is stopped by ``stop_retired_streams``. Judged by the oracle."""
 
 from __future__ import annotations
 
