@@ -66,7 +66,8 @@ def build_maintenance_schedule(spec: PipelineSpec) -> ScheduleDefinition:
 
     It runs while a stream is alive (a stream never ends by itself, and maintenance takes no
     ingestion pool): every step is a compare-and-set against a concurrent commit (R41, R43).
-    It skips while a maintenance run of the pipeline is still queued or in progress.
+    It skips while a maintenance run of the pipeline is still queued or in progress, and
+    while the table does not exist yet (the pipeline's first run creates it).
     """
     retention, window = snapshot_retention_hours(spec), orphan_window_hours(spec)
     config = {
@@ -84,7 +85,11 @@ def build_maintenance_schedule(spec: PipelineSpec) -> ScheduleDefinition:
         description=f"Compacts {spec.table!r}, expires its snapshots older than {retention:g} h "
         f"(keeping the offsets), removes orphans older than {window:g} h.",
     )
-    def _maintenance(context: ScheduleEvaluationContext) -> RunRequest | SkipReason:
+    def _maintenance(
+        context: ScheduleEvaluationContext, iceberg: IcebergCatalogResource
+    ) -> RunRequest | SkipReason:
+        if not iceberg.load_catalog().table_exists(spec.table):
+            return SkipReason(f"{spec.table!r} does not exist yet: nothing to maintain")
         active = context.instance.get_runs(
             RunsFilter(
                 job_name=MAINTAIN_JOB, statuses=ACTIVE_RUN_STATUSES, tags={"pipeline": spec.name}

@@ -112,6 +112,13 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
         snapshot_retention_hours=0.002,  # 7.2 s: the test cannot wait for the default
         max_records_per_task=10,
     )
+    schedule = build_definitions([spec]).resolve_schedule_def("stream_maint_maintenance_schedule")
+    iceberg = {"iceberg": resources["iceberg"]}
+    with instance_for_test() as instance:
+        before = schedule.evaluate_tick(
+            build_schedule_context(instance=instance, resources=iceberg)
+        )
+        assert "does not exist yet" in (before.skip_message or ""), before
     for batch in range(1, 6):  # history: 6 commits of small files
         harness.run(spec, use_spark=False)
         ledger_producer.produce(topic, records(10, first=10 + batch * 10))
@@ -122,8 +129,6 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
     pools = {node.definition.pool for node in maintain.graph.node_dict.values()}  # type: ignore[attr-defined]
     assert pools == {None}, "maintenance in the stream's pool would wait for it forever"
     with instance_for_test() as instance:
-        defs = build_definitions([spec])
-        schedule = defs.resolve_schedule_def("stream_maint_maintenance_schedule")
         assert schedule.job_name == MAINTAIN_JOB
         cron = schedule.cron_schedule
         assert isinstance(cron, str)
@@ -165,7 +170,8 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
         try:
             wait_for(lambda: sum(r.committed for r in reports) >= 3, "the stream's commits")
             time.sleep(8)  # the first history is now older than the retention
-            request = schedule.evaluate_tick(build_schedule_context(instance=instance))
+            context = build_schedule_context(instance=instance, resources=iceberg)
+            request = schedule.evaluate_tick(context)
             assert request.run_requests, request.skip_message  # not skipped: a stream is alive
             (run_request,) = request.run_requests
             assert isinstance(run_request, RunRequest)
