@@ -97,13 +97,14 @@ def build_stream_sensor(
 
 
 def stop_retired_streams(
-    instance: DagsterInstance, streaming: Set[str], now: float
+    instance: DagsterInstance, streaming: Set[str], now: float, location: str | None = None
 ) -> tuple[list[str], list[str]]:
     """Stop the stream runs whose pipeline is not in ``streaming`` (the continuous pipelines of
     the current definitions); return what was done now, one line per run, and the ids of the
     runs asked earlier that are still ending.
 
-    A run is a stream when its job is ``stream_<p>_job`` for its ``pipeline`` tag. One still
+    A run is a stream when its job is ``stream_<p>_job`` for its ``pipeline`` tag; a run that
+    another code location (not ``location``) launched on the same instance is not ours. One still
     beating is asked to stop (the tag ``should_stop`` reads: it ends between commits); one
     silent for :data:`RETIRED_STALE_AFTER_SECONDS` is marked failed (its process died). A
     run already asked is left to finish. Delivery: nothing is consumed or committed here.
@@ -113,6 +114,9 @@ def stop_retired_streams(
         pipeline = run.tags.get("pipeline")
         if not pipeline or run.job_name != stream_job_name_of(pipeline) or pipeline in streaming:
             continue
+        origin = run.remote_job_origin
+        if location is not None and origin is not None and origin.location_name != location:
+            continue  # another code location's stream: its own sensor looks after it
         why = (
             f"pipeline {pipeline!r} no longer streams in the current definitions (removed from "
             "the pipelines file, or its freshness_target_seconds is at or above the floor)"
@@ -147,7 +151,9 @@ def build_retired_streams_sensor(specs: list[PipelineSpec]) -> SensorDefinition:
         "their freshness target raised above the floor): they would hold the pool forever.",
     )
     def _sensor(context: SensorEvaluationContext) -> SkipReason:
-        lines, ending = stop_retired_streams(context.instance, streaming, time.time())
+        origin = context.code_location_origin
+        location = origin.location_name if origin is not None else None
+        lines, ending = stop_retired_streams(context.instance, streaming, time.time(), location)
         for line in lines:
             context.log.warning(line)
         if ending:

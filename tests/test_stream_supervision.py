@@ -20,6 +20,7 @@ from platform_assets.stream import (
     stream_job_name_of,
     supervise_streams,
 )
+from platform_assets.stream_sensor import stop_retired_streams
 from tests.support.pipelines import make_spec
 
 SPEC = parse_pipeline_spec(
@@ -119,3 +120,38 @@ def test_streams_of_pipelines_that_no_longer_stream_are_stopped() -> None:
 
         again = sensor.evaluate_tick(build_sensor_context(instance=instance))
         assert (again.skip_message or "").startswith("asked earlier, still ending: ")  # once
+
+
+def test_streams_of_another_code_location_are_left_alone() -> None:
+    """Two code locations on one instance: a stream run launched by the other one is not a
+    retired stream of this one, whatever this one's pipelines are."""
+    from dagster._core.remote_origin import (
+        RegisteredCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+
+    def origin(location: str) -> RemoteJobOrigin:
+        repository = RemoteRepositoryOrigin(
+            RegisteredCodeLocationOrigin(location), "__repository__"
+        )
+        return RemoteJobOrigin(repository, stream_job_name_of("elsewhere"))
+
+    with DagsterInstance.ephemeral() as instance:
+        theirs, ours = (
+            DagsterRun(
+                job_name=stream_job_name_of("elsewhere"),
+                status=DagsterRunStatus.STARTED,
+                tags={"pipeline": "elsewhere", HEARTBEAT_TAG: str(int(time.time()))},
+                remote_job_origin=origin(location),
+            )
+            for location in ("other", "platform")
+        )
+        instance.add_run(theirs)
+        instance.add_run(ours)
+        done, _ = stop_retired_streams(instance, set(), time.time(), "platform")
+        assert len(done) == 1
+        assert done[0].startswith(f"asked stream run {ours.run_id} to stop")
+        left = instance.get_run_by_id(theirs.run_id)
+        assert left is not None
+        assert STOP_TAG not in left.tags
