@@ -17,9 +17,10 @@ from typing import Any
 from confluent_kafka.admin import NewTopic
 
 from bench.workloads import spec_for
+from ingestion.lag import measure_lag_age
 from ingestion.run import run_pipeline
 from ingestion.state import commits_of, read_state
-from ingestion.triggers import decide, oldest_age_seconds
+from ingestion.triggers import decide
 from platform_assets.demo import encode_event, make_order_event
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
@@ -70,7 +71,7 @@ def measure_freshness(
         finally:
             consumer.close()
         lag = sum(state.lag().values())
-        age = oldest_age_seconds(state.oldest_uncommitted_ms, time.time())
+        age = measure_lag_age(state, int(time.time() * 1000)).seconds
         launch, _ = decide(lag, age, spec, busy=False)
         if launch:
             run_pipeline(spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id())

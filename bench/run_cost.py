@@ -14,13 +14,18 @@ and ingests the same new records each round. Modes:
 - ``connect``: attached to one long-lived Spark Connect server (local[2]) started here once;
 - ``driver``: prepared in the run process, no Spark (``in_process_max_records``);
 - ``auto``: the shipped defaults: Connect above ``in_process_max_records``, the driver below;
+- ``postgres``: ``auto`` with the Dagster instance's run and event storage on a PostgreSQL
+  server (embedded, started here once), as docs/production.md deploys it; the others use
+  Dagster's default SQLite storage (a database file per run's event log), as ``make dev`` does;
 - ``cli``: the shipped defaults through a real run instead of ``materialize``: ``dagster job
   execute`` of the pipeline's ingest job from the code location (``platform_assets.definitions``,
   dbt project included), with the job's own executor, configured only by the environment
   ``make dev`` sets (``PLATFORM_SPARK_REMOTE``, ``KAFKA_BOOTSTRAP_SERVERS``, ...).
 
 Printed per size and mode: the median wall time from launching the process to RUN_SUCCESS, the
-median RUN_START -> RUN_SUCCESS, their ratio against ``before``, and, against the consume-only
+median RUN_START -> RUN_SUCCESS, the median time the engine took inside the run
+(``run_pipeline``: plan, read, decode, write, commit, publish; the table's ``duration_s``
+metadata), their ratio against ``before``, and, against the consume-only
 limit measured here on the same records (``bench.workloads.limit``: confluent-kafka, one
 process per task slot, no decode, no write), records/s of the run as a fraction of the limit.
 """
@@ -28,8 +33,10 @@ process per task slot, no decode, no write), records/s of the run as a fraction 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import statistics
 import subprocess
@@ -47,7 +54,8 @@ from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 from resources.spark_connect import SparkConnectServer  # noqa: E402
 
-MODES = ("before", "local", "connect", "driver", "auto", "cli")
+PG_PASSWORD_ENV = "RUN_COST_PG_PASSWORD"
+MODES = ("before", "local", "connect", "driver", "auto", "postgres", "cli")
 ALWAYS_SPARK = 0
 NEVER_SPARK = 10_000_000
 
@@ -67,9 +75,11 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
     mode = config["mode"]
     spec = spec_for(f"cost_{mode}", config["topic"], None)
     default = PipelineSpec.model_fields["in_process_max_records"].default
-    threshold = {"driver": NEVER_SPARK, "auto": default}.get(mode, ALWAYS_SPARK)
+    threshold = {"driver": NEVER_SPARK, "auto": default, "postgres": default}.get(
+        mode, ALWAYS_SPARK
+    )
     spec = spec.model_copy(update={"in_process_max_records": threshold})
-    remote = config["remote"] if mode in ("connect", "auto") else ""
+    remote = config["remote"] if mode in ("connect", "auto", "postgres") else ""
     spark = SparkResource(master="local[2]", remote=remote)
     selection = (
         AssetSelection.assets(*ingestion_keys(spec))
@@ -77,7 +87,11 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
         else ingestion_selection(spec)
     )
     Path(config["instance_dir"]).mkdir(parents=True, exist_ok=True)
-    instance = DagsterInstance.local_temp(config["instance_dir"])
+    instance = (
+        DagsterInstance.from_config(config["instance_dir"])
+        if mode == "postgres"
+        else DagsterInstance.local_temp(config["instance_dir"])
+    )
     result = materialize(
         [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
         resources={
@@ -104,6 +118,7 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
         "run_s": stamps[DagsterEventType.RUN_SUCCESS] - stamps[DagsterEventType.RUN_START],
         "success_at": stamps[DagsterEventType.RUN_SUCCESS],
         "records": metadata["records"].value,
+        "engine_s": metadata["duration_s"].value,
         "executed_in": metadata["executed_in"].value if "executed_in" in metadata else "",
         "checks": evaluated,
     }
@@ -164,9 +179,37 @@ def launch_cli(config: dict[str, Any]) -> dict[str, Any]:
         "run_s": success - stamps[DagsterEventType.RUN_START],
         "wall_s": success - started,
         "records": metadata["records"].value,
+        "engine_s": metadata["duration_s"].value,
         "executed_in": metadata["executed_in"].value,
         "checks": names,
     }
+
+
+def start_postgres(stack: contextlib.ExitStack) -> Any:
+    """An embedded PostgreSQL server for the ``postgres`` mode, its password in the
+    environment the run processes inherit (Dagster reads it through ``env``)."""
+    from tests.support.postgres import PostgresServer
+
+    os.environ[PG_PASSWORD_ENV] = f"pg-{secrets.token_hex(8)}"
+    return stack.enter_context(PostgresServer(os.environ[PG_PASSWORD_ENV]))
+
+
+def write_postgres_home(home: Path, pg: Any, database: str) -> None:
+    """A Dagster home whose run, event and schedule storage is ``database`` on ``pg``."""
+    import yaml
+
+    pg.create_database(database)
+    home.mkdir(parents=True, exist_ok=True)
+    db = {
+        "username": pg.user,
+        "password": {"env": PG_PASSWORD_ENV},
+        "hostname": "127.0.0.1",
+        "port": pg.port,
+        "db_name": database,
+        "scheme": "postgresql+psycopg2",  # dagster-postgres ships psycopg2-binary
+    }
+    document = {"storage": {"postgres": {"postgres_db": db}}, "telemetry": {"enabled": False}}
+    (home / "dagster.yaml").write_text(yaml.safe_dump(document))
 
 
 def launch(config: dict[str, Any]) -> dict[str, Any]:
@@ -210,7 +253,9 @@ def main() -> int:
     with (
         EmbeddedBroker(log_path=work / "tansu.log") as broker,
         SparkConnectServer(work / "spark", master="local[2]") as server,
+        contextlib.ExitStack() as stack,
     ):
+        pg = start_postgres(stack) if "postgres" in args.modes else None
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         for size in args.sizes:
             topic = f"orders_{size}"
@@ -218,6 +263,8 @@ def main() -> int:
             for future in admin.create_topics([NewTopic(topic, args.partitions, 1)]).values():
                 future.result(15)
             runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes}
+            if pg is not None:
+                write_postgres_home(work / f"dagster_{size}_postgres", pg, f"dagster_{size}")
             for _ in range(args.repeats + 1):  # round 0 warms up: tables created, caches read
                 produce(kafka.client_config(), topic, size, args.partitions)
                 for mode in args.modes:  # alternate: same backlog, same machine state
@@ -251,10 +298,12 @@ def main() -> int:
 def print_table(
     rows: list[tuple[int, str, list[dict[str, Any]]]], limits: dict[int, float]
 ) -> None:
-    """One line per size and mode: medians, ratios to ``before`` and to the consume limit."""
+    """One line per size and mode: medians, ratios to ``before`` and to the consume limit
+    (records/s from launch, from RUN_START, and of the engine alone)."""
     print(
         f"{'records':>8} {'mode':<8} {'prepared':<9} {'launch->ok s':>12} {'run s':>7} "
-        f"{'/before':>8} {'rec/s':>9} {'x limit':>8}  checks in the run"
+        f"{'engine s':>8} {'/before':>8} {'x limit: launch':>15} {'run':>6} {'engine':>6}"
+        "  checks in the run"
     )
     before = {
         size: statistics.median(r["wall_s"] for r in reports)
@@ -262,14 +311,16 @@ def print_table(
         if mode == "before"
     }
     for size, mode, reports in rows:
-        wall = statistics.median(r["wall_s"] for r in reports)
-        run = statistics.median(r["run_s"] for r in reports)
-        rate = size / wall
+        wall, run, engine = (
+            statistics.median(r[key] for r in reports) for key in ("wall_s", "run_s", "engine_s")
+        )
         ratio = f"{before[size] / wall:>7.2f}x" if size in before else f"{'':>8}"
+        fractions = [size / seconds / limits[size] for seconds in (wall, run, engine)]
         checks = ",".join(c.split("_")[0] for c in reports[-1]["checks"])
         print(
             f"{size:>8} {mode:<8} {reports[-1]['executed_in']:<9} {wall:>12.2f} {run:>7.2f} "
-            f"{ratio} {rate:>9.0f} {rate / limits[size]:>8.3f}  {checks}"
+            f"{engine:>8.2f} {ratio} {fractions[0]:>15.3f} {fractions[1]:>6.3f} "
+            f"{fractions[2]:>6.3f}  {checks}"
         )
     for size, rate in limits.items():
         print(f"consume-only limit, {size} records: {rate:,.0f} records/s (2 processes)")

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ingestion.audit_clusters import allowed_copies
 from ingestion.commit_audit import CommitAudit, audit_commits
 from ingestion.offsets import (
     OFFSETS_PREFIX,
@@ -133,7 +134,8 @@ def audit_table(
         result.quarantined = len(quarantined)
         landed += quarantined
     counts = Counter(landed)
-    result.duplicates = sorted(c for c, n in counts.items() if n > 1)
+    allowed = allowed_copies(table, group_id)  # once per cluster that read it (R49)
+    result.duplicates = sorted(c for c, n in counts.items() if n > 1 and n > allowed(c))
     current = table.current_snapshot()
     files = list_file_paths(table, current) if current else []
     result.duplicate_files = sorted(p for p, n in Counter(files).items() if n > 1)
@@ -185,9 +187,6 @@ def _check_commit_counts(
         previous = current
 
 
-DEFAULT_RECOUNT_OFFSETS = 500_000  # per evaluation of the incremental audit
-
-
 @dataclass(frozen=True)
 class PipelineAudit:
     """The production oracle's result: the commits audited against Kafka, and with a full
@@ -195,6 +194,7 @@ class PipelineAudit:
 
     commits: CommitAudit
     full: AuditResult | None = None
+    budget: int | None = None  # offsets one evaluation may recount (None: no bound)
 
 
 def audit_pipeline(
@@ -210,8 +210,9 @@ def audit_pipeline(
 
     By default incremental (``ingestion.commit_audit``): the commits after
     ``after_snapshot_id`` (the previous evaluation's cursor) are recounted in Kafka, at most
-    :data:`DEFAULT_RECOUNT_OFFSETS` offsets. ``full`` recounts every commit in the lineage
-    and scans every row's coordinates of the table and its quarantine table as well.
+    the spec's ``audit_recount_offsets`` offsets (the rest is reported as the backlog).
+    ``full`` recounts every commit in the lineage and scans every row's coordinates of the
+    table and its quarantine table as well.
     ``cluster_configs`` (by cluster name) recount each commit on the cluster it read, across
     failovers.
     """
@@ -224,11 +225,11 @@ def audit_pipeline(
         kafka_config,
         spec.name,
         after_snapshot_id=None if full else after_snapshot_id,
-        max_offsets=None if full else DEFAULT_RECOUNT_OFFSETS,
+        max_offsets=None if full else spec.audit_recount_offsets,
         cluster_configs=cluster_configs,
     )
     if not full:
-        return PipelineAudit(commits)
+        return PipelineAudit(commits, budget=spec.audit_recount_offsets)
     quarantine = None
     if catalog.table_exists(spec.quarantine_table):
         quarantine = catalog.load_table(spec.quarantine_table)

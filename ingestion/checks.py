@@ -3,7 +3,8 @@
 Each ``check_*`` function is pure: it takes what was read (a :class:`PipelineState`, or the
 audit's result) and returns a :class:`Finding` whose message says what is wrong and how to fix
 it. The Dagster asset checks, the lag sensor and ``platform status`` all evaluate these same
-functions, so they never disagree on what a check means.
+functions, so they never disagree on what a check means. The exactly-once audit's verdict is
+:func:`ingestion.audit_check.check_exactly_once`.
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from ingestion.lag import measure_lag_age
 from ingestion.offsets import describe_commit
 from ingestion.rewind import explain_ahead
 from ingestion.state import PipelineState
-
-if TYPE_CHECKING:
-    from ingestion.audit import PipelineAudit
 
 Severity = Literal["ERROR", "WARN"]
 ACTIVE_GROUP_STATES = {"STABLE", "PREPARING_REBALANCE", "COMPLETING_REBALANCE"}
@@ -153,8 +152,14 @@ def check_group_consistency(state: PipelineState) -> Finding:
 
 
 def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> Finding:
-    """Stale only while there is lag and the last commit is older than the bound (at
-    ``now_ms``, by default when the state was read); an idle topic is fresh (R10)."""
+    """Stale only while records wait longer than the bound (at ``now_ms``, by default when the
+    state was read); an idle topic is fresh (R10).
+
+    How long records wait is the lag in seconds of :func:`ingestion.lag.measure_lag_age`: a
+    producer timestamp in the future is not trusted (the age is then bounded by the last
+    commit), and the partition and offset that carry it are named in the message and in
+    ``future_timestamps``. Without the records' timestamps, the last commit's age stands in.
+    """
     now_ms = state.read_at_ms if now_ms is None else now_ms
     lag = sum(state.lag().values())
     last = state.commits[0].timestamp_ms if state.commits else None
@@ -173,19 +178,37 @@ def check_commit_freshness(state: PipelineState, now_ms: int | None = None) -> F
         )
     if lag == 0:
         return passed("no uncommitted records: the table is current", meta)
-    oldest = state.oldest_uncommitted_ms
-    if oldest:  # lag in seconds: the age of the oldest uncommitted record
-        lag_s = max(0.0, now_ms - min(oldest.values())) / 1000
+    waited = measure_lag_age(state, now_ms)
+    future = ""
+    if waited.future:
+        meta["future_timestamps"] = waited.describe_future()
+        future = (
+            f"; producer timestamps in the future at {waited.describe_future()} are not "
+            "trusted (fix that producer's clock): their age is bounded by the last commit"
+        )
+    if waited.seconds is not None:  # lag in seconds: the age of the oldest uncommitted record
+        lag_s = waited.seconds
         meta["lag_seconds"] = round(lag_s, 1)
-        if lag_s <= bound:
-            return passed(f"{lag} records pending, the oldest {lag_s:.0f} s old", meta)
+        if lag_s > bound:
+            return failed(
+                "ERROR",
+                f"{lag} records are waiting, the oldest for {lag_s:.0f} s (bound {bound} s)"
+                f"{future}. Check that the lag sensor (or the pipeline's stream) is running and "
+                "recent ingestion runs succeeded.",
+                meta,
+            )
+    if waited.unknown:
+        where = ", ".join(f"{t}[{p}]" for t, p in waited.unknown[:5])
         return failed(
-            "ERROR",
-            f"{lag} records are waiting, the oldest for {lag_s:.0f} s (bound {bound} s). Check "
-            "that the lag sensor (or the pipeline's stream) is running and recent ingestion "
-            "runs succeeded.",
+            "WARN",
+            f"{lag} records are waiting; at {where} the oldest carries a timestamp in the "
+            f"future and pipeline {state.spec.name!r} never committed, so how long they have "
+            f"waited is unknown{future}. Fix that producer's clock; the first commit bounds "
+            "the age.",
             meta,
         )
+    if waited.seconds is not None:
+        return passed(f"{lag} records pending, the oldest {waited.seconds:.0f} s old{future}", meta)
     if age_s is not None and age_s <= bound:
         return passed(f"{lag} records pending, last commit {age_s:.0f} s ago", meta)
     when = "never" if age_s is None else f"{age_s:.0f} s ago"
@@ -259,51 +282,6 @@ def check_watermark_reachable(state: PipelineState) -> Finding:
     )
 
 
-def check_exactly_once(table: str, audit: PipelineAudit | None) -> Finding:
-    """The oracle's verdict: every commit audited since the cursor added exactly what Kafka
-    holds in its ranges, once, and nothing else wrote to the table; with a full audit, also
-    no duplicate, regression, shared file or overrun anywhere. ``audit_cursor`` in the
-    metadata is where the next evaluation starts."""
-    if audit is None:
-        return skipped(f"table {table} does not exist yet: nothing to audit")
-    commits, full = audit.commits, audit.full
-    metadata: dict[str, Any] = {
-        "audit_cursor": "" if commits.cursor is None else str(commits.cursor),
-        "commits_recounted": len(commits.recounted),
-        "offsets_recounted": commits.offsets_recounted,
-        "commits_pending": commits.pending,
-        "mode": "full" if full else "incremental",
-    }
-    if commits.notes:
-        metadata["not_verified"] = "; ".join(commits.notes[:5])
-    problems = list(commits.findings)
-    if full is not None:
-        metadata |= {
-            "rows": full.rows,
-            "quarantined": full.quarantined,
-            "duplicates": len(full.duplicates),
-            "regressions": len(full.regressions),
-            "duplicate_files": len(full.duplicate_files),
-        }
-        if not full.ok:
-            problems.insert(0, full.summary())
-    if problems:
-        return failed(
-            "ERROR",
-            f"exactly-once violated: {'; '.join(problems[:5])}. Stop the pipeline's runs, keep "
-            "the snapshots, and inspect the listed coordinates and snapshots.",
-            metadata,
-        )
-    scope = f"each (topic, partition, offset) once: {full.summary()}; " if full else ""
-    pending = f"; {commits.pending} commits left for the next evaluation" if commits.pending else ""
-    return passed(
-        f"{scope}{len(commits.recounted)} commit(s) recounted in Kafka "
-        f"({commits.offsets_recounted} offsets): each added exactly the visible records of its "
-        f"ranges{pending}",
-        metadata,
-    )
-
-
 @dataclass(frozen=True)
 class CheckDef:
     """A named check: what it means, and (for state checks) how to evaluate it."""
@@ -323,7 +301,8 @@ GROUP_CHECK = CheckDef(
 STATE_CHECKS = (
     CheckDef(
         "commit_freshness",
-        "Stale only while records wait and the last commit is older than the bound.",
+        "Stale only while records wait longer than the bound (lag in seconds; a producer "
+        "timestamp in the future is not trusted).",
         check_commit_freshness,
     ),
     CheckDef(

@@ -19,10 +19,13 @@ snapshot already audited), oldest first:
   outside the pipeline.
 
 Cost: metadata of the new snapshots, the rows of their own files, and a recount of their
-ranges, at most ``max_offsets`` per evaluation (the rest is ``pending``): O(new commits).
-Without a cursor only the newest commits within that budget are audited; the full audit
-(``ingestion.audit.audit_table`` plus this over every commit) is available on demand. The
-cursor does not move past a snapshot with a finding, so a failure stays visible.
+ranges, at most ``max_offsets`` per evaluation (the rest is the backlog: ``pending`` commits,
+``backlog_offsets``, ``oldest_unaudited_ms``): O(new commits). Without a cursor only the newest
+commits within that budget are audited; the full audit (``ingestion.audit.audit_table`` plus
+this over every commit) is available on demand. The cursor moves only over snapshots audited
+clean: not past a snapshot with a finding (a failure stays visible), nor past a commit whose
+recount failed (Kafka unreachable, a read error: ``unrecounted``); the evaluation stops there
+and the next one retries it (R47).
 """
 
 from __future__ import annotations
@@ -58,16 +61,38 @@ if TYPE_CHECKING:
     from pyiceberg.table.snapshots import Snapshot
 
 
-def _log_starts(kafka_config: dict[str, Any], keys: set[Key], role: str) -> dict[Key, int]:
+MAX_RECOUNT_ATTEMPTS = 6
+"""Evaluations in a row a commit may fail to be recounted before the audit fails (ERROR): 30
+minutes at ``run_checks_every_5_minutes``; before that each failure is a WARN, retried."""
+BACKLOG_BOUND_SECONDS = 1800
+"""The audit WARNs when its oldest unaudited commit is older than this (it falls behind), or
+when its backlog exceeds one evaluation's budget (the next one cannot clear it)."""
+
+
+@dataclass(frozen=True)
+class AuditMemory:
+    """What one evaluation of the audit leaves for the next (kept in the check's metadata):
+    where to start (``cursor``), and the commit it could not recount with the number of
+    evaluations in a row that failed to (``attempts``)."""
+
+    cursor: int | None = None
+    unrecounted_snapshot: int | None = None
+    attempts: int = 0
+
+
+def _log_starts(
+    kafka_config: dict[str, Any], keys: set[Key], role: str, timeout_s: float
+) -> dict[Key, int]:
     """Each partition's log start now (a partition Kafka cannot describe is left out: its
-    recount then fails and is reported as not verified)."""
+    recount then starts at offset 0, and fails or is a lower bound)."""
     from confluent_kafka import KafkaException, TopicPartition
 
     starts = {}
     with open_consumer(kafka_config, role) as consumer:
         for key in sorted(keys):
             try:
-                starts[key] = consumer.get_watermark_offsets(TopicPartition(*key), timeout=10)[0]
+                found = consumer.get_watermark_offsets(TopicPartition(*key), timeout=timeout_s)
+                starts[key] = found[0]
             except KafkaException:
                 continue
     return starts
@@ -120,6 +145,21 @@ def _select_window(
     return _Window(list(reversed(ancestry[: first + 1])), base, notes)
 
 
+def _count_backlog(
+    left: list[Snapshot], previous: dict[Key, int] | None, key: str, audit: CommitAudit
+) -> None:
+    """Record the commits not audited by this evaluation (oldest first): how many, how many
+    offsets they cover (from their offsets, metadata only), and the oldest one's time."""
+    audit.pending = len(left)
+    audit.oldest_unaudited_ms = left[0].timestamp_ms if left else None
+    for snapshot in left:
+        current = _offsets(snapshot, key)
+        if RESET_BY not in snapshot_properties(snapshot):
+            base = previous or {}
+            audit.backlog_offsets += sum(max(0, o - base.get(k, o)) for k, o in current.items())
+        previous = current
+
+
 def clusters_by_snapshot(table: Table, group_id: str) -> dict[int, str]:
     """The cluster each snapshot's group offsets refer to: ``primary`` until a failover commit
     (``kafka.failover-to``) names another, then that one (metadata only)."""
@@ -143,7 +183,7 @@ def audit_commits(
     pipeline: str,
     *,
     after_snapshot_id: int | None = None,
-    max_offsets: int | None = 500_000,
+    max_offsets: int | None = 3_000_000,
     timeout_s: float = 30.0,
     cluster_configs: dict[str, dict[str, Any]] | None = None,
 ) -> CommitAudit:
@@ -172,7 +212,9 @@ def audit_commits(
     log_starts: dict[int, dict[Key, int]] = {}
     for config in {id(config_of(s)): config_of(s) for s in carriers}.values():
         keys = {k for s in carriers if config_of(s) is config for k in _offsets(s, key)}
-        log_starts[id(config)] = _log_starts(config, keys, f"{pipeline}-audit") if keys else {}
+        log_starts[id(config)] = (
+            _log_starts(config, keys, f"{pipeline}-audit", min(10.0, timeout_s)) if keys else {}
+        )
     previous, clean = window.base, True
     # One commit may take several snapshots (a reset's delete is pyiceberg's DELETE then
     # OVERWRITE, both with its commit id): only the last one is the commit's outcome.
@@ -195,12 +237,15 @@ def audit_commits(
             recount = plan_recount(previous, current, properties, starts)
             size = sum(r.size for r in recount.ranges)
             over = max_offsets is not None and audit.offsets_recounted + size > max_offsets
-            if over and audit.recounted:
-                audit.pending = len(carriers) - carriers.index(snapshot)
+            if over and audit.recounted:  # the budget is spent: the rest is the backlog
+                _count_backlog(carriers[carriers.index(snapshot) :], previous, key, audit)
                 break
             check_rows(table, snapshot, previous, current, properties, audit)
             config = config_of(snapshot)
             check_count(snapshot, properties, recount, config, pipeline, timeout_s, audit)
+            if audit.unrecounted is not None:  # retried next evaluation: the cursor stays
+                _count_backlog(carriers[carriers.index(snapshot) :], previous, key, audit)
+                break
             previous = current
         clean = clean and len(audit.findings) == found
         if clean:

@@ -109,3 +109,7 @@ class OperationRefusedError(IngestionError):
 
 class AmbiguousRewindError(IngestionError):
     """A backward reset would delete rows of two topics with one name (read on two clusters)."""
+
+
+class EngineMismatchError(IngestionError):
+    """A Spark executor runs another version of the engine than the run's driver."""

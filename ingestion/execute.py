@@ -12,6 +12,7 @@ from ingestion import exceptions
 from ingestion.avro import fetch_schemas_by_id
 from ingestion.commit import delete_files
 from ingestion.decode import merge_field_types
+from ingestion.engine_version import engine_fingerprint
 from ingestion.hooks import FailureHooks
 from ingestion.plan import Plan
 from ingestion.spec import PipelineSpec
@@ -110,6 +111,7 @@ def build_task_specs(
             read_timeout_s=spec.read_timeout_seconds,
             headers=spec.headers,
             hooks=hooks.only("in_task"),
+            engine_version=engine_fingerprint(),
         )
         for task in plan.tasks
     ]

@@ -24,6 +24,7 @@ record by record; when the evidence does not single out one position the plan is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from ingestion.spec import PipelineSpec
 
 Records = list[tuple[int, RecordId]]
+# A failback's way to align from a copy of a record the table holds under the origin's name
+# (read before the failover): ingestion.failback_link.
+Fallback = Callable[[list["Table"], "Replica", tuple[int, RecordId]], Alignment]
 
 
 @dataclass(frozen=True)
@@ -232,8 +236,12 @@ def plan_partition(
     replica_topic: str,
     syncs: list[OffsetSync],
     checkpoint: StampedCheckpoint | None,
+    fallback: Fallback | None = None,
 ) -> tuple[Alignment, str]:
-    """Where ``key`` resumes on the replica, and how that was established (module docstring)."""
+    """Where ``key`` resumes on the replica, and how that was established (module docstring).
+
+    ``fallback`` (a failback) aligns from an anchor whose record the table holds under the
+    origin topic's name rather than ``key``'s (it was read before the failover)."""
     topic, partition = key
     where = f"{topic}[{partition}] -> {replica_topic}[{partition}]"
     usable = [s for s in live_syncs(syncs) if s.upstream <= source_next]
@@ -246,6 +254,11 @@ def plan_partition(
         if anchor.upstream == source_next:
             return Alignment(anchor.downstream, 0), how
         pair = (anchor.upstream, anchor.downstream)
+        read = ingested_tail_where(tables, key, f"_kafka_offset <= {anchor.upstream}")
+        if fallback is not None and not read:  # the anchor is before the failover's start
+            copy, _ = replica.read(replica_topic, partition, anchor.downstream, 1)
+            if copy and copy[0][0] == anchor.downstream:
+                return fallback(tables, replica, copy[0]), f"{how}, read before the failover"
         return _verified(tables, replica, key, pair, source_next, replica_topic, where), how
     if checkpoint is None:
         raise FailoverRefusedError(
@@ -269,6 +282,11 @@ def plan_partition(
         )
     offset, record = before
     matches = locate(tables, key, record, source_next)
+    if fallback is not None and not matches:
+        how = (
+            f"checkpoint {c.upstream} -> {c.downstream}; replica {offset} read before the failover"
+        )
+        return fallback(tables, replica, before), how
     how = f"checkpoint {c.upstream} -> {c.downstream}; replica {offset} = source"
     if len(matches) == 1:  # the usual case: its refusal, if any, says exactly what is wrong
         pair = (matches[0], offset)
@@ -305,8 +323,10 @@ def plan_failover(
     checkpoints: list[StampedCheckpoint],
     syncs: dict[tuple[str, int], list[OffsetSync]],
     replica_topics: dict[str, str],
+    fallbacks: dict[tuple[str, int], Fallback] | None = None,
 ) -> list[PartitionPlan]:
-    """A plan for every partition in ``offsets`` (the table's next offsets of the group).
+    """A plan for every partition in ``offsets`` (the table's next offsets of the group);
+    ``fallbacks`` per partition: see :func:`plan_partition`.
 
     The quarantine table is synced first (no Kafka needed): its rows trail the data commits,
     and a record missing from the tail would be read again on the replica.
@@ -331,7 +351,7 @@ def plan_failover(
         copy = replica_topics[key[0]]
         aligned, how = plan_partition(
             tables, replica, key, offsets[key], copy, syncs.get(key, []),
-            newest.get((copy, key[1])),
+            newest.get((copy, key[1])), (fallbacks or {}).get(key),
         )  # fmt: skip
         plans.append(
             PartitionPlan(key[0], key[1], offsets[key], copy, ids[copy], aligned.start,

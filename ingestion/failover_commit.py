@@ -8,7 +8,9 @@ source position, the replica position, the anchor and the copies skipped), the t
 (``kafka.failover-to``), who and why. From then on the table says which cluster the pipeline
 reads: :func:`active_cluster` (the newest switch in the current ancestry; none means the
 pipeline's own cluster). Runs read there; their commits carry that cluster's id, so the
-planner's cluster check holds.
+planner's cluster check holds. A failback to the pipeline's own cluster also puts the origin
+topics back at their planned positions (``kafka.failover-origin``,
+``ingestion.failback_origin``): the route then reads the reverse copies and the origin topics.
 
 Delivery: exactly once across the switch when the plan's alignment holds (see
 ``ingestion.failover``). A run in flight when the switch commits aborts at its own commit (its
@@ -25,6 +27,7 @@ import orjson
 from ingestion import offsets as props
 from ingestion.actions import ActionCommit, ActionOutcome, commit_action, refuse_active_runs
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.failback_origin import FAILOVER_ORIGIN, FAILOVER_PLAN, OriginPlan
 from ingestion.failover import PartitionPlan
 from ingestion.mm2 import replica_topic
 from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, iter_ancestry
@@ -37,15 +40,13 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 FAILOVER_TO = props.FAILOVER_TO
-FAILOVER_PLAN = "kafka.failover-plan"
 # JSON {spec topic: topic read since the switch}: a failback composes MM2's two namings
 FAILOVER_TOPICS = "kafka.failover-topics"
 
 
-def active_cluster(table: Table, group_id: str) -> str | None:
-    """The cluster the table says the group reads: the newest switch's target while the group's
-    offsets are still committed under that target's cluster id; None (the pipeline's own
-    cluster) when no switch was committed, or a later commit (a reset) went back to another."""
+def _active_switch(table: Table, group_id: str) -> dict[str, str] | None:
+    """The newest switch's properties while the group's offsets are still committed under its
+    target's cluster id; None without one, or when a later commit (a reset) went elsewhere."""
     committed = find_committed_state(table, group_id)
     if committed is None:
         return None
@@ -53,21 +54,32 @@ def active_cluster(table: Table, group_id: str) -> str | None:
         properties = props.snapshot_properties(snapshot)
         if properties.get(props.GROUP_ID) == group_id and FAILOVER_TO in properties:
             same = properties.get(props.CLUSTER_ID) == committed.cluster_id
-            return properties[FAILOVER_TO] if same else None
+            return properties if same else None
     return None
+
+
+def active_cluster(table: Table, group_id: str) -> str | None:
+    """The cluster the table says the group reads: the newest switch's target while the group's
+    offsets are still committed under that target's cluster id; None (the pipeline's own
+    cluster) when no switch was committed, or a later commit (a reset) went back to another."""
+    switch = _active_switch(table, group_id)
+    return None if switch is None else switch[FAILOVER_TO]
 
 
 def active_topics(table: Table, group_id: str) -> dict[str, str] | None:
     """The newest switch's topic names, ``{spec topic: topic read}``, while it is active
     (:func:`active_cluster`); None without one, or for a switch that did not record them."""
-    if active_cluster(table, group_id) is None:
-        return None
-    for snapshot in iter_ancestry(table):
-        properties = props.snapshot_properties(snapshot)
-        if properties.get(props.GROUP_ID) == group_id and FAILOVER_TO in properties:
-            names = properties.get(FAILOVER_TOPICS)
-            return dict(orjson.loads(names)) if names else None
-    return None
+    switch = _active_switch(table, group_id)
+    names = None if switch is None else switch.get(FAILOVER_TOPICS)
+    return dict(orjson.loads(names)) if names else None
+
+
+def active_origins(table: Table, group_id: str) -> list[str]:
+    """The origin topics a failback to the pipeline's own cluster put back on the route next
+    to the reverse copies (``ingestion.failback_origin``), while that switch is active."""
+    switch = _active_switch(table, group_id)
+    plans = orjson.loads(switch.get(FAILOVER_ORIGIN, "[]")) if switch else []
+    return sorted({str(plan["topic"]) for plan in plans})
 
 
 def spec_on_replica(spec: PipelineSpec, target: ReplicaTarget) -> PipelineSpec:
@@ -116,11 +128,14 @@ def apply_failover(
     reason: str,
     active_runs: int = 0,
     spec_topics: dict[str, str] | None = None,
+    origin: list[OriginPlan] | None = None,
 ) -> ActionOutcome:
     """Commit the switch to ``target`` with ``plans``; the table then reads there.
 
     ``spec_topics`` (``{spec topic: topic read on the target}``) is recorded so that later
-    runs, checks and a failback know the names (:func:`active_topics`).
+    runs, checks and a failback know the names (:func:`active_topics`). ``origin`` (a failback
+    to the pipeline's own cluster) adds the origin topics at their planned positions, recorded
+    in ``kafka.failover-origin`` (:func:`active_origins`).
 
     Raises:
         CommitConflictError: a run is in progress, or the offsets moved since the plan.
@@ -147,6 +162,15 @@ def apply_failover(
     for plan in plans:
         next_offsets.setdefault(plan.replica_topic, {})[plan.partition] = plan.replica_start
         topic_ids[plan.replica_topic] = plan.replica_topic_id
+    copies = set(next_offsets)
+    for line in origin or []:
+        if line.topic in copies:  # the caller keeps an origin named like its copy out
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r}: origin topic {line.topic!r} is also a copy read on "
+                f"{target.name!r}; nothing was changed"
+            )
+        next_offsets.setdefault(line.topic, {})[line.partition] = line.resume
+        topic_ids[line.topic] = line.topic_id
     for topic, planned_id in topic_ids.items():
         if _topic_id(replica_admin, topic, spec.name) != planned_id:
             raise FailoverRefusedError(
@@ -167,6 +191,8 @@ def apply_failover(
     properties[FAILOVER_PLAN] = orjson.dumps([plan.__dict__ for plan in plans]).decode()
     if spec_topics is not None:
         properties[FAILOVER_TOPICS] = orjson.dumps(spec_topics).decode()
+    if origin:
+        properties[FAILOVER_ORIGIN] = orjson.dumps([line.__dict__ for line in origin]).decode()
     commit = ActionCommit(
         spec.name,
         f"failover to {target.name!r}",

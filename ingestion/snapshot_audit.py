@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
 from ingestion.compaction import MAINTENANCE
-from ingestion.consumer import count_visible
+from ingestion.consumer import iter_batches, open_consumer
 from ingestion.offsets import (
     MIGRATED_FROM,
     OFFSETS_PREFIX,
@@ -31,14 +31,19 @@ if TYPE_CHECKING:
 
 @dataclass
 class CommitAudit:
-    """What the incremental audit found; ``cursor`` is the newest snapshot audited clean."""
+    """What the incremental audit found; ``cursor`` is the newest snapshot audited clean (it
+    never passes an ``unrecounted`` commit: that one is retried by the next evaluation)."""
 
     cursor: int | None = None
     recounted: list[int] = field(default_factory=list)
     offsets_recounted: int = 0
     findings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    pending: int = 0
+    pending: int = 0  # commits after the cursor not audited by this evaluation (the backlog)
+    backlog_offsets: int = 0  # offsets those commits cover
+    oldest_unaudited_ms: int | None = None  # commit time of the oldest of them
+    unrecounted: str | None = None  # the commit whose recount failed, where and why
+    unrecounted_snapshot: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -128,15 +133,27 @@ def check_count(
     timeout_s: float,
     audit: CommitAudit,
 ) -> None:
-    """``added-records`` + quarantined against Kafka's visible records in the ranges."""
+    """``added-records`` + quarantined against Kafka's visible records in the ranges.
+
+    A range that cannot be read (a broker error, no progress within ``timeout_s``) leaves the
+    commit ``unrecounted``: not verified, to be retried, never counted as audited.
+    """
+    from confluent_kafka import KafkaException
+
     sid = snapshot.snapshot_id
     if not recount.verifiable:
         audit.notes.append(f"snapshot {sid}: the group's first commit, start not recorded")
         return
+    visible, role = 0, f"{pipeline}-audit"
+    rng = recount.ranges[0] if recount.ranges else None
     try:
-        visible = count_visible(kafka_config, list(recount.ranges), f"{pipeline}-audit", timeout_s)
-    except exceptions.ReadError as exc:
-        audit.notes.append(f"snapshot {sid}: could not recount its ranges ({exc})")
+        with open_consumer(kafka_config, role) as consumer:
+            for rng in recount.ranges:  # one at a time: a failure names its partition
+                visible += sum(len(b) for b in iter_batches(consumer, rng, timeout_s, role))
+    except (exceptions.ReadError, KafkaException) as exc:
+        where = f"{rng.topic}[{rng.partition}] [{rng.start}, {rng.end})" if rng else "its ranges"
+        audit.unrecounted_snapshot = sid
+        audit.unrecounted = f"snapshot {sid}: could not recount {where} ({exc})"
         return
     audit.recounted.append(sid)
     audit.offsets_recounted += sum(r.size for r in recount.ranges)

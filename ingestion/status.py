@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ingestion.checks import Finding
+from ingestion.lag import measure_lag_age
 from ingestion.offsets import VALID_THROUGH_MS
 from ingestion.state import PipelineState
 
@@ -40,6 +41,7 @@ class PipelineStatus:
     oldest_uncommitted_age_s: float | None
     last_commit_age_s: float | None
     valid_through: str | None
+    future_timestamps: str | None = None  # untrusted producer timestamps (ingestion.lag)
     partitions: list[PartitionStatus] = field(default_factory=list)
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -61,14 +63,19 @@ def build_status(
     state: PipelineState, findings: dict[str, Finding], now_ms: int | None = None
 ) -> PipelineStatus:
     """Assemble the status from the state (read with its oldest uncommitted timestamps) and
-    the checks' findings."""
+    the checks' findings. Ages of waiting records are :func:`ingestion.lag.measure_lag_age`'s
+    (a future producer timestamp is bounded by the last commit, and named)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    committed, lag, oldest_ms = state.committed_offsets, state.lag(), state.oldest_uncommitted_ms
+    committed, lag = state.committed_offsets, state.lag()
+    waited = measure_lag_age(state, now_ms)  # the lag sensor's and commit_freshness's figure
     last = state.commits[0] if state.commits else None
     valid_through = int(last.properties.get(VALID_THROUGH_MS, 0)) if last else 0
 
     def age(timestamp_ms: int | None) -> float | None:
         return None if timestamp_ms is None else round(max(0, now_ms - timestamp_ms) / 1000, 1)
+
+    def rounded(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds, 1)
 
     partitions = [
         PartitionStatus(
@@ -77,7 +84,7 @@ def build_status(
             end=end,
             mirrored=state.group_offsets.get((t, p)),
             lag=lag.get((t, p), 0),
-            oldest_uncommitted_age_s=age(oldest_ms.get((t, p))),
+            oldest_uncommitted_age_s=rounded(waited.partitions.get((t, p))),
         )
         for (t, p), end in sorted(state.end_offsets.items())
     ]
@@ -87,7 +94,8 @@ def build_status(
         table=spec.table,
         group_id=spec.consumer_group_id,
         lag_records=sum(lag.values()),
-        oldest_uncommitted_age_s=age(min(oldest_ms.values())) if oldest_ms else None,
+        oldest_uncommitted_age_s=rounded(waited.seconds),
+        future_timestamps=waited.describe_future() or None,
         last_commit_age_s=age(last.timestamp_ms) if last else None,
         valid_through=(
             datetime.fromtimestamp(valid_through / 1000, UTC).isoformat(timespec="seconds")

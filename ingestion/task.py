@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from ingestion.consumer import iter_batches, open_consumer
+from ingestion.engine_version import check_engine_version
 from ingestion.task_chunk import ChunkWriter
 from ingestion.task_spec import RawChunk, TaskResult, TaskSpec
 
@@ -71,10 +72,12 @@ def run_task(spec: TaskSpec) -> TaskResult:
     Raises:
         ReadError: the range could not be read to its end.
         DecodeError: a record failed to decode and ``errors_tolerance`` is ``none``.
+        EngineMismatchError: the executor runs another engine version than the driver.
     """
     from pyiceberg.io.pyarrow import schema_to_pyarrow
     from pyiceberg.table.metadata import TableMetadataUtil
 
+    check_engine_version(spec.pipeline, spec.engine_version)
     spec.hooks.fire("in_task", task=spec.range, stage="start")
     metadata: TableMetadata = TableMetadataUtil.parse_raw(spec.table_metadata_json)
     target = schema_to_pyarrow(metadata.schema())

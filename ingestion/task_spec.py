@@ -41,6 +41,7 @@ class TaskSpec:
     read_timeout_s: float = 60.0
     headers: bool = False
     hooks: FailureHooks = NO_HOOKS
+    engine_version: str = ""  # the driver's ingestion.engine_version.engine_fingerprint()
 
 
 @dataclass

@@ -20,6 +20,7 @@ from dagster import (
 )
 
 from ingestion.audit import audit_pipeline
+from ingestion.audit_check import check_exactly_once
 from ingestion.checks import (
     ALL_CHECKS,
     AUDIT_CHECK,
@@ -27,10 +28,10 @@ from ingestion.checks import (
     STATE_CHECKS,
     CheckDef,
     Finding,
-    check_exactly_once,
     evaluate_state_checks,
     not_evaluated,
 )
+from ingestion.commit_audit import AuditMemory
 from ingestion.spec import PipelineSpec
 from platform_assets.pipelines import table_key
 from platform_assets.replica_checks import replica_check_def, replica_finding
@@ -44,11 +45,12 @@ def audit_finding(
     iceberg: IcebergCatalogResource,
     kafka: KafkaResource,
     *,
-    after_snapshot_id: int | None = None,
+    previous: AuditMemory | None = None,
     full: bool = False,
 ) -> Finding:
-    """The exactly-once audit of the pipeline's table: the commits after ``after_snapshot_id``
-    recounted in Kafka, or (``full``) every commit and every row's coordinates."""
+    """The exactly-once audit of the pipeline's table: the commits after the ``previous``
+    evaluation's cursor recounted in Kafka (a commit it could not recount is retried, counted
+    on from ``previous``), or (``full``) every commit and every row's coordinates."""
     clusters = {"primary": kafka.client_config()}
     for replica in spec.replicas:  # each commit is recounted on the cluster it read
         clusters[replica.name] = kafka.for_cluster(replica.name).client_config()
@@ -56,28 +58,37 @@ def audit_finding(
         spec,
         iceberg.load_catalog(),
         kafka.client_config(),
-        after_snapshot_id=after_snapshot_id,
+        after_snapshot_id=previous.cursor if previous else None,
         full=full,
         cluster_configs=clusters if spec.replicas else None,
     )
-    return check_exactly_once(spec.table, audit)
+    return check_exactly_once(spec.table, audit, previous)
 
 
-def previous_audit_cursor(instance: DagsterInstance, key: AssetCheckKey) -> int | None:
-    """The ``audit_cursor`` of the check's last completed evaluation (None: audit afresh).
+def previous_audit_memory(instance: DagsterInstance, key: AssetCheckKey) -> AuditMemory | None:
+    """What the check's last completed evaluation left: its ``audit_cursor``, and the commit it
+    could not recount with ``recount_attempts`` (None: audit afresh).
 
-    The cursor lives in the check's own results, so it follows the check wherever Dagster
+    The memory lives in the check's own results, so it follows the check wherever Dagster
     stores its history; a lost cursor costs one evaluation of the newest commits only.
     """
     for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=10):
         event = record.event.dagster_event if record.event else None
         metadata = getattr(event.event_specific_data, "metadata", None) if event else None
         if metadata and "audit_cursor" in metadata:  # an evaluation (not a planned one)
-            text = str(metadata["audit_cursor"].value)
             break
     else:
         return None
-    return int(text) if text.isdigit() else None
+
+    def number(name: str) -> int | None:
+        text = str(metadata[name].value) if name in metadata else ""
+        return int(text) if text.isdigit() else None
+
+    return AuditMemory(
+        cursor=number("audit_cursor"),
+        unrecounted_snapshot=number("unrecounted_snapshot"),
+        attempts=number("recount_attempts") or 0,
+    )
 
 
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
@@ -130,10 +141,8 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
                 findings[AUDIT_CHECK.name] = not_evaluated(state)
             else:
                 key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
-                cursor = previous_audit_cursor(context.instance, key)
-                findings[AUDIT_CHECK.name] = audit_finding(
-                    spec, iceberg, kafka, after_snapshot_id=cursor
-                )
+                previous = previous_audit_memory(context.instance, key)
+                findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, previous=previous)
         for name, replica in replicas.items():
             if name in selected:
                 findings[name] = replica_finding(spec, replica, kafka, iceberg)

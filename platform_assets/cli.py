@@ -121,6 +121,8 @@ def print_status(status: PipelineStatus) -> None:
         + f"   last commit: {status.last_commit_age_s} s ago"
         + f"   valid through: {status.valid_through}"
     )
+    if status.future_timestamps:
+        print(f"  untrusted (future) timestamps: {status.future_timestamps}")
     print(f"  {'partition':<20} {'committed':>10} {'end':>10} {'mirror':>10} {'lag':>8}  oldest")
     for p in status.partitions:
         age = f"{p.oldest_uncommitted_age_s} s" if p.oldest_uncommitted_age_s is not None else "-"

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.failback_origin import OriginPlan, find_switch
 from ingestion.failover import PartitionPlan, plan_failover, read_offset_syncs
 from ingestion.failover_commit import apply_failover
 from ingestion.mirror import mirror_table_offsets
@@ -24,6 +25,7 @@ from ingestion.offsets import find_committed_state, flatten
 from ingestion.replica_facts import ReplicaTarget, read_checkpoints
 from ingestion.replica_spec import ReplicaSpec
 from ingestion.spec import PipelineSpec
+from platform_assets.failback import describe_origin, origin_links, plan_failback_origin
 from platform_assets.route import PRIMARY, Route, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -57,6 +59,13 @@ def failover_target(
             raise FailoverRefusedError(
                 f"pipeline {spec.name!r} reads from replica {route.cluster!r}: fail back to "
                 f"primary first (platform failover {spec.name} --to primary)"
+            )
+        if route.spec.source_topics != spec.source_topics:
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r} reads {route.spec.source_topics} on the primary since "
+                f"its failback (reverse copies next to {spec.source_topics}); MM2 does not copy "
+                "a reverse copy back to the replica, so a failover from this route is not "
+                "supported; nothing was changed"
             )
         replica = spec.replica(to)
         alias, policy = replica.source_alias, replica.replication_policy
@@ -119,8 +128,16 @@ def failover_pipeline(
     )
     checkpoints = read_checkpoints(target.kafka_config, checkpoints_topic(target.source_alias))
     offsets = flatten(committed.offsets)
-    plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names)
+    # A failback undoes the newest switch to the replica it leaves: its plan ties the replica's
+    # partitions to the origin topics (ingestion.failback_link, ingestion.failback_origin).
+    switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
+    links = origin_links(switch, offsets, names, spec.name) if switch else None
+    plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names, links)
     lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
+    origin: list[OriginPlan] = []
+    if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
+        origin = plan_failback_origin(spec, catalog, route, goal.kafka, names, offsets, switch)
+        lines += describe_origin(origin, route.cluster)
     if dry_run:
         return [*lines, "dry run: nothing committed"]
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
@@ -136,6 +153,7 @@ def failover_pipeline(
         reason,
         active_runs,
         spec_topics={originals[t]: copy for t, copy in names.items()},
+        origin=origin,
     )
     table = catalog.load_table(spec.table)
     mirrored = mirror_table_offsets(goal.kafka.get_admin_client(), table, spec.consumer_group_id)

@@ -63,7 +63,9 @@ def replica_finding(
             route.kafka.client_config(),
             target,
             spec.consumer_group_id,
-            route.spec.source_topics,
+            # On the primary MM2 copies the origin topics (after a failback the route also
+            # reads the reverse copies, which the forward flow does not copy back).
+            spec.source_topics if route.cluster == PRIMARY else route.spec.source_topics,
             now_ms,
             timeout_s=10.0,
         )

@@ -1,16 +1,17 @@
 """Which cluster a pipeline reads now, and under which topic names: the table says.
 
 After a failover (``platform failover``) the table's newest switch names the cluster
-(:func:`~ingestion.failover_commit.active_cluster`) and the topics read there; the ingestion
-asset, the lag sensor, the checks and the CLI all read through :func:`active_route`, so they
-follow the switch without a configuration change. Reads only.
+(:func:`~ingestion.failover_commit.active_cluster`) and the topics read there (after a failback,
+the reverse copies and the origin topics); the ingestion asset, the lag sensor, the checks and
+the CLI all read through :func:`active_route`, so they follow the switch without a
+configuration change. Reads only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingestion.failover_commit import active_cluster, active_topics
+from ingestion.failover_commit import active_cluster, active_origins, active_topics
 from ingestion.spec import PipelineSpec
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -52,5 +53,8 @@ def active_route(
         return Route(PRIMARY, spec, kafka)
     names = active_topics(table, spec.consumer_group_id) or {}
     topics = [names.get(topic, topic) for topic in spec.source_topics]
+    # A failback to the primary reads the origin topics again (their unreplicated tail and what
+    # producers write there since), next to the reverse copies: ingestion.failback_origin.
+    topics += [t for t in active_origins(table, spec.consumer_group_id) if t not in topics]
     moved = spec.model_copy(update={"topic": None, "topics": topics})
     return Route(cluster, moved, kafka.for_cluster(cluster))

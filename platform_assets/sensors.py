@@ -42,8 +42,9 @@ from dagster._core.storage.asset_check_execution_record import (
 )
 
 from ingestion.checks import GROUP_CHECK, Finding, check_group_consistency
+from ingestion.lag import measure_with_sightings
 from ingestion.spec import PipelineSpec
-from ingestion.triggers import decide, decide_group_check, is_continuous, oldest_age_seconds
+from ingestion.triggers import decide, decide_group_check, is_continuous
 from platform_assets.alert_policy import (
     Evaluation,
     Notice,
@@ -90,6 +91,10 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
     """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds,
     unless the blocking group-id check fails on the state just read.
 
+    The age is lag in seconds as the checks compute it (``ingestion.lag``, R53): a producer
+    timestamp in the future is bounded by the last commit, or before any commit by the tick
+    that first saw it (``future_seen`` in the cursor), and named in ``future_timestamps``.
+
     A continuous pipeline (``ingestion.triggers.is_continuous``) launches no ingestion run
     here: its stream sensor keeps one stream run alive (``platform_assets/stream_sensor.py``);
     this sensor still requests the runs that record the group check, once no stream is active.
@@ -120,7 +125,9 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
             outcome, latest_outcome(context.instance, group_key), requested, busy
         )
         lag = sum(state.lag().values())
-        age = oldest_age_seconds(state.oldest_uncommitted_ms, time.time())
+        now_ms = int(time.time() * 1000)
+        waited, seen = measure_with_sightings(state, now_ms, cursor.get("future_seen") or {})
+        age = waited.seconds
         if outcome.blocks:  # no ingestion: it would fail, or re-read everything
             launch, reason = False, blocked_reason(spec, outcome)
         elif continuous:
@@ -134,6 +141,8 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
                 {
                     "lag": lag,
                     "lag_seconds": age,
+                    "future_timestamps": waited.describe_future(),
+                    "future_seen": seen,
                     "group_check_requested": requested,
                 }
             )

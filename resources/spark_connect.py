@@ -9,17 +9,13 @@ the single-machine form.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 from resources.embedded import find_free_port
+from resources.process import ManagedProcess
 
 
 class ConnectServerError(RuntimeError):
@@ -33,7 +29,7 @@ def find_spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-class SparkConnectServer:
+class SparkConnectServer(ManagedProcess):
     """A Spark Connect server in its own process group, started and stopped as a context
     manager (SIGTERM, then SIGKILL), so no server outlives its owner.
 
@@ -61,7 +57,6 @@ class SparkConnectServer:
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.environ = environ
-        self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def remote(self) -> str:
@@ -71,14 +66,9 @@ class SparkConnectServer:
         return f"sc://127.0.0.1:{self.port}"
 
     @property
-    def log_path(self) -> Path:
+    def log_path(self) -> Path:  # type: ignore[override]  # derived from log_dir
         """Where the server's output goes."""
         return self.log_dir / "spark-connect.log"
-
-    @property
-    def pid(self) -> int | None:
-        """The server's process id while it runs."""
-        return self._process.pid if self._process else None
 
     @property
     def python(self) -> str:
@@ -101,7 +91,7 @@ class SparkConnectServer:
         flags = [item for key, value in conf.items() for item in ("--conf", f"{key}={value}")]
         return ["bash", str(script), "--wait", "--master", self.master, *flags]
 
-    def start(self) -> SparkConnectServer:
+    def start(self) -> Self:
         """Start the server and wait until its gRPC port accepts connections.
 
         Raises:
@@ -116,62 +106,17 @@ class SparkConnectServer:
             "SPARK_PID_DIR": str(self.log_dir),
             "PYSPARK_PYTHON": self.python,
         }
-        with self.log_path.open("ab") as log:
-            self._process = subprocess.Popen(
-                self.command(port),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+        self.spawn(self.command(port), env=env)
+        if self.wait_listening(port, self.start_timeout_s, interval_s=0.25):
+            self.port = port
+            return self
+        if self.pid is None:
+            raise ConnectServerError(
+                f"Spark Connect exited with {self.exit_code}; its log ({self.log_path}) ends:\n"
+                f"{self.read_log()}"
             )
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                code = self._process.returncode
-                self._process = None
-                raise ConnectServerError(
-                    f"Spark Connect exited with {code}; its log ({self.log_path}) ends:\n"
-                    f"{self.read_log()}"
-                )
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                self.port = port
-                return self
-            time.sleep(0.25)
         self.stop()
         raise ConnectServerError(
             f"Spark Connect did not listen on 127.0.0.1:{port} within {self.start_timeout_s:g} "
             f"s; its log ({self.log_path}) ends:\n{self.read_log()}"
         )
-
-    def stop(self) -> None:
-        """Stop the server (its whole process group); a no-op when it is not running."""
-        process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-            try:
-                process.wait(self.stop_timeout_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError):  # its Python workers, if any linger
-            os.killpg(process.pid, signal.SIGKILL)
-
-    def read_log(self, max_chars: int = 8_000) -> str:
-        """The tail of the server's log."""
-        if not self.log_path.exists():
-            return ""
-        return self.log_path.read_text(errors="replace")[-max_chars:]
-
-    def __enter__(self) -> SparkConnectServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

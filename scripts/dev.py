@@ -39,8 +39,6 @@ telemetry:
   enabled: false
 nux:
   enabled: false
-freshness:
-  enabled: true
 concurrency:
   pools:
     granularity: run  # a pool caps runs: one ingestion run per pipeline at a time

@@ -5,6 +5,10 @@ Starts ``make dev``'s stack (scripts/dev.py: broker, catalog, demo producer at `
 the records produced during the next ``--minutes``, prints the figures and stops the stack.
 With ``--attach STATE_DIR`` it measures a running stack instead, producing ``--rate`` extra
 events/s to ``orders`` at ``$KAFKA_BOOTSTRAP_SERVERS`` (0: only watch the demo producer).
+With ``--target SECONDS`` the started stack runs the shipped ``orders`` pipeline with that
+``freshness_target_seconds`` instead of the shipped 15 s (a pipelines file passed through
+``PLATFORM_PIPELINES_FILE``): at or above ``RUN_PER_COMMIT_FLOOR_SECONDS`` it is ingested run per
+commit (lag sensor -> Dagster run -> commit), which is how the floor is measured.
 
 Latency per record = commit time of the first snapshot whose offsets cover it minus its Kafka
 timestamp (ingestion/latency.py); nothing else of the stack is changed for the measurement.
@@ -48,13 +52,29 @@ def first_commit_ms(catalog: IcebergCatalogResource, timeout_s: float) -> int:
     raise SystemExit(f"no commit to {TABLE} within {timeout_s:.0f} s")
 
 
-def start_stack(state_dir: Path, rate: float) -> subprocess.Popen[str]:
+def write_pipelines(state_dir: Path, target: float) -> Path:
+    """The shipped pipelines file with ``orders``' freshness target set to ``target``."""
+    import yaml
+
+    document = yaml.safe_load((ROOT / "platform_assets" / "pipelines.yaml").read_text())
+    for pipeline in document["pipelines"]:
+        if pipeline["name"] == "orders":
+            pipeline["freshness_target_seconds"] = target
+    path = state_dir / "pipelines.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def start_stack(state_dir: Path, rate: float, target: float | None) -> subprocess.Popen[str]:
     """scripts/dev.py, as ``make dev`` runs it; returns once it reset the demo catalog (its
     banner is printed after that: opening the catalog earlier would race the reset)."""
     command = [sys.executable, str(ROOT / "scripts" / "dev.py"), "--state-dir", str(state_dir)]
     command += ["--ui-port", str(find_free_port()), "--rate", f"{rate:g}"]
+    env = dict(os.environ)
+    if target is not None:
+        env["PLATFORM_PIPELINES_FILE"] = str(write_pipelines(state_dir, target))
     process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     assert process.stdout is not None
     for line in process.stdout:
@@ -78,6 +98,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--attach", help="state dir of a running stack (default: start one)")
     parser.add_argument("--settle-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--target", type=float, help="orders' freshness_target_seconds (default: shipped)"
+    )
     args = parser.parse_args()
 
     stack, stop = None, threading.Event()
@@ -87,7 +110,7 @@ def main() -> int:
             threading.Thread(target=produce_extra, args=(args.rate, stop), daemon=True).start()
     else:
         state_dir = Path(tempfile.mkdtemp(prefix="freshness-"))
-        stack = start_stack(state_dir, args.rate)
+        stack = start_stack(state_dir, args.rate, args.target)
     catalog = IcebergCatalogResource(state_dir=str(state_dir))
     try:
         since_ms = max(first_commit_ms(catalog, 300), int(time.time() * 1000))

@@ -7,20 +7,20 @@ from typing import Any
 import pytest
 
 from ingestion.audit import AuditResult, PipelineAudit
+from ingestion.audit_check import check_exactly_once
 from ingestion.checks import (
     AUDIT_CHECK,
     GROUP_CHECK,
     STATE_CHECKS,
     check_commit_freshness,
     check_dead_letter_rate,
-    check_exactly_once,
     check_group_consistency,
     check_retention_risk,
     check_watermark_reachable,
     evaluate_state_checks,
 )
-from ingestion.commit_audit import CommitAudit
-from ingestion.offsets import CommittedState, TopicOffsets
+from ingestion.commit_audit import AuditMemory, CommitAudit
+from ingestion.offsets import VALID_THROUGH_MS, CommittedState, TopicOffsets
 from ingestion.state import Commit, PipelineState
 from ingestion.status import build_status
 from ingestion.topics import PartitionState, TopicState
@@ -50,14 +50,25 @@ def state(
     return result
 
 
-def commit(age_s: float, records: int = 10, dead: int = 0, now_ms: int = 1_000_000) -> Commit:
+def commit(
+    age_s: float,
+    records: int = 10,
+    dead: int = 0,
+    now_ms: int = 1_000_000,
+    valid_through_s: float | None = None,
+) -> Commit:
+    through = (
+        {}
+        if valid_through_s is None
+        else {VALID_THROUGH_MS: str(now_ms - int(valid_through_s * 1000))}
+    )
     return Commit(
         snapshot_id=1,
         timestamp_ms=now_ms - int(age_s * 1000),
         records=records,
         quarantined=dead,
         offsets={},
-        properties={},
+        properties=through,
     )
 
 
@@ -228,3 +239,133 @@ def test_checks_are_not_evaluated_while_the_group_check_blocks() -> None:
     others = [findings[check.name] for check in STATE_CHECKS]
     assert all(f.skipped and f.metadata["blocked_by"] == GROUP_CHECK.name for f in others)
     assert all("not evaluated" in f.message for f in others)
+
+
+HOUR_MS = 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("current", "passed", "severity", "text"),
+    [
+        (state({0: 4}, commits=[commit(120)]), False, "ERROR", "the oldest for 120 s"),
+        (state({0: 4}, commits=[commit(30)]), True, "ERROR", "the oldest 30 s old"),
+        (
+            # the last commit planned 200 s ago (its valid-through): the record arrived later
+            state({0: 4}, commits=[commit(30, valid_through_s=200)]),
+            False,
+            "ERROR",
+            "the oldest for 200 s",
+        ),
+        (state(None), False, "WARN", "never committed, so how long they have waited is unknown"),
+    ],
+    ids=["stale", "recent-commit", "valid-through", "never-committed"],
+)
+def test_a_future_producer_timestamp_is_not_trusted(
+    current: PipelineState, passed: bool, severity: str, text: str
+) -> None:
+    """Issue 15: a record stamped an hour ahead would be -3600 s old; its age is bounded by the
+    last commit instead (never fresh for ever), and the partition and offset are named."""
+    current.oldest_uncommitted_ms = {("orders", 0): 1_000_000 + HOUR_MS}
+    finding = check_commit_freshness(current, now_ms=1_000_000)
+    assert (finding.passed, finding.severity) == (passed, severity), finding.message
+    assert text in finding.message
+    offset = 4 if current.committed else 0
+    where = f"orders[0] offset {offset} (timestamp 3600 s in the future)"
+    assert where in finding.message
+    assert finding.metadata["future_timestamps"] == where
+
+
+def test_a_small_clock_skew_is_trusted() -> None:
+    """A timestamp within the skew allowance (ingestion.lag.FUTURE_SKEW_MS) is the record's."""
+    current = state({0: 4}, commits=[commit(120)], oldest_uncommitted_ms={("orders", 0): 1_002_000})
+    finding = check_commit_freshness(current, now_ms=1_000_000)
+    assert finding.passed
+    assert "future" not in finding.message
+
+
+def test_status_and_sensor_share_the_lag_in_seconds() -> None:
+    """``platform status`` shows the same bounded age as commit_freshness and the sensor
+    (one function, ingestion.lag.measure_lag_age), per partition and overall."""
+    from ingestion.lag import measure_with_sightings
+
+    current = state(
+        {0: 4, 1: 7},
+        ends={0: 10, 1: 9},
+        commits=[commit(45)],
+        oldest_uncommitted_ms={("orders", 0): 1_000_000 + HOUR_MS, ("orders", 1): 990_000},
+    )
+    status = build_status(current, evaluate_state_checks(current), now_ms=1_000_000)
+    ages = {p.partition: p.oldest_uncommitted_age_s for p in status.partitions}
+    assert ages == {"orders:0": 45.0, "orders:1": 10.0}
+    assert status.oldest_uncommitted_age_s == 45.0
+    assert status.future_timestamps == "orders[0] offset 4 (timestamp 3600 s in the future)"
+    sensor_age, seen = measure_with_sightings(current, 1_000_000, {})
+    assert sensor_age.seconds == 45.0
+    assert seen == {"orders[0]@4": 1_000_000}
+
+
+def audit_with(**fields: Any) -> PipelineAudit:
+    return PipelineAudit(CommitAudit(cursor=7, recounted=[7], **fields), budget=1000)
+
+
+UNRECOUNTED = {
+    "unrecounted_snapshot": 8,
+    "unrecounted": "snapshot 8: could not recount orders[2] [10, 20) (broker down)",
+    "pending": 2,
+    "backlog_offsets": 30,
+    "oldest_unaudited_ms": 1_000_000 - 60_000,
+}
+
+
+@pytest.mark.parametrize(
+    ("previous", "severity", "attempts", "text"),
+    [
+        (None, "WARN", 1, "retried by the next evaluation (5 more before this fails)"),
+        (AuditMemory(7, 8, 2), "WARN", 3, "3 evaluation(s) in a row"),
+        (AuditMemory(7, 8, 5), "ERROR", 6, "the audit cannot move past it"),
+        (AuditMemory(7, 6, 5), "WARN", 1, "1 evaluation(s) in a row"),  # another commit
+    ],
+    ids=["first", "again", "bound", "another-commit"],
+)
+def test_an_unrecountable_commit_warns_then_fails(
+    previous: AuditMemory | None, severity: str, attempts: int, text: str
+) -> None:
+    """R47: the commit that could not be recounted is named (snapshot, topic[partition] and
+    range); the cursor stays before it; the check fails after MAX_RECOUNT_ATTEMPTS."""
+    finding = check_exactly_once("demo.orders", audit_with(**UNRECOUNTED), previous, 1_000_000)
+    assert (finding.passed, finding.severity) == (False, severity)
+    assert text in finding.message
+    assert "snapshot 8: could not recount orders[2] [10, 20)" in finding.message
+    assert finding.metadata["recount_attempts"] == attempts
+    assert finding.metadata["unrecounted_snapshot"] == "8"
+    assert finding.metadata["audit_cursor"] == "7"
+    assert finding.metadata["backlog_commits"] == 2
+    assert finding.metadata["oldest_unaudited_age_s"] == 60.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "passed", "text"),
+    [
+        ({"pending": 1, "backlog_offsets": 500, "oldest_unaudited_ms": 900_000}, True, "left"),
+        ({"pending": 3, "backlog_offsets": 1500, "oldest_unaudited_ms": 900_000}, False, "1500"),
+        (
+            {"pending": 1, "backlog_offsets": 10, "oldest_unaudited_ms": 1_000_000 - 1801_000},
+            False,
+            "the oldest 1801 s old",
+        ),
+    ],
+    ids=["small", "over-budget", "too-old"],
+)
+def test_the_audit_backlog_is_reported_and_bounded(
+    fields: dict[str, Any], passed: bool, text: str
+) -> None:
+    """R47: commits left by the budget are the backlog (metadata); it WARNs when one
+    evaluation's budget cannot clear it, or its oldest commit is older than the bound."""
+    finding = check_exactly_once("demo.orders", audit_with(**fields), None, 1_000_000)
+    assert finding.passed is passed, finding.message
+    assert not finding.blocks
+    assert text in finding.message
+    assert finding.metadata["backlog_commits"] == fields["pending"]
+    assert finding.metadata["backlog_offsets"] == fields["backlog_offsets"]
+    if not passed:
+        assert "the audit is falling behind" in finding.message

@@ -4,6 +4,7 @@ without false alarms, and a cursor so that an evaluation recounts only the new c
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,8 @@ import pyarrow as pa
 import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
+from ingestion.audit import PipelineAudit
+from ingestion.audit_check import check_exactly_once
 from ingestion.checks import Finding
 from ingestion.commit_audit import audit_commits
 from ingestion.offsets import TopicOffsets, commit_properties, find_committed_state
@@ -193,3 +196,94 @@ def test_full_audit_on_demand_recounts_every_commit_and_scans_every_row(
     assert check["passed"], check["message"]
     assert "each (topic, partition, offset) once: 20 rows" in check["message"]
     assert "2 commit(s) recounted" in check["message"]
+
+
+def test_an_unrecountable_commit_is_retried_not_skipped(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+) -> None:
+    """R47: a commit whose ranges cannot be recounted (here the cluster is unreachable) is not
+    audited: the cursor stays before it, the check WARNs naming it, and the next evaluation
+    (the cluster back) recounts it."""
+    topic, spec = new_pipeline("audit_retry", produce=10)
+    ingest(harness, spec)
+    group, config = spec.consumer_group_id, kafka.client_config()
+    first = audit_commits(harness.table(spec), group, config, spec.name)
+    assert first.ok
+    assert first.cursor is not None
+    ledger_producer.produce(topic, records(10, first=10))
+    ingest(harness, spec)
+    table = harness.table(spec)
+    newest = table.metadata.current_snapshot_id
+    quiet = logging.getLogger("tests.unreachable_cluster")  # librdkafka's connect errors
+    unreachable = {**config, "bootstrap.servers": "127.0.0.1:1", "logger": quiet}
+    down = audit_commits(
+        table, group, unreachable, spec.name, after_snapshot_id=first.cursor, timeout_s=2.0
+    )
+    assert down.recounted == []
+    assert down.cursor == first.cursor  # not moved past the commit it could not recount
+    assert down.unrecounted_snapshot == newest
+    assert f"could not recount {topic}[0] [10, 20)" in (down.unrecounted or "")
+    assert (down.pending, down.backlog_offsets) == (1, 10)
+    finding = check_exactly_once(spec.table, PipelineAudit(down))
+    assert (finding.passed, finding.severity) == (False, "WARN")
+    assert f"snapshot {newest}: could not recount {topic}[0]" in finding.message
+    back = audit_commits(table, group, config, spec.name, after_snapshot_id=down.cursor)
+    assert back.ok, back.findings
+    assert back.recounted == [newest]
+    assert back.cursor == newest
+
+
+def test_an_audit_over_its_budget_reports_its_backlog_and_catches_up(
+    harness: Harness,
+    catalog_resource: IcebergCatalogResource,
+    kafka: KafkaResource,
+    spark_resource: SparkResource,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+) -> None:
+    """R47: with more new offsets than one evaluation may recount (``audit_recount_offsets``),
+    the Dagster check reports the backlog (commits, offsets, the oldest's age) and WARNs while
+    one budget cannot clear it; the cursor moves on each evaluation until it is audited."""
+    topic, spec = new_pipeline("audit_backlog", produce=10, audit_recount_offsets=15)
+    ingest(harness, spec)
+    resources = {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}
+    with DagsterInstance.ephemeral() as instance:
+
+        def evaluate() -> Any:
+            result = materialize(
+                [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
+                resources=resources,
+                selection=AssetSelection.checks_for_assets(table_key(spec)),
+                instance=instance,
+            )
+            (audit,) = [
+                e
+                for e in result.get_asset_check_evaluations()
+                if e.check_name == "exactly_once_audit"
+            ]
+            return audit
+
+        assert evaluate().passed
+        for batch in range(3):
+            ledger_producer.produce(topic, records(10, first=10 + batch * 10))
+            ingest(harness, spec)
+        behind = evaluate()
+        figures = {k: v.value for k, v in behind.metadata.items()}
+        assert not behind.passed
+        assert behind.severity.value == "WARN"
+        assert "the audit is falling behind" in behind.description
+        assert (figures["commits_recounted"], figures["backlog_commits"]) == (1, 2)
+        assert figures["backlog_offsets"] == 20
+        assert figures["oldest_unaudited_age_s"] >= 0
+        catching_up = evaluate()
+        assert catching_up.passed, catching_up.description
+        assert catching_up.metadata["backlog_commits"].value == 1
+        done = evaluate()
+        assert done.passed, done.description
+        assert done.metadata["backlog_commits"].value == 0
+        assert done.metadata["audit_cursor"].value == str(
+            harness.table(spec).metadata.current_snapshot_id
+        )

@@ -1,36 +1,46 @@
 """Failover and failback wired into the platform, end to end on two real clusters.
 
-The primary stops (SIGSTOP) in the middle of a stream; ``platform failover --dry-run`` shows the
-plan and commits nothing, ``platform failover --to dr`` switches, and the pipeline's Dagster
-ingestion asset then reads the replica with no configuration change. The primary comes back, a
-reverse MirrorMaker 2 flow (the stand-in) copies the replica's topic to it, producers keep
-writing to the replica, and the Dagster ``failover`` job fails the pipeline back to primary in
-the middle of that stream. The oracle, by source record identity: every record once. The
+The primary stops (SIGSTOP) in the middle of a stream, with records MM2 had not copied yet (the
+RPO tail); ``platform failover --dry-run`` shows the plan and commits nothing, ``platform
+failover --to dr`` switches, and the pipeline's Dagster ingestion asset then reads the replica
+with no configuration change. The primary comes back, a reverse MirrorMaker 2 flow (the
+stand-in) copies the replica's topic to it, producers keep writing to the replica, and the
+Dagster ``failover`` job fails the pipeline back to primary in the middle of that stream: it
+reads the reverse copy and the origin topic again, from the unreplicated tail on, where
+producers write once more. The oracle, by source record identity: every record once. The
 exactly-once audit recounts each commit on the cluster it read."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import yaml
+from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetSelection, DagsterInstance
 
-from ingestion.exceptions import OperationRefusedError
+from ingestion.exceptions import FailoverRefusedError, OperationRefusedError
+from ingestion.failback_origin import FAILOVER_ORIGIN
 from ingestion.offsets import RESET_BY, RESET_REASON
+from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.cli_actions import parse_position
+from platform_assets.failover import failover_pipeline
 from platform_assets.operations import reset_offsets
 from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.replica_checks import replica_finding
 from platform_assets.route import active_route
+from platform_assets.state import read_pipeline_state
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -38,7 +48,7 @@ from resources.spark import SparkResource
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.failover_stream import oracle, produce
 from tests.support.mm2_standin import MirrorStandIn
-from tests.support.pipelines import make_spec
+from tests.support.pipelines import make_spec, records
 
 pytestmark = pytest.mark.integration
 NAME = "dr_wired"
@@ -58,6 +68,17 @@ def write_config(tmp_path: Path, source: str, replica: str, spec: PipelineSpec) 
     }
     config.write_text(yaml.safe_dump(document))
     return config
+
+
+def readme_failover_commands() -> list[list[str]]:
+    """The README's ``platform failover`` lines (dry run, switch, failback) for this pipeline."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    lines = re.findall(r"^ +platform (failover .+)$", text, flags=re.MULTILINE)
+    commands = [shlex.split(line, comments=True) for line in lines]
+    assert [c[c.index("--to") + 1] for c in commands] == ["dr", "dr", "primary"], commands
+    assert "--dry-run" in commands[0]
+    assert "--dry-run" not in commands[1] + commands[2]
+    return [[NAME if word == "PIPELINE" else word for word in c] for c in commands]
 
 
 def ingest(spec: PipelineSpec, resources: dict[str, Any], cap: int | None = None) -> None:
@@ -108,10 +129,12 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     produce(source.bootstrap_servers, "orders", 100, 30)
     ingest(spec, resources, cap=40)  # 110 of 130: past the checkpoint
     forward.replicate()  # all 130 copied, no newer checkpoint
+    # MM2 copies asynchronously: the last records reach the primary only (the RPO tail).
+    produce(source.bootstrap_servers, "orders", 130, 10)
     os.kill(source.pid or 0, signal.SIGSTOP)  # disaster
 
-    args = ["failover", NAME, "--to", "dr", "--reason", "primary down", "--by", "ops@example.com"]
-    assert main([*args, "--dry-run"]) == 0
+    dry_run, args, back_args = readme_failover_commands()  # the README's commands, as written
+    assert main(dry_run) == 0
     shown = capsys.readouterr().out
     assert "failover of 'dr_wired': primary -> dr" in shown
     assert "orders[0] at " in shown
@@ -126,7 +149,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     assert switch is not None
     assert switch.summary is not None
     recorded = switch.summary.additional_properties
-    assert (recorded[RESET_BY], recorded[RESET_REASON]) == ("ops@example.com", "primary down")
+    assert (recorded[RESET_BY], recorded[RESET_REASON]) == ("ops", "primary down")
     # A reset addresses the spec's topics on the primary: on a moved route it would switch the
     # pipeline back without a plan, so it is refused, nothing changed.
     with pytest.raises(OperationRefusedError, match="not supported on a moved route"):
@@ -141,8 +164,8 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     way_back = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert not way_back.passed
     assert "'dr.checkpoints.internal' does not exist on the replica" in way_back.message
-    produce(replica.bootstrap_servers, "primary.orders", 130, 20)
-    ingest(spec, resources, cap=10)  # 140 of 150, on the replica
+    produce(replica.bootstrap_servers, "primary.orders", 140, 20)
+    ingest(spec, resources, cap=10)  # 140 of 150 on the replica (k130..k139 are on the primary)
     reverse = MirrorStandIn(
         replica.bootstrap_servers, source.bootstrap_servers, ["primary.orders"], [group],
         source_alias="dr", target_alias="primary", identity=True, sync_every=7,
@@ -153,6 +176,17 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     assert ready.passed, ready.message
     ingest(spec, resources, cap=5)  # 145 of 150: past the reverse checkpoint
     reverse.replicate()
+
+    assert main([*back_args, "--dry-run"]) == 0  # the job below commits it (the same code)
+    shown = capsys.readouterr().out
+    for partition in (0, 1):  # k130..k139: five per partition, copied by no one
+        assert re.search(
+            rf"origin orders\[{partition}\] \(at \d+ before the failover\) resumes at \d+: "
+            r"\d+ record\(s\) were ingested as copies on 'dr', 5 record\(s\) of unreplicated tail",
+            shown,
+        ), shown
+    assert "origin orders[2] (at 0 before the failover) resumes at 0: 0 record(s)" in shown
+    assert active_route(spec, kafka, iceberg).cluster == "dr"
 
     failover_job = build_ops_jobs([spec])[3]
     with DagsterInstance.ephemeral() as instance:
@@ -170,13 +204,31 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
         )  # fmt: skip
     assert back.success
     route = active_route(spec, kafka, iceberg)
-    assert (route.cluster, route.spec.source_topics) == ("primary", ["primary.orders"])
-    ingest(spec, resources)  # the last 5, from the primary's copy
-    oracle(catalog, spec, 150)
+    # The reverse copy and the origin topic, where the tail waits and producers write again.
+    assert (route.cluster, route.spec.source_topics) == ("primary", ["primary.orders", "orders"])
+    failback = catalog.load_table(spec.table).current_snapshot()
+    assert failback is not None
+    assert failback.summary is not None
+    origin = orjson.loads(failback.summary.additional_properties[FAILOVER_ORIGIN])
+    assert sorted((o["partition"], o["tail"]) for o in origin) == [(0, 5), (1, 5), (2, 0)]
+    ingest(spec, resources)  # the last 5 from the primary's copy, and the 10 of the tail
+    oracle(catalog, spec, 160)
+    produce(source.bootstrap_servers, "orders", 160, 20)  # producers are back on the primary
+    lag = read_pipeline_state(spec, kafka, iceberg).lag()
+    assert sum(n for (topic, _), n in lag.items() if topic == "orders") == 20  # the sensor sees it
     ingest(spec, resources)
-    oracle(catalog, spec, 150)
+    oracle(catalog, spec, 180)
+    ingest(spec, resources)
+    oracle(catalog, spec, 180)
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message
+    # Every row's coordinates too: primary.orders was read on both clusters (identity naming on
+    # the way back), so its coordinates may occur once per cluster whose ranges hold them.
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message
+    forward.step()  # MM2 primary -> dr runs again: the replica check judges the origin topic
+    ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
+    assert ready.passed, ready.message
 
 
 def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> None:
@@ -199,3 +251,150 @@ def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> No
     refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (None, 0)}, both)  # first commit
     one = {"primary.orders": {"primary-cluster"}}
     refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 70)}, one)
+
+
+def send(bootstrap: str, topic: str, numbers: list[int], stamp_ms: int) -> None:
+    """Records ``k<n>`` on partition ``n % 2``, stamped ``stamp_ms + n`` (CreateTime)."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for number in numbers:
+        ((key, value, _),) = records(1, first=number)
+        producer.produce(topic, value=value, key=key, partition=number % 2,
+                         timestamp=stamp_ms + number)  # fmt: skip
+        producer.flush(10)
+
+
+def test_a_failback_whose_copies_contradict_the_origin_is_refused_nothing_changed(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], tmp_path: Path
+) -> None:
+    """The primary wrote k20 and k22 but MM2 copied neither; a producer then re-sent k22 (same
+    timestamp and key) to the replica, not k20. The table ingested a copy of an origin record
+    after one it never saw: where the unreplicated tail starts cannot be told. The failback is
+    refused, naming the pipeline, the partition and the offsets; the table, the route and the
+    Kafka group are unchanged."""
+    source, replica = dr_clusters
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic("payments", 2, 1)]).values():
+        future.result(10)
+    name = "dr_refused"
+    spec = make_spec(
+        "payments", name, in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": "west", "failback_source_alias": "back"}],
+    )  # fmt: skip
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
+
+    def ingest_route() -> None:
+        route = active_route(spec, kafka, iceberg)
+        cluster = route.kafka.get_cluster_id()
+        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
+
+    send(source.bootstrap_servers, "payments", list(range(20)), stamp)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, ["payments"], [group],
+        source_alias="west",
+    ).setup()  # fmt: skip
+    ingest_route()
+    forward.step()  # all 20 copied and checkpointed
+    send(source.bootstrap_servers, "payments", [20, 21, 22, 23], stamp)  # never copied
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    # A retry of k22, and records of the replica's producers on both partitions.
+    send(replica.bootstrap_servers, "west.payments", [22, 30, 31], stamp)
+    ingest_route()
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, ["west.payments"], [group],
+        source_alias="back", target_alias="primary", identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+    before = catalog.load_table(spec.table).current_snapshot()
+    group_before = group_offsets(source.bootstrap_servers, group)
+
+    with pytest.raises(FailoverRefusedError) as refused:
+        failover_pipeline(
+            spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
+        )
+    message = str(refused.value)
+    assert f"pipeline {name!r}: failback of origin payments[0] (offset 10)" in message
+    assert "origin offset 11 has an ingested copy" in message
+    assert "although origin offset 10 before it has none" in message
+    assert "Nothing was changed" in message
+    assert catalog.load_table(spec.table).current_snapshot() == before
+    assert active_route(spec, kafka, iceberg).cluster == "dr"
+    assert group_offsets(source.bootstrap_servers, group) == group_before
+
+
+def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
+    """The Kafka group's committed offsets on one cluster."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
+    listed = future.result(10).topic_partitions or []
+    return {(tp.topic, tp.partition): tp.offset for tp in listed}
+
+
+@pytest.mark.parametrize("with_syncs", [True, False], ids=["offset-syncs", "checkpoints-only"])
+def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], tmp_path: Path, with_syncs: bool
+) -> None:
+    """Partition 1 got nothing on the replica after the failover, so MM2's anchor on the way
+    back is a copy of a record the table read on the primary, under the origin's name: the
+    failback aligns through the origin instead of refusing. The tail the primary never copied
+    (k20..k23) and what producers write there after the failback land once."""
+    source, replica = dr_clusters
+    n = int(with_syncs)
+    topic, alias, name = f"refunds{n}", f"east{n}", f"dr_quiet{n}"
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        topic, name, in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": f"home{n}"}],
+    )  # fmt: skip
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
+
+    def ingest_route() -> None:
+        route = active_route(spec, kafka, iceberg)
+        cluster = route.kafka.get_cluster_id()
+        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
+
+    send(source.bootstrap_servers, topic, list(range(20)), stamp)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
+    ).setup()
+    ingest_route()
+    forward.step()
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], stamp)  # never copied
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    send(replica.bootstrap_servers, f"{alias}.{topic}", [30], stamp)  # partition 0 only
+    ingest_route()
+    # The reverse flow's offset syncs live on the replica, named after the forward alias when
+    # MM2 calls the primary that (the failback reads them there).
+    syncs_alias = alias if with_syncs else f"nowhere{n}"
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [f"{alias}.{topic}"], [group],
+        source_alias=f"home{n}", target_alias=syncs_alias, identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+
+    lines = failover_pipeline(
+        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
+    )
+    quiet = next(line for line in lines if line.startswith(f"{alias}.{topic}[1] "))
+    assert "read before the failover" in quiet, lines
+    assert "from 10 (9 copies already ingested" in quiet, lines
+    route = active_route(spec, kafka, iceberg)
+    assert (route.cluster, route.spec.source_topics) == ("primary", [f"{alias}.{topic}", topic])
+    send(source.bootstrap_servers, topic, [40, 41], stamp)  # producers are back
+    ingest_route()
+    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
+    landed = sorted(keys.column("_kafka_key").to_pylist())
+    assert landed == sorted(f"k{i}" for i in [*range(24), 30, 40, 41])
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message

