@@ -69,6 +69,8 @@ def test_valid_spec_defaults() -> None:
         ),
         ({"starting_position": {"mode": "timestamp"}}, "starting_position", "timestamp_ms"),
         ({"freshness_target_seconds": 0}, "freshness_target_seconds", "greater than 0"),
+        ({"snapshot_retention_hours": 0}, "snapshot_retention_hours", "greater than 0"),
+        ({"snapshot_retention_hours": "soon"}, "snapshot_retention_hours", "valid number"),
         (
             {"freshness_target_seconds": 15, "max_lag_seconds": 60},
             "<spec>",
