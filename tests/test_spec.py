@@ -81,6 +81,19 @@ def test_valid_spec_defaults() -> None:
             "starting_position",
             "'topic:partition'",
         ),
+        (  # MM2 would never create the reverse copy (a cycle under its default policy)
+            {
+                "replicas": [
+                    {
+                        "name": "dr",
+                        "source_alias": "primary",
+                        "failback_replication_policy": "default",
+                    }
+                ]
+            },
+            "replicas.0",
+            "cannot fail back",
+        ),
     ],
 )
 def test_invalid_spec_names_pipeline_and_key(
