@@ -48,6 +48,7 @@ from ingestion.offsets import (
 )
 from ingestion.ranges import Key
 from ingestion.recount import plan_recount
+from ingestion.route_state import route_of
 from ingestion.snapshot_audit import (
     CommitAudit,
     check_count,
@@ -162,12 +163,14 @@ def _count_backlog(
 
 def clusters_by_snapshot(table: Table, group_id: str) -> dict[int, str]:
     """The cluster each snapshot's group offsets refer to: ``primary`` until a failover commit
-    (``kafka.failover-to``) names another, then that one (metadata only)."""
+    (``kafka.failover-to``), or a commit carrying its route, names another, then that one
+    (metadata only)."""
     current, clusters = "primary", {}
     for snapshot in reversed(list(iter_ancestry(table))):
         properties = snapshot_properties(snapshot)
-        if properties.get(GROUP_ID) == group_id and FAILOVER_TO in properties:
-            current = properties[FAILOVER_TO]
+        route = route_of(properties) if properties.get(GROUP_ID) == group_id else None
+        if route is not None:  # a switch, or a commit carrying it (the switch may be expired)
+            current = route[FAILOVER_TO]
         clusters[snapshot.snapshot_id] = current
     return clusters
 

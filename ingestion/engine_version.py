@@ -5,7 +5,9 @@ and a task refuses to run under another one (:func:`check_engine_version`). A lo
 (a Spark Connect server, a cluster's executor image, Python workers Spark reuses) keeps the
 engine it first imported across a deploy; without the check a task pickled by new code would
 run old decode and write code. Read from the package's own files, so the zip that
-``spark.ship_engine`` sends carries the same fingerprint as the directory it was made from.
+``spark.ship_engine`` sends carries the same fingerprint as the directory it was made from,
+and computed when this module is imported (with the task code that uses it), so a process
+whose files are replaced in place afterwards keeps reporting the version it runs.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def engine_fingerprint() -> str:
         if item.is_file() and item.name.endswith(".py"):
             digest.update(item.name.encode() + b"\0" + item.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+engine_fingerprint()  # now, with the code it describes; see the module docstring
 
 
 def check_engine_version(pipeline: str, expected: str) -> None:

@@ -47,8 +47,6 @@ from ingestion.ranges import Key
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-# JSON list of OriginPlan: what the failback resumed on the origin topics, and why
-FAILOVER_ORIGIN = "kafka.failover-origin"
 FAILOVER_PLAN = "kafka.failover-plan"  # the switch's per-partition plan (ingestion.failover_commit)
 
 

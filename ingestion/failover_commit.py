@@ -27,11 +27,12 @@ import orjson
 from ingestion import offsets as props
 from ingestion.actions import ActionCommit, ActionOutcome, commit_action, refuse_active_runs
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failback_origin import FAILOVER_ORIGIN, FAILOVER_PLAN, OriginPlan
+from ingestion.failback_origin import FAILOVER_PLAN, OriginPlan
 from ingestion.failover import PartitionPlan
 from ingestion.mm2 import replica_topic
-from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, iter_ancestry
+from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state
 from ingestion.replica_facts import ReplicaTarget
+from ingestion.route_state import FAILOVER_ORIGIN, FAILOVER_TOPICS, active_switch
 from ingestion.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -40,36 +41,20 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
 FAILOVER_TO = props.FAILOVER_TO
-# JSON {spec topic: topic read since the switch}: a failback composes MM2's two namings
-FAILOVER_TOPICS = "kafka.failover-topics"
-
-
-def _active_switch(table: Table, group_id: str) -> dict[str, str] | None:
-    """The newest switch's properties while the group's offsets are still committed under its
-    target's cluster id; None without one, or when a later commit (a reset) went elsewhere."""
-    committed = find_committed_state(table, group_id)
-    if committed is None:
-        return None
-    for snapshot in iter_ancestry(table):
-        properties = props.snapshot_properties(snapshot)
-        if properties.get(props.GROUP_ID) == group_id and FAILOVER_TO in properties:
-            same = properties.get(props.CLUSTER_ID) == committed.cluster_id
-            return properties if same else None
-    return None
 
 
 def active_cluster(table: Table, group_id: str) -> str | None:
     """The cluster the table says the group reads: the newest switch's target while the group's
     offsets are still committed under that target's cluster id; None (the pipeline's own
     cluster) when no switch was committed, or a later commit (a reset) went back to another."""
-    switch = _active_switch(table, group_id)
+    switch = active_switch(table, group_id)
     return None if switch is None else switch[FAILOVER_TO]
 
 
 def active_topics(table: Table, group_id: str) -> dict[str, str] | None:
     """The newest switch's topic names, ``{spec topic: topic read}``, while it is active
     (:func:`active_cluster`); None without one, or for a switch that did not record them."""
-    switch = _active_switch(table, group_id)
+    switch = active_switch(table, group_id)
     names = None if switch is None else switch.get(FAILOVER_TOPICS)
     return dict(orjson.loads(names)) if names else None
 
@@ -77,7 +62,7 @@ def active_topics(table: Table, group_id: str) -> dict[str, str] | None:
 def active_origins(table: Table, group_id: str) -> list[str]:
     """The origin topics a failback to the pipeline's own cluster put back on the route next
     to the reverse copies (``ingestion.failback_origin``), while that switch is active."""
-    switch = _active_switch(table, group_id)
+    switch = active_switch(table, group_id)
     plans = orjson.loads(switch.get(FAILOVER_ORIGIN, "[]")) if switch else []
     return sorted({str(plan["topic"]) for plan in plans})
 

@@ -35,6 +35,7 @@ from ingestion.offsets import (
 )
 from ingestion.quarantine import sync_quarantine, unsynced_snapshot_ids
 from ingestion.recovery import OrphanFile, remove_orphan_files
+from ingestion.route_state import undone_switch_depth
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -114,17 +115,22 @@ def live_groups(ancestry: list[Snapshot], keep: Set[str]) -> set[str]:
 
 def watermark_path(table: Table, head: Snapshot | None, keep: Set[str] = frozenset()) -> set[int]:
     """Snapshot ids from ``head`` back to the newest carrier of every live group's offsets
-    (:func:`live_groups`): expiring any of them would make a watermark unreachable."""
+    (:func:`live_groups`): expiring any of them would make a watermark unreachable; and, for a
+    group that reads a replica, back past its failover switch
+    (:func:`~ingestion.route_state.undone_switch_depth`)."""
     from pyiceberg.table.snapshots import ancestors_of
 
     ancestry = list(ancestors_of(head, table.metadata))
-    wanted = {OFFSETS_PREFIX + g for g in live_groups(ancestry, keep)}
+    live = live_groups(ancestry, keep)
+    wanted = {OFFSETS_PREFIX + g for g in live}
     path: set[int] = set()
     for snapshot in ancestry:
         if not wanted:
             break
         path.add(snapshot.snapshot_id)
         wanted -= set(snapshot_properties(snapshot))
+    for group in live:  # while failed over: what a failback needs to undo the switch (R49)
+        path |= {s.snapshot_id for s in ancestry[: undone_switch_depth(ancestry, group)]}
     return path
 
 

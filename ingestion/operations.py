@@ -139,7 +139,7 @@ def refuse_ambiguous_rewind(
             f"{after}) is refused: the table read topic {topic!r} on {len(read_on[topic])} "
             "clusters (a failback with MirrorMaker 2's identity replication policy), and its "
             "rows do not record the cluster, so the rewind would delete rows read on the other "
-            "cluster. Reset forward only, or fail over with "
+            "cluster. Reset forward only, or replicate with replication_policy: identity and "
             "failback_replication_policy: default (distinct names); nothing was changed"
         )
 

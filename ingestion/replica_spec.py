@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 _ALIAS = r"^[A-Za-z0-9._-]+$"
 
@@ -37,6 +37,21 @@ class ReplicaSpec(BaseModel):
     failback_source_alias: str | None = Field(default=None, pattern=_ALIAS)
     failback_replication_policy: Literal["default", "identity"] = "identity"
     max_checkpoint_age_seconds: float = Field(default=300.0, gt=0)
+
+    @model_validator(mode="after")
+    def _reverse_flow_can_exist(self) -> ReplicaSpec:
+        # MM2's DefaultReplicationPolicy never copies a topic back to the cluster its name
+        # says it came from (MirrorSourceConnector.isCycle): ``primary.orders`` on the replica
+        # is not replicated to ``primary``, so the reverse copy a failback reads never exists.
+        if self.replication_policy == "default" and self.failback_replication_policy == "default":
+            raise ValueError(
+                f"replica {self.name!r}: replication_policy default with "
+                "failback_replication_policy default cannot fail back: MirrorMaker 2 does not "
+                f"copy '{self.source_alias}.<topic>' back to the cluster aliased "
+                f"{self.source_alias!r} (a cycle). Use failback_replication_policy: identity, or "
+                "replication_policy: identity with failback_replication_policy: default"
+            )
+        return self
 
     @property
     def failback_alias(self) -> str:

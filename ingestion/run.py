@@ -21,6 +21,7 @@ from ingestion.offsets import commit_properties, flatten
 from ingestion.plan import Plan, build_plan
 from ingestion.quarantine import quarantine_properties, sync_quarantine
 from ingestion.ranges import Key
+from ingestion.route_state import carried_route
 from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table
 
@@ -199,6 +200,8 @@ def run_pipeline(
     )
     if quarantine is not None:  # the commit names its dead letters' files (ingestion.quarantine)
         properties.update(quarantine_properties(quarantine, quarantine_files))
+    if spec.replicas:  # a moved route outlives the expiry of its switch (R49)
+        properties.update(carried_route(table, plan.group_id))
     try:
         outcome = commit_data(catalog, plan, data_files, properties, hooks)
     except exceptions.CommitConflictError:

@@ -171,6 +171,13 @@ class PipelineSpec(_Model):
     retention_margin_records: PositiveInt = 10_000
     max_dead_letter_ratio: float = Field(default=0.01, ge=0, le=1)
     fallback_cron: str = "*/15 * * * *"
+    snapshot_retention_hours: float | None = Field(
+        default=None,
+        gt=0,
+        description="Snapshots older than this are expired by the pipeline's maintenance "
+        "schedule (the offsets watermark always kept, rule 7). Unset: a stream's last 480 "
+        "commits (30 min at a 15 s target), 168 h otherwise (ingestion.retention).",
+    )
     audit_recount_offsets: PositiveInt = Field(
         default=3_000_000,
         description="Offsets the exactly-once audit recounts in Kafka per evaluation (every 5 "

@@ -163,8 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     migrate.add_argument("--reason", required=True)
     maintain = commands.add_parser("maintain")
     maintain.add_argument("pipeline")
-    maintain.add_argument("--retention-hours", type=float, default=24 * 7)
-    maintain.add_argument("--orphan-window-hours", type=float, default=72)
+    # Defaults: the pipeline's own (snapshot_retention_hours), as its maintenance schedule uses.
+    maintain.add_argument("--retention-hours", type=float, default=None)
+    maintain.add_argument("--orphan-window-hours", type=float, default=None)
     failover = commands.add_parser("failover")
     failover.add_argument("pipeline")
     failover.add_argument("--to", required=True, help="a replica's name, or primary (failback)")

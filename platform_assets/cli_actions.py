@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.failover import failover_pipeline
 from platform_assets.operations import (
@@ -58,8 +59,13 @@ def run_action(
 ) -> list[str]:
     """Run ``reset``, ``migrate-group``, ``maintain`` or ``failover``; return the lines to print."""
     if args.command == "maintain":
+        retention = args.retention_hours
+        window = args.orphan_window_hours
         return maintain_pipeline_table(
-            spec, iceberg, args.retention_hours * 3600, args.orphan_window_hours * 3600
+            spec,
+            iceberg,
+            (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
+            (orphan_window_hours(spec) if window is None else window) * 3600,
         )
     if args.command == "failover" and args.dry_run:
         return failover_pipeline(

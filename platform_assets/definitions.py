@@ -27,6 +27,7 @@ from platform_assets.resources import build_resources
 from platform_assets.schedules import (
     build_checks_schedule,
     build_fallback_schedule,
+    build_maintenance_schedule,
     build_observe_topics_schedule,
 )
 from platform_assets.sensors import (
@@ -35,7 +36,7 @@ from platform_assets.sensors import (
     run_failure_alert_sensor,
 )
 from platform_assets.stream import build_stream_job, stream_generation
-from platform_assets.stream_sensor import build_stream_sensor
+from platform_assets.stream_sensor import build_retired_streams_sensor, build_stream_sensor
 
 
 def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
@@ -53,7 +54,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
         sensors.append(build_lag_sensor(spec, ingest))
         if stream is not None:
             sensors.append(build_stream_sensor(spec, stream, stream_generation(spec, loaded_at)))
-        schedules.append(build_fallback_schedule(spec, ingest))
+        schedules += [build_fallback_schedule(spec, ingest), build_maintenance_schedule(spec)]
     observe, run_checks = build_observe_topics_job(specs), build_run_checks_job(specs)
     check_keys = [key for spec in specs for key in pipeline_check_keys(spec)]
     dbt_project = load_dbt_project()
@@ -68,6 +69,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
         ],
         sensors=[
             *sensors,
+            build_retired_streams_sensor(specs),
             build_check_alert_sensor(check_keys, {table_key(spec): spec.name for spec in specs}),
             run_failure_alert_sensor,
             build_dbt_automation_sensor(),

@@ -15,11 +15,16 @@ from dagster import (
 from ingestion.exceptions import IngestionError
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import migrate_group
+from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.failover import failover_pipeline
 from platform_assets.operations import count_ingestion_runs, reset_offsets
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+
+# The maintenance job and its op, named by the per-pipeline maintenance schedules.
+MAINTAIN_JOB = "maintain_tables"
+MAINTAIN_OP = "maintain_pipeline_tables"
 
 
 class ResetConfig(Config):
@@ -41,11 +46,12 @@ class MigrateConfig(Config):
 
 
 class MaintainConfig(Config):
-    """Retention of snapshots and the orphan safety window, in hours."""
+    """Retention of snapshots and the orphan safety window, in hours (unset: the pipeline's
+    own, ``ingestion.retention``, as its maintenance schedule uses)."""
 
     pipeline: str
-    snapshot_retention_hours: float = 24 * 7
-    orphan_window_hours: float = 72
+    snapshot_retention_hours: float | None = None
+    orphan_window_hours: float | None = None
     compact: bool = True
 
 
@@ -113,16 +119,21 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             }
         )
 
-    @op(name="maintain_pipeline_tables")
+    # No pool: a stream holds its pipeline's pool ``ingest_<p>`` for as long as it lives, so
+    # maintenance in that pool would never run. It needs none: every step is a compare-and-set
+    # or provably safe against a concurrent commit (R41, R43, R44).
+    @op(name=MAINTAIN_OP)
     def _maintain(
         context: OpExecutionContext, config: MaintainConfig, iceberg: IcebergCatalogResource
     ) -> None:
+        """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``)."""
         spec = pick(config.pipeline)
+        retention, window = config.snapshot_retention_hours, config.orphan_window_hours
         report = maintain_pipeline(
             iceberg.load_catalog(),
             spec,
-            config.snapshot_retention_hours * 3600,
-            config.orphan_window_hours * 3600,
+            (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
+            (orphan_window_hours(spec) if window is None else window) * 3600,
             config.compact,
         )
         context.add_output_metadata(
@@ -174,7 +185,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     def migrate_job() -> None:
         _migrate()
 
-    @job(name="maintain_tables", description="Compact, expire (keeping offsets), drop orphans.")
+    @job(name=MAINTAIN_JOB, description="Compact, expire (keeping offsets), drop orphans.")
     def maintain_job() -> None:
         _maintain()
 

@@ -1,9 +1,11 @@
-"""Schedules: topic observation, a fallback ingestion per pipeline, periodic checks."""
+"""Schedules: topic observation, a fallback ingestion and table maintenance per pipeline,
+periodic checks."""
 
 from dagster import (
     DefaultScheduleStatus,
     JobDefinition,
     RunRequest,
+    RunsFilter,
     ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
@@ -11,9 +13,11 @@ from dagster import (
 )
 
 from ingestion.checks import check_group_consistency
+from ingestion.retention import maintenance_cron, orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec
 from ingestion.triggers import is_continuous
-from platform_assets.jobs import AssetJob
+from platform_assets.jobs import ACTIVE_RUN_STATUSES, AssetJob
+from platform_assets.ops_jobs import MAINTAIN_JOB, MAINTAIN_OP
 from platform_assets.sensors import blocked_reason
 from platform_assets.state import read_pipeline_state
 from platform_assets.stream import active_stream_runs
@@ -53,6 +57,53 @@ def build_fallback_schedule(spec: PipelineSpec, job: AssetJob) -> ScheduleDefini
         return RunRequest(tags={"trigger": "fallback_schedule"})
 
     return _fallback
+
+
+def build_maintenance_schedule(spec: PipelineSpec) -> ScheduleDefinition:
+    """Maintain the pipeline's tables on ``maintenance_cron``: compaction, expiry keeping the
+    retention of ``snapshot_retention_hours`` and the offsets watermark (rule 7), orphan removal
+    (``ingestion.retention``; the ``maintain_tables`` job, as from the UI or the CLI).
+
+    It runs while a stream is alive (a stream never ends by itself, and maintenance takes no
+    ingestion pool): every step is a compare-and-set against a concurrent commit (R41, R43).
+    It skips while a maintenance run of the pipeline is still queued or in progress, and
+    while the table does not exist yet (the pipeline's first run creates it).
+    """
+    retention, window = snapshot_retention_hours(spec), orphan_window_hours(spec)
+    config = {
+        "pipeline": spec.name,
+        "snapshot_retention_hours": retention,
+        "orphan_window_hours": window,
+        "compact": True,
+    }
+
+    @schedule(
+        name=f"{spec.name}_maintenance_schedule",
+        job_name=MAINTAIN_JOB,
+        cron_schedule=maintenance_cron(spec),
+        default_status=DefaultScheduleStatus.RUNNING,
+        description=f"Compacts {spec.table!r}, expires its snapshots older than {retention:g} h "
+        f"(keeping the offsets), removes orphans older than {window:g} h.",
+    )
+    def _maintenance(
+        context: ScheduleEvaluationContext, iceberg: IcebergCatalogResource
+    ) -> RunRequest | SkipReason:
+        if not iceberg.load_catalog().table_exists(spec.table):
+            return SkipReason(f"{spec.table!r} does not exist yet: nothing to maintain")
+        active = context.instance.get_runs(
+            RunsFilter(
+                job_name=MAINTAIN_JOB, statuses=ACTIVE_RUN_STATUSES, tags={"pipeline": spec.name}
+            ),
+            limit=1,
+        )
+        if active:
+            return SkipReason(f"maintenance of {spec.name!r} is still running ({active[0].run_id})")
+        return RunRequest(
+            run_config={"ops": {MAINTAIN_OP: {"config": config}}},
+            tags={"pipeline": spec.name, "trigger": "maintenance_schedule"},
+        )
+
+    return _maintenance
 
 
 def build_checks_schedule(job: AssetJob) -> ScheduleDefinition:

@@ -52,7 +52,12 @@ def stream_generation(spec: PipelineSpec, loaded_at: float) -> str:
 
 def stream_job_name(spec: PipelineSpec) -> str:
     """Name of the long-lived job that streams one pipeline."""
-    return f"stream_{spec.name}_job"
+    return stream_job_name_of(spec.name)
+
+
+def stream_job_name_of(pipeline: str) -> str:
+    """Name of the stream job of the pipeline called ``pipeline`` (it may no longer exist)."""
+    return f"stream_{pipeline}_job"
 
 
 def stale_after_seconds(spec: PipelineSpec) -> float:

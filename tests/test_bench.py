@@ -118,3 +118,10 @@ def test_writer_compares_workloads_and_task_memory(tmp_path: Path) -> None:
     assert all(r["records"] == 2000 and r["workers_rss_mb"] > 0 for r in figures["rss"])
     for line in ("spread_30d", "one_partition", "workers peak RSS", "local[2]"):
         assert line in out
+
+
+def test_snapshot_cost_prints_each_history_size() -> None:
+    out = run_bench("bench/snapshot_cost.py", "--snapshots", "3", "6")
+    lines = out.strip().splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["3", "6"]
+    assert all("commit p50" in line and "MB" in line for line in lines)

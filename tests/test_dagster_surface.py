@@ -16,6 +16,7 @@ from dagster import (
     build_sensor_context,
 )
 
+from ingestion.retention import maintenance_cron
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import pipeline_check_keys
 from platform_assets.definitions import build_definitions
@@ -76,6 +77,9 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
             defs.resolve_sensor_def(f"{spec.name}_lag_sensor").job_name == f"ingest_{spec.name}_job"
         )
         assert defs.resolve_schedule_def(f"{spec.name}_fallback_schedule")
+        maintenance = defs.resolve_schedule_def(f"{spec.name}_maintenance_schedule")
+        assert maintenance.job_name == "maintain_tables"
+        assert maintenance.cron_schedule == maintenance_cron(spec)
         upstream = graph.get(table_key(spec)).parent_keys
         assert upstream
         assert all(key.path[0] == "kafka" for key in upstream)
@@ -85,6 +89,7 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
         assert defs.resolve_job_def(name)
     assert defs.resolve_sensor_def("check_alerts")
     assert defs.resolve_sensor_def("run_failure_alerts")
+    assert defs.resolve_sensor_def("stop_retired_streams")
 
 
 def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
@@ -96,6 +101,10 @@ def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
     names = {s.name for s in defs.sensors or []}
     assert "walk_slow_stream_sensor" not in names
     assert "walk_slow_lag_sensor" in names
+    fast_cron = defs.resolve_schedule_def("walk_fast_maintenance_schedule").cron_schedule
+    slow_cron = defs.resolve_schedule_def("walk_slow_maintenance_schedule").cron_schedule
+    assert str(fast_cron).endswith(" * * * *")  # a stream's history is expired every 15 min
+    assert str(slow_cron).endswith(" 3 * * *")  # run per commit: once a day
 
 
 def test_a_run_that_ingests_nothing_reports_no_materialization(

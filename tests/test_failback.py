@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,12 @@ import yaml
 from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetSelection, DagsterInstance
+from pyiceberg.table import Table
 
 from ingestion.exceptions import FailoverRefusedError, OperationRefusedError
-from ingestion.failback_origin import FAILOVER_ORIGIN
+from ingestion.maintenance import expire_snapshots
 from ingestion.offsets import RESET_BY, RESET_REASON
+from ingestion.route_state import FAILOVER_ORIGIN
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import audit_finding
@@ -253,6 +256,13 @@ def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> No
     refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 70)}, one)
 
 
+def expire_all(table: Table, group: str) -> int:
+    """Expire every snapshot expiry may remove (all older than now); how many it removed."""
+    time.sleep(0.01)
+    expired, _ = expire_snapshots(table, int(time.time() * 1000), {group})
+    return expired
+
+
 def send(bootstrap: str, topic: str, numbers: list[int], stamp_ms: int) -> None:
     """Records ``k<n>`` on partition ``n % 2``, stamped ``stamp_ms + n`` (CreateTime)."""
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -374,6 +384,10 @@ def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
     failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
     send(replica.bootstrap_servers, f"{alias}.{topic}", [30], stamp)  # partition 0 only
     ingest_route()
+    # Expiry on a replica keeps the switch the failback undoes (and the route: every commit
+    # carries it).
+    expire_all(catalog.load_table(spec.table), group)
+    assert active_route(spec, kafka, iceberg).spec.source_topics == [f"{alias}.{topic}"]
     # The reverse flow's offset syncs live on the replica, named after the forward alias when
     # MM2 calls the primary that (the failback reads them there).
     syncs_alias = alias if with_syncs else f"nowhere{n}"
@@ -393,9 +407,15 @@ def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
     assert (route.cluster, route.spec.source_topics) == ("primary", [f"{alias}.{topic}", topic])
     send(source.bootstrap_servers, topic, [40, 41], stamp)  # producers are back
     ingest_route()
+    # Back on the primary, expiry removes the switch itself: the route lives on in the commits.
+    assert expire_all(catalog.load_table(spec.table), group) > 0
+    route = active_route(spec, kafka, iceberg)
+    assert (route.cluster, route.spec.source_topics) == ("primary", [f"{alias}.{topic}", topic])
+    send(source.bootstrap_servers, topic, [42, 43], stamp)
+    ingest_route()
     keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
     landed = sorted(keys.column("_kafka_key").to_pylist())
-    assert landed == sorted(f"k{i}" for i in [*range(24), 30, 40, 41])
+    assert landed == sorted(f"k{i}" for i in [*range(24), 30, 40, 41, 42, 43])
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message
 

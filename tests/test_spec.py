@@ -69,6 +69,8 @@ def test_valid_spec_defaults() -> None:
         ),
         ({"starting_position": {"mode": "timestamp"}}, "starting_position", "timestamp_ms"),
         ({"freshness_target_seconds": 0}, "freshness_target_seconds", "greater than 0"),
+        ({"snapshot_retention_hours": 0}, "snapshot_retention_hours", "greater than 0"),
+        ({"snapshot_retention_hours": "soon"}, "snapshot_retention_hours", "valid number"),
         (
             {"freshness_target_seconds": 15, "max_lag_seconds": 60},
             "<spec>",
@@ -78,6 +80,19 @@ def test_valid_spec_defaults() -> None:
             {"starting_position": {"mode": "offsets", "offsets": {"orders": 3}}},
             "starting_position",
             "'topic:partition'",
+        ),
+        (  # MM2 would never create the reverse copy (a cycle under its default policy)
+            {
+                "replicas": [
+                    {
+                        "name": "dr",
+                        "source_alias": "primary",
+                        "failback_replication_policy": "default",
+                    }
+                ]
+            },
+            "replicas.0",
+            "cannot fail back",
         ),
     ],
 )
