@@ -32,8 +32,9 @@ def check_exactly_once(
     ``backlog_commits``, ``backlog_offsets``, ``oldest_unaudited_age_s`` (at ``now_ms``). A
     commit that could not be recounted is a WARN naming it (the audit waits before it and
     retries), an ERROR after :data:`MAX_RECOUNT_ATTEMPTS` evaluations in a row; a backlog
-    older than :data:`BACKLOG_BOUND_SECONDS`, or larger than one evaluation's budget, is a WARN
-    (R47).
+    older than :data:`BACKLOG_BOUND_SECONDS`, or larger than one evaluation's budget, is a WARN;
+    a cursor whose snapshot was expired (commits after it never recounted) is an ERROR unless
+    a full audit verified every row (R47).
     """
     if audit is None:
         return skipped(f"table {table} does not exist yet: nothing to audit")
@@ -86,6 +87,16 @@ def check_exactly_once(
         f"{len(commits.recounted)} commit(s) recounted in Kafka ({commits.offsets_recounted} "
         "offsets): each added exactly the visible records of its ranges"
     )
+    if commits.cursor_expired is not None and full is None:
+        return failed(
+            "ERROR",
+            f"commits after snapshot {commits.cursor_expired} (the audit's cursor) were expired "
+            "before the audit recounted them: they are not verified. Run a full audit "
+            "(platform status --full-audit) to verify every row; the maintenance "
+            "schedule keeps the commits after the cursor, so this means expiry ran without "
+            f"it (platform maintain) or the audit fell behind the retention ({done}).",
+            metadata,
+        )
     backlog = ""
     if commits.pending:
         age = f", the oldest {backlog_age_s:.0f} s old" if backlog_age_s is not None else ""

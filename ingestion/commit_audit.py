@@ -203,6 +203,8 @@ def audit_commits(
     audit = CommitAudit(cursor=after_snapshot_id, notes=list(window.notes))
     if window.notes and after_snapshot_id is not None:
         audit.cursor = None
+        if table.metadata.snapshot_by_id(after_snapshot_id) is None:  # expired, not rolled back
+            audit.cursor_expired = after_snapshot_id
     carriers = [s for s in window.snapshots if key in snapshot_properties(s)]
     clusters = clusters_by_snapshot(table, group_id) if cluster_configs else {}
 

@@ -134,6 +134,21 @@ def watermark_path(table: Table, head: Snapshot | None, keep: Set[str] = frozens
     return path
 
 
+def path_after(table: Table, head: Snapshot | None, snapshot_id: int | None) -> set[int]:
+    """Snapshot ids from ``head`` back to ``snapshot_id`` (the exactly-once audit's cursor:
+    the commits after it are not audited yet), {} when it is not in ``head``'s ancestry."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    if snapshot_id is None:
+        return set()
+    path: set[int] = set()
+    for snapshot in ancestors_of(head, table.metadata):
+        path.add(snapshot.snapshot_id)
+        if snapshot.snapshot_id == snapshot_id:
+            return path
+    return set()
+
+
 def expire_snapshots(
     table: Table,
     older_than_ms: int,
@@ -141,6 +156,7 @@ def expire_snapshots(
     hooks: FailureHooks = NO_HOOKS,
     max_attempts: int = 5,
     quarantine: Table | None = None,
+    keep_after: int | None = None,
 ) -> tuple[int, int]:
     """Expire snapshots older than ``older_than_ms`` except the heads of branches and tags,
     their watermark paths, and the commits the quarantine table has not followed yet (their
@@ -165,6 +181,7 @@ def expire_snapshots(
             path |= unsynced_snapshot_ids(table, quarantine)
         for head in heads:
             path |= watermark_path(table, metadata.snapshot_by_id(head), keep_groups)
+            path |= path_after(table, metadata.snapshot_by_id(head), keep_after)
         old = [s for s in metadata.snapshots if s.timestamp_ms < older_than_ms]
         expired = [s.snapshot_id for s in old if s.snapshot_id not in heads | path]
         kept = sum(1 for s in old if s.snapshot_id in path - heads)
@@ -232,9 +249,11 @@ def maintain_table(
     group_id: str | None = None,
     min_orphan_window_s: float = MIN_ORPHAN_WINDOW_S,
     quarantine: Table | None = None,
+    keep_after: int | None = None,
 ) -> MaintenanceReport:
     """Compact, expire, then remove orphans older than the safety window (see the module
-    docstring); ``group_id`` is the pipeline's current group, whose watermark is always kept.
+    docstring); ``group_id`` is the pipeline's current group, whose watermark is always kept;
+    ``keep_after`` the exactly-once audit's cursor, after which nothing is expired (R47).
 
     Delivery: every step is a compare-and-set or provably safe, and is safe to repeat; a step
     that fails (a lost race, a refusal) is reported in ``errors`` and the next steps still run.
@@ -252,7 +271,7 @@ def maintain_table(
     keep = {group_id} if group_id else set()
     try:
         report.expired_snapshots, report.kept_for_watermark = expire_snapshots(
-            table, cutoff, keep, hooks, quarantine=quarantine
+            table, cutoff, keep, hooks, quarantine=quarantine, keep_after=keep_after
         )
     except Exception as exc:
         report.errors.append(f"snapshot expiry: {exc}")
@@ -271,10 +290,11 @@ def maintain_pipeline(
     orphan_window_s: float,
     compact: bool = True,
     hooks: FailureHooks = NO_HOOKS,
+    keep_after: int | None = None,
 ) -> MaintenanceReport:
     """Maintain the pipeline's table: bring its quarantine table up to date first (so expiry
     has as little as possible to keep for it), then :func:`maintain_table` with the pipeline's
-    current group and its quarantine table."""
+    current group, its quarantine table and the audit's cursor (``keep_after``)."""
     quarantine = None
     if catalog.table_exists(spec.quarantine_table):
         # On failure expiry still keeps every commit not yet followed; the next run syncs.
@@ -289,4 +309,5 @@ def maintain_pipeline(
         hooks,
         group_id=spec.consumer_group_id,
         quarantine=quarantine,
+        keep_after=keep_after,
     )

@@ -7,8 +7,8 @@ pipeline"). A stream commits every few seconds (~23,000 snapshots a day at one c
 3.75 s), so it keeps its last :data:`STREAM_SNAPSHOT_BUDGET` commits (30 min at the shipped 15 s
 target), expired every 15 minutes: at most ~720 snapshots, where a commit costs well under its
 interval. A pipeline that runs per commit keeps a week, expired once a day. Expiry always keeps
-the offsets watermark (rule 7) whatever the retention; the orphan window is never shorter than
-the floor and twice the longest run (``ingestion.maintenance.orphan_window``).
+the offsets watermark (rule 7) whatever the retention; the orphan window is 72 h for every
+pipeline and never shorter than twice the longest run (``ingestion.maintenance.orphan_window``).
 """
 
 from __future__ import annotations
@@ -48,19 +48,23 @@ def snapshot_retention_hours(spec: PipelineSpec) -> float:
 
 
 def orphan_window_hours(spec: PipelineSpec) -> float:
-    """The scheduled orphan window: the retention, at most 72 h (``maintain_table`` raises it
-    to its floor and to twice the longest run recorded).
+    """The scheduled orphan window: 72 h for every pipeline, whatever its retention.
+
+    A file is an orphan only once no commit will ever name it, and an iteration in flight
+    (a stream catching up on a backlog on Spark, for hours) writes files no snapshot names yet:
+    a window as short as a stream's retention would delete them before their commit, which
+    would then reference missing files. Orphans are rare (an aborted commit deletes its own
+    files), so a long window costs little (``maintain_table`` also raises it to twice the
+    longest run recorded).
 
     Example:
         >>> from ingestion.spec import parse_pipeline_spec
         >>> base = {"name": "p", "topic": "t", "table": "n.t", "consumer_group_id": "g",
         ...     "value_format": "raw"}
-        >>> orphan_window_hours(parse_pipeline_spec(base))
-        72.0
         >>> orphan_window_hours(parse_pipeline_spec({**base, "freshness_target_seconds": 15}))
-        0.5
+        72.0
     """
-    return min(snapshot_retention_hours(spec), MAX_ORPHAN_WINDOW_HOURS)
+    return MAX_ORPHAN_WINDOW_HOURS
 
 
 def maintenance_cron(spec: PipelineSpec) -> str:

@@ -44,6 +44,7 @@ class CommitAudit:
     oldest_unaudited_ms: int | None = None  # commit time of the oldest of them
     unrecounted: str | None = None  # the commit whose recount failed, where and why
     unrecounted_snapshot: int | None = None
+    cursor_expired: int | None = None  # the cursor snapshot was expired: commits after it unaudited
 
     @property
     def ok(self) -> bool:

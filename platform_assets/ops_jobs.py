@@ -3,6 +3,7 @@
 from typing import Literal
 
 from dagster import (
+    AssetCheckKey,
     Config,
     Failure,
     JobDefinition,
@@ -12,13 +13,16 @@ from dagster import (
     op,
 )
 
+from ingestion.checks import AUDIT_CHECK
 from ingestion.exceptions import IngestionError
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import migrate_group
 from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
+from platform_assets.checks import previous_audit_memory
 from platform_assets.failover import failover_pipeline
 from platform_assets.operations import count_ingestion_runs, reset_offsets
+from platform_assets.pipelines import table_key
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -129,12 +133,17 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``)."""
         spec = pick(config.pipeline)
         retention, window = config.snapshot_retention_hours, config.orphan_window_hours
+        # The commits after the audit's cursor are kept until it has recounted them (R47).
+        memory = previous_audit_memory(
+            context.instance, AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+        )
         report = maintain_pipeline(
             iceberg.load_catalog(),
             spec,
             (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
             (orphan_window_hours(spec) if window is None else window) * 3600,
             config.compact,
+            keep_after=memory.cursor if memory else None,
         )
         context.add_output_metadata(
             {

@@ -200,8 +200,26 @@ def test_build_status(
             "failed",
             "added 5 but Kafka holds 6",
         ),
+        (  # expiry removed the cursor and the commits after it before they were recounted
+            PipelineAudit(CommitAudit(cursor=None, recounted=[9], cursor_expired=7)),
+            "failed",
+            "were expired before the audit recounted them",
+        ),
+        (  # ... but a full audit verified every row
+            PipelineAudit(CommitAudit(recounted=[9], cursor_expired=7), AuditResult(rows=5)),
+            "passed",
+            "1 commit(s) recounted",
+        ),
     ],
-    ids=["no-table", "clean", "not-verifiable", "duplicate", "count-mismatch"],
+    ids=[
+        "no-table",
+        "clean",
+        "not-verifiable",
+        "duplicate",
+        "count-mismatch",
+        "cursor-expired",
+        "cursor-expired-full-audit",
+    ],
 )
 def test_exactly_once_audit(audit: PipelineAudit | None, outcome: str, text: str) -> None:
     """Loss shows as a count mismatch, duplicates as such; a missing table is not a pass; the

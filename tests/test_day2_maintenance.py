@@ -256,3 +256,40 @@ def test_orphan_window_is_never_below_the_longest_run(
     assert len(report.orphans_removed) >= 1
     ingest(harness, spec)
     harness.assert_exactly_once(spec, ledger)
+
+
+def test_expiry_keeps_the_commits_the_audit_has_not_recounted(
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """R47: expiry never removes the commits after the audit's cursor; when they were expired
+    anyway (a manual expiry without the cursor), the audit says so instead of passing."""
+    from ingestion.commit_audit import audit_commits
+    from ingestion.maintenance import expire_snapshots
+
+    topic, spec = new_pipeline("audit_keep", produce=10)
+    ingest(harness, spec)
+    cursor = harness.table(spec).current_snapshot()
+    assert cursor is not None
+    for batch in range(3):
+        ledger_producer.produce(topic, records(5, first=100 + 10 * batch))
+        ingest(harness, spec)
+    group = spec.consumer_group_id
+    time.sleep(0.01)
+    now_ms = int(time.time() * 1000)
+    expired, _ = expire_snapshots(
+        harness.table(spec), now_ms, {group}, keep_after=cursor.snapshot_id
+    )
+    assert expired == 0  # everything after the cursor (and the cursor) kept
+    audit = audit_commits(
+        harness.table(spec), group, harness.kafka.client_config(), spec.name,
+        after_snapshot_id=cursor.snapshot_id,
+    )  # fmt: skip
+    assert (audit.ok, len(audit.recounted), audit.cursor_expired) == (True, 3, None)
+    expired, _ = expire_snapshots(harness.table(spec), now_ms, {group})  # without the cursor
+    assert expired == 3
+    audit = audit_commits(
+        harness.table(spec), group, harness.kafka.client_config(), spec.name,
+        after_snapshot_id=cursor.snapshot_id,
+    )  # fmt: skip
+    assert audit.cursor_expired == cursor.snapshot_id  # check_exactly_once: ERROR (test_checks)
+    harness.assert_exactly_once(spec, ledger)
