@@ -85,35 +85,61 @@ def carried_route(table: Table, group_id: str) -> dict[str, str]:
     return {} if route is None else {ROUTE: orjson.dumps(route).decode()}
 
 
-def undone_switch_depth(ancestry: list[Snapshot], group_id: str) -> int:
-    """How many of the newest snapshots (``ancestry``, newest first) expiry must keep so that a
-    failback can still find the failover it undoes (``ingestion.failback_origin.find_switch``:
-    the switch's plan and the offsets it replaced): while ``group_id`` reads a replica, through
-    its newest switch and the older snapshot carrying the group's offsets; 0 otherwise (the
-    route itself is carried by every commit and needs no old snapshot).
+def route_depth(ancestry: list[Snapshot], group_id: str) -> int:
+    """How many of the newest snapshots (``ancestry``, newest first) expiry must keep so that
+    the route of ``group_id`` stays readable: back to the newest snapshot that records it (a
+    switch, or a commit carrying it; an operator's reset or a quarantine replay after it
+    carries none) and, while the group reads a replica, on past its failover switch to the
+    older snapshot carrying the group's offsets, which a failback needs
+    (``ingestion.failback_origin.find_switch``: the switch's plan and the offsets it replaced).
+    0 without a route in force (none recorded, or the group's offsets are committed under
+    another cluster id than the route's: the route no longer applies).
 
     Example:
         >>> from types import SimpleNamespace as S
-        >>> def snap(**p): return S(summary=S(additional_properties={"kafka.group-id": "g", **p}))
-        >>> on_dr = [snap(**{"kafka.route": '{"kafka.failover-to": "dr"}'}),
-        ...          snap(**{"kafka.failover-to": "dr"}), snap(), snap(**{"kafka.offsets.g": "{}"}),
-        ...          snap(**{"kafka.offsets.g": "{}"})]
-        >>> undone_switch_depth(on_dr, "g")
+        >>> def snap(**p):
+        ...     p = {"kafka.group-id": "g", "kafka.cluster-id": "c", **p}
+        ...     return S(summary=S(additional_properties=p))
+        >>> carried = {"kafka.route": '{"kafka.failover-to": "dr"}', "kafka.offsets.g": "{}"}
+        >>> on_dr = [snap(**carried),
+        ...          snap(**{"kafka.failover-to": "dr", "kafka.offsets.g": "{}"}), snap(),
+        ...          snap(**{"kafka.offsets.g": "{}"}), snap(**{"kafka.offsets.g": "{}"})]
+        >>> route_depth(on_dr, "g")
         4
-        >>> undone_switch_depth([snap(**{"kafka.failover-to": PRIMARY})], "g")
+        >>> back = [snap(**{"kafka.offsets.g": "{}", "kafka.reset-by": "ops"}),
+        ...         snap(**{"kafka.failover-to": PRIMARY, "kafka.offsets.g": "{}"}), snap()]
+        >>> route_depth(back, "g")
+        2
+        >>> route_depth([snap(**{"kafka.offsets.g": "{}"})], "g")
         0
     """
     key = OFFSETS_PREFIX + group_id
-    moved = False
+    committed: str | None = None
     for index, snapshot in enumerate(ancestry):
         properties = snapshot_properties(snapshot)
-        if properties.get(GROUP_ID) == group_id and not moved:
-            route = route_of(properties)
-            if route is not None and route.get(FAILOVER_TO) == PRIMARY:
-                return 0
-            moved = route is not None and FAILOVER_TO in properties
-            if moved:
-                continue
-        if moved and key in properties:
+        if properties.get(GROUP_ID) != group_id:
+            continue
+        if committed is None and key in properties:
+            committed = properties.get(CLUSTER_ID)
+        route = route_of(properties)
+        if route is None:
+            continue
+        if properties.get(CLUSTER_ID) != committed:
+            return 0
+        if route.get(FAILOVER_TO) == PRIMARY:
             return index + 1
-    return len(ancestry) if moved else 0
+        switch = next(
+            (i for i in range(index, len(ancestry))
+             if FAILOVER_TO in snapshot_properties(ancestry[i])
+             and snapshot_properties(ancestry[i]).get(GROUP_ID) == group_id),
+            None,
+        )  # fmt: skip
+        if switch is None:
+            return index + 1
+        before = next(
+            (i for i in range(switch + 1, len(ancestry))
+             if key in snapshot_properties(ancestry[i])),
+            len(ancestry) - 1,
+        )  # fmt: skip
+        return before + 1
+    return 0
