@@ -16,16 +16,26 @@ from __future__ import annotations
 import zlib
 
 from ingestion.spec import PipelineSpec
-from ingestion.triggers import commit_interval_seconds, is_continuous
+from ingestion.triggers import (
+    RUN_PER_COMMIT_FLOOR_SECONDS,
+    SENSOR_INTERVAL_SECONDS,
+    commit_interval_seconds,
+    is_continuous,
+)
 
 STREAM_SNAPSHOT_BUDGET = 480  # commits a stream keeps: 30 min at 3.75 s, 8 min at 1 s
 BATCH_SNAPSHOT_RETENTION_HOURS = 24.0 * 7
+# commits a run-per-commit pipeline with a freshness target keeps (about 1.4 s per commit,
+# bench/snapshot_cost.py): a target of 30 s can commit at every lag-sensor tick
+RUN_SNAPSHOT_BUDGET = 1000
 MAX_ORPHAN_WINDOW_HOURS = 72.0  # the CLI's and the maintain_tables job's default
 
 
 def snapshot_retention_hours(spec: PipelineSpec) -> float:
     """Hours of snapshots the maintenance schedule keeps: the spec's; else, for a stream, its
-    last :data:`STREAM_SNAPSHOT_BUDGET` commits (at its commit interval), otherwise a week.
+    last :data:`STREAM_SNAPSHOT_BUDGET` commits (at its commit interval); for a pipeline run
+    per commit with a freshness target, its last :data:`RUN_SNAPSHOT_BUDGET` commits at the
+    shortest interval its trigger allows (at most a week); otherwise a week.
 
     Example:
         >>> from ingestion.spec import parse_pipeline_spec
@@ -35,6 +45,10 @@ def snapshot_retention_hours(spec: PipelineSpec) -> float:
         0.5
         >>> snapshot_retention_hours(parse_pipeline_spec({**base, "freshness_target_seconds": 4}))
         0.13
+        >>> snapshot_retention_hours(parse_pipeline_spec({**base, "freshness_target_seconds": 30}))
+        4.17
+        >>> snapshot_retention_hours(parse_pipeline_spec({**base, "freshness_target_seconds": 900}))
+        168.0
         >>> snapshot_retention_hours(parse_pipeline_spec(base))
         168.0
         >>> snapshot_retention_hours(parse_pipeline_spec({**base, "snapshot_retention_hours": 2}))
@@ -44,6 +58,10 @@ def snapshot_retention_hours(spec: PipelineSpec) -> float:
         return float(spec.snapshot_retention_hours)
     if is_continuous(spec):
         return round(STREAM_SNAPSHOT_BUDGET * commit_interval_seconds(spec) / 3600, 2)
+    target = spec.freshness_target_seconds
+    if target is not None:  # runs as often as every tick when the target is near the floor
+        interval = max(SENSOR_INTERVAL_SECONDS, target - RUN_PER_COMMIT_FLOOR_SECONDS)
+        return min(BATCH_SNAPSHOT_RETENTION_HOURS, round(RUN_SNAPSHOT_BUDGET * interval / 3600, 2))
     return BATCH_SNAPSHOT_RETENTION_HOURS
 
 
