@@ -43,6 +43,7 @@ from ingestion.offsets import (
     snapshot_properties,
 )
 from ingestion.ranges import Key
+from ingestion.route_state import REPLACED_SNAPSHOT, SWITCH_SNAPSHOT, active_switch
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -77,8 +78,22 @@ class UndoneSwitch:
 
 
 def find_switch(table: Table, group_id: str, replica: str) -> UndoneSwitch | None:
-    """The newest switch of ``group_id`` to ``replica`` in the current ancestry."""
+    """The newest switch of ``group_id`` to ``replica``: by the ids the active route carries
+    (expiry keeps those two snapshots, not the history between them), else in the ancestry."""
     key = OFFSETS_PREFIX + group_id
+    route = active_switch(table, group_id)
+    if route is not None and route.get(FAILOVER_TO) == replica and SWITCH_SNAPSHOT in route:
+        switch = table.metadata.snapshot_by_id(int(route[SWITCH_SNAPSHOT]))
+        replaced = (
+            table.metadata.snapshot_by_id(int(route[REPLACED_SNAPSHOT]))
+            if REPLACED_SNAPSHOT in route
+            else None
+        )
+        if switch is not None:
+            text = snapshot_properties(replaced).get(key) if replaced is not None else None
+            plans = orjson.loads(snapshot_properties(switch).get(FAILOVER_PLAN, "[]"))
+            offsets = decode_offsets(text) if text is not None else None
+            return UndoneSwitch(switch.snapshot_id, list(plans), offsets)
     ancestry = list(iter_ancestry(table))
     for index, snapshot in enumerate(ancestry):
         properties = snapshot_properties(snapshot)

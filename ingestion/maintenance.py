@@ -35,7 +35,7 @@ from ingestion.offsets import (
 )
 from ingestion.quarantine import sync_quarantine, unsynced_snapshot_ids
 from ingestion.recovery import OrphanFile, remove_orphan_files
-from ingestion.route_state import route_depth
+from ingestion.route_state import route_snapshots
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -117,7 +117,7 @@ def watermark_path(table: Table, head: Snapshot | None, keep: Set[str] = frozens
     """Snapshot ids from ``head`` back to the newest carrier of every live group's offsets
     (:func:`live_groups`): expiring any of them would make a watermark unreachable; and, for a
     group that reads a replica, back past its failover switch
-    (:func:`~ingestion.route_state.route_depth`)."""
+    (:func:`~ingestion.route_state.route_snapshots`)."""
     from pyiceberg.table.snapshots import ancestors_of
 
     ancestry = list(ancestors_of(head, table.metadata))
@@ -129,8 +129,8 @@ def watermark_path(table: Table, head: Snapshot | None, keep: Set[str] = frozens
             break
         path.add(snapshot.snapshot_id)
         wanted -= set(snapshot_properties(snapshot))
-    for group in live:  # the route, and while failed over what a failback needs (R49)
-        path |= {s.snapshot_id for s in ancestry[: route_depth(ancestry, group)]}
+    for group in live:  # the route, and the failover a failback would undo (R49)
+        path |= route_snapshots(ancestry, group)
     return path
 
 

@@ -36,6 +36,10 @@ FAILOVER_TOPICS = "kafka.failover-topics"
 # JSON list of OriginPlan: what a failback resumed on the origin topics (ingestion.failback_origin)
 FAILOVER_ORIGIN = "kafka.failover-origin"
 ROUTE_KEYS = (FAILOVER_TO, FAILOVER_TOPICS, FAILOVER_ORIGIN)
+# In a carried route: the switch's snapshot and the older one carrying the offsets it replaced
+# (a failback reads both: ingestion.failback_origin.find_switch); expiry keeps these two.
+SWITCH_SNAPSHOT = "switch-snapshot-id"
+REPLACED_SNAPSHOT = "replaced-snapshot-id"
 
 
 def route_of(properties: dict[str, str]) -> dict[str, str] | None:
@@ -63,13 +67,23 @@ def active_switch(table: Table, group_id: str) -> dict[str, str] | None:
     committed = find_committed_state(table, group_id)
     if committed is None:
         return None
-    for snapshot in iter_ancestry(table):
+    ancestry = iter_ancestry(table)
+    for snapshot in ancestry:
         properties = snapshot_properties(snapshot)
         if properties.get(GROUP_ID) != group_id:
             continue
         route = route_of(properties)
-        if route is not None:
-            return route if properties.get(CLUSTER_ID) == committed.cluster_id else None
+        if route is None:
+            continue
+        if properties.get(CLUSTER_ID) != committed.cluster_id:
+            return None
+        if FAILOVER_TO in properties:  # the switch itself: name it and what it replaced
+            route[SWITCH_SNAPSHOT] = str(snapshot.snapshot_id)
+            key = OFFSETS_PREFIX + group_id
+            replaced = next((s for s in ancestry if key in snapshot_properties(s)), None)
+            if replaced is not None:
+                route[REPLACED_SNAPSHOT] = str(replaced.snapshot_id)
+        return route
     return None
 
 
@@ -85,33 +99,34 @@ def carried_route(table: Table, group_id: str) -> dict[str, str]:
     return {} if route is None else {ROUTE: orjson.dumps(route).decode()}
 
 
-def route_depth(ancestry: list[Snapshot], group_id: str) -> int:
-    """How many of the newest snapshots (``ancestry``, newest first) expiry must keep so that
-    the route of ``group_id`` stays readable: back to the newest snapshot that records it (a
-    switch, or a commit carrying it; an operator's reset or a quarantine replay after it
-    carries none) and, while the group reads a replica, on past its failover switch to the
-    older snapshot carrying the group's offsets, which a failback needs
-    (``ingestion.failback_origin.find_switch``: the switch's plan and the offsets it replaced).
-    0 without a route in force (none recorded, or the group's offsets are committed under
-    another cluster id than the route's: the route no longer applies).
+def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
+    """Snapshot ids expiry must keep so that the route of ``group_id`` stays readable: the
+    path from the head back to the newest snapshot that records it (a switch, or a commit
+    carrying it; an operator's reset or a quarantine replay after it carries none), and the
+    switch and the snapshot whose offsets it replaced, which a failback reads by id
+    (``ingestion.failback_origin.find_switch``). None without a route in force (none
+    recorded, or the group's offsets are committed under another cluster id than the
+    route's).
 
     Example:
         >>> from types import SimpleNamespace as S
-        >>> def snap(**p):
+        >>> def snap(i, **p):
         ...     p = {"kafka.group-id": "g", "kafka.cluster-id": "c", **p}
-        ...     return S(summary=S(additional_properties=p))
-        >>> carried = {"kafka.route": '{"kafka.failover-to": "dr"}', "kafka.offsets.g": "{}"}
-        >>> on_dr = [snap(**carried),
-        ...          snap(**{"kafka.failover-to": "dr", "kafka.offsets.g": "{}"}), snap(),
-        ...          snap(**{"kafka.offsets.g": "{}"}), snap(**{"kafka.offsets.g": "{}"})]
-        >>> route_depth(on_dr, "g")
-        4
-        >>> back = [snap(**{"kafka.offsets.g": "{}", "kafka.reset-by": "ops"}),
-        ...         snap(**{"kafka.failover-to": PRIMARY, "kafka.offsets.g": "{}"}), snap()]
-        >>> route_depth(back, "g")
-        2
-        >>> route_depth([snap(**{"kafka.offsets.g": "{}"})], "g")
-        0
+        ...     return S(snapshot_id=i, summary=S(additional_properties=p))
+        >>> route = ('{"kafka.failover-to": "dr", "switch-snapshot-id": "8", '
+        ...          '"replaced-snapshot-id": "6"}')
+        >>> on_dr = [snap(10, **{"kafka.route": route, "kafka.offsets.g": "{}"}),
+        ...          snap(9, **{"kafka.route": route, "kafka.offsets.g": "{}"}),
+        ...          snap(8, **{"kafka.failover-to": "dr", "kafka.offsets.g": "{}"}), snap(7),
+        ...          snap(6, **{"kafka.offsets.g": "{}"})]
+        >>> sorted(route_snapshots(on_dr, "g"))
+        [6, 8, 10]
+        >>> back = [snap(3, **{"kafka.offsets.g": "{}", "kafka.reset-by": "ops"}),
+        ...         snap(2, **{"kafka.failover-to": PRIMARY, "kafka.offsets.g": "{}"}), snap(1)]
+        >>> sorted(route_snapshots(back, "g"))
+        [2, 3]
+        >>> route_snapshots([snap(1, **{"kafka.offsets.g": "{}"})], "g")
+        set()
     """
     key = OFFSETS_PREFIX + group_id
     committed: str | None = None
@@ -125,21 +140,9 @@ def route_depth(ancestry: list[Snapshot], group_id: str) -> int:
         if route is None:
             continue
         if properties.get(CLUSTER_ID) != committed:
-            return 0
-        if route.get(FAILOVER_TO) == PRIMARY:
-            return index + 1
-        switch = next(
-            (i for i in range(index, len(ancestry))
-             if FAILOVER_TO in snapshot_properties(ancestry[i])
-             and snapshot_properties(ancestry[i]).get(GROUP_ID) == group_id),
-            None,
-        )  # fmt: skip
-        if switch is None:
-            return index + 1
-        before = next(
-            (i for i in range(switch + 1, len(ancestry))
-             if key in snapshot_properties(ancestry[i])),
-            len(ancestry) - 1,
-        )  # fmt: skip
-        return before + 1
-    return 0
+            return set()
+        kept = {s.snapshot_id for s in ancestry[: index + 1]}
+        return kept | {
+            int(route[name]) for name in (SWITCH_SNAPSHOT, REPLACED_SNAPSHOT) if name in route
+        }
+    return set()
