@@ -91,10 +91,11 @@ def check_exactly_once(
         return failed(
             "ERROR",
             f"commits after snapshot {commits.cursor_expired} (the audit's cursor) were expired "
-            "before the audit recounted them: they are not verified. Run a full audit "
-            "(platform status --full-audit) to verify every row; the maintenance "
-            "schedule keeps the commits after the cursor, so this means expiry ran without "
-            f"it (platform maintain) or the audit fell behind the retention ({done}).",
+            "before the audit recounted them: they can no longer be recounted, and the audit "
+            "goes on from the newest commits. The maintenance schedule keeps the commits after "
+            "the cursor (for up to 24 h), so expiry ran without it (platform maintain from the "
+            "CLI) or the audit was stuck for longer; a full audit (platform status "
+            f"--full-audit) still finds duplicates and regressions in what is left ({done}).",
             metadata,
         )
     backlog = ""

@@ -134,6 +134,11 @@ def watermark_path(table: Table, head: Snapshot | None, keep: Set[str] = frozens
     return path
 
 
+# The audit's cursor holds back expiry for at most this long (or 4 retentions): a stuck audit
+# must not grow a stream's history without bound (its check reports it).
+AUDIT_KEEP_MAX_S = 24 * 3600
+
+
 def path_after(table: Table, head: Snapshot | None, snapshot_id: int | None) -> set[int]:
     """Snapshot ids from ``head`` back to ``snapshot_id`` (the exactly-once audit's cursor:
     the commits after it are not audited yet), {} when it is not in ``head``'s ancestry."""
@@ -269,6 +274,16 @@ def maintain_table(
             report.errors.append(f"compaction: {exc}")
     cutoff = int((time.time() - snapshot_retention_s) * 1000)
     keep = {group_id} if group_id else set()
+    cursor = table.metadata.snapshot_by_id(keep_after) if keep_after is not None else None
+    bound_s = max(AUDIT_KEEP_MAX_S, 4 * snapshot_retention_s)
+    if cursor is not None and cursor.timestamp_ms < (time.time() - bound_s) * 1000:
+        report.errors.append(
+            f"the exactly-once audit's cursor (snapshot {keep_after}) is older than "
+            f"{bound_s / 3600:.1f} h: the commits after it are no longer kept from expiry, so "
+            "history stays bounded; the audit is stuck or far behind (see its check, "
+            "exactly_once_audit)"
+        )
+        keep_after = None
     try:
         report.expired_snapshots, report.kept_for_watermark = expire_snapshots(
             table, cutoff, keep, hooks, quarantine=quarantine, keep_after=keep_after

@@ -6,7 +6,9 @@ SQL catalog), 34 ms with 20 snapshots, 321 ms with 250, 705 ms with 500 (README 
 pipeline"). A stream commits every few seconds (~23,000 snapshots a day at one commit per
 3.75 s), so it keeps its last :data:`STREAM_SNAPSHOT_BUDGET` commits (30 min at the shipped 15 s
 target), expired every 15 minutes: at most ~720 snapshots, where a commit costs well under its
-interval. A pipeline that runs per commit keeps a week, expired once a day. Expiry always keeps
+interval. A pipeline that runs per commit with a freshness target keeps its last
+:data:`RUN_SNAPSHOT_BUDGET` commits, expired every 15 minutes; any other keeps a week, expired
+once a day. Expiry always keeps
 the offsets watermark (rule 7) whatever the retention; the orphan window is 72 h for every
 pipeline and never shorter than twice the longest run (``ingestion.maintenance.orphan_window``).
 """
@@ -86,8 +88,9 @@ def orphan_window_hours(spec: PipelineSpec) -> float:
 
 
 def maintenance_cron(spec: PipelineSpec) -> str:
-    """When the pipeline's maintenance runs: every 15 minutes for a stream (its history stays
-    within 15 minutes of its retention), daily at 03:MM otherwise; the minute derives from the
+    """When the pipeline's maintenance runs: every 15 minutes for a stream or a pipeline with a
+    freshness target (their retention is a commit budget, hours or minutes; the history stays
+    within 15 minutes of it), daily at 03:MM otherwise; the minute derives from the
     name, so pipelines do not all compact at once.
 
     Example:
@@ -96,10 +99,12 @@ def maintenance_cron(spec: PipelineSpec) -> str:
         ...     "value_format": "raw"}
         >>> maintenance_cron(parse_pipeline_spec({**base, "freshness_target_seconds": 15}))
         '2,17,32,47 * * * *'
+        >>> maintenance_cron(parse_pipeline_spec({**base, "freshness_target_seconds": 300}))
+        '2,17,32,47 * * * *'
         >>> maintenance_cron(parse_pipeline_spec(base))
         '2 3 * * *'
     """
     minute = zlib.crc32(spec.name.encode()) % 15
-    if is_continuous(spec):
+    if is_continuous(spec) or spec.freshness_target_seconds is not None:
         return f"{','.join(str(minute + m) for m in (0, 15, 30, 45))} * * * *"
     return f"{minute} 3 * * *"

@@ -96,7 +96,12 @@ def carried_route(table: Table, group_id: str) -> dict[str, str]:
     newest switch.
     """
     route = active_switch(table, group_id)
-    return {} if route is None else {ROUTE: orjson.dumps(route).decode()}
+    if route is None:
+        return {}
+    if FAILOVER_ORIGIN in route:  # the names only: the plan stays in the switch (kept by id)
+        topics = sorted({str(plan["topic"]) for plan in orjson.loads(route[FAILOVER_ORIGIN])})
+        route[FAILOVER_ORIGIN] = orjson.dumps([{"topic": topic} for topic in topics]).decode()
+    return {ROUTE: orjson.dumps(route).decode()}
 
 
 def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
@@ -125,6 +130,8 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
         ...         snap(2, **{"kafka.failover-to": PRIMARY, "kafka.offsets.g": "{}"}), snap(1)]
         >>> sorted(route_snapshots(back, "g"))
         [2, 3]
+        >>> sorted(route_snapshots(on_dr[2:], "g"))  # no run since the switch
+        [6, 8]
         >>> route_snapshots([snap(1, **{"kafka.offsets.g": "{}"})], "g")
         set()
     """
@@ -142,6 +149,11 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
         if properties.get(CLUSTER_ID) != committed:
             return set()
         kept = {s.snapshot_id for s in ancestry[: index + 1]}
+        if FAILOVER_TO in properties:  # the switch itself: on to the offsets it replaced
+            replaced = next(
+                (s for s in ancestry[index + 1 :] if key in snapshot_properties(s)), None
+            )
+            kept |= {replaced.snapshot_id} if replaced is not None else set()
         return kept | {
             int(route[name]) for name in (SWITCH_SNAPSHOT, REPLACED_SNAPSHOT) if name in route
         }

@@ -22,6 +22,38 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
 
+def dagster_home(iceberg: IcebergCatalogResource) -> str:
+    """``$DAGSTER_HOME``, else the embedded stack's instance (``make dev``), else ''."""
+    home = os.environ.get("DAGSTER_HOME") or ""
+    if not home:
+        default = iceberg.embedded_state_dir() / "dagster_home"
+        embedded = iceberg.source() == "embedded" and (default / "dagster.yaml").is_file()
+        home = str(default) if embedded else ""
+    return home
+
+
+def audit_cursor(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> tuple[int | None, str]:
+    """The exactly-once audit's cursor from the Dagster instance (expiry keeps the commits
+    after it, R47), and a line saying where it was read."""
+    from dagster import AssetCheckKey, DagsterInstance
+
+    from ingestion.checks import AUDIT_CHECK
+    from platform_assets.checks import previous_audit_memory
+    from platform_assets.pipelines import table_key
+
+    home = dagster_home(iceberg)
+    if not home:
+        return None, (
+            "the audit's cursor is unknown (no Dagster instance: DAGSTER_HOME is unset): "
+            "commits it has not recounted yet may be expired"
+        )
+    with DagsterInstance.from_config(home) as instance:
+        key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+        memory = previous_audit_memory(instance, key)
+    cursor = memory.cursor if memory else None
+    return cursor, f"kept the commits after the audit's cursor ({cursor or 'none yet'})"
+
+
 def count_active_ingestion_runs(
     spec: PipelineSpec, iceberg: IcebergCatalogResource
 ) -> tuple[int, str]:
@@ -29,11 +61,7 @@ def count_active_ingestion_runs(
     they were counted (0 without an instance: the action's compare-and-set is then the guard)."""
     from dagster import DagsterInstance
 
-    home = os.environ.get("DAGSTER_HOME") or ""
-    if not home:
-        default = iceberg.embedded_state_dir() / "dagster_home"
-        embedded = iceberg.source() == "embedded" and (default / "dagster.yaml").is_file()
-        home = str(default) if embedded else ""
+    home = dagster_home(iceberg)
     if not home:
         return 0, (
             "active runs not counted (no Dagster instance: DAGSTER_HOME is unset); a run in "
@@ -61,12 +89,15 @@ def run_action(
     if args.command == "maintain":
         retention = args.retention_hours
         window = args.orphan_window_hours
-        return maintain_pipeline_table(
+        cursor, where = audit_cursor(spec, iceberg)
+        lines = maintain_pipeline_table(
             spec,
             iceberg,
             (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
             (orphan_window_hours(spec) if window is None else window) * 3600,
+            keep_after=cursor,
         )
+        return [where, *lines]
     if args.command == "failover" and args.dry_run:
         return failover_pipeline(
             spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by, reason=args.reason

@@ -110,8 +110,15 @@ def migrate_group_offsets(
 
 
 def maintain_pipeline_table(
-    spec: PipelineSpec, iceberg: IcebergCatalogResource, retention_s: float, orphan_window_s: float
+    spec: PipelineSpec,
+    iceberg: IcebergCatalogResource,
+    retention_s: float,
+    orphan_window_s: float,
+    keep_after: int | None = None,
 ) -> list[str]:
     """Compact, expire and remove orphans on the pipeline's table (keeping the current group's
-    watermark); return the lines describing what was done and what failed."""
-    return maintain_pipeline(iceberg.load_catalog(), spec, retention_s, orphan_window_s).describe()
+    watermark and the commits after the audit's cursor ``keep_after``); return the lines
+    describing what was done and what failed."""
+    catalog = iceberg.load_catalog()
+    report = maintain_pipeline(catalog, spec, retention_s, orphan_window_s, keep_after=keep_after)
+    return report.describe()
