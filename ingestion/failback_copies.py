@@ -19,7 +19,8 @@ got a copy of a planned tail record since the plan. Reads only; retrying is safe
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import KafkaException
 
@@ -30,7 +31,22 @@ from ingestion.ranges import Key
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from ingestion.failback_origin import OriginPlan
+
+class PlannedOrigin(Protocol):
+    """What :func:`recheck_copies` reads of a failback's per-partition origin plan
+    (``ingestion.failback_origin.OriginPlan``; not imported: that module imports this one)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def resume(self) -> int: ...
+    @property
+    def replica_topic(self) -> str: ...
+    @property
+    def replica_end(self) -> int: ...
+
 
 UNREACHABLE = (
     "the replica cluster does not answer ({error}), so the plan cannot tell the origin records "
@@ -66,7 +82,7 @@ def replica_copies(
 
 
 def recheck_copies(
-    plans: list[OriginPlan], replica: Replica, origin: Replica, pipeline: str
+    plans: Sequence[PlannedOrigin], replica: Replica, origin: Replica, pipeline: str
 ) -> None:
     """Refuse the switch when a record the replica got since the plan is a copy of an origin
     record from the planned resume position (MM2's forward flow still runs): the origin and

@@ -90,8 +90,10 @@ def test_streams_of_pipelines_that_no_longer_stream_are_stopped() -> None:
     pipeline that still streams, and a removed pipeline's ingestion run, are left alone."""
     kept = make_spec("t_kept", "kept", freshness_target_seconds=15)
     slowed = make_spec("t_slowed", "slowed", freshness_target_seconds=600)
-    sensor = build_definitions([kept, slowed]).resolve_sensor_def("stop_retired_streams")
     with DagsterInstance.ephemeral() as instance:
+        # Built inside the instance's context: Dagster resolves definitions against the current
+        # instance's state storage (one left behind by another test may be disposed).
+        sensor = build_definitions([kept, slowed]).resolve_sensor_def("stop_retired_streams")
         now = time.time()
         runs = {
             "kept": add_run(instance, stream_job_name(kept), "kept", now),
