@@ -103,8 +103,12 @@ def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
     assert "walk_slow_lag_sensor" in names
     fast_cron = defs.resolve_schedule_def("walk_fast_maintenance_schedule").cron_schedule
     slow_cron = defs.resolve_schedule_def("walk_slow_maintenance_schedule").cron_schedule
-    assert str(fast_cron).endswith(" * * * *")  # a stream's history is expired every 15 min
-    assert str(slow_cron).endswith(" 3 * * *")  # run per commit: once a day
+    # With a target the retention is a commit budget: history expired every 15 min.
+    assert str(fast_cron).endswith(" * * * *")
+    assert str(slow_cron).endswith(" * * * *")
+    plain = make_spec("plain", "walk_plain")  # no target: a week's history, expired daily
+    plain_cron = build_definitions([plain]).resolve_schedule_def("walk_plain_maintenance_schedule")
+    assert str(plain_cron.cron_schedule).endswith(" 3 * * *")
 
 
 def test_a_run_that_ingests_nothing_reports_no_materialization(
