@@ -12,7 +12,13 @@ MM2 fails quietly in known ways; each one leaves a failover with nothing to stan
   group is filtered out of ``groups``;
 - a source topic has no copy on the replica, or a copy with another partition count;
 - a copy stamps records with the replica's clock (``message.timestamp.type=LogAppendTime``): a
-  failover recognises copies by their original timestamps.
+  failover recognises copies by their original timestamps;
+- while failed over under ``replication_policy: default``, the replica's own topic of the spec's
+  name (``orders`` next to MM2's ``primary.orders``) holds records: producers write there, and the
+  route reads the copy only, so those records are not ingested (README, "Disaster recovery");
+- after a failback, a reverse-copy record is a copy of an origin record the route also reads:
+  MM2's forward and reverse flows both run, and each new record lands twice
+  (``ingestion.flow_loop``).
 
 Each failure names its fix; messages name topics and groups, never ages or offsets (those are in
 the metadata), so one cause keeps one fingerprint. The check does not block ingestion (it is
@@ -24,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ingestion.checks import Finding, failed, passed
+from ingestion.flow_loop import LoopedRecord
 from ingestion.mm2 import checkpoints_topic
 
 
@@ -42,6 +49,10 @@ class ReplicaFacts:
     topics: dict[str, tuple[int, str, int | None]] = field(default_factory=dict)
     # copy topic -> its message.timestamp.type (a failover matches copies by timestamp)
     timestamp_types: dict[str, str | None] = field(default_factory=dict)
+    # while on the replica: its own topics named like the spec's, not read -> records they hold
+    unread_local: dict[str, int] = field(default_factory=dict)
+    # after a failback: reverse-copy records that copy origin records the route also reads
+    looped: list[LoopedRecord] = field(default_factory=list)
 
 
 def check_replica(facts: ReplicaFacts, max_checkpoint_age_s: float) -> Finding:
@@ -114,11 +125,18 @@ def check_replica(facts: ReplicaFacts, max_checkpoint_age_s: float) -> Finding:
                 "copies with its own clock, so a failover cannot recognise them; set it to "
                 "CreateTime on the copy"
             )
+    problems += _route_problems(facts)
     metadata = {
         "replica": facts.replica,
         "checkpoints_topic": topic,
         "checkpoint_age_s": facts.newest_checkpoint_age_s,
         "topics_checked": len(facts.topics),
+        "unread_local_records": sum(facts.unread_local.values()) or None,
+        "looped_records": [
+            f"{r.copy_topic}[{r.partition}]@{r.copy_offset} = {r.origin_topic}@{r.origin_offset}"
+            for r in facts.looped[:5]
+        ]
+        or None,
     }
     if problems:
         return failed(
@@ -132,3 +150,31 @@ def check_replica(facts: ReplicaFacts, max_checkpoint_age_s: float) -> Finding:
         "of every topic",
         {k: v for k, v in metadata.items() if v is not None},
     )
+
+
+def _route_problems(facts: ReplicaFacts) -> list[str]:
+    """What the route in force misses or reads twice (module docstring, last two items).
+
+    Example:
+        >>> facts = ReplicaFacts("primary", "dr", "g", 1, "compact", True, 1.0,
+        ...     unread_local={"orders": 7}, looped=[LoopedRecord("dr.orders", 0, 9, "orders", 4)])
+        >>> [p[:40] for p in _route_problems(facts)]
+        ["topic 'orders' on the cluster the pipeli", "records of 'orders' come back through 'd"]
+    """
+    problems = [
+        f"topic {topic!r} on the cluster the pipeline reads now holds records it does not "
+        "ingest: under replication_policy: default the route reads MM2's copy, not the "
+        "cluster's own topic, so records producers wrote there are not in the table. Point "
+        "producers that fail over at the copy, or fail back and switch to replication_policy: "
+        "identity (producers and MM2 then share one topic name)"
+        for topic in sorted(facts.unread_local)
+    ]
+    pairs = sorted({(r.origin_topic, r.copy_topic) for r in facts.looped})
+    problems += [
+        f"records of {origin!r} come back through {copy!r}: MirrorMaker 2's forward and reverse "
+        "flows both run, so each new record is ingested twice under two names (examples in the "
+        "metadata). Stop the reverse flow (replica -> primary) now, then check the table for "
+        "the duplicates"
+        for origin, copy in pairs
+    ]
+    return problems

@@ -146,3 +146,27 @@ def read_replica_facts(
         topics=copies,
         timestamp_types=stamps,
     )
+
+
+def count_records(
+    kafka_config: dict[str, Any], topics: list[str], timeout_s: float
+) -> dict[str, int]:
+    """Per topic of ``topics`` that exists on the cluster and holds records, how many offsets it
+    spans (high - low watermark, summed over partitions; markers count: an estimate)."""
+    from confluent_kafka import TopicPartition
+
+    counts: dict[str, int] = {}
+    with open_consumer(kafka_config, "local-topic-reader") as consumer:
+        listed = consumer.list_topics(timeout=timeout_s).topics  # never auto-create
+        for topic in topics:
+            metadata = listed.get(topic)
+            if metadata is None or metadata.error is not None:
+                continue
+            spans = [
+                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+                for p in sorted(metadata.partitions)
+            ]
+            total = sum(high - low for low, high in spans)
+            if total > 0:
+                counts[topic] = total
+    return counts

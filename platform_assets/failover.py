@@ -23,7 +23,7 @@ from ingestion.failover_commit import apply_failover
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
 from ingestion.offsets import find_committed_state, flatten
-from ingestion.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.replica_facts import ReplicaTarget, count_records, read_checkpoints
 from ingestion.replica_spec import ReplicaSpec
 from ingestion.spec import PipelineSpec
 from platform_assets.failback import (
@@ -94,6 +94,22 @@ def describe_plan(plans: list[PartitionPlan]) -> list[str]:
     ]
 
 
+def describe_local_topics(
+    spec: PipelineSpec, names: dict[str, str], target: ReplicaTarget
+) -> list[str]:
+    """A note per topic the target has under a spec topic's own name while the route reads
+    MM2's copy (``default`` naming) and it holds records: the route does not read it, and the
+    replica check fails while producers write there (``ingestion.replica_check``)."""
+    local = [topic for topic in spec.source_topics if names.get(topic, topic) != topic]
+    counts = count_records(target.kafka_config, local, SYNCS_TIMEOUT_S) if local else {}
+    return [
+        f"note: {target.name!r} also has its own topic {topic!r} (about {count} record(s)); the "
+        f"route reads MM2's copy {names[topic]!r}, not it: producers that fail over must write "
+        f"to {names[topic]!r} (or use replication_policy: identity)"
+        for topic, count in sorted(counts.items())
+    ]
+
+
 def failover_pipeline(
     spec: PipelineSpec,
     kafka: KafkaResource,
@@ -140,6 +156,8 @@ def failover_pipeline(
     links = origin_links(switch, offsets, names, spec.name) if switch else None
     plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names, links)
     lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
+    if to != PRIMARY:
+        lines += describe_local_topics(spec, names, target)
     origin: list[OriginPlan] = []
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(spec, catalog, route, goal.kafka, names, offsets, switch)

@@ -9,14 +9,16 @@ the way back (the reverse flow into the primary, what a failback needs). Reads o
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from ingestion.checks import CheckDef, Finding, failed, skipped
-from ingestion.replica_check import check_replica
-from ingestion.replica_facts import ReplicaTarget, read_replica_facts
+from ingestion.flow_loop import failback_flows, find_looped_records
+from ingestion.replica_check import ReplicaFacts, check_replica
+from ingestion.replica_facts import ReplicaTarget, count_records, read_replica_facts
 from ingestion.replica_spec import ReplicaSpec
 from ingestion.spec import PipelineSpec
-from platform_assets.route import PRIMARY, active_route
+from platform_assets.route import PRIMARY, Route, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -69,6 +71,7 @@ def replica_finding(
             now_ms,
             timeout_s=10.0,
         )
+        facts = _with_route_facts(facts, spec, route, iceberg)
     except KafkaException as exc:
         return failed(
             "ERROR",
@@ -77,6 +80,26 @@ def replica_finding(
             "configuration and that both clusters are up",
         )
     return check_replica(facts, replica.max_checkpoint_age_seconds)
+
+
+def _with_route_facts(
+    facts: ReplicaFacts, spec: PipelineSpec, route: Route, iceberg: IcebergCatalogResource
+) -> ReplicaFacts:
+    """Add what the route in force misses or reads twice: the replica's own topics of the
+    spec's names while failed over under MM2's default naming, and records looping back
+    through a reverse copy after a failback (``ingestion.replica_check``)."""
+    config = route.kafka.client_config()
+    if route.cluster != PRIMARY:
+        local = [t for t in spec.source_topics if t not in route.spec.source_topics]
+        unread = count_records(config, local, timeout_s=10.0) if local else {}
+        return dataclasses.replace(facts, unread_local=unread)
+    catalog = iceberg.load_catalog()
+    if not catalog.table_exists(spec.table):
+        return facts
+    flows = failback_flows(catalog.load_table(spec.table), spec.consumer_group_id)
+    if flows is None:
+        return facts
+    return dataclasses.replace(facts, looped=find_looped_records(config, flows))
 
 
 def replica_config_problems(

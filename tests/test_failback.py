@@ -136,9 +136,16 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     produce(source.bootstrap_servers, "orders", 130, 10)
     os.kill(source.pid or 0, signal.SIGSTOP)  # disaster
 
+    # dr has its own `orders` too (a producer that failed over early wrote there): under MM2's
+    # default naming the route reads `primary.orders`, and the plan says so.
+    dr_admin = AdminClient({"bootstrap.servers": replica.bootstrap_servers})
+    for future in dr_admin.create_topics([NewTopic("orders", 3, 1)]).values():
+        future.result(10)
+    produce(replica.bootstrap_servers, "orders", 900, 1)
     dry_run, args, back_args = readme_failover_commands()  # the README's commands, as written
     assert main(dry_run) == 0
     shown = capsys.readouterr().out
+    assert "note: 'dr' also has its own topic 'orders' (about 1 record(s))" in shown
     assert "failover of 'dr_wired': primary -> dr" in shown
     assert "orders[0] at " in shown
     assert "-> primary.orders[0] from " in shown
@@ -164,9 +171,18 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
 
     # The primary is back; producers write to the replica; a reverse flow copies it back.
     os.kill(source.pid or 0, signal.SIGCONT)
+    # A producer that failed over wrote to dr's own `orders`, which the route (MM2's copy under
+    # default naming) does not read: the check says so, naming the topic.
     way_back = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert not way_back.passed
     assert "'dr.checkpoints.internal' does not exist on the replica" in way_back.message
+    assert (
+        "topic 'orders' on the cluster the pipeline reads now holds records it does not "
+        "ingest" in way_back.message
+    )
+    assert way_back.metadata["unread_local_records"] == 1
+    for future in dr_admin.delete_topics(["orders"]).values():  # the producer is moved
+        future.result(10)
     produce(replica.bootstrap_servers, "primary.orders", 140, 20)
     ingest(spec, resources, cap=10)  # 140 of 150 on the replica (k130..k139 are on the primary)
     reverse = MirrorStandIn(
@@ -232,6 +248,15 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     forward.step()  # MM2 primary -> dr runs again: the replica check judges the origin topic
     ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert ready.passed, ready.message
+    # Nobody stopped the reverse flow: new records of `orders` loop back into its reverse copy
+    # (primary -> dr -> primary); the check names both topics before the next run reads them.
+    produce(source.bootstrap_servers, "orders", 180, 6)
+    forward.replicate()
+    reverse.replicate()
+    looping = replica_finding(spec, spec.replicas[0], kafka, iceberg)
+    assert not looping.passed
+    assert "records of 'orders' come back through 'primary.orders'" in looping.message
+    assert len(looping.metadata["looped_records"]) == 5  # examples; the message has no offsets
 
 
 def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from ingestion.exceptions import FailoverRefusedError, ReplicaFormatError
 from ingestion.failover_align import RecordId, align_exact
+from ingestion.flow_loop import LoopedRecord
 from ingestion.mm2 import (
     Checkpoint,
     OffsetSync,
@@ -133,6 +134,11 @@ READY = ReplicaFacts("dr", "primary", "g", 1, "compact", True, 20.0, {"o": (3, "
         ({"topics": {"o": (3, "primary.o", None)}}, "has no copy 'primary.o'"),
         ({"topics": {"o": (3, "primary.o", 2)}}, "has 2 partitions, source 'o' has 3"),
         ({"timestamp_types": {"primary.o": "LogAppendTime"}}, "set it to CreateTime"),
+        ({"unread_local": {"o": 4}}, "Point producers that fail over at the copy"),
+        (
+            {"looped": [LoopedRecord("dr.o", 1, 77, "o", 55)]},
+            "records of 'o' come back through 'dr.o': MirrorMaker 2's forward and reverse flows",
+        ),
     ],
 )
 def test_each_replica_problem_fails_the_check_with_its_fix(
