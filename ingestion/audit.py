@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ingestion.audit_clusters import allowed_copies
+from ingestion.audit_names import find_cross_name_twins, name_families
 from ingestion.commit_audit import CommitAudit, audit_commits
 from ingestion.offsets import (
     OFFSETS_PREFIX,
@@ -51,6 +52,7 @@ class AuditResult:
     regressions: list[str] = field(default_factory=list)
     beyond_watermark: list[Coordinates] = field(default_factory=list)
     commit_mismatches: list[str] = field(default_factory=list)
+    cross_name_duplicates: list[str] = field(default_factory=list)  # ingestion.audit_names
 
     @property
     def ok(self) -> bool:
@@ -63,6 +65,7 @@ class AuditResult:
             or self.regressions
             or self.beyond_watermark
             or self.commit_mismatches
+            or self.cross_name_duplicates
         )
 
     def summary(self) -> str:
@@ -76,6 +79,7 @@ class AuditResult:
             "regressions",
             "beyond_watermark",
             "commit_mismatches",
+            "cross_name_duplicates",
         ):
             found = getattr(self, name)
             if found:
@@ -119,12 +123,15 @@ def audit_table(
     quarantine: Table | None = None,
     expected: set[Coordinates] | None = None,
     lost: set[Coordinates] | None = None,
+    families: list[frozenset[str]] | None = None,
 ) -> AuditResult:
     """Audit ``table`` (and its quarantine table) for the group; see the module docstring.
 
     The quarantine table is read as any reader reads it, without filtering by commit lineage:
     it holds exactly the dead letters of the committed ranges (ingestion.quarantine), so a row
     of a losing or crashed run would show here as a duplicate or as beyond the watermark.
+    ``families`` (the names MM2 gives each topic, ``ingestion.audit_names``) add the check for
+    one record held under two names.
     """
     result = AuditResult()
     landed = read_coordinates(table)
@@ -139,6 +146,7 @@ def audit_table(
     current = table.current_snapshot()
     files = list_file_paths(table, current) if current else []
     result.duplicate_files = sorted(p for p, n in Counter(files).items() if n > 1)
+    result.cross_name_duplicates = find_cross_name_twins(table, families or [])
     watermark = _lineage_checks(table, group_id, result)
     result.beyond_watermark = sorted(c for c in counts if c[2] >= watermark.get((c[0], c[1]), 0))
     if expected is not None:
@@ -233,4 +241,7 @@ def audit_pipeline(
     quarantine = None
     if catalog.table_exists(spec.quarantine_table):
         quarantine = catalog.load_table(spec.quarantine_table)
-    return PipelineAudit(commits, audit_table(table, spec.consumer_group_id, quarantine))
+    families = name_families(spec)
+    return PipelineAudit(
+        commits, audit_table(table, spec.consumer_group_id, quarantine, families=families)
+    )

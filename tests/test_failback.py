@@ -257,6 +257,13 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     assert not looping.passed
     assert "records of 'orders' come back through 'primary.orders'" in looping.message
     assert len(looping.metadata["looped_records"]) == 5  # examples; the message has no offsets
+    # Ingested anyway, the looped records are in the table twice under two names: the
+    # coordinates are distinct, and the full audit still says so.
+    ingest(spec, resources)
+    twice = audit_finding(spec, iceberg, kafka, full=True)
+    assert not twice.passed
+    # 36: k160..k185, and the tail k130..k139, which the forward flow copied to dr only now.
+    assert "cross_name_duplicates: 36" in twice.message, twice.message
 
 
 def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> None:
