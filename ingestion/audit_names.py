@@ -39,7 +39,7 @@ def name_families(spec: PipelineSpec) -> list[frozenset[str]]:
         ...     "consumer_group_id": "g", "value_format": "raw",
         ...     "replicas": [{"name": "dr", "source_alias": "primary"}]})
         >>> sorted(name_families(spec)[0])
-        ['dr.orders', 'orders', 'primary.orders']
+        ['orders', 'primary.orders']
     """
     families = []
     for topic in spec.source_topics if spec.topic_pattern is None else []:
