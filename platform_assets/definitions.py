@@ -6,6 +6,7 @@ from dagster import Definitions, JobDefinition
 
 from ingestion.spec import PipelineSpec
 from ingestion.triggers import is_continuous
+from platform_assets.alert_sensors import build_check_alert_sensor, run_failure_alert_sensor
 from platform_assets.assets import build_pipeline_assets
 from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
 from platform_assets.dbt import (
@@ -30,11 +31,7 @@ from platform_assets.schedules import (
     build_maintenance_schedule,
     build_observe_topics_schedule,
 )
-from platform_assets.sensors import (
-    build_check_alert_sensor,
-    build_lag_sensor,
-    run_failure_alert_sensor,
-)
+from platform_assets.sensors import build_lag_sensor
 from platform_assets.stream import build_stream_job, stream_generation
 from platform_assets.stream_sensor import build_retired_streams_sensor, build_stream_sensor
 
