@@ -26,7 +26,7 @@ from ingestion.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
-from ingestion.ranges import Key
+from ingestion.ranges import Coordinates, Key
 from ingestion.recovery import list_file_paths
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
     from ingestion.spec import PipelineSpec
 
-Coordinates = tuple[str, int, int]
 COORDINATE_COLUMNS = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
 
 

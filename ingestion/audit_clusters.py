@@ -24,12 +24,10 @@ from ingestion.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
-from ingestion.ranges import Key
+from ingestion.ranges import Coordinates, Key
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
-
-Coordinates = tuple[str, int, int]
 
 
 def read_ranges(table: Table, group_id: str) -> dict[Key, dict[str, list[tuple[int, int]]]]:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 Key = tuple[str, int]  # (topic, partition): the key of every offset map
+Coordinates = tuple[str, int, int]  # (topic, partition, offset): one record, as rows record it
 
 
 @dataclass(frozen=True)
