@@ -6,8 +6,12 @@ own producers wrote there since the failover. Those copies reach the pipeline af
 failback whether or not it ingested them on the replica: ingested already, or through the
 reverse copy, which resumes after the last ingested record. So an origin record is *copied*
 when its copy is anywhere in the replica partition from the failover's start position to the
-replica's end, not only among the table's rows (``docs/reliability.md``, R49): the table's rows
-below the replica position it committed, then the replica's records in Kafka from there.
+replica's end, not only among the table's rows (``docs/reliability.md``, R49). The records still
+in Kafka on the replica are read there, ingested or not (with a digest of value and headers, which
+MM2 copies byte for byte: ``ingestion.failover_align.split_tail``); the table's rows stand in
+only for the ingested records retention deleted (timestamp and key only), and must agree with the
+replica's records where both exist. A partition the replica's copy does not have (yet) holds no
+copies.
 
 The replica must answer: if it does not, copied and uncopied records cannot be told apart and
 the failback is refused (:class:`~ingestion.exceptions.FailoverRefusedError`, nothing changed).
@@ -26,6 +30,7 @@ from confluent_kafka import KafkaException
 
 from ingestion.exceptions import FailoverRefusedError, ReadError
 from ingestion.failover import Records, Replica, ingested_tail_where
+from ingestion.failover_align import RecordId
 from ingestion.ranges import Key
 
 if TYPE_CHECKING:
@@ -68,28 +73,58 @@ def read_replica(reader: Replica, key: Key, start: int, where: str) -> tuple[Rec
         ) from exc
 
 
+def copy_exists(reader: Replica, key: Key, where: str) -> bool:
+    """Whether the replica's copy topic has partition ``key[1]`` (a partition added to the
+    origin may not be copied yet)."""
+    try:
+        return key[1] in reader.describe(key[0])[1]
+    except (KafkaException, ReadError, FailoverRefusedError) as exc:
+        raise FailoverRefusedError(f"{where}: " + UNREACHABLE.format(error=exc)) from exc
+
+
 def replica_copies(
     tables: list[Table], reader: Replica, key: Key, start: int, replica_next: int, where: str
 ) -> tuple[Records, int]:
     """The replica partition ``key`` from the failover's ``start`` to its end now, as
-    (offset, RecordId) in offset order: the table's rows below ``replica_next`` (the table's
-    next offset there), then the records in Kafka from ``replica_next``; and the end."""
+    (offset, RecordId) in offset order, and the end: the records in Kafka from the log start
+    (from ``replica_next``, the table's next offset there, if retention deleted records not
+    ingested yet: refused), below that the table's rows (no value digest)."""
+    try:
+        low, _ = reader.watermarks(*key)
+    except (KafkaException, ReadError) as exc:
+        raise FailoverRefusedError(f"{where}: " + UNREACHABLE.format(error=exc)) from exc
+    first = max(start, min(low, replica_next))
     ingested = ingested_tail_where(
         tables, key, f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}"
     )
-    pending, end = read_replica(reader, key, replica_next, where)
-    return ingested + pending, end
+    kept, end = read_replica(reader, key, first, where)
+    held = {offset for offset, _ in kept}
+    rows = dict(ingested)
+    for offset, record in kept:
+        row = rows.get(offset)
+        if row is not None and not row.matches(record):
+            raise FailoverRefusedError(
+                f"{where}: {key[0]}[{key[1]}] on the replica holds at offset {offset} {record}, "
+                f"the table's row there is {row}: the replica topic was recreated or rewritten "
+                "since the table read it. Nothing was changed; the pipeline keeps reading the "
+                "replica. Inspect the replica topic"
+            )
+    missing = [(offset, row) for offset, row in ingested if offset not in held]
+    return sorted(missing + kept, key=lambda item: item[0]), end
 
 
 def recheck_copies(
     plans: Sequence[PlannedOrigin], replica: Replica, origin: Replica, pipeline: str
 ) -> None:
     """Refuse the switch when a record the replica got since the plan is a copy of an origin
-    record from the planned resume position (MM2's forward flow still runs): the origin and
+    record from the planned resume position (timestamp, key, value and headers: MM2's forward
+    flow still runs; another producer's record is no copy): the origin and
     the reverse copy would both deliver it. Called just before the commit; nothing changed."""
     for plan in plans:
         where = f"pipeline {pipeline!r}: failback of origin {plan.topic}[{plan.partition}]"
         key = (plan.replica_topic, plan.partition)
+        if plan.replica_end == 0 and not copy_exists(replica, key, where):
+            continue  # the replica's copy has no such partition: nothing was copied there
         added, end = read_replica(replica, key, plan.replica_end, where)
         if end < plan.replica_end:
             raise FailoverRefusedError(
@@ -100,9 +135,12 @@ def recheck_copies(
         if not added:
             continue
         tail, _ = origin.read(plan.topic, plan.partition, plan.resume, sys.maxsize)
-        identities = {(r.timestamp_ms, r.key): offset for offset, r in reversed(tail)}
+        identities: dict[tuple[int, bytes | None], list[tuple[int, RecordId]]] = {}
+        for offset, record in tail:
+            identities.setdefault((record.timestamp_ms, record.key), []).append((offset, record))
         for offset, record in added:
-            copied = identities.get((record.timestamp_ms, record.key))
+            same = identities.get((record.timestamp_ms, record.key), [])
+            copied = next((o for o, r in same if r.matches(record)), None)
             if copied is not None:
                 raise FailoverRefusedError(
                     f"{where}: since the plan, the replica got at {key[0]}[{key[1]}] offset "

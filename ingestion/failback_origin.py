@@ -8,31 +8,40 @@ failover switch's plan) and after the records whose copies the table ingested on
 A failback to the primary therefore reads the origin topics again, next to the reverse copies
 (``docs/reliability.md``, R49).
 
+Every partition the origin topic has now is planned. One the failover's plan lacks (added to the
+origin after the table's last commit there) has ``N`` = its log start: the table read none of it
+on the primary, and what the route read of its copy on the replica is aligned like the others
+(no copy partition on the replica: everything in it is tail).
+
 Per origin partition: the origin's records from ``N`` are aligned, in order, with the replica
-copy from the failover's start position to the replica's end now (Kafka timestamp and key, as
-``ingestion.failover_align`` does): the table's rows up to where it read, then the records in
-Kafka on the replica, which the reverse copy delivers after the failback
-(``ingestion.failback_copies``: MM2's forward flow may have copied tail records there after the
-failover). The records with a copy form a prefix (MM2 copies in order) and the first one without
-is the start of the unreplicated tail, read from there exactly once. Refused
+copy from the failover's start position to the replica's end now
+(:func:`~ingestion.failover_align.split_tail`): the records still in Kafka there, ingested or not
+(the reverse copy delivers those not ingested; MM2's forward flow may have copied tail records
+there after the failover), compared byte for byte (timestamp, key, value and headers), and the
+table's rows where retention deleted them (timestamp and key). MM2's newest forward offset sync
+``U -> D`` at or after ``N`` (``mm2-offset-syncs.<target_alias>.internal`` on the primary, when
+the replica names its ``target_alias``) pins the prefix up to ``U``. The records with a copy form
+a prefix (MM2 copies in order) and the first one without is the start of the unreplicated tail,
+read from there exactly once. Never a guess: refused
 (:class:`~ingestion.exceptions.FailoverRefusedError`, nothing changed) when the evidence
-contradicts: the origin topic was recreated or truncated below ``N`` by retention, its record
-before ``N`` is not the one the table holds, a record after the first uncopied one has a copy,
-or the replica does not answer. Reads only.
+contradicts or does not single out the position: the origin topic was recreated or truncated
+below ``N`` by retention, its record before ``N`` is not the one the table holds, a record after
+the first uncopied one has a copy, a match by timestamp and key alone repeats, the sync is not
+borne out by the records, or the replica does not answer. Reads only; retrying is safe.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failback_copies import replica_copies
-from ingestion.failover import Records, Replica, ingested_tail_where
-from ingestion.failover_align import RecordId
+from ingestion.failback_copies import copy_exists, replica_copies
+from ingestion.failover import Records, Replica, ingested_tail_where, live_syncs
+from ingestion.failover_align import split_tail
+from ingestion.mm2 import OffsetSync
 from ingestion.offsets import (
     FAILOVER_TO,
     GROUP_ID,
@@ -66,6 +75,8 @@ class OriginPlan:
     replica_start: int
     copies_pending: int  # origin records copied to the replica, not ingested yet (reverse copy)
     replica_end: int  # the replica partition's end when planned (recheck_copies)
+    anchor: str = ""  # MM2's forward offset sync that pinned the copied prefix, if any
+    in_plan: bool = True  # False: the failover's plan lacked it (N is the origin's log start)
 
 
 @dataclass(frozen=True)
@@ -110,52 +121,6 @@ def find_switch(table: Table, group_id: str, replica: str) -> UndoneSwitch | Non
     return None
 
 
-def split_tail(
-    origin: Sequence[tuple[int, RecordId]],
-    copies: Sequence[tuple[int, RecordId]],
-    origin_end: int,
-    where: str,
-) -> tuple[int, list[int]]:
-    """The origin offset where the unreplicated tail starts, and the replica offsets of the
-    copies of the origin records before it.
-
-    ``origin`` is the origin partition's records from the pre-failover position, ``copies``
-    the replica copy from the failover's start (``ingestion.failback_copies``), both in offset
-    order. The copied records are a prefix of ``origin`` whose copies appear in ``copies`` in
-    the same order (other records were produced on the replica); a record after that prefix
-    with a copy contradicts the order MM2 copies in: refused.
-
-    Example:
-        >>> ids = [RecordId(t, b"k") for t in (1, 2, 3, 9)]
-        >>> split_tail([(5, ids[0]), (6, ids[1]), (7, ids[2])], [(40, ids[0]), (41, ids[3]),
-        ...     (42, ids[1])], 8, "p")
-        (7, [40, 42])
-    """
-    positions: dict[tuple[int, bytes | None], list[int]] = {}
-    for position, (_, record) in enumerate(copies):
-        positions.setdefault((record.timestamp_ms, record.key), []).append(position)
-    last, matched = -1, []
-    for _, record in origin:
-        after = [p for p in positions.get((record.timestamp_ms, record.key), []) if p > last]
-        if not after:
-            break
-        last = after[0]
-        matched.append(copies[last][0])
-    for offset, record in origin[len(matched) :]:
-        found = positions.get((record.timestamp_ms, record.key))
-        if found:
-            raise FailoverRefusedError(
-                f"{where}: origin offset {offset} has a copy on the replica (offset "
-                f"{copies[found[0]][0]}) although origin offset {origin[len(matched)][0]} before "
-                "it has none: the copies are not in the origin's order (records repeat with "
-                "the same timestamp and key, or the replica is not a copy of this topic), so "
-                "the unreplicated tail cannot be told apart. Nothing was changed; the pipeline "
-                "keeps reading the replica. Inspect both partitions from these offsets."
-            )
-    resume = origin[len(matched)][0] if len(matched) < len(origin) else origin_end
-    return resume, matched
-
-
 def _refuse(where: str, what: str) -> FailoverRefusedError:
     return FailoverRefusedError(
         f"{where}: {what}; the unreplicated tail cannot be placed. Nothing was changed: the "
@@ -191,27 +156,39 @@ def _check_anchor(tables: list[Table], reader: Replica, key: Key, before: int, w
         )
 
 
+def _anchor(syncs: list[OffsetSync], before: int, high: int) -> tuple[int, int] | None:
+    """MM2's newest live forward offset sync ``U -> D`` with ``before <= U < high``."""
+    usable = [s for s in live_syncs(syncs) if before <= s.upstream < high]
+    newest = max(usable, key=lambda s: s.upstream, default=None)
+    return None if newest is None else (newest.upstream, newest.downstream)
+
+
 def plan_origin_partition(
     tables: list[Table],
     reader: Replica,
     replica: Replica,
     entry: dict[str, Any],
-    replica_next: int,
+    replica_next: int | None,
     pipeline: str,
+    syncs: list[OffsetSync] | None = None,
 ) -> OriginPlan:
-    """Where one origin partition resumes; ``entry`` is its line of the failover's plan,
-    ``replica_next`` the table's next offset of its replica copy now, ``reader`` reads the
-    primary and ``replica`` the replica cluster."""
+    """Where one origin partition resumes; ``entry`` is its line of the failover's plan (with
+    ``"in_plan": False`` and no ``source_next`` for a partition the plan lacks),
+    ``replica_next`` the table's next offset of its replica copy now (None: it has none),
+    ``reader`` reads the primary, ``replica`` the replica cluster, ``syncs`` are MM2's forward
+    offset syncs of this partition (on the primary)."""
     topic, partition = str(entry["source_topic"]), int(entry["partition"])
-    before, copy, start = int(entry["source_next"]), entry["replica_topic"], entry["replica_start"]
+    copy, start = str(entry["replica_topic"]), int(entry["replica_start"])
+    planned = bool(entry.get("in_plan", True))
+    low, high = reader.watermarks(topic, partition)
+    before = int(entry["source_next"]) if planned else low
     where = f"pipeline {pipeline!r}: failback of origin {topic}[{partition}] (offset {before})"
-    if copy == topic and start < before:
+    if planned and copy == topic and start < before:
         raise _refuse(
             where,
             f"the replica copy has the origin's name and the table read offsets {start}.."
             f"{before} of it on both clusters (rows do not record the cluster)",
         )
-    low, high = reader.watermarks(topic, partition)
     if low > before:
         raise _refuse(
             where,
@@ -220,17 +197,27 @@ def plan_origin_partition(
         )
     if high < before:
         raise _refuse(where, f"the origin ends at {high}: it was truncated or recreated")
-    _check_anchor(tables, reader, (topic, partition), before, where)
+    if planned:  # else the table read none of it on the primary
+        _check_anchor(tables, reader, (topic, partition), before, where)
     origin: Records = (
         reader.read(topic, partition, before, high - before)[0] if high > before else []
     )
-    copies, end = replica_copies(tables, replica, (copy, partition), start, replica_next, where)
-    resume, matched = split_tail(origin, copies, high, where)
+    key = (copy, partition)
+    copies: Records
+    if planned or copy_exists(replica, key, where):
+        if replica_next is None:  # nothing ingested there: the reverse copy reads it all
+            replica_next = start if planned else replica.watermarks(*key)[0]
+        copies, end = replica_copies(tables, replica, key, start, replica_next, where)
+    else:
+        copies, end, replica_next = [], 0, 0
+    anchor = _anchor(syncs or [], before, high)
+    resume, matched = split_tail(origin, copies, high, where, anchor)
     tail = sum(1 for offset, _ in origin if offset >= resume)
     pending = sum(1 for offset in matched if offset >= replica_next)
+    how = f"offset sync {anchor[0]} -> {anchor[1]}" if anchor else ""
     return OriginPlan(
-        topic, partition, "", before, resume, len(matched) - pending, tail, copy, int(start),
-        pending, end,
+        topic, partition, "", before, resume, len(matched) - pending, tail, copy, start,
+        pending, end, how, planned,
     )  # fmt: skip
 
 
@@ -242,12 +229,14 @@ def plan_origin(
     origins: list[str],
     replica_next: dict[Key, int],
     pipeline: str,
+    syncs: dict[Key, list[OffsetSync]] | None = None,
 ) -> list[OriginPlan]:
-    """A plan for every partition of the ``origins`` topics the undone failover moved
-    (``reader`` reads the primary, ``replica`` the replica cluster the failback leaves)."""
+    """A plan for every partition the ``origins`` topics have now (``reader`` reads the
+    primary, ``replica`` the replica cluster the failback leaves; ``syncs``: MM2's forward
+    offset syncs per origin partition, read on the primary, {} when unreadable)."""
     plans: list[OriginPlan] = []
     for topic in origins:
-        entries = [e for e in switch.plans if e.get("source_topic") == topic]
+        entries = {int(e["partition"]): e for e in switch.plans if e.get("source_topic") == topic}
         if not entries:
             raise FailoverRefusedError(
                 f"pipeline {pipeline!r}: the failover in snapshot {switch.snapshot_id} did not "
@@ -255,7 +244,7 @@ def plan_origin(
                 "be placed; nothing was changed"
             )
         try:
-            topic_id = reader.topic_id(topic)
+            topic_id, partitions = reader.describe(topic)
         except FailoverRefusedError as exc:
             raise FailoverRefusedError(
                 f"pipeline {pipeline!r}: origin topic {topic!r} on the primary cannot be "
@@ -269,9 +258,15 @@ def plan_origin(
                 "unreplicated tail is gone. Nothing was changed; decide with the producers' "
                 "owners what the table must hold, then fail back"
             )
-        for entry in sorted(entries, key=lambda e: int(e["partition"])):
-            key = (str(entry["replica_topic"]), int(entry["partition"]))
-            at = replica_next.get(key, int(entry["replica_start"]))
-            plan = plan_origin_partition(tables, reader, replica, entry, at, pipeline)
+        copy = str(next(iter(entries.values()))["replica_topic"])
+        for partition in sorted(set(partitions) | set(entries)):
+            entry = entries.get(partition) or {
+                "source_topic": topic, "partition": partition, "replica_topic": copy,
+                "replica_start": 0, "in_plan": False,
+            }  # fmt: skip
+            at = replica_next.get((str(entry["replica_topic"]), partition))
+            plan = plan_origin_partition(
+                tables, reader, replica, entry, at, pipeline, (syncs or {}).get((topic, partition))
+            )
             plans.append(OriginPlan(**{**plan.__dict__, "topic_id": topic_id}))
     return plans

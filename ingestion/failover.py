@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion.consumer import iter_range, open_consumer
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failover_align import Alignment, RecordId, align_exact
+from ingestion.failover_align import Alignment, RecordId, align_exact, digest_record
 from ingestion.mm2 import OffsetSync, decode_offset_sync
 from ingestion.ranges import OffsetRange
 from ingestion.replica_facts import ReplicaTarget, StampedCheckpoint, newest_checkpoints
@@ -78,6 +78,10 @@ class Replica:
         return int(low), int(high)
 
     def topic_id(self, topic: str) -> str:
+        return self.describe(topic)[0]
+
+    def describe(self, topic: str) -> tuple[str, list[int]]:
+        """The topic's id and its partitions now."""
         from confluent_kafka import KafkaException, TopicCollection
         from confluent_kafka.admin import AdminClient
 
@@ -86,10 +90,11 @@ class Replica:
             found = admin.describe_topics(TopicCollection([topic]))[topic].result(self.timeout_s)
         except KafkaException as exc:
             raise FailoverRefusedError(f"replica topic {topic!r}: {exc.args[0]}") from exc
-        return str(found.topic_id)
+        return str(found.topic_id), sorted(int(p.id) for p in found.partitions)
 
     def read(self, topic: str, partition: int, start: int, count: int) -> tuple[Records, int]:
-        """Up to ``count`` records from ``start`` as (offset, RecordId), and the end offset."""
+        """Up to ``count`` records from ``start`` as (offset, RecordId with a digest of the
+        value and headers), and the end offset."""
         low, high = self.watermarks(topic, partition)
         if start < low:
             raise FailoverRefusedError(
@@ -126,7 +131,8 @@ class Replica:
 
 
 def _identity(message: Any) -> RecordId:
-    return RecordId(int(message.timestamp()[1]), message.key())
+    digest = digest_record(message.value(), message.headers())
+    return RecordId(int(message.timestamp()[1]), message.key(), digest)
 
 
 def read_offset_syncs(

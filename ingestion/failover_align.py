@@ -12,12 +12,17 @@ The planner (``ingestion.failover``) establishes one pair "source offset ``U`` w
 replica offset ``D``", from an offset sync or, with checkpoints only, from the replica's last
 record before the checkpoint's offset; :func:`align_exact` then verifies the copies after it.
 
-Records are compared by identity: Kafka timestamp and key bytes (and a value digest when both
-sides have one). Pure functions, no I/O.
+Records are compared by identity: Kafka timestamp and key bytes, and a digest of the value and
+headers (:func:`digest_record`) when both sides are Kafka records (MM2 copies both byte for byte;
+the table's rows are decoded and carry none). Pure functions, no I/O.
+
+A failback places the origin's unreplicated tail with :func:`split_tail` (the other direction:
+which origin records have a copy on the replica; ``ingestion.failback_origin``).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +44,32 @@ class RecordId:
         if self.value_digest is None or other.value_digest is None:
             return True
         return self.value_digest == other.value_digest
+
+
+def digest_record(value: bytes | None, headers: Sequence[tuple[str, bytes | None]] | None) -> bytes:
+    """A digest of a record's value and headers (each length-prefixed: unambiguous).
+
+    Example:
+        >>> digest_record(b"v", None) == digest_record(b"v", [])
+        True
+        >>> digest_record(b"v", [("h", b"1")]) == digest_record(b"v", [("h", b"2")])
+        False
+    """
+    digest = hashlib.blake2b(digest_size=16)
+
+    def feed(part: bytes | None) -> None:
+        digest.update(b"\xff" * 8 if part is None else len(part).to_bytes(8, "big") + part)
+
+    feed(value)
+    for name, header in headers or []:
+        feed(name.encode())
+        feed(header)
+    return digest.digest()
+
+
+def is_strong(mine: RecordId, theirs: RecordId) -> bool:
+    """Both sides carry a value digest (both are Kafka records): a match is byte for byte."""
+    return mine.value_digest is not None and theirs.value_digest is not None
 
 
 @dataclass(frozen=True)
@@ -89,3 +120,128 @@ def align_exact(
                 "in between, or a replication policy that filters); nothing was changed."
             )
     return Alignment(start, skipped)
+
+
+Records = Sequence[tuple[int, RecordId]]
+UNCHANGED = "Nothing was changed; the pipeline keeps reading the replica"
+
+
+def _embed(origin: Records, copies: Records, first: int) -> list[int]:
+    """Positions in ``copies`` (from ``first``, earliest first) of the longest prefix of
+    ``origin`` that appears there in order."""
+    positions, at = [], first
+    for _, record in origin:
+        while at < len(copies) and not record.matches(copies[at][1]):
+            at += 1
+        if at == len(copies):
+            break
+        positions.append(at)
+        at += 1
+    return positions
+
+
+def _pin(origin: Records, copies: Records, anchor: tuple[int, int], where: str) -> list[int]:
+    """Positions in ``copies`` of the origin records up to the anchor's ``U`` (MM2's offset
+    sync ``U -> D``: origin ``U`` was copied to replica ``D``, and MM2 copies in order)."""
+    upstream, downstream = anchor
+    sync = f"MM2's offset sync {upstream} -> {downstream} (the origin's record {upstream} copied"
+    index = next((i for i, (offset, _) in enumerate(origin) if offset == upstream), None)
+    at = next((j for j, (offset, _) in enumerate(copies) if offset == downstream), None)
+    if index is None or at is None:
+        missing = "the origin" if index is None else "the replica copy since the failover"
+        raise FailoverRefusedError(
+            f"{where}: {sync} to replica offset {downstream}) names a record {missing} does not "
+            f"hold (recreated or truncated since, or a stale sync). {UNCHANGED}. Inspect the "
+            "offset-syncs topic on the primary and both partitions at these offsets"
+        )
+    before = _embed(origin[:index], copies[:at], 0)
+    if not origin[index][1].matches(copies[at][1]) or len(before) < index:
+        raise FailoverRefusedError(
+            f"{where}: {sync} to replica offset {downstream}), but the replica does not hold "
+            f"copies of origin offsets {origin[0][0]}..{upstream} in order up to there: it is not "
+            f"a copy of this topic, or was rewritten. {UNCHANGED}. Inspect both partitions"
+        )
+    return [*before, at]
+
+
+def _refuse_guesses(
+    rest: Records, copies: Records, found: list[int], first: int, where: str
+) -> None:
+    """Refuse when a match the skip relies on is a guess: after the last byte-for-byte match
+    (which proves every origin record before it copied, as MM2 copies in order), a match by
+    timestamp and key alone (a table row: retention deleted the replica's record) whose identity
+    another replica or origin record shares."""
+    strong = [i for i, at in enumerate(found) if is_strong(rest[i][1], copies[at][1])]
+    proven = strong[-1] + 1 if strong else 0
+    low = found[proven - 1] + 1 if proven else first
+    for i in range(proven, len(found)):
+        (offset, mine), (copy, theirs) = rest[i], copies[found[i]]
+        rivals = [o for o, r in copies[low:] if mine.matches(r)]
+        twins = [o for o, r in rest[proven:] if r.matches(theirs)]
+        if len(rivals) > 1 or len(twins) > 1:
+            raise FailoverRefusedError(
+                f"{where}: origin offset {offset} matches replica offset {copy} by Kafka timestamp "
+                f"and key only (retention deleted the replica's record; the table's row has no "
+                f"value to compare), and that identity repeats (replica offsets {rivals[:5]}, "
+                f"origin offsets {twins[:5]}): whether it is the copy or another producer's "
+                f"record cannot be told, and a wrong skip loses the record. {UNCHANGED}. Inspect "
+                "both partitions from these offsets; with the replica's target_alias set, MM2's "
+                "offset syncs on the primary anchor the copies"
+            )
+
+
+def _refuse_out_of_order(
+    origin: Records, copies: Records, count: int, last: int, where: str
+) -> None:
+    """Refuse when an origin record after the first uncopied one (``origin[count]``) has a copy
+    after the last matched position ``last``: MM2 copies in order."""
+    later: dict[tuple[int, bytes | None], list[tuple[int, RecordId]]] = {}
+    for offset, record in copies[last + 1 :]:
+        later.setdefault((record.timestamp_ms, record.key), []).append((offset, record))
+    for offset, record in origin[count + 1 :]:
+        same = later.get((record.timestamp_ms, record.key), [])
+        found = next((o for o, r in same if record.matches(r)), None)
+        if found is not None:
+            raise FailoverRefusedError(
+                f"{where}: origin offset {offset} has a copy on the replica (offset {found}) "
+                f"although origin offset {origin[count][0]} before it has none: the copies are "
+                "not in the origin's order (a producer re-sent the record to the replica, or "
+                "the replica is not a copy of this topic), so the unreplicated tail cannot be "
+                f"told apart. {UNCHANGED}. Inspect both partitions from these offsets."
+            )
+
+
+def split_tail(
+    origin: Records,
+    copies: Records,
+    origin_end: int,
+    where: str,
+    anchor: tuple[int, int] | None = None,
+) -> tuple[int, list[int]]:
+    """The origin offset where a failback's unreplicated tail starts, and the replica offsets
+    of the copies of the origin records before it.
+
+    ``origin`` is the origin partition's records from the pre-failover position (with value
+    digests), ``copies`` the replica partition from the failover's start, both in offset order:
+    records still in Kafka carry a digest, the table's rows (retention deleted the replica's
+    record) do not. The copied records are a prefix of ``origin``, their copies in ``copies`` in
+    the same order among the replica producers' records. ``anchor`` (MM2's forward offset sync
+    ``U -> D``) pins the prefix up to ``U``; after it, a byte-for-byte match proves every
+    record before it copied. A match by timestamp and key alone whose identity repeats is a
+    guess: refused, never skipped; so is a copy after the first uncopied record.
+
+    Example:
+        >>> ids = [RecordId(1, None, bytes([n])) for n in range(4)]  # keyless, one millisecond
+        >>> split_tail([(5, ids[0]), (6, ids[1]), (7, ids[2])], [(40, ids[0]), (41, ids[3]),
+        ...     (42, ids[1])], 8, "p")
+        (7, [40, 42])
+    """
+    pinned = _pin(origin, copies, anchor, where) if anchor is not None else []
+    first = pinned[-1] + 1 if pinned else 0
+    rest = origin[len(pinned) :]
+    found = _embed(rest, copies, first)
+    _refuse_guesses(rest, copies, found, first, where)
+    positions = pinned + found
+    _refuse_out_of_order(origin, copies, len(positions), positions[-1] if positions else -1, where)
+    resume = origin[len(positions)][0] if len(positions) < len(origin) else origin_end
+    return resume, [copies[at][0] for at in positions]

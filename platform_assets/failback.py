@@ -1,6 +1,9 @@
 """A failback to the primary: the replica partitions' links to the origin topics, and where the
 origin topics resume (their unreplicated tail). Used by :mod:`platform_assets.failover`.
 
+MM2's forward offset syncs (on the primary, ``mm2-offset-syncs.<target_alias>.internal``, read
+when the replica names its ``target_alias``) anchor the copied prefix of each origin partition.
+
 Delivery: reads only; the switch that commits the result is ``ingestion.failover_commit``'s.
 """
 
@@ -11,7 +14,8 @@ from typing import TYPE_CHECKING
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_link import OriginLink
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
-from ingestion.failover import Fallback, Replica
+from ingestion.failover import Fallback, Replica, read_offset_syncs
+from ingestion.mm2 import offset_syncs_topic
 from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec
 from platform_assets.route import Route
@@ -21,6 +25,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
 REPLICA_TIMEOUT_S = 10.0  # the replica a failback leaves: reading it is refused after this
+SYNCS_TIMEOUT_S = 5.0  # MM2's forward offset syncs on the primary: unread (no anchor) after this
 
 
 def origin_links(
@@ -64,15 +69,27 @@ def plan_failback_origin(
         tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
     reader = Replica(primary.client_config())
     replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
-    return plan_origin(tables, reader, replica, switch, origins, replica_next, spec.name)
+    alias = spec.replica(route.cluster).target_alias
+    syncs = (
+        read_offset_syncs(primary.client_config(), offset_syncs_topic(alias), SYNCS_TIMEOUT_S)
+        if alias
+        else {}
+    )
+    return plan_origin(tables, reader, replica, switch, origins, replica_next, spec.name, syncs)
 
 
 def describe_origin(origin: list[OriginPlan], replica: str) -> list[str]:
     """One line per origin partition a failback reads again: where, and the tail it ingests."""
     return [
-        f"origin {o.topic}[{o.partition}] (at {o.committed_before} before the failover) resumes "
-        f"at {o.resume}: {o.copies_ingested} record(s) were ingested as copies on {replica!r}, "
-        f"{o.tail} record(s) of unreplicated tail to ingest"
+        f"origin {o.topic}[{o.partition}] ("
+        + (
+            f"at {o.committed_before} before the failover"
+            if o.in_plan
+            else f"not in the failover's plan: from its log start {o.committed_before}"
+        )
+        + f") resumes at {o.resume}: {o.copies_ingested} record(s) were ingested as copies on "
+        f"{replica!r}, {o.tail} record(s) of unreplicated tail to ingest"
+        + (f" (copies up to {o.anchor})" if o.anchor else "")
         + (
             f"; {o.copies_pending} more were copied to {replica!r} since the failover and "
             f"arrive through the reverse copy of {o.replica_topic}[{o.partition}]"
