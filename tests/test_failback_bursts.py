@@ -1,0 +1,230 @@
+"""Failback to the primary on two real clusters, where the unreplicated tail is hard to place.
+
+A keyless topic writes bursts in one millisecond, and the replica's producers write in that
+millisecond too: by Kafka timestamp and key the tail records and the replica's records look the
+same. And partitions added to the origin after the table's last commit there, which the failover's
+plan lacks. Oracle: the ids the data table holds, every record once, and the audits pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyiceberg.catalog import Catalog
+
+from ingestion.run import run_pipeline
+from ingestion.spec import PipelineSpec
+from platform_assets.checks import audit_finding
+from platform_assets.failover import failover_pipeline
+from platform_assets.route import active_route
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from tests.support.mm2_standin import MirrorStandIn
+from tests.support.pipelines import make_spec, records
+
+pytestmark = pytest.mark.integration
+STAMP = 1_790_000_000_000
+
+
+def send(
+    bootstrap: str,
+    topic: str,
+    numbers: list[int],
+    partition: Callable[[int], int],
+    keyed: bool,
+    stamp: Callable[[int], int] = lambda number: STAMP + number,
+) -> None:
+    """Records with ids ``numbers``, stamped ``stamp(n)`` (CreateTime), keyless unless
+    ``keyed`` (key ``k<n>``)."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for number in numbers:
+        ((key, value, _),) = records(1, first=number)
+        producer.produce(topic, value=value, key=key if keyed else None,
+                         partition=partition(number), timestamp=stamp(number))  # fmt: skip
+        producer.flush(10)  # one record per batch (Tansu's end offset is its last batch's base + 1)
+
+
+def landed_ids(catalog: Catalog, spec: PipelineSpec) -> list[int]:
+    """The ids the data table holds, sorted (a record landed twice shows twice)."""
+    table = catalog.load_table(spec.table)
+    return sorted(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
+
+
+def setup_pipeline(
+    source: EmbeddedBroker,
+    replica: EmbeddedBroker,
+    tmp_path: Path,
+    topic: str,
+    partitions: int,
+    **replica_spec: str,
+) -> tuple[PipelineSpec, IcebergCatalogResource, KafkaResource, Callable[[], None]]:
+    """A pipeline reading ``topic`` (created here), with replica 'dr' on ``replica``."""
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        topic, f"dr_{topic}", in_process_max_records=10_000, key_format="string",
+        replicas=[{"name": "dr", **replica_spec}],
+    )  # fmt: skip
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    catalog = iceberg.load_catalog()
+
+    def ingest_route() -> None:
+        route = active_route(spec, kafka, iceberg)
+        cluster = route.kafka.get_cluster_id()
+        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
+
+    return spec, iceberg, kafka, ingest_route
+
+
+@pytest.mark.parametrize("with_syncs", [True, False], ids=["offset-sync-anchor", "no-anchor"])
+def test_a_keyless_burst_topic_fails_back_with_every_record_once(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], tmp_path: Path, with_syncs: bool
+) -> None:
+    """Every record is keyless; the last ones on the primary (20..27) are stamped in one
+    millisecond. MM2 copied 20..23, not 24..27; the replica's producers then wrote 30..33 in
+    that millisecond, and the table
+    ingested them next to the copies. By timestamp and key 30..33 pass for copies of 24..27
+    (before, the failback skipped those: lost); by value they do not. The origin resumes at
+    24 and 26: the tail lands once. With the replica's ``target_alias`` MM2's forward offset
+    sync (origin 10 -> replica 10) pins the first copy."""
+    source, replica = dr_clusters
+    n = int(with_syncs)
+    topic, alias = f"bursts{n}", f"west{n}"
+    extra = {"target_alias": f"dr{n}"} if with_syncs else {}
+    spec, iceberg, kafka, ingest_route = setup_pipeline(
+        source, replica, tmp_path, topic, 2, source_alias=alias, failback_source_alias=f"home{n}",
+        **extra,
+    )  # fmt: skip
+    catalog, group = iceberg.load_catalog(), spec.consumer_group_id
+
+    def two(number: int) -> int:
+        return number % 2
+
+    def burst(_: int) -> int:
+        return STAMP + 1000
+
+    send(source.bootstrap_servers, topic, list(range(20)), two, keyed=False)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group],
+        source_alias=alias, target_alias=f"dr{n}",
+    ).setup()  # fmt: skip
+    ingest_route()
+    forward.step()
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], two, keyed=False, stamp=burst)
+    assert forward.replicate() == 4  # copied, never ingested on the primary
+    send(source.bootstrap_servers, topic, [24, 25, 26, 27], two, False, burst)  # never copied
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    copy = f"{alias}.{topic}"
+    send(replica.bootstrap_servers, copy, [30, 31, 32, 33], two, keyed=False, stamp=burst)
+    ingest_route()
+    assert landed_ids(catalog, spec) == [*range(24), 30, 31, 32, 33]
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [f"{alias}.{topic}"], [group],
+        source_alias=f"home{n}", target_alias=alias, identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+
+    lines = failover_pipeline(
+        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
+    )
+    anchor = " (copies up to offset sync 10 -> 10)" if with_syncs else ""
+    for partition in (0, 1):
+        assert (
+            f"origin {topic}[{partition}] (at 10 before the failover) resumes at 12: 2 record(s) "
+            f"were ingested as copies on 'dr', 2 record(s) of unreplicated tail to ingest{anchor}"
+        ) in lines, lines
+    ingest_route()
+    send(source.bootstrap_servers, topic, [40, 41], two, keyed=False)  # producers are back
+    ingest_route()
+    assert landed_ids(catalog, spec) == [*range(28), 30, 31, 32, 33, 40, 41]
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message
+
+
+def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_record_once(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Partition 2 of the origin got its first records (50..53) after the table's last commit
+    on the primary; MM2 copied 50 and 51, not 52 and 53, and the pipeline read the copy's
+    partition 2 on the replica from its start (with 56, a replica producer's record). The
+    failover's plan lacks the partition: it was added to the topic after that commit (the
+    embedded broker cannot add partitions, so the plan the failback reads is the switch's minus
+    partition 2). The failback plans it from its log start: it resumes after the copies
+    (before, it was not planned and read from its log start: 50 and 51 twice)."""
+    import platform_assets.failover as failover_module
+    from ingestion.failback_origin import UndoneSwitch
+
+    source, replica = dr_clusters
+    topic, alias = "grown", "westg"
+    spec, iceberg, kafka, ingest_route = setup_pipeline(
+        source, replica, tmp_path, topic, 3, source_alias=alias, failback_source_alias="homeg"
+    )
+    catalog, group = iceberg.load_catalog(), spec.consumer_group_id
+    copy = f"{alias}.{topic}"
+
+    def two(number: int) -> int:
+        return number % 2
+
+    def third(_: int) -> int:
+        return 2
+
+    send(source.bootstrap_servers, topic, list(range(20)), two, keyed=True)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
+    ).setup()
+    ingest_route()
+    forward.step()
+    send(source.bootstrap_servers, topic, [50, 51], third, keyed=True)
+    assert forward.replicate() == 2
+    send(source.bootstrap_servers, topic, [52, 53], third, keyed=True)  # never copied
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    send(replica.bootstrap_servers, copy, [30, 31], two, keyed=True)
+    send(replica.bootstrap_servers, copy, [56], third, keyed=True)
+    ingest_route()
+    assert landed_ids(catalog, spec) == [*range(20), 30, 31, 50, 51, 56]
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
+        source_alias="homeg", target_alias=alias, identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+    found = failover_module.find_switch
+
+    def without_partition_2(*args: Any) -> UndoneSwitch | None:
+        switch = found(*args)
+        assert switch is not None
+        assert any(e["partition"] == 2 and e["source_next"] == 0 for e in switch.plans)
+        plans = [e for e in switch.plans if e["partition"] != 2]
+        return UndoneSwitch(switch.snapshot_id, plans, switch.offsets_before)
+
+    monkeypatch.setattr(failover_module, "find_switch", without_partition_2)
+    lines = failover_pipeline(
+        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
+    )
+    monkeypatch.undo()
+    assert (
+        f"origin {topic}[2] (not in the failover's plan: from its log start 0) resumes at 2: 2 "
+        "record(s) were ingested as copies on 'dr', 2 record(s) of unreplicated tail to ingest"
+    ) in lines, lines
+    ingest_route()
+    send(source.bootstrap_servers, topic, [40, 41, 42], lambda n: n % 3, keyed=True)
+    ingest_route()
+    assert landed_ids(catalog, spec) == [*range(20), 30, 31, 40, 41, 42, 50, 51, 52, 53, 56]
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message
