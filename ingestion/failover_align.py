@@ -173,11 +173,15 @@ def _refuse_guesses(
     another replica or origin record shares."""
     strong = [i for i, at in enumerate(found) if is_strong(rest[i][1], copies[at][1])]
     proven = strong[-1] + 1 if strong else 0
+    if proven == len(found):
+        return
     low = found[proven - 1] + 1 if proven else first
+    replica, origin = _by_identity(copies[low:]), _by_identity(rest[proven:])
     for i in range(proven, len(found)):
         (offset, mine), (copy, theirs) = rest[i], copies[found[i]]
-        rivals = [o for o, r in copies[low:] if mine.matches(r)]
-        twins = [o for o, r in rest[proven:] if r.matches(theirs)]
+        same = (mine.timestamp_ms, mine.key)
+        rivals = [o for o, r in replica.get(same, []) if mine.matches(r)]
+        twins = [o for o, r in origin.get(same, []) if r.matches(theirs)]
         if len(rivals) > 1 or len(twins) > 1:
             raise FailoverRefusedError(
                 f"{where}: origin offset {offset} matches replica offset {copy} by Kafka timestamp "
@@ -190,14 +194,19 @@ def _refuse_guesses(
             )
 
 
+def _by_identity(records: Records) -> dict[tuple[int, bytes | None], list[tuple[int, RecordId]]]:
+    found: dict[tuple[int, bytes | None], list[tuple[int, RecordId]]] = {}
+    for offset, record in records:
+        found.setdefault((record.timestamp_ms, record.key), []).append((offset, record))
+    return found
+
+
 def _refuse_out_of_order(
     origin: Records, copies: Records, count: int, last: int, where: str
 ) -> None:
     """Refuse when an origin record after the first uncopied one (``origin[count]``) has a copy
     after the last matched position ``last``: MM2 copies in order."""
-    later: dict[tuple[int, bytes | None], list[tuple[int, RecordId]]] = {}
-    for offset, record in copies[last + 1 :]:
-        later.setdefault((record.timestamp_ms, record.key), []).append((offset, record))
+    later = _by_identity(copies[last + 1 :])
     for offset, record in origin[count + 1 :]:
         same = later.get((record.timestamp_ms, record.key), [])
         found = next((o for o, r in same if record.matches(r)), None)
