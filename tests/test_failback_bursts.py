@@ -228,3 +228,30 @@ def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_recor
     assert audit.passed, audit.message
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
+
+
+def test_an_origin_partition_without_a_copy_on_the_replica_is_all_tail(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+) -> None:
+    """The origin's partition 2 has no copy partition on the replica (MM2 has not added it to
+    the copy yet): nothing of it was copied, it resumes at its log start with all of it as tail,
+    and the recheck before the commit passes over it."""
+    from ingestion.failback_copies import recheck_copies
+    from ingestion.failback_origin import plan_origin_partition
+    from ingestion.failover import Replica
+
+    source, replica = dr_clusters
+    for cluster, name, count in ((source, "sparse", 3), (replica, "westp.sparse", 2)):
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap_servers})
+        for future in admin.create_topics([NewTopic(name, count, 1)]).values():
+            future.result(10)
+    send(source.bootstrap_servers, "sparse", [70, 71, 72], lambda _: 2, keyed=False)
+    origin = Replica({"bootstrap.servers": source.bootstrap_servers})
+    copy = Replica({"bootstrap.servers": replica.bootstrap_servers})
+    entry = {"source_topic": "sparse", "partition": 2, "replica_topic": "westp.sparse",
+             "replica_start": 0, "in_plan": False}  # fmt: skip
+    plan = plan_origin_partition([], origin, copy, entry, None, "p")
+    assert (plan.committed_before, plan.resume, plan.tail) == (0, 0, 3)
+    assert (plan.copies_ingested, plan.copies_pending, plan.replica_end) == (0, 0, 0)
+    assert not plan.in_plan
+    recheck_copies([plan], copy, origin, "p")
