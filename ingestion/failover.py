@@ -24,6 +24,7 @@ record by record; when the evidence does not single out one position the plan is
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,7 @@ class PartitionPlan:
     replica_start: int
     skipped: int
     anchor: str
+    uncopied: int = 0  # ingested from the source, never copied (MM2 behind; the source down)
 
 
 @dataclass
@@ -227,11 +229,14 @@ def _verified(
     source_next: int,
     replica_topic: str,
     where: str,
+    source_down: bool = False,
 ) -> Alignment:
-    """Align from a known pair: source offset ``after[0]`` was copied to replica ``after[1]``."""
+    """Align from a known pair: source offset ``after[0]`` was copied to replica ``after[1]``
+    (``source_down``: see :func:`~ingestion.failover_align.align_exact`)."""
     tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next)
-    copies, end = replica.read(replica_topic, key[1], after[1] + 1, len(tail) + 1)
-    return align_exact([r for _, r in tail], copies, end, where)
+    count = sys.maxsize if source_down else len(tail) + 1  # to the end: later copies refuse
+    copies, end = replica.read(replica_topic, key[1], after[1] + 1, count)
+    return align_exact([r for _, r in tail], copies, end, where, source_down)
 
 
 def plan_partition(
@@ -243,6 +248,7 @@ def plan_partition(
     syncs: list[OffsetSync],
     checkpoint: StampedCheckpoint | None,
     fallback: Fallback | None = None,
+    source_down: bool = False,
 ) -> tuple[Alignment, str]:
     """Where ``key`` resumes on the replica, and how that was established (module docstring).
 
@@ -250,6 +256,11 @@ def plan_partition(
     origin topic's name rather than ``key``'s (it was read before the failover)."""
     topic, partition = key
     where = f"{topic}[{partition}] -> {replica_topic}[{partition}]"
+
+    def verify(pair: tuple[int, int]) -> Alignment:
+        args = (source_next, replica_topic, where, source_down)
+        return _verified(tables, replica, key, pair, *args)
+
     usable = [s for s in live_syncs(syncs) if s.upstream <= source_next]
     if source_next == 0:
         low, _ = replica.watermarks(replica_topic, partition)
@@ -265,7 +276,7 @@ def plan_partition(
             copy, _ = replica.read(replica_topic, partition, anchor.downstream, 1)
             if copy and copy[0][0] == anchor.downstream:
                 return fallback(tables, replica, copy[0]), f"{how}, read before the failover"
-        return _verified(tables, replica, key, pair, source_next, replica_topic, where), how
+        return verify(pair), how
     if checkpoint is None:
         raise FailoverRefusedError(
             f"{where}: no offset sync is readable and the group has no checkpoint for this "
@@ -296,13 +307,13 @@ def plan_partition(
     how = f"checkpoint {c.upstream} -> {c.downstream}; replica {offset} = source"
     if len(matches) == 1:  # the usual case: its refusal, if any, says exactly what is wrong
         pair = (matches[0], offset)
-        aligned = _verified(tables, replica, key, pair, source_next, replica_topic, where)
+        aligned = verify(pair)
         return aligned, f"{how} {matches[0]}"
     found: list[tuple[Alignment, int]] = []
     for source_offset in matches:
         try:
             pair = (source_offset, offset)
-            aligned = _verified(tables, replica, key, pair, source_next, replica_topic, where)
+            aligned = verify(pair)
         except FailoverRefusedError:
             continue
         found.append((aligned, source_offset))
@@ -330,9 +341,12 @@ def plan_failover(
     syncs: dict[tuple[str, int], list[OffsetSync]],
     replica_topics: dict[str, str],
     fallbacks: dict[tuple[str, int], Fallback] | None = None,
+    source_down: bool = False,
 ) -> list[PartitionPlan]:
     """A plan for every partition in ``offsets`` (the table's next offsets of the group);
-    ``fallbacks`` per partition: see :func:`plan_partition`.
+    ``fallbacks`` per partition: see :func:`plan_partition`. ``source_down``: the source
+    cluster does not answer, so MM2 copies nothing more while the plan holds, and a table ahead
+    of the replica is accepted (:func:`~ingestion.failover_align.align_exact`).
 
     The quarantine table is synced first (no Kafka needed): its rows trail the data commits,
     and a record missing from the tail would be read again on the replica.
@@ -357,10 +371,22 @@ def plan_failover(
         copy = replica_topics[key[0]]
         aligned, how = plan_partition(
             tables, replica, key, offsets[key], copy, syncs.get(key, []),
-            newest.get((copy, key[1])), (fallbacks or {}).get(key),
+            newest.get((copy, key[1])), (fallbacks or {}).get(key), source_down,
         )  # fmt: skip
         plans.append(
             PartitionPlan(key[0], key[1], offsets[key], copy, ids[copy], aligned.start,
-                          aligned.skipped, how)
+                          aligned.skipped, how, aligned.uncopied)
         )  # fmt: skip
     return plans
+
+
+def cluster_answers(kafka_config: dict[str, Any], timeout_s: float = 10.0) -> bool:
+    """Whether the cluster answers a metadata request within ``timeout_s``."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        AdminClient(kafka_config).list_topics(timeout=timeout_s)
+    except KafkaException:
+        return False
+    return True

@@ -74,10 +74,13 @@ def is_strong(mine: RecordId, theirs: RecordId) -> bool:
 
 @dataclass(frozen=True)
 class Alignment:
-    """Resume the replica partition at ``start``, after ``skipped`` copies of ingested records."""
+    """Resume the replica partition at ``start``, after ``skipped`` copies of ingested records;
+    ``uncopied`` records the table ingested have no copy there (MM2 was behind the table when
+    the source went down: :func:`align_exact`)."""
 
     start: int
     skipped: int
+    uncopied: int = 0
 
 
 def _start_after(
@@ -99,27 +102,55 @@ def align_exact(
     replica: Sequence[tuple[int, RecordId]],
     replica_end: int,
     where: str,
+    source_down: bool = False,
 ) -> Alignment:
     """Align after an exact anchor: ``tail`` is every record the table holds after the anchor's
     source offset (in offset order), ``replica`` the records after the anchor's replica offset
-    (offset, identity), read until ``len(tail) + 1`` records or ``replica_end``.
+    (offset, identity), read until ``len(tail) + 1`` records or ``replica_end`` (to
+    ``replica_end`` with ``source_down``).
+
+    The replica's records after the anchor are copies of the tail, in order, then records MM2
+    had not copied (or producers wrote on the replica). With the source up, a table ahead of
+    the replica is refused: MM2 will copy the rest, and reading past it would read those copies
+    later. With ``source_down`` (the disaster: nothing more will be copied while it is down) the
+    replica may stop short of the tail: the copies are the longest prefix of the tail matching
+    the replica, and the rest of the tail is *uncopied* (ingested from the source, no copy).
+    Refused even then when a record of that rest has a copy further on: the replica is not MM2's
+    in-order copy, and a resume there would read it twice.
 
     Example:
-        >>> ids = [RecordId(t, b"k") for t in (1, 2, 3)]
+        >>> ids = [RecordId(t, b"k") for t in (1, 2, 3, 9)]
         >>> align_exact(ids[:2], [(11, ids[0]), (12, ids[1]), (13, ids[2])], 14, "p")
-        Alignment(start=13, skipped=2)
+        Alignment(start=13, skipped=2, uncopied=0)
+        >>> align_exact(ids[:3], [(11, ids[0]), (12, ids[3])], 13, "p", source_down=True)
+        Alignment(start=12, skipped=1, uncopied=2)
     """
-    skipped = len(tail)
-    start = _start_after(replica, skipped, replica_end, where)
-    for position, (mine, (offset, theirs)) in enumerate(zip(tail, replica, strict=False)):
-        if not mine.matches(theirs):
+    k = 0
+    while k < min(len(tail), len(replica)) and tail[k].matches(replica[k][1]):
+        k += 1
+    if k == len(tail) or not source_down:
+        if k < len(tail) and k < len(replica):
+            offset, theirs = replica[k]
             raise FailoverRefusedError(
                 f"{where}: replica offset {offset} should be a copy of the table's record "
-                f"{position + 1} of {skipped} after the anchor, but differs ({mine} vs {theirs}). "
+                f"{k + 1} of {len(tail)} after the anchor, but differs ({tail[k]} vs {theirs}). "
                 "The replica is not a copy of what the table ingested (another topic, a reset "
-                "in between, or a replication policy that filters); nothing was changed."
+                "in between, or a replication policy that filters), or MirrorMaker 2 is behind "
+                "the table: wait for it to catch up; nothing was changed."
             )
-    return Alignment(start, skipped)
+        return Alignment(_start_after(replica, len(tail), replica_end, where), len(tail))
+    later = {(r.timestamp_ms, r.key): offset for offset, r in replica[k:]}
+    for position, mine in enumerate(tail[k:], start=k):
+        found = later.get((mine.timestamp_ms, mine.key))
+        if found is not None:
+            raise FailoverRefusedError(
+                f"{where}: the table's record {position + 1} of {len(tail)} after the anchor "
+                f"({mine}) has a copy at replica offset {found}, after records that are no "
+                "copies: the replica is not MirrorMaker 2's in-order copy of what the table "
+                "ingested; nothing was changed."
+            )
+    start = replica[k][0] if k < len(replica) else replica_end
+    return Alignment(start, k, len(tail) - k)
 
 
 Records = Sequence[tuple[int, RecordId]]

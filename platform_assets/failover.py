@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_copies import recheck_copies
 from ingestion.failback_origin import OriginPlan, find_switch
-from ingestion.failover import PartitionPlan, Replica, plan_failover, read_offset_syncs
+from ingestion.failover import (
+    PartitionPlan,
+    Replica,
+    cluster_answers,
+    plan_failover,
+    read_offset_syncs,
+)
 from ingestion.failover_commit import apply_failover
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
@@ -86,12 +92,21 @@ def failover_target(
 
 def describe_plan(plans: list[PartitionPlan]) -> list[str]:
     """One line per partition: where it resumes on the target, and the evidence."""
-    return [
+    lines = [
         f"{p.source_topic}[{p.partition}] at {p.source_next} -> {p.replica_topic}"
         f"[{p.partition}] from {p.replica_start} ({p.skipped} copies already ingested; "
-        f"{p.anchor})"
+        f"{p.anchor})" + (f"; {p.uncopied} ingested record(s) have no copy" if p.uncopied else "")
         for p in plans
     ]
+    uncopied = sum(p.uncopied for p in plans)
+    if uncopied:
+        lines.append(
+            f"note: the table ingested {uncopied} record(s) MirrorMaker 2 had not copied when "
+            "the source went down. Keep MM2's forward flow stopped when the source comes back "
+            "(or exclude these topics from it) until the pipeline has failed back: copies it "
+            "makes of them later would be read a second time"
+        )
+    return lines
 
 
 def describe_local_topics(
@@ -154,7 +169,12 @@ def failover_pipeline(
     # partitions to the origin topics (ingestion.failback_link, ingestion.failback_origin).
     switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
     links = origin_links(switch, offsets, names, spec.name) if switch else None
-    plans = plan_failover(catalog, route.spec, offsets, target, checkpoints, syncs, names, links)
+    # The disaster case: MM2 copies nothing more while the source is down, so a table ahead
+    # of the replica is accepted (its last records have no copy; ingestion.failover_align).
+    down = to != PRIMARY and not cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
+    plans = plan_failover(
+        catalog, route.spec, offsets, target, checkpoints, syncs, names, links, source_down=down
+    )
     lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
     if to != PRIMARY:
         lines += describe_local_topics(spec, names, target)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failover import plan_failover, read_offset_syncs
@@ -48,7 +48,12 @@ def start_mirror(
 
 
 def plan(
-    mirror: MirrorStandIn, spec: PipelineSpec, catalog: Any, with_syncs: bool
+    mirror: MirrorStandIn,
+    spec: PipelineSpec,
+    catalog: Any,
+    with_syncs: bool,
+    source_down: bool = False,
+    uncopied: dict[int, int] | None = None,
 ) -> dict[int, int]:
     committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
     assert committed is not None
@@ -62,10 +67,13 @@ def plan(
     syncs = read_offset_syncs(source, mirror.syncs_topic, 10) if with_syncs else {}
     topic = mirror.topics[0]
     plans = plan_failover(
-        catalog, spec, offsets, target, checkpoints, syncs, {topic: mirror.remote(topic)}
-    )
+        catalog, spec, offsets, target, checkpoints, syncs, {topic: mirror.remote(topic)},
+        source_down=source_down,
+    )  # fmt: skip
     for p in plans:
         assert p.anchor.startswith("offset sync" if with_syncs else "checkpoint"), p
+    if uncopied is not None:
+        assert {p.partition: p.uncopied for p in plans} == uncopied
     return {p.partition: p.replica_start for p in plans}
 
 
@@ -96,7 +104,7 @@ def test_a_failover_resumes_at_the_copy_of_the_first_record_not_ingested(
     assert plan(mirror, spec, catalog, with_syncs) == {p: JUNK + n for p, n in source_next.items()}
 
 
-def test_a_replica_behind_the_table_is_refused(
+def test_a_replica_behind_the_table_waits_for_mm2_unless_the_source_is_down(
     broker: EmbeddedBroker,
     replica_broker: EmbeddedBroker,
     kafka: KafkaResource,
@@ -112,7 +120,15 @@ def test_a_replica_behind_the_table_is_refused(
     run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
     mirror.checkpoint()  # the group is at 30 per partition; the replica holds 20 per partition
     with pytest.raises(FailoverRefusedError, match="the replica is behind the table"):
-        plan(mirror, spec, catalog, with_syncs=False)
+        plan(mirror, spec, catalog, with_syncs=False)  # the source answers: MM2 will catch up
+    # The disaster: the source is down, MM2 copies nothing more. The copies end at the
+    # replica's end; the 10 records per partition the table ingested without a copy stay
+    # ingested once, and the replica's next records are read from there.
+    replica = Consumer({"bootstrap.servers": replica_broker.bootstrap_servers, "group.id": "x"})
+    copy = mirror.remote(topic)
+    ends = {p: replica.get_watermark_offsets(TopicPartition(copy, p), 10)[1] for p in (0, 1)}
+    replica.close()
+    assert plan(mirror, spec, catalog, False, source_down=True, uncopied={0: 10, 1: 10}) == ends
 
 
 def test_repeated_records_at_the_checkpoint_are_refused_not_guessed(

@@ -110,6 +110,35 @@ def test_exact_anchor_with_a_different_record_is_refused() -> None:
         align_exact(ids(2, 3), replica(51, ids(2, 9, 4)), 54, "orders[0]")
 
 
+@pytest.mark.parametrize(
+    ("tail", "copies", "end", "expected"),
+    [
+        # MM2 had copied 2 of 4 ingested records when the source went down; the replica's
+        # producers wrote 90, 91 since: resume at 90, two ingested records have no copy.
+        (ids(2, 3, 4, 5), replica(51, ids(2, 3, 90, 91)), 55, (53, 2, 2)),
+        (ids(2, 3, 4), replica(51, ids(2)), 52, (52, 1, 2)),  # nothing after the copies yet
+        (ids(2, 3), replica(51, ids(2, 3, 90)), 54, (53, 2, 0)),  # the usual case, unchanged
+        (ids(2, 3), [], 51, (51, 0, 2)),  # nothing copied after the anchor
+    ],
+)
+def test_with_the_source_down_a_table_ahead_of_the_replica_fails_over(
+    tail: list[RecordId], copies: list[tuple[int, RecordId]], end: int, expected: tuple[int, ...]
+) -> None:
+    aligned = align_exact(tail, copies, end, "orders[0]", source_down=True)
+    assert (aligned.start, aligned.skipped, aligned.uncopied) == expected
+
+
+def test_with_the_source_down_a_copy_after_non_copies_is_refused() -> None:
+    # Record 4 has a copy, but after a record that is none: not MM2's in-order copy.
+    with pytest.raises(FailoverRefusedError, match="has a copy at replica offset 54"):
+        align_exact(ids(2, 3, 4), replica(51, ids(2, 90, 91, 4)), 55, "o[0]", source_down=True)
+
+
+def test_with_the_source_up_a_table_ahead_of_the_replica_waits_for_mm2() -> None:
+    with pytest.raises(FailoverRefusedError, match="MirrorMaker 2 is behind the table: wait"):
+        align_exact(ids(2, 3, 4), replica(51, ids(2, 90)), 53, "orders[0]")
+
+
 def test_value_digests_break_ties_when_both_sides_have_them() -> None:
     assert RecordId(1, b"k", b"a").matches(RecordId(1, b"k", None))
     assert not RecordId(1, b"k", b"a").matches(RecordId(1, b"k", b"b"))

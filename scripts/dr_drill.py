@@ -1,0 +1,303 @@
+"""A disaster-recovery drill on the real stack: the primary dies while ingestion runs.
+
+    .venv/bin/python scripts/dr_drill.py [--rate 200] [--phase-seconds 40] [--partitions 8]
+
+Run by hand, not in CI. Two embedded brokers (``primary`` and ``dr``) and a throw-away SQLite
+catalog. The MirrorMaker 2 stand-in of the tests (``tests/support/mm2_standin.py``: MM2's
+formats and conservative checkpoints, transactional copies) mirrors ``orders`` to dr's
+``primary.orders`` every second. The shipped ``orders`` pipeline is given replica ``dr`` and
+data as teams have it: 0.5 % malformed JSON, and ``created_at`` over 30 days, so each commit
+writes many table partitions. Runs go back to back through the route, as the Dagster asset runs
+them (``platform_assets.route.active_route`` -> ``run_pipeline``). The operator uses the
+``platform failover`` commands as the README gives them, racing the runs:
+
+1. steady ingestion from the primary;
+2. the disaster: MM2 falls behind (the RPO tail), producers move to dr's ``primary.orders``,
+   the primary is SIGSTOPped, the operator fails over to dr;
+3. steady ingestion from dr;
+4. the primary is back (SIGCONT): the forward flow stays stopped, a reverse flow (identity
+   naming) copies dr back, producers return to ``orders``, the operator fails back;
+5. producers stop, the pipeline drains, and the oracle reads plain scans of the data and
+   quarantine tables by each record's own key: every acknowledged record once.
+
+It prints, per operator action, its attempts (a run committing between the plan and the switch
+wins the compare-and-set, and the operator plans again) and wall time; the seconds from the
+disaster to the first commit on dr; the RPO tail the failback recovered; and the oracle. The exit
+status is 1 when a record was lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import orjson  # noqa: E402
+import yaml  # noqa: E402
+
+from bench.workloads import SPREAD_30_DAYS  # noqa: E402
+from ingestion.offsets import CLUSTER_ID, RECORDS, snapshot_properties  # noqa: E402
+from ingestion.route_state import SWITCH_SNAPSHOT, active_switch  # noqa: E402
+from ingestion.run import run_pipeline  # noqa: E402
+from ingestion.spec import PipelineSpec, load_pipeline_specs, parse_pipeline_spec  # noqa: E402
+from platform_assets.cli import main as platform  # noqa: E402
+from platform_assets.demo import encode_event  # noqa: E402
+from platform_assets.route import active_route  # noqa: E402
+from platform_assets.state import read_pipeline_state  # noqa: E402
+from resources.embedded import EmbeddedBroker  # noqa: E402
+from resources.iceberg import IcebergCatalogResource  # noqa: E402
+from resources.kafka import KafkaResource  # noqa: E402
+from tests.support.mm2_standin import MirrorStandIn  # noqa: E402
+
+PIPELINES = ROOT / "platform_assets" / "pipelines.yaml"
+
+
+@dataclass
+class Drill:
+    """State shared by the producer, the mirror, the ingestion loop and the operator."""
+
+    spec: PipelineSpec
+    kafka: KafkaResource
+    iceberg: IcebergCatalogResource
+    target: tuple[str, str]  # (bootstrap servers, topic) producers write to now
+    acknowledged: set[str] = field(default_factory=set)
+    mirrors: list[MirrorStandIn] = field(default_factory=list)
+    runs: Counter[str] = field(default_factory=Counter)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    producing: threading.Event = field(default_factory=threading.Event)
+
+
+def produce(drill: Drill, rate: int) -> None:
+    """Order events spread over 30 days, 0.5 % malformed, at ``rate``/s to ``drill.target``."""
+    from confluent_kafka import Producer
+
+    rng, sequence = random.Random(3), 0
+    producers: dict[str, Producer] = {}
+
+    def acknowledge(error: Any, message: Any) -> None:
+        if error is None:
+            with drill.lock:
+                drill.acknowledged.add(message.key().decode())
+
+    while not drill.stop.is_set():
+        if not drill.producing.wait(0.2):
+            continue
+        bootstrap, topic = drill.target
+        producer = producers.setdefault(bootstrap, Producer({"bootstrap.servers": bootstrap}))
+        started = time.monotonic()
+        for _ in range(max(1, rate // 10)):
+            key = f"ord-{sequence:09d}"
+            event = SPREAD_30_DAYS.event(rng, sequence)
+            value = b"{not json" if rng.random() < 0.005 else encode_event(event)
+            producer.produce(topic, key=key.encode(), value=value, on_delivery=acknowledge)
+            sequence += 1
+        producer.flush(30)  # Tansu: acknowledged batches only, before the target moves
+        time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
+
+
+def mirror(drill: Drill) -> None:
+    """Every second, each running MM2 flow copies and checkpoints (errors: the cluster is down)."""
+    while not drill.stop.wait(1.0):
+        for flow in list(drill.mirrors):
+            with contextlib.suppress(Exception):
+                flow.step()
+
+
+def ingest(drill: Drill) -> None:
+    """Runs back to back through the route, as the Dagster ingestion asset runs them."""
+    catalog = drill.iceberg.load_catalog()
+    while not drill.stop.wait(0.5):
+        try:
+            route = active_route(drill.spec, drill.kafka, drill.iceberg)
+            source = route.kafka
+            report = run_pipeline(
+                route.spec, source.client_config(), catalog, None, source.get_cluster_id()
+            )
+            outcome = f"committed on {route.cluster}" if report.committed else "empty"
+        except Exception as exc:  # the primary is stopped; a switch won the race
+            outcome = type(exc).__name__
+        with drill.lock:
+            drill.runs[outcome] += 1
+
+
+def operate(args: list[str], attempts: int = 3) -> tuple[int, float, str]:
+    """``platform failover ...`` until it commits: (attempts, seconds, its last output)."""
+    started = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                platform(args)
+            return attempt, time.monotonic() - started, out.getvalue()
+        except SystemExit as exc:  # refused: print why, plan again
+            print(f"    attempt {attempt}: {exc}", flush=True)
+            time.sleep(1.0)
+    raise RuntimeError(f"platform {' '.join(args)} did not commit in {attempts} attempts")
+
+
+def first_commit_on(drill: Drill, cluster_id: str, timeout_s: float = 300) -> float:
+    """Seconds until the table's newest run commit was read on ``cluster_id``."""
+    catalog, started = drill.iceberg.load_catalog(), time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        snapshot = catalog.load_table(drill.spec.table).current_snapshot()
+        properties = snapshot_properties(snapshot) if snapshot else {}
+        if properties.get(CLUSTER_ID) == cluster_id and RECORDS in properties:
+            return time.monotonic() - started
+        time.sleep(0.2)
+    return float("nan")
+
+
+def verdict(drill: Drill) -> bool:
+    """Every acknowledged record once, from plain scans keyed by the record's own key."""
+    catalog = drill.iceberg.load_catalog()
+    keys = catalog.load_table(drill.spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
+    found = Counter(keys.column("_kafka_key").to_pylist())
+    quarantine = catalog.load_table(drill.spec.quarantine_table).scan(
+        selected_fields=("_kafka_key",)
+    )
+    bad = Counter(k.decode() for k in quarantine.to_arrow().column("_kafka_key").to_pylist())
+    every = found + bad
+    lost = drill.acknowledged - set(every)
+    twice = {k: n for k, n in every.items() if n > 1}
+    print(f"  acknowledged {len(drill.acknowledged)}; table {sum(found.values())} rows, "
+          f"quarantine {sum(bad.values())}; lost {len(lost)}, duplicated {len(twice)}, "
+          f"not acknowledged but ingested {len(set(every) - drill.acknowledged)}")  # fmt: skip
+    if lost or twice:
+        print(f"  lost e.g. {sorted(lost)[:5]}; duplicated e.g. {sorted(twice)[:5]}")
+    return not lost and not twice
+
+
+def write_config(workdir: Path, primary: str, dr: str, partitions: int) -> PipelineSpec:
+    (orders,) = load_pipeline_specs(PIPELINES)
+    raw = orders.model_dump(mode="json", by_alias=True, exclude_none=True)
+    raw.pop("freshness_target_seconds", None)  # runs back to back below, no stream
+    raw["in_process_max_records"] = 10_000_000
+    raw["replicas"] = [{"name": "dr", "source_alias": "primary", "target_alias": "dr"}]
+    spec = parse_pipeline_spec(raw)
+    (workdir / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": [raw]}))
+    config = {
+        "kafka": {"bootstrap_servers": primary},
+        "catalog": {"state_dir": str(workdir / "state")},
+        "replicas": {"dr": {"bootstrap_servers": dr}},
+        "pipelines_file": str(workdir / "pipelines.yaml"),
+    }
+    (workdir / "platform.yaml").write_text(yaml.safe_dump(config))
+    os.environ["PLATFORM_CONFIG"] = str(workdir / "platform.yaml")
+    os.environ.pop("PLATFORM_PIPELINES_FILE", None)
+    return spec
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=int, default=200, help="records/s produced")
+    parser.add_argument("--phase-seconds", type=float, default=40.0)
+    parser.add_argument("--partitions", type=int, default=8)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="dr-drill-"))
+    with (
+        EmbeddedBroker(log_path=workdir / "primary.log", cluster_id="primary_cluster") as p,
+        EmbeddedBroker(log_path=workdir / "dr.log", cluster_id="dr_cluster") as d,
+    ):
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": p.bootstrap_servers})
+        for future in admin.create_topics([NewTopic("orders", args.partitions, 1)]).values():
+            future.result(15)
+        spec = write_config(workdir, p.bootstrap_servers, d.bootstrap_servers, args.partitions)
+        kafka = KafkaResource(
+            bootstrap_servers=p.bootstrap_servers,
+            replicas={"dr": {"bootstrap.servers": d.bootstrap_servers}},
+        )
+        iceberg = IcebergCatalogResource(state_dir=str(workdir / "state"))
+        drill = Drill(spec, kafka, iceberg, (p.bootstrap_servers, "orders"))
+        group = spec.consumer_group_id
+        forward = MirrorStandIn(
+            p.bootstrap_servers, d.bootstrap_servers, ["orders"], [group],
+            target_alias="dr", sync_every=50, transactional=True,
+        ).setup()  # fmt: skip
+        drill.mirrors.append(forward)
+        threads = [
+            threading.Thread(target=produce, args=(drill, args.rate)),
+            threading.Thread(target=mirror, args=(drill,)),
+            threading.Thread(target=ingest, args=(drill,)),
+        ]
+        for thread in threads:
+            thread.start()
+        drill.producing.set()
+        phase = args.phase_seconds
+
+        def say(text: str) -> None:
+            print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+        say(f"1. steady on the primary for {phase:.0f} s ({args.rate} records/s, "
+            f"{args.partitions} partitions, 0.5 % malformed, 30 days of created_at)")  # fmt: skip
+        time.sleep(phase)
+        drill.mirrors.remove(forward)  # MM2 falls behind: what is produced now is the RPO tail
+        time.sleep(3)
+        drill.producing.clear()
+        time.sleep(0.5)
+        drill.target = (d.bootstrap_servers, "primary.orders")
+        drill.producing.set()
+        os.kill(p.pid or 0, signal.SIGSTOP)
+        say("2. disaster: primary SIGSTOPped; producers on dr; platform failover orders --to dr")
+        tries, seconds, _ = operate(["failover", "orders", "--to", "dr", "--reason", "drill"])
+        to_dr = first_commit_on(drill, "dr_cluster")
+        say(f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
+            f"{to_dr:.1f} s later")  # fmt: skip
+        time.sleep(phase)
+        os.kill(p.pid or 0, signal.SIGCONT)
+        reverse = MirrorStandIn(
+            d.bootstrap_servers, p.bootstrap_servers, ["primary.orders"], [group],
+            source_alias="dr", target_alias="primary", identity=True, sync_every=50,
+            transactional=True,
+        ).setup()  # fmt: skip
+        drill.mirrors.append(reverse)
+        time.sleep(5)  # the reverse flow copies and checkpoints
+        drill.producing.clear()
+        time.sleep(0.5)
+        drill.target = (p.bootstrap_servers, "orders")
+        drill.producing.set()
+        say("4. primary back, reverse flow on; producers on the primary; failback")
+        tries, seconds, _ = operate(["failover", "orders", "--to", "primary", "--reason", "back"])
+        catalog = iceberg.load_catalog()
+        table = catalog.load_table(spec.table)
+        route = active_switch(table, group) or {}
+        switch = table.metadata.snapshot_by_id(int(route.get(SWITCH_SNAPSHOT, -1)))
+        properties = snapshot_properties(switch) if switch else {}
+        plans = orjson.loads(properties.get("kafka.failover-origin", "[]"))
+        tail = sum(int(plan["tail"]) for plan in plans)
+        say(f"   failed back after {tries} attempt(s), {seconds:.1f} s; RPO tail recovered: "
+            f"{tail} record(s) over {len(plans)} partition(s)")  # fmt: skip
+        time.sleep(phase)
+        drill.producing.clear()
+        say("5. producers stopped; draining")
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            lag = read_pipeline_state(spec, kafka, iceberg).lag()
+            if sum(lag.values()) == 0:
+                break
+        drill.stop.set()
+        for thread in threads:
+            thread.join()
+        print(f"runs: {dict(drill.runs)}")
+        return 0 if verdict(drill) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
