@@ -7,7 +7,9 @@ reverse-copy partition to its end, dropping them loses nothing: the completion i
 operator action, committed like the switch (compare-and-set on the offsets it was planned
 from, :func:`~ingestion.actions.commit_action`), whose group offsets are the pipeline's own
 topics at the table's current positions, under the primary's cluster id, marked
-``kafka.route-ended`` (the reverse-copy partitions dropped and the offset each was read to).
+``kafka.route-ended`` (the reverse-copy partitions dropped and the offset each was read to; the
+same in the table property ``kafka.dropped-offsets.<group>``, which outlives expiry: the full
+audit's watermark for their rows).
 From it on the route is gone (``ingestion.route_state``): runs read the spec's topics, commits
 carry no route, expiry keeps nothing for it, reset, migration and a new failover are allowed.
 
@@ -32,16 +34,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from ingestion import exceptions
 from ingestion import offsets as props
 from ingestion.actions import ActionCommit, commit_action, refuse_active_runs
 from ingestion.consumer import consumer_config
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.offsets import OffsetMap, encode_positions, find_committed_state
+from ingestion.offsets import OffsetMap, decode_positions, encode_positions, find_committed_state
 from ingestion.ranges import Key
-from ingestion.route_state import FAILOVER_TOPICS, PRIMARY, ROUTE_ENDED, active_switch
+from ingestion.route_state import DROPPED_PREFIX, PRIMARY, ROUTE_ENDED, active_switch
 from ingestion.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -168,14 +168,7 @@ def plan_completion(
             f"pipeline {name!r}: topics {missing} have no offsets in the table, so after the "
             "completion they would be read from their start again; nothing was changed"
         )
-    copies = sorted(set(committed.offsets) - set(spec.source_topics))
-    names = orjson.loads(route.get(FAILOVER_TOPICS, "{}"))
-    unknown = sorted(set(copies) - set(names.values()))
-    if unknown:  # the route records every topic it reads under another name
-        raise FailoverRefusedError(
-            f"pipeline {name!r}: the table holds offsets for {unknown}, which the route does not "
-            "read; nothing was changed"
-        )
+    copies = sorted(set(committed.offsets) - set(spec.source_topics))  # dropped: each drained
     drained = check_drained(name, committed.offsets, copies, read_ends(copies))
     kept = {topic: committed.offsets[topic] for topic in spec.source_topics}
     return Completion(committed.offsets, kept, drained, cluster_id)
@@ -273,6 +266,8 @@ def commit_completion(
         reason=reason,
     )
     properties[ROUTE_ENDED] = encode_positions(plan.dropped)
+    # The table keeps where the dropped partitions were read to after expiry (audit watermark).
+    earlier = decode_positions(table.properties.get(DROPPED_PREFIX + group, "{}"))
     commit = ActionCommit(
         spec.name,
         "failback completion",
@@ -280,5 +275,6 @@ def commit_completion(
         str(table.metadata.table_uuid),
         {group: plan.planned_from},
         properties,
+        table_properties={DROPPED_PREFIX + group: encode_positions({**earlier, **plan.dropped})},
     )
     return commit_action(catalog, commit)

@@ -47,6 +47,9 @@ REPLACED_SNAPSHOT = "replaced-snapshot-id"
 # On a failback's completion: the reverse-copy partitions it dropped and the offset each was
 # read to, as {"topic:partition": offset} (ingestion.offsets.encode_positions). Ends the route.
 ROUTE_ENDED = "kafka.route-ended"
+# Table property (it outlives expiry), per group: every partition an ended route dropped and the
+# offset it was read to, as ROUTE_ENDED; the full audit's watermark for their rows.
+DROPPED_PREFIX = "kafka.dropped-offsets."
 
 
 def route_of(properties: dict[str, str]) -> dict[str, str] | None:
