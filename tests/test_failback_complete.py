@@ -54,6 +54,7 @@ from platform_assets.cli_actions import parse_position
 from platform_assets.failover import failover_pipeline, failover_target
 from platform_assets.operations import reset_offsets
 from platform_assets.ops_jobs import build_ops_jobs
+from platform_assets.replica_checks import replica_finding
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from resources.embedded import EmbeddedBroker
@@ -357,3 +358,6 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     assert audit.passed, audit.message
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
+    forward.step()  # MM2 primary -> dr runs again: the replica check judges the forward flow
+    ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
+    assert ready.passed, ready.message
