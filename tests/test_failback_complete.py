@@ -22,7 +22,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField
 
 from ingestion.exceptions import CommitConflictError, FailoverRefusedError
-from ingestion.failback_complete import TopicEnds, plan_completion
+from ingestion.failback_complete import TopicEnds, apply_completion, plan_completion
 from ingestion.offsets import (
     CLUSTER_ID,
     FAILOVER_TO,
@@ -201,6 +201,40 @@ def test_a_drained_completion_keeps_the_spec_topics_at_the_tables_positions(
     assert plan.dropped == {("east.o", 0): 4}
     with pytest.raises(FailoverRefusedError, match="committed against Kafka cluster 'pri'"):
         plan_completion(table, spec_of(["o"]), "other", lambda topics: ends)
+
+
+def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_path: Path) -> None:
+    """A stream commits every few seconds: its commit lands after the completion was planned
+    (here, while the ends are read again), so the completion's compare-and-set fails; it plans
+    again from the stream's offsets and commits those, never the older ones."""
+    table = history(tmp_path, [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK])
+    catalog = SqlCatalog(
+        "r", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    streamed = commit("pri", {"east.o": 4, "o": 14}, **{ROUTE: orjson.dumps(CARRIED).decode()})
+    reads: list[list[str]] = []
+
+    def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
+        reads.append(topics)
+        if len(reads) == 2:  # the stream's commit lands just before the completion's
+            head = catalog.load_table("n.t")
+            with (
+                head.transaction() as transaction,
+                transaction.update_snapshot(snapshot_properties=streamed).fast_append(),
+            ):
+                pass
+        return {"east.o": TopicEnds("id-east.o", {0: (0, 4)})}
+
+    plan, snapshot_id = apply_completion(catalog, spec_of(["o"]), "pri", read_ends, "ops", "done")
+    assert len(reads) == 4  # planned, re-read, lost to the stream; planned again, re-read
+    assert plan.kept == {"o": TopicOffsets("id-o", {0: 14})}
+    table = catalog.load_table("n.t")
+    head = table.current_snapshot()
+    assert head is not None
+    assert head.snapshot_id == snapshot_id
+    assert orjson.loads(snapshot_properties(head)[ROUTE_ENDED]) == {"east.o:0": 4}
+    assert active_switch(table, GROUP) is None
+    assert orjson.loads(table.properties[DROPPED_PREFIX + GROUP]) == {"east.o:0": 4}
 
 
 @pytest.mark.integration
