@@ -123,8 +123,8 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
     carrying it; an operator's reset or a quarantine replay after it carries none), and the
     switch and the snapshot whose offsets it replaced, which a failback reads by id
     (``ingestion.failback_origin.find_switch``). None without a route in force (none
-    recorded, or the group's offsets are committed under another cluster id than the
-    route's).
+    recorded, the group's offsets are committed under another cluster id than the route's,
+    or a failback's completion, :data:`ROUTE_ENDED`, came after it).
 
     Example:
         >>> from types import SimpleNamespace as S
