@@ -61,8 +61,10 @@ def failover_target(
 ) -> FailoverTarget:
     """The target ``to`` as seen from ``route`` (a failback reads the reverse flow)."""
     if to == route.cluster:
+        failed_back = to == PRIMARY and route.spec.source_topics != spec.source_topics
         raise FailoverRefusedError(
             f"pipeline {spec.name!r} already reads from {to!r}; nothing to do"
+            + (f" (to end the failback: platform complete-failback {spec.name})" * failed_back)
         )
     if to == PRIMARY:
         replica: ReplicaSpec = spec.replica(route.cluster)
