@@ -15,7 +15,7 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
-from dagster import DagsterInstance
+from dagster import DagsterInstance, ExecuteInProcessResult
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -23,6 +23,7 @@ from pyiceberg.types import LongType, NestedField
 
 from ingestion.exceptions import CommitConflictError, FailoverRefusedError
 from ingestion.failback_complete import TopicEnds, apply_completion, plan_completion
+from ingestion.hooks import FailureHooks
 from ingestion.offsets import (
     CLUSTER_ID,
     FAILOVER_TO,
@@ -48,6 +49,7 @@ from ingestion.route_state import (
 )
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec, parse_pipeline_spec
+from ingestion.stream import stream_pipeline
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.cli_actions import parse_position
@@ -246,7 +248,9 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     """The reverse copy delivers the replica-era records; once it is drained and MM2's reverse
     flow stopped, the completion ends the route: the runs, the lag and the route read the
     origin topic on the primary only, commits carry no route, expiry drops the switches, a
-    reset is accepted again. Every record lands once; both audits pass."""
+    reset is accepted again. A stream iteration in flight on the old route commits nothing
+    (without the guard it re-read the dropped reverse copy from its start). Every record lands
+    once; both audits pass."""
     source, replica = dr_clusters
     topic, alias, name = "cmpl", "eastc", "dr_cmpl"
     admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
@@ -327,21 +331,41 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     assert catalog.load_table(spec.table).current_snapshot() != before  # the run, not the plan
     planned = catalog.load_table(spec.table).current_snapshot()
 
+    # Producers are back on the primary; a stream iteration on the route is in flight when the
+    # Dagster job completes the failback.
+    send(source.bootstrap_servers, topic, [40, 41], stamp)
     failover_job = build_ops_jobs([spec])[3]
-    with DagsterInstance.ephemeral() as instance:
-        done = failover_job.execute_in_process(
-            run_config={
-                "ops": {
-                    "failover_pipeline": {
-                        "config": {"pipeline": name, "complete": True, "apply": True,
-                                   "reason": "reverse copy drained"}
+    outcomes: list[ExecuteInProcessResult] = []
+
+    def complete_in_flight(point: str, **context: object) -> None:
+        if outcomes:
+            return
+        with DagsterInstance.ephemeral() as instance:
+            outcomes.append(failover_job.execute_in_process(
+                run_config={
+                    "ops": {
+                        "failover_pipeline": {
+                            "config": {"pipeline": name, "complete": True, "apply": True,
+                                       "reason": "reverse copy drained"}
+                        }
                     }
-                }
-            },
-            resources={"kafka": kafka, "iceberg": iceberg},
-            instance=instance,
-        )  # fmt: skip
-    assert done.success
+                },
+                resources={"kafka": kafka, "iceberg": iceberg},
+                instance=instance,
+            ))  # fmt: skip
+
+    old = active_route(spec, kafka, iceberg)
+    iterations = iter(range(2))
+    stream = stream_pipeline(
+        old.spec, old.kafka.client_config(), catalog, old.kafka.get_cluster_id(), 0.1,
+        should_stop=lambda: None if next(iterations, None) is not None else "done",
+        on_report=lambda report: None,
+        hooks=FailureHooks({"before_commit": complete_in_flight}),
+    )  # fmt: skip
+    assert outcomes[0].success
+    # Its commit lost to the completion; its next plan, still on the old route, was refused
+    # before it read the dropped reverse copy from its start. Nothing committed by it.
+    assert (stream.conflicts, stream.commits) == (2, 0), stream
     table = catalog.load_table(spec.table)
     completion = table.current_snapshot()
     assert completion is not None
@@ -355,7 +379,6 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     assert (route.cluster, route.spec.source_topics) == ("primary", [topic])
     assert "there is no failback to complete" in complete()  # a second one: nothing to do
 
-    send(source.bootstrap_servers, topic, [40, 41], stamp)  # producers on the primary
     lag = read_pipeline_state(spec, kafka, iceberg).lag()
     assert {key[0] for key in lag} == {topic}
     assert sum(lag.values()) == 2
