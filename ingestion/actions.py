@@ -41,6 +41,7 @@ class ActionCommit:
     ``expected`` maps each guarded group id to the offsets the action was planned from (None:
     the group must have none); ``retired`` maps a guarded group to the snapshot that retired it
     when the action was planned (None: not retired), so a migration racing it is caught too.
+    ``table_properties`` are set in the same transaction (they outlive snapshot expiry).
     """
 
     pipeline: str
@@ -51,6 +52,7 @@ class ActionCommit:
     properties: dict[str, str]
     delete_filter: str | None = None
     retired: dict[str, int | None] = field(default_factory=dict)
+    table_properties: dict[str, str] = field(default_factory=dict)  # set in the same commit
 
 
 @contextmanager
@@ -83,10 +85,18 @@ def _check_planned_state(table: Table, commit: ActionCommit) -> None:
             )
 
 
-def _write(table: Table, properties: dict[str, str], delete_filter: str | None) -> int:
+def _write(
+    table: Table,
+    properties: dict[str, str],
+    delete_filter: str | None,
+    table_properties: dict[str, str] | None = None,
+) -> int:
     """One transaction on exactly ``table``'s head, no retry: the delete of the rewound rows (when
-    any matched) or an empty append, either carrying ``properties``."""
+    any matched) or an empty append, either carrying ``properties`` (and setting the
+    ``table_properties``)."""
     with commit_view(table).transaction() as transaction, ignore_no_match_warning():
+        if table_properties:
+            transaction.set_properties(table_properties)
         base = transaction.table_metadata.current_snapshot_id
         if delete_filter is not None:
             transaction.delete(delete_filter, snapshot_properties=properties)
@@ -136,7 +146,7 @@ def commit_action(
         _check_planned_state(table, commit)
         hooks.fire("before_catalog_call", action=commit.action, table=table)
         try:
-            return _write(table, commit.properties, commit.delete_filter)
+            return _write(table, commit.properties, commit.delete_filter, commit.table_properties)
         except CommitFailedException:
             time.sleep(backoff_s(attempt))  # the head moved: reload and re-check
             continue

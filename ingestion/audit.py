@@ -22,12 +22,14 @@ from ingestion.offsets import (
     QUARANTINED,
     RESET_BY,
     decode_offsets,
+    decode_positions,
     flatten,
     iter_ancestry,
     snapshot_properties,
 )
 from ingestion.ranges import Coordinates, Key
 from ingestion.recovery import list_file_paths
+from ingestion.route_state import DROPPED_PREFIX
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -96,13 +98,17 @@ def read_coordinates(table: Table) -> list[Coordinates]:
 
 
 def _lineage_checks(table: Table, group_id: str, result: AuditResult) -> dict[Key, int]:
-    """Offsets never decrease and no partition vanishes along the lineage; return the newest."""
+    """Offsets never decrease and no partition vanishes along the lineage; return the newest,
+    and for a partition an operator's action dropped (a failback's completion drops the
+    reverse copies, R49), the offset it had when dropped: its rows stay, read up to there."""
     key = OFFSETS_PREFIX + group_id
     lineage = [s for s in reversed(list(iter_ancestry(table))) if key in snapshot_properties(s)]
     previous: dict[Key, int] = {}
+    dropped: dict[Key, int] = {}
     for snapshot in lineage:
         current = flatten(decode_offsets(snapshot_properties(snapshot)[key]))
         if RESET_BY in snapshot_properties(snapshot):  # an operator's explicit reset may rewind
+            dropped.update({k: o for k, o in previous.items() if k not in current})
             previous = current
             continue
         for partition, offset in previous.items():
@@ -113,7 +119,7 @@ def _lineage_checks(table: Table, group_id: str, result: AuditResult) -> dict[Ke
                     f"snapshot {snapshot.snapshot_id}: {partition} {offset} -> {current[partition]}"
                 )
         previous = current
-    return previous
+    return {**dropped, **previous}
 
 
 def audit_table(
@@ -146,7 +152,9 @@ def audit_table(
     files = list_file_paths(table, current) if current else []
     result.duplicate_files = sorted(p for p, n in Counter(files).items() if n > 1)
     result.cross_name_duplicates = find_cross_name_twins(table, families or [])
-    watermark = _lineage_checks(table, group_id, result)
+    # Partitions an ended route dropped keep their rows, read up to there (R49).
+    ended = decode_positions(table.properties.get(DROPPED_PREFIX + group_id, "{}"))
+    watermark = {**ended, **_lineage_checks(table, group_id, result)}
     result.beyond_watermark = sorted(c for c in counts if c[2] >= watermark.get((c[0], c[1]), 0))
     if expected is not None:
         allowed_missing = lost or set()

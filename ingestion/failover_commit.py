@@ -10,7 +10,8 @@ reads: :func:`active_cluster` (the newest switch in the current ancestry; none m
 pipeline's own cluster). Runs read there; their commits carry that cluster's id, so the
 planner's cluster check holds. A failback to the pipeline's own cluster also puts the origin
 topics back at their planned positions (``kafka.failover-origin``,
-``ingestion.failback_origin``): the route then reads the reverse copies and the origin topics.
+``ingestion.failback_origin``): the route then reads the reverse copies and the origin topics,
+until the failback's completion ends it (``ingestion.failback_complete``).
 
 Delivery: exactly once across the switch when the plan's alignment holds (see
 ``ingestion.failover``). A run in flight when the switch commits aborts at its own commit (its
@@ -46,7 +47,8 @@ FAILOVER_TO = props.FAILOVER_TO
 def active_cluster(table: Table, group_id: str) -> str | None:
     """The cluster the table says the group reads: the newest switch's target while the group's
     offsets are still committed under that target's cluster id; None (the pipeline's own
-    cluster) when no switch was committed, or a later commit (a reset) went back to another."""
+    cluster) when no switch was committed, a later commit (a reset) went back to another, or a
+    failback's completion ended the route."""
     switch = active_switch(table, group_id)
     return None if switch is None else switch[FAILOVER_TO]
 

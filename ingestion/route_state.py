@@ -5,7 +5,9 @@ the origin topics a failback put back: ``ingestion.failover_commit``). Every run
 while the route is moved carries that route in ``kafka.route``, so the route survives snapshot
 expiry (the switch's own snapshot may be expired hours later on a streaming pipeline): the
 newest snapshot of the group that is a switch or carries a route decides, while the group's
-offsets are still committed under that snapshot's cluster id (R49). Reads only.
+offsets are still committed under that snapshot's cluster id (R49). A failback's completion
+(``ingestion.failback_complete``, marked ``kafka.route-ended``) ends the route: from it on the
+pipeline reads its own topics on its own cluster, as before any switch. Reads only.
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from ingestion import exceptions
 from ingestion.offsets import (
     CLUSTER_ID,
     FAILOVER_TO,
     GROUP_ID,
     OFFSETS_PREFIX,
+    decode_positions,
     find_committed_state,
     iter_ancestry,
     snapshot_properties,
@@ -40,6 +44,12 @@ ROUTE_KEYS = (FAILOVER_TO, FAILOVER_TOPICS, FAILOVER_ORIGIN)
 # (a failback reads both: ingestion.failback_origin.find_switch); expiry keeps these two.
 SWITCH_SNAPSHOT = "switch-snapshot-id"
 REPLACED_SNAPSHOT = "replaced-snapshot-id"
+# On a failback's completion: the reverse-copy partitions it dropped and the offset each was
+# read to, as {"topic:partition": offset} (ingestion.offsets.encode_positions). Ends the route.
+ROUTE_ENDED = "kafka.route-ended"
+# Table property (it outlives expiry), per group: every partition an ended route dropped and the
+# offset it was read to, as ROUTE_ENDED; the full audit's watermark for their rows.
+DROPPED_PREFIX = "kafka.dropped-offsets."
 
 
 def route_of(properties: dict[str, str]) -> dict[str, str] | None:
@@ -62,8 +72,9 @@ def route_of(properties: dict[str, str]) -> dict[str, str] | None:
 
 def active_switch(table: Table, group_id: str) -> dict[str, str] | None:
     """The route properties of the newest switch (or commit carrying it) of ``group_id``,
-    while the group's offsets are still committed under its cluster id; None without one, or
-    when a later commit (a reset) went elsewhere."""
+    while the group's offsets are still committed under its cluster id; None without one, when
+    a later commit (a reset) went elsewhere, or when a failback's completion
+    (:data:`ROUTE_ENDED`) came after it."""
     committed = find_committed_state(table, group_id)
     if committed is None:
         return None
@@ -72,6 +83,8 @@ def active_switch(table: Table, group_id: str) -> dict[str, str] | None:
         properties = snapshot_properties(snapshot)
         if properties.get(GROUP_ID) != group_id:
             continue
+        if ROUTE_ENDED in properties:
+            return None
         route = route_of(properties)
         if route is None:
             continue
@@ -110,8 +123,8 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
     carrying it; an operator's reset or a quarantine replay after it carries none), and the
     switch and the snapshot whose offsets it replaced, which a failback reads by id
     (``ingestion.failback_origin.find_switch``). None without a route in force (none
-    recorded, or the group's offsets are committed under another cluster id than the
-    route's).
+    recorded, the group's offsets are committed under another cluster id than the route's,
+    or a failback's completion, :data:`ROUTE_ENDED`, came after it).
 
     Example:
         >>> from types import SimpleNamespace as S
@@ -134,6 +147,9 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
         [6, 8]
         >>> route_snapshots([snap(1, **{"kafka.offsets.g": "{}"})], "g")
         set()
+        >>> done = snap(4, **{"kafka.offsets.g": "{}", "kafka.route-ended": '{"dr.o:0":5}'})
+        >>> route_snapshots([snap(5, **{"kafka.offsets.g": "{}"}), done, *back], "g")  # completed
+        set()
     """
     key = OFFSETS_PREFIX + group_id
     committed: str | None = None
@@ -143,6 +159,8 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
             continue
         if committed is None and key in properties:
             committed = properties.get(CLUSTER_ID)
+        if ROUTE_ENDED in properties:  # a completed failback: the route keeps nothing
+            return set()
         route = route_of(properties)
         if route is None:
             continue
@@ -158,3 +176,39 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
             int(route[name]) for name in (SWITCH_SNAPSHOT, REPLACED_SNAPSHOT) if name in route
         }
     return set()
+
+
+def ended_topics(table: Table, group_id: str) -> tuple[int, set[str]] | None:
+    """The completion that ended the route of ``group_id`` and the reverse copies it dropped,
+    when it is the newest snapshot of the group recording a route or its end; else None."""
+    for snapshot in iter_ancestry(table):
+        properties = snapshot_properties(snapshot)
+        if properties.get(GROUP_ID) != group_id:
+            continue
+        if ROUTE_ENDED in properties:
+            dropped = decode_positions(properties[ROUTE_ENDED])
+            return snapshot.snapshot_id, {topic for topic, _ in dropped}
+        if route_of(properties) is not None:
+            return None
+    return None
+
+
+def refuse_ended_topics(
+    table: Table, group_id: str, topics: list[str], unplanned: list[str], pipeline: str
+) -> None:
+    """Refuse a run that planned on a route a failback's completion ended: it would read a
+    dropped reverse copy (one of ``unplanned``, the ``topics`` with no offsets in the table)
+    from its log start again. Raises :class:`~ingestion.exceptions.CommitConflictError` (a run
+    that lost a race: nothing committed; the next run, or a stream's next iteration, reads the
+    pipeline's own topics)."""
+    if not unplanned:
+        return
+    ended = ended_topics(table, group_id)
+    stale = sorted(set(unplanned) & ended[1]) if ended else []
+    if ended and stale:
+        raise exceptions.CommitConflictError(
+            f"pipeline {pipeline!r}: this run planned to read {topics}, but the failback was "
+            f"completed in snapshot {ended[0]}: the reverse copies {stale} are no longer read "
+            "(the route ended). Nothing was committed; the next run reads the pipeline's own "
+            "topics."
+        )

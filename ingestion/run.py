@@ -21,7 +21,7 @@ from ingestion.offsets import commit_properties, flatten
 from ingestion.plan import Plan, build_plan
 from ingestion.quarantine import quarantine_properties, sync_quarantine
 from ingestion.ranges import Key
-from ingestion.route_state import carried_route
+from ingestion.route_state import carried_route, refuse_ended_topics
 from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table
 
@@ -133,6 +133,9 @@ def run_pipeline(
     # read_committed: the planned end offsets are the last stable offsets (R16).
     with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
         plan = build_plan(spec, table, admin, consumer, cluster_id)
+    if spec.replicas:  # planned on a route a failback's completion ended since (R49)
+        unplanned = [t for t in spec.source_topics if t not in (plan.committed or {})]
+        refuse_ended_topics(table, plan.group_id, spec.source_topics, unplanned, spec.name)
     timings["plan"] = time.monotonic() - started
     hooks.fire("after_plan", plan=plan)
     report = RunReport(

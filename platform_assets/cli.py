@@ -6,6 +6,7 @@
     platform migrate-group PIPELINE NEW_GROUP --by WHO --reason WHY
     platform maintain PIPELINE [--retention-hours H] [--orphan-window-hours H]
     platform failover PIPELINE --to REPLICA|primary [--dry-run] --reason WHY [--by WHO]
+    platform complete-failback PIPELINE [--dry-run] --reason WHY [--by WHO]
 
 Connection settings come from the same configuration as the code location's
 (``resources.config``: the file named by ``$PLATFORM_CONFIG``, else the embedded stack's
@@ -172,6 +173,13 @@ def main(argv: list[str] | None = None) -> int:
     failover.add_argument("--dry-run", action="store_true", help="print the plan only")
     failover.add_argument("--by", default=os.environ.get("USER", "operator"))
     failover.add_argument("--reason", required=True)
+    complete = commands.add_parser(
+        "complete-failback", help="end a failback's route once its reverse copies are drained"
+    )
+    complete.add_argument("pipeline")
+    complete.add_argument("--dry-run", action="store_true", help="print the plan only")
+    complete.add_argument("--by", default=os.environ.get("USER", "operator"))
+    complete.add_argument("--reason", required=True)
     args = parser.parse_args(argv)
     config = load_platform_config()
     specs = {spec.name: spec for spec in load_pipelines()}

@@ -1,4 +1,5 @@
-"""The operator actions of the ``platform`` CLI: reset, migrate-group, maintain, failover.
+"""The operator actions of the ``platform`` CLI: reset, migrate-group, maintain, failover,
+complete-failback.
 
 Each commit of an action first counts the pipeline's active Dagster runs (see
 :func:`count_active_ingestion_runs`) and refuses while there are any.
@@ -11,7 +12,7 @@ import os
 
 from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
-from platform_assets.failover import failover_pipeline
+from platform_assets.failover import complete_failback, failover_pipeline
 from platform_assets.operations import (
     count_ingestion_runs,
     maintain_pipeline_table,
@@ -85,7 +86,8 @@ def run_action(
     kafka: KafkaResource,
     iceberg: IcebergCatalogResource,
 ) -> list[str]:
-    """Run ``reset``, ``migrate-group``, ``maintain`` or ``failover``; return the lines to print."""
+    """Run ``reset``, ``migrate-group``, ``maintain``, ``failover`` or ``complete-failback``;
+    return the lines to print."""
     if args.command == "maintain":
         retention = args.retention_hours
         window = args.orphan_window_hours
@@ -102,6 +104,10 @@ def run_action(
         return failover_pipeline(
             spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by, reason=args.reason
         )
+    if args.command == "complete-failback" and args.dry_run:
+        return complete_failback(
+            spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason
+        )
     if args.command == "reset" and not args.apply:
         position = parse_position(args.to)
         return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
@@ -117,6 +123,16 @@ def run_action(
             kafka,
             iceberg,
             args.to,
+            dry_run=False,
+            requested_by=args.by,
+            reason=args.reason,
+            active_runs=active,
+        )
+    elif args.command == "complete-failback":
+        lines = complete_failback(
+            spec,
+            kafka,
+            iceberg,
             dry_run=False,
             requested_by=args.by,
             reason=args.reason,

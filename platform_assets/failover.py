@@ -8,14 +8,22 @@ still answers) and aligns them with the table's tail (``ingestion.failover``); t
 compare-and-set commit recorded as an operator action, who and why
 (``ingestion.failover_commit``). Delivery: nothing is written by a dry run; the switch refuses
 while an ingestion run is active, and a run that slipped in aborts at its own commit; retrying
-a refused or failed switch is safe (nothing was changed, plan again).
+a refused or failed switch is safe (nothing was changed, plan again). :func:`complete_failback`
+ends the route of a failback once its reverse copies are drained (``ingestion.failback_complete``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ingestion.actions import mirror_after
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.failback_complete import (
+    TopicEnds,
+    apply_completion,
+    plan_completion,
+    read_topic_ends,
+)
 from ingestion.failback_copies import recheck_copies
 from ingestion.failback_origin import OriginPlan, find_switch
 from ingestion.failover import (
@@ -59,8 +67,10 @@ def failover_target(
 ) -> FailoverTarget:
     """The target ``to`` as seen from ``route`` (a failback reads the reverse flow)."""
     if to == route.cluster:
+        failed_back = to == PRIMARY and route.spec.source_topics != spec.source_topics
         raise FailoverRefusedError(
             f"pipeline {spec.name!r} already reads from {to!r}; nothing to do"
+            + (f" (to end the failback: platform complete-failback {spec.name})" * failed_back)
         )
     if to == PRIMARY:
         replica: ReplicaSpec = spec.replica(route.cluster)
@@ -77,7 +87,8 @@ def failover_target(
                 f"pipeline {spec.name!r} reads {route.spec.source_topics} on the primary since "
                 f"its failback (reverse copies next to {spec.source_topics}); MM2 does not copy "
                 "a reverse copy back to the replica, so a failover from this route is not "
-                "supported; nothing was changed"
+                f"supported; nothing was changed. Complete the failback first (platform "
+                f"complete-failback {spec.name} --reason ...), once its reverse copies are drained"
             )
         replica = spec.replica(to)
         alias, policy = replica.source_alias, replica.replication_policy
@@ -209,4 +220,44 @@ def failover_pipeline(
         f"switched to {to!r} in snapshot {outcome.snapshot_id} by {requested_by!r} "
         f"(reason {reason!r}); the pipeline now reads there",
         mirrored.describe(),
+    ]
+
+
+def complete_failback(
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+    *,
+    dry_run: bool,
+    requested_by: str,
+    reason: str,
+    active_runs: int = 0,
+) -> list[str]:
+    """End the route of ``spec``'s failback once every reverse copy is read to its end on the
+    primary (``ingestion.failback_complete``), unless ``dry_run``; return the lines describing it.
+
+    Raises:
+        FailoverRefusedError: no failback in force, or a reverse copy not drained (nothing
+            changed).
+        CommitConflictError: a run is active, or other commits kept moving the offsets.
+    """
+    catalog = iceberg.load_catalog()
+    primary = kafka.client_config()
+
+    def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
+        return read_topic_ends(primary, topics)
+
+    cluster_id = kafka.get_cluster_id()
+    plan = plan_completion(catalog.load_table(spec.table), spec, cluster_id, read_ends)
+    if dry_run:
+        return [*plan.describe(spec.name), "dry run: nothing committed"]
+    plan, snapshot_id = apply_completion(
+        catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs
+    )
+    mirrored = mirror_after(kafka.get_admin_client(), catalog, spec, spec.consumer_group_id)
+    return [
+        *plan.describe(spec.name),
+        f"completed in snapshot {snapshot_id} by {requested_by!r} (reason {reason!r}): the "
+        f"pipeline reads {spec.source_topics} on the primary, as before the failover",
+        *([mirrored.describe()] if mirrored else []),
     ]

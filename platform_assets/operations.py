@@ -36,10 +36,16 @@ def refuse_off_route(
     the replica skipped) or stall on topics the route no longer reads."""
     route = active_route(spec, kafka, iceberg)
     if route.cluster != PRIMARY or route.spec.source_topics != spec.source_topics:
+        way_back = (
+            f"`platform complete-failback {spec.name} --reason ...` once its reverse copies are "
+            "drained to end the route"
+            if route.cluster == PRIMARY
+            else f"`platform failover {spec.name} --to ...` to move it"
+        )
         raise OperationRefusedError(
             f"pipeline {spec.name!r} reads {route.spec.source_topics} on {route.cluster!r} since "
-            f"a failover; {action} is not supported on a moved route. Use `platform failover "
-            f"{spec.name} --to ...` to move it, then {action}."
+            f"a failover; {action} is not supported on a moved route. Use {way_back}, then "
+            f"{action}."
         )
 
 

@@ -20,7 +20,7 @@ from ingestion.operations import migrate_group
 from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.checks import previous_audit_memory
-from platform_assets.failover import failover_pipeline
+from platform_assets.failover import complete_failback, failover_pipeline
 from platform_assets.operations import count_ingestion_runs, reset_offsets
 from platform_assets.pipelines import table_key
 from resources.iceberg import IcebergCatalogResource
@@ -60,12 +60,15 @@ class MaintainConfig(Config):
 
 
 class FailoverConfig(Config):
-    """Switch a pipeline to a replica (or ``primary``: failback); a dry run unless ``apply``."""
+    """Switch a pipeline to a replica (or ``primary``: failback); a dry run unless ``apply``.
+    With ``complete``, end a failback's route once its reverse copies are drained instead
+    (``to`` unset or ``primary``)."""
 
     pipeline: str
-    to: str
+    to: str | None = None
     apply: bool = False
     reason: str = ""
+    complete: bool = False
 
 
 def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
@@ -171,17 +174,33 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         spec = pick(config.pipeline)
         if config.apply and not config.reason:
             raise Failure("a failover needs a reason (config: reason)")
+        if config.complete and config.to not in (None, "primary"):
+            raise Failure(f"complete ends a failback to primary, not a failover to {config.to!r}")
+        if not config.complete and config.to is None:
+            raise Failure("a failover needs a target (config: to), or complete: true")
         try:
-            lines = failover_pipeline(
-                spec,
-                kafka,
-                iceberg,
-                config.to,
-                dry_run=not config.apply,
-                requested_by=f"dagster run {context.run_id}",
-                reason=config.reason,
-                active_runs=count_ingestion_runs(context.instance, spec),
-            )
+            if config.complete:
+                lines = complete_failback(
+                    spec,
+                    kafka,
+                    iceberg,
+                    dry_run=not config.apply,
+                    requested_by=f"dagster run {context.run_id}",
+                    reason=config.reason,
+                    active_runs=count_ingestion_runs(context.instance, spec),
+                )
+            else:
+                assert config.to is not None
+                lines = failover_pipeline(
+                    spec,
+                    kafka,
+                    iceberg,
+                    config.to,
+                    dry_run=not config.apply,
+                    requested_by=f"dagster run {context.run_id}",
+                    reason=config.reason,
+                    active_runs=count_ingestion_runs(context.instance, spec),
+                )
         except IngestionError as exc:
             raise Failure(str(exc)) from None
         context.add_output_metadata({"plan": MetadataValue.md("\n".join(f"- {x}" for x in lines))})
@@ -198,7 +217,10 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     def maintain_job() -> None:
         _maintain()
 
-    @job(name="failover", description="Switch a pipeline to a replica or back (dry run default).")
+    @job(
+        name="failover",
+        description="Switch a pipeline to a replica or back, or end a failback (dry run default).",
+    )
     def failover_job() -> None:
         _failover()
 

@@ -4,7 +4,8 @@ After a failover (``platform failover``) the table's newest switch names the clu
 (:func:`~ingestion.failover_commit.active_cluster`) and the topics read there (after a failback,
 the reverse copies and the origin topics); the ingestion asset, the lag sensor, the checks and
 the CLI all read through :func:`active_route`, so they follow the switch without a
-configuration change. Reads only.
+configuration change; after a failback's completion (``platform complete-failback``) they read
+the spec's topics on the primary again. Reads only.
 """
 
 from __future__ import annotations

@@ -126,10 +126,13 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
             if finding.blocks:  # the lag sensor then records the check in one run
                 context.log.error(f"blocked by {GROUP_CHECK.name}: {finding.message}")
                 return f"blocked by {GROUP_CHECK.name}"
-            now_on = active_route(spec, kafka, iceberg).cluster
-            if now_on != route.cluster:  # the sensor starts the next stream on the new route
-                context.log.warning(f"{spec.name!r} failed over to {now_on!r}; stopping")
-                return f"failed over from {route.cluster!r} to {now_on!r}"
+            now = active_route(spec, kafka, iceberg)
+            if now.cluster != route.cluster:  # the sensor starts the next stream on the new route
+                context.log.warning(f"{spec.name!r} failed over to {now.cluster!r}; stopping")
+                return f"failed over from {route.cluster!r} to {now.cluster!r}"
+            if now.spec.source_topics != route.spec.source_topics:  # a failback completed
+                context.log.warning(f"{spec.name!r} now reads {now.spec.source_topics}; stopping")
+                return f"route changed from {route.spec.source_topics} to {now.spec.source_topics}"
             return None
 
         def on_report(report: RunReport) -> None:

@@ -1,0 +1,420 @@
+"""A failback ends: ``platform complete-failback`` (and the ``failover`` job's ``complete``) drops
+the drained reverse copies and ends the route (docs/reliability.md, R49).
+
+End to end on two real clusters (Tansu), a real SQL catalog and the engine: failover, failback,
+the reverse copy drained, then the completion; runs read the origin topic only, commits carry
+no route, expiry keeps nothing for it, a reset is accepted, every record once and the audits
+pass. Refused, nothing changed: on a failover to the replica, while the reverse copy has unread
+records. Unit level: the route's end in ``ingestion.route_state`` on real Iceberg snapshots.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from dagster import DagsterInstance, ExecuteInProcessResult
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.types import LongType, NestedField
+
+from ingestion.exceptions import CommitConflictError, FailoverRefusedError
+from ingestion.failback_complete import TopicEnds, apply_completion, plan_completion
+from ingestion.hooks import FailureHooks
+from ingestion.offsets import (
+    CLUSTER_ID,
+    FAILOVER_TO,
+    GROUP_ID,
+    OFFSETS_PREFIX,
+    RESET_BY,
+    RESET_REASON,
+    TopicOffsets,
+    encode_offsets,
+    iter_ancestry,
+    snapshot_properties,
+)
+from ingestion.route_state import (
+    DROPPED_PREFIX,
+    FAILOVER_TOPICS,
+    ROUTE,
+    ROUTE_ENDED,
+    active_switch,
+    carried_route,
+    ended_topics,
+    refuse_ended_topics,
+    route_snapshots,
+)
+from ingestion.run import run_pipeline
+from ingestion.spec import PipelineSpec, parse_pipeline_spec
+from ingestion.stream import stream_pipeline
+from platform_assets.checks import audit_finding
+from platform_assets.cli import main
+from platform_assets.cli_actions import parse_position
+from platform_assets.failover import failover_pipeline, failover_target
+from platform_assets.operations import reset_offsets
+from platform_assets.ops_jobs import build_ops_jobs
+from platform_assets.replica_checks import replica_finding
+from platform_assets.route import active_route
+from platform_assets.state import read_pipeline_state
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from tests.support.mm2_standin import MirrorStandIn
+from tests.support.pipelines import make_spec
+from tests.test_failback import expire_all, group_offsets, send, write_config
+
+GROUP = "g"
+
+
+def history(tmp_path: Path, commits: list[dict[str, str]]) -> Table:
+    """A real Iceberg table whose snapshots carry ``commits``' properties, oldest first."""
+    catalog = SqlCatalog(
+        "r", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    table = catalog.create_table("n.t", Schema(NestedField(1, "x", LongType(), required=False)))
+    for properties in commits:
+        with (
+            table.transaction() as transaction,
+            transaction.update_snapshot(snapshot_properties=properties).fast_append(),
+        ):
+            pass
+    return catalog.load_table("n.t")
+
+
+def commit(cluster: str, offsets: dict[str, int], **extra: str) -> dict[str, str]:
+    """A group commit on ``cluster`` with partition 0 of each topic at its offset."""
+    mapped = {topic: TopicOffsets(f"id-{topic}", {0: at}) for topic, at in offsets.items()}
+    return {
+        GROUP_ID: GROUP,
+        CLUSTER_ID: cluster,
+        OFFSETS_PREFIX + GROUP: encode_offsets(mapped),
+        **extra,
+    }
+
+
+TO_DR = commit("dr", {"east.o": 5}, **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"o": "east.o"}'})
+ON_DR = commit("dr", {"east.o": 9}, **{ROUTE: '{"kafka.failover-to": "dr"}'})
+BACK = commit(
+    "pri", {"east.o": 2, "o": 10}, **{FAILOVER_TO: "primary", FAILOVER_TOPICS: '{"o": "east.o"}'}
+)
+CARRIED = {FAILOVER_TO: "primary", FAILOVER_TOPICS: '{"o": "east.o"}'}
+ON_BACK = commit("pri", {"east.o": 4, "o": 12}, **{ROUTE: orjson.dumps(CARRIED).decode()})
+DONE = commit("pri", {"o": 12}, **{RESET_BY: "ops", ROUTE_ENDED: '{"east.o:0":4}'})
+AFTER = commit("pri", {"o": 15})
+
+
+@pytest.mark.parametrize(
+    ("commits", "cluster", "kept", "ended"),
+    [
+        ([commit("pri", {"o": 3}), TO_DR, ON_DR], "dr", 1, None),
+        ([commit("pri", {"o": 3}), TO_DR, ON_DR, BACK, ON_BACK], "primary", 1, None),
+        ([commit("pri", {"o": 3}), TO_DR, ON_DR, BACK, ON_BACK, DONE], None, 0, {"east.o"}),
+        ([commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK, DONE, AFTER], None, 0, {"east.o"}),
+        ([commit("pri", {"o": 3}), TO_DR, BACK, DONE, AFTER, TO_DR], "dr", 2, None),
+    ],
+    ids=["on-dr", "failed-back", "completed", "run-after", "failover-again"],
+)
+def test_a_completion_ends_the_route_and_a_new_switch_starts_one(
+    tmp_path: Path,
+    commits: list[dict[str, str]],
+    cluster: str | None,
+    kept: int,
+    ended: set[str] | None,
+) -> None:
+    """After a completion no route is in force (runs carry none, expiry keeps nothing for it)
+    until a new switch; ``ended_topics`` names the dropped reverse copies until then."""
+    table = history(tmp_path, commits)
+    route = active_switch(table, GROUP)
+    assert (route[FAILOVER_TO] if route else None) == cluster
+    assert bool(carried_route(table, GROUP)) == (cluster is not None)
+    assert len(route_snapshots(list(iter_ancestry(table)), GROUP)) == kept
+    found = ended_topics(table, GROUP)
+    assert (found[1] if found else None) == ended
+
+
+def test_a_run_planned_on_an_ended_route_is_refused_before_it_reads(tmp_path: Path) -> None:
+    """A run (or a stream's next iteration) that still reads the dropped reverse copy would
+    read it from its log start (no offsets): refused, naming the completion. A run of the
+    pipeline's own topics, or a copy that still has offsets, goes ahead."""
+    table = history(tmp_path, [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK, DONE])
+    done = table.current_snapshot()
+    assert done is not None
+    with pytest.raises(CommitConflictError) as refused:
+        refuse_ended_topics(table, GROUP, ["east.o", "o"], ["east.o"], "p")
+    message = str(refused.value)
+    assert f"failback was completed in snapshot {done.snapshot_id}" in message
+    assert "['east.o'] are no longer read" in message
+    assert "Nothing was committed" in message
+    refuse_ended_topics(table, GROUP, ["o"], [], "p")
+    refuse_ended_topics(table, GROUP, ["o", "new"], ["new"], "p")
+
+
+def spec_of(topics: list[str]) -> PipelineSpec:
+    return parse_pipeline_spec(
+        {"name": "p", "topics": topics, "table": "n.t", "consumer_group_id": GROUP,
+         "value_format": "raw", "replicas": [{"name": "dr", "source_alias": "east"}]}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("commits", "ends", "refusal"),
+    [
+        ([commit("pri", {"o": 3}), TO_DR, ON_DR], {}, "reads replica 'dr' since a failover"),
+        ([commit("pri", {"o": 3})], {}, "there is no failback to complete"),
+        (
+            [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK],
+            {"east.o": TopicEnds("id-east.o", {0: (0, 6)})},
+            r"reverse copy east.o\[0\] holds 2 record\(s\) the table has not read \(table at 4",
+        ),
+        (
+            [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK],
+            {"east.o": TopicEnds("other", {0: (0, 4)})},
+            "reverse copy 'east.o' on the primary was deleted and recreated",
+        ),
+        (
+            [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK],
+            {"east.o": TopicEnds("id-east.o", {0: (0, 4), 1: (0, 1)})},
+            r"reverse copy east.o\[1\] holds 1 record\(s\) the table has not read \(table at 0",
+        ),
+        ([commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK], {"east.o": None}, "no longer exists"),
+    ],
+    ids=["failover-to-dr", "no-route", "unread", "recreated", "unread-partition", "missing"],
+)
+def test_a_completion_is_refused_unless_every_reverse_copy_is_drained(
+    tmp_path: Path, commits: list[dict[str, str]], ends: dict[str, TopicEnds | None], refusal: str
+) -> None:
+    table = history(tmp_path, commits)
+    with pytest.raises(FailoverRefusedError, match=refusal) as refused:
+        plan_completion(table, spec_of(["o"]), "pri", lambda topics: ends)
+    assert "nothing was changed" in str(refused.value)
+
+
+def test_a_drained_completion_keeps_the_spec_topics_at_the_tables_positions(
+    tmp_path: Path,
+) -> None:
+    table = history(tmp_path, [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK])
+    ends: dict[str, TopicEnds | None] = {"east.o": TopicEnds("id-east.o", {0: (0, 4)})}
+    plan = plan_completion(table, spec_of(["o"]), "pri", lambda topics: ends)
+    assert plan.kept == {"o": TopicOffsets("id-o", {0: 12})}
+    assert plan.dropped == {("east.o", 0): 4}
+    with pytest.raises(FailoverRefusedError, match="committed against Kafka cluster 'pri'"):
+        plan_completion(table, spec_of(["o"]), "other", lambda topics: ends)
+
+
+def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_path: Path) -> None:
+    """A stream commits every few seconds: its commit lands after the completion was planned
+    (here, while the ends are read again), so the completion's compare-and-set fails; it plans
+    again from the stream's offsets and commits those, never the older ones."""
+    table = history(tmp_path, [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK])
+    catalog = SqlCatalog(
+        "r", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    streamed = commit("pri", {"east.o": 4, "o": 14}, **{ROUTE: orjson.dumps(CARRIED).decode()})
+    reads: list[list[str]] = []
+
+    def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
+        reads.append(topics)
+        if len(reads) == 2:  # the stream's commit lands just before the completion's
+            head = catalog.load_table("n.t")
+            with (
+                head.transaction() as transaction,
+                transaction.update_snapshot(snapshot_properties=streamed).fast_append(),
+            ):
+                pass
+        return {"east.o": TopicEnds("id-east.o", {0: (0, 4)})}
+
+    plan, snapshot_id = apply_completion(catalog, spec_of(["o"]), "pri", read_ends, "ops", "done")
+    assert len(reads) == 4  # planned, re-read, lost to the stream; planned again, re-read
+    assert plan.kept == {"o": TopicOffsets("id-o", {0: 14})}
+    table = catalog.load_table("n.t")
+    head = table.current_snapshot()
+    assert head is not None
+    assert head.snapshot_id == snapshot_id
+    assert orjson.loads(snapshot_properties(head)[ROUTE_ENDED]) == {"east.o:0": 4}
+    assert active_switch(table, GROUP) is None
+    assert orjson.loads(table.properties[DROPPED_PREFIX + GROUP]) == {"east.o:0": 4}
+
+
+@pytest.mark.integration
+def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every_record_once(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reverse copy delivers the replica-era records; once it is drained and MM2's reverse
+    flow stopped, the completion ends the route: the runs, the lag and the route read the
+    origin topic on the primary only, commits carry no route, expiry drops the switches, a
+    reset is accepted again. A stream iteration in flight on the old route commits nothing
+    (without the guard it re-read the dropped reverse copy from its start). Every record lands
+    once; both audits pass."""
+    source, replica = dr_clusters
+    topic, alias, name = "cmpl", "eastc", "dr_cmpl"
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        topic, name, in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": "homec"}],
+    )  # fmt: skip
+    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
+    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
+    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
+    copy = f"{alias}.{topic}"  # on the replica, and its reverse copy on the primary (identity)
+
+    def ingest_route() -> set[str]:
+        """One engine run on the active route; the topics it planned."""
+        route = active_route(spec, kafka, iceberg)
+        cluster = route.kafka.get_cluster_id()
+        report = run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
+        return {key[0] for key in report.end_offsets}
+
+    def complete(*extra: str) -> str:
+        with pytest.raises(SystemExit) as refused:
+            main(["complete-failback", name, "--reason", "drained", "--by", "ops", *extra])
+        return str(refused.value.code)
+
+    send(source.bootstrap_servers, topic, list(range(20)), stamp)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
+    ).setup()
+    ingest_route()
+    forward.step()
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], stamp)  # the RPO tail, not copied
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    send(replica.bootstrap_servers, copy, [30, 31], stamp + 10_000)
+    ingest_route()
+
+    # A failover to the replica has no completion, only a failback: refused, nothing changed.
+    before = catalog.load_table(spec.table).current_snapshot()
+    message = complete()
+    assert f"pipeline {name!r} reads replica 'dr' since a failover" in message
+    assert f"platform failover {name} --to primary" in message
+    assert catalog.load_table(spec.table).current_snapshot() == before
+
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
+        source_alias="homec", target_alias=alias, identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+    failover_pipeline(
+        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
+    )
+    assert active_route(spec, kafka, iceberg).spec.source_topics == [copy, topic]
+    send(replica.bootstrap_servers, copy, [32, 33], stamp + 10_000)  # the last replica records
+    reverse.step()  # copied back to the primary, not ingested yet
+
+    # The reverse copy holds records the table has not read: refused, nothing changed.
+    before = catalog.load_table(spec.table).current_snapshot()
+    group_before = group_offsets(source.bootstrap_servers, group)
+    message = complete()
+    assert f"pipeline {name!r}: reverse copy {copy}[0] holds 1 record(s)" in message
+    assert "Stop MM2's reverse flow" in message
+    assert "nothing was changed" in message
+    assert catalog.load_table(spec.table).current_snapshot() == before
+    assert active_route(spec, kafka, iceberg).spec.source_topics == [copy, topic]
+    assert group_offsets(source.bootstrap_servers, group) == group_before
+
+    assert ingest_route() == {copy, topic}  # drains the reverse copy, and the tail k20..k23
+    # MM2's reverse flow is stopped here (the stand-in copies nothing more).
+    assert main(["complete-failback", name, "--reason", "drained", "--dry-run"]) == 0
+    assert catalog.load_table(spec.table).current_snapshot() != before  # the run, not the plan
+    planned = catalog.load_table(spec.table).current_snapshot()
+
+    # Producers are back on the primary; a stream iteration on the route is in flight when the
+    # Dagster job completes the failback.
+    send(source.bootstrap_servers, topic, [40, 41], stamp)
+    failover_job = build_ops_jobs([spec])[3]
+    outcomes: list[ExecuteInProcessResult] = []
+
+    def complete_in_flight(point: str, **context: object) -> None:
+        if outcomes:
+            return
+        with DagsterInstance.ephemeral() as instance:
+            outcomes.append(failover_job.execute_in_process(
+                run_config={
+                    "ops": {
+                        "failover_pipeline": {
+                            "config": {"pipeline": name, "complete": True, "apply": True,
+                                       "reason": "reverse copy drained"}
+                        }
+                    }
+                },
+                resources={"kafka": kafka, "iceberg": iceberg},
+                instance=instance,
+            ))  # fmt: skip
+
+    old = active_route(spec, kafka, iceberg)
+    iterations = iter(range(2))
+    stream = stream_pipeline(
+        old.spec, old.kafka.client_config(), catalog, old.kafka.get_cluster_id(), 0.1,
+        should_stop=lambda: None if next(iterations, None) is not None else "done",
+        on_report=lambda report: None,
+        hooks=FailureHooks({"before_commit": complete_in_flight}),
+    )  # fmt: skip
+    assert outcomes[0].success
+    # Its commit lost to the completion; its next plan, still on the old route, was refused
+    # before it read the dropped reverse copy from its start. Nothing committed by it.
+    assert (stream.conflicts, stream.commits) == (2, 0), stream
+    table = catalog.load_table(spec.table)
+    completion = table.current_snapshot()
+    assert completion is not None
+    assert completion != planned
+    recorded = snapshot_properties(completion)
+    assert recorded[RESET_REASON] == "reverse copy drained"
+    assert recorded[RESET_BY].startswith("dagster run ")
+    assert set(orjson.loads(recorded[OFFSETS_PREFIX + group])) == {topic}
+    assert {key.split(":")[0] for key in orjson.loads(recorded[ROUTE_ENDED])} == {copy}
+    route = active_route(spec, kafka, iceberg)
+    assert (route.cluster, route.spec.source_topics) == ("primary", [topic])
+    assert "there is no failback to complete" in complete()  # a second one: nothing to do
+
+    lag = read_pipeline_state(spec, kafka, iceberg).lag()
+    assert {key[0] for key in lag} == {topic}
+    assert sum(lag.values()) == 2
+    assert ingest_route() == {topic}  # the origin topic only
+    head = catalog.load_table(spec.table).current_snapshot()
+    assert head is not None
+    assert ROUTE not in snapshot_properties(head)
+    # Expiry keeps nothing for the ended route: the switches go.
+    switches = [
+        s.snapshot_id for s in iter_ancestry(table) if FAILOVER_TO in snapshot_properties(s)
+    ]
+    assert len(switches) == 2
+    assert expire_all(catalog.load_table(spec.table), group) > 0
+    table = catalog.load_table(spec.table)
+    assert all(table.metadata.snapshot_by_id(s) is None for s in switches)
+    # Where the dropped reverse copy was read to outlives the completion's snapshot: the full
+    # audit's watermark for its rows.
+    dropped = orjson.loads(table.properties[DROPPED_PREFIX + group])
+    assert dropped == {f"{copy}:0": 12, f"{copy}:1": 12}
+    assert active_route(spec, kafka, iceberg).spec.source_topics == [topic]
+
+    # Reset, migration and a new failover are allowed again.
+    # A backward reset of the origin topic (read on the primary only): its rows go, read again.
+    reset = reset_offsets(spec, kafka, iceberg, parse_position("earliest"), True, "ops", "again")
+    assert any("committed in snapshot" in line for line in reset), reset
+    failover_target(active_route(spec, kafka, iceberg), spec, kafka, "dr")
+    send(source.bootstrap_servers, topic, [42, 43], stamp)
+    assert ingest_route() == {topic}
+
+    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
+    landed = sorted(keys.column("_kafka_key").to_pylist())
+    assert landed == sorted(f"k{i}" for i in [*range(24), 30, 31, 32, 33, 40, 41, 42, 43])
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message
+    forward.step()  # MM2 primary -> dr runs again: the replica check judges the forward flow
+    ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
+    assert ready.passed, ready.message
