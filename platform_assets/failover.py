@@ -169,9 +169,13 @@ def failover_pipeline(
         topic: replica_topic(topic, target.source_alias, target.replication_policy)
         for topic in route.spec.source_topics
     }
+    # The disaster case: MM2 copies nothing more while the source is down, so a table ahead
+    # of the replica is accepted (its last records have no copy; ingestion.failover_align), and
+    # the offset syncs, kept on the source, are not read.
+    down = to != PRIMARY and not cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
     syncs = (
         read_offset_syncs(route.kafka.client_config(), goal.syncs_topic, SYNCS_TIMEOUT_S)
-        if goal.syncs_topic
+        if goal.syncs_topic and not down
         else {}
     )
     checkpoints = read_checkpoints(target.kafka_config, checkpoints_topic(target.source_alias))
@@ -180,9 +184,6 @@ def failover_pipeline(
     # partitions to the origin topics (ingestion.failback_link, ingestion.failback_origin).
     switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
     links = origin_links(switch, offsets, names, spec.name) if switch else None
-    # The disaster case: MM2 copies nothing more while the source is down, so a table ahead
-    # of the replica is accepted (its last records have no copy; ingestion.failover_align).
-    down = to != PRIMARY and not cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
     plans = plan_failover(
         catalog, route.spec, offsets, target, checkpoints, syncs, names, links, source_down=down
     )

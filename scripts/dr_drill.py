@@ -50,7 +50,7 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.workloads import SPREAD_30_DAYS  # noqa: E402
-from ingestion.offsets import CLUSTER_ID, RECORDS, snapshot_properties  # noqa: E402
+from ingestion.offsets import CLUSTER_ID, RESET_BY, snapshot_properties  # noqa: E402
 from ingestion.route_state import SWITCH_SNAPSHOT, active_switch  # noqa: E402
 from ingestion.run import run_pipeline  # noqa: E402
 from ingestion.spec import PipelineSpec, load_pipeline_specs, parse_pipeline_spec  # noqa: E402
@@ -135,8 +135,9 @@ def ingest(drill: Drill) -> None:
             drill.runs[outcome] += 1
 
 
-def operate(args: list[str], attempts: int = 3) -> tuple[int, float, str]:
-    """``platform failover ...`` until it commits: (attempts, seconds, its last output)."""
+def operate(args: list[str], attempts: int, pause_s: float) -> tuple[int, float, str]:
+    """``platform failover ...`` until it commits, ``pause_s`` apart (a refusal says why, e.g.
+    "wait for MirrorMaker 2"): (attempts, seconds, its output)."""
     started = time.monotonic()
     for attempt in range(1, attempts + 1):
         out = io.StringIO()
@@ -146,7 +147,7 @@ def operate(args: list[str], attempts: int = 3) -> tuple[int, float, str]:
             return attempt, time.monotonic() - started, out.getvalue()
         except SystemExit as exc:  # refused: print why, plan again
             print(f"    attempt {attempt}: {exc}", flush=True)
-            time.sleep(1.0)
+            time.sleep(pause_s)
     raise RuntimeError(f"platform {' '.join(args)} did not commit in {attempts} attempts")
 
 
@@ -156,7 +157,7 @@ def first_commit_on(drill: Drill, cluster_id: str, timeout_s: float = 300) -> fl
     while time.monotonic() - started < timeout_s:
         snapshot = catalog.load_table(drill.spec.table).current_snapshot()
         properties = snapshot_properties(snapshot) if snapshot else {}
-        if properties.get(CLUSTER_ID) == cluster_id and RECORDS in properties:
+        if properties.get(CLUSTER_ID) == cluster_id and RESET_BY not in properties:
             return time.monotonic() - started
         time.sleep(0.2)
     return float("nan")
@@ -232,71 +233,90 @@ def main() -> int:
         ).setup()  # fmt: skip
         drill.mirrors.append(forward)
         threads = [
-            threading.Thread(target=produce, args=(drill, args.rate)),
-            threading.Thread(target=mirror, args=(drill,)),
-            threading.Thread(target=ingest, args=(drill,)),
+            threading.Thread(target=produce, args=(drill, args.rate), daemon=True),
+            threading.Thread(target=mirror, args=(drill,), daemon=True),
+            threading.Thread(target=ingest, args=(drill,), daemon=True),
         ]
         for thread in threads:
             thread.start()
-        drill.producing.set()
-        phase = args.phase_seconds
+        try:
+            return run_drill(drill, args, p, d, forward, threads)
+        finally:
+            drill.stop.set()
+            os.kill(p.pid or 0, signal.SIGCONT)
 
-        def say(text: str) -> None:
-            print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
-        say(f"1. steady on the primary for {phase:.0f} s ({args.rate} records/s, "
-            f"{args.partitions} partitions, 0.5 % malformed, 30 days of created_at)")  # fmt: skip
-        time.sleep(phase)
-        drill.mirrors.remove(forward)  # MM2 falls behind: what is produced now is the RPO tail
-        time.sleep(3)
-        drill.producing.clear()
-        time.sleep(0.5)
-        drill.target = (d.bootstrap_servers, "primary.orders")
-        drill.producing.set()
-        os.kill(p.pid or 0, signal.SIGSTOP)
-        say("2. disaster: primary SIGSTOPped; producers on dr; platform failover orders --to dr")
-        tries, seconds, _ = operate(["failover", "orders", "--to", "dr", "--reason", "drill"])
-        to_dr = first_commit_on(drill, "dr_cluster")
-        say(f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
-            f"{to_dr:.1f} s later")  # fmt: skip
-        time.sleep(phase)
-        os.kill(p.pid or 0, signal.SIGCONT)
-        reverse = MirrorStandIn(
-            d.bootstrap_servers, p.bootstrap_servers, ["primary.orders"], [group],
-            source_alias="dr", target_alias="primary", identity=True, sync_every=50,
-            transactional=True,
-        ).setup()  # fmt: skip
-        drill.mirrors.append(reverse)
-        time.sleep(5)  # the reverse flow copies and checkpoints
-        drill.producing.clear()
-        time.sleep(0.5)
-        drill.target = (p.bootstrap_servers, "orders")
-        drill.producing.set()
-        say("4. primary back, reverse flow on; producers on the primary; failback")
-        tries, seconds, _ = operate(["failover", "orders", "--to", "primary", "--reason", "back"])
-        catalog = iceberg.load_catalog()
-        table = catalog.load_table(spec.table)
-        route = active_switch(table, group) or {}
-        switch = table.metadata.snapshot_by_id(int(route.get(SWITCH_SNAPSHOT, -1)))
-        properties = snapshot_properties(switch) if switch else {}
-        plans = orjson.loads(properties.get("kafka.failover-origin", "[]"))
-        tail = sum(int(plan["tail"]) for plan in plans)
-        say(f"   failed back after {tries} attempt(s), {seconds:.1f} s; RPO tail recovered: "
-            f"{tail} record(s) over {len(plans)} partition(s)")  # fmt: skip
-        time.sleep(phase)
-        drill.producing.clear()
-        say("5. producers stopped; draining")
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            time.sleep(2)
-            lag = read_pipeline_state(spec, kafka, iceberg).lag()
-            if sum(lag.values()) == 0:
-                break
-        drill.stop.set()
-        for thread in threads:
-            thread.join()
-        print(f"runs: {dict(drill.runs)}")
-        return 0 if verdict(drill) else 1
+def run_drill(
+    drill: Drill,
+    args: argparse.Namespace,
+    p: EmbeddedBroker,
+    d: EmbeddedBroker,
+    forward: MirrorStandIn,
+    threads: list[threading.Thread],
+) -> int:
+    """The drill's timeline (module docstring); 0 when every record landed once."""
+    spec, kafka, iceberg = drill.spec, drill.kafka, drill.iceberg
+    group = spec.consumer_group_id
+    drill.producing.set()
+    phase = args.phase_seconds
+
+    def say(text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    say(f"1. steady on the primary for {phase:.0f} s ({args.rate} records/s, "
+        f"{args.partitions} partitions, 0.5 % malformed, 30 days of created_at)")  # fmt: skip
+    time.sleep(phase)
+    drill.mirrors.remove(forward)  # MM2 falls behind: what is produced now is the RPO tail
+    time.sleep(3)
+    drill.producing.clear()
+    time.sleep(0.5)
+    drill.target = (d.bootstrap_servers, "primary.orders")
+    drill.producing.set()
+    os.kill(p.pid or 0, signal.SIGSTOP)
+    say("2. disaster: primary SIGSTOPped; producers on dr; platform failover orders --to dr")
+    tries, seconds, _ = operate(["failover", "orders", "--to", "dr", "--reason", "drill"], 5, 1.0)
+    to_dr = first_commit_on(drill, "dr_cluster")
+    say(f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
+        f"{to_dr:.1f} s later")  # fmt: skip
+    time.sleep(phase)
+    os.kill(p.pid or 0, signal.SIGCONT)
+    reverse = MirrorStandIn(
+        d.bootstrap_servers, p.bootstrap_servers, ["primary.orders"], [group],
+        source_alias="dr", target_alias="primary", identity=True, sync_every=50,
+        transactional=True,
+    ).setup()  # fmt: skip
+    drill.mirrors.append(reverse)
+    time.sleep(5)  # the reverse flow copies and checkpoints
+    drill.producing.clear()
+    time.sleep(0.5)
+    drill.target = (p.bootstrap_servers, "orders")
+    drill.producing.set()
+    say("4. primary back, reverse flow on; producers on the primary; failback")
+    back = ["failover", "orders", "--to", "primary", "--reason", "back"]
+    tries, seconds, _ = operate(back, 60, 5.0)
+    catalog = iceberg.load_catalog()
+    table = catalog.load_table(spec.table)
+    route = active_switch(table, group) or {}
+    switch = table.metadata.snapshot_by_id(int(route.get(SWITCH_SNAPSHOT, -1)))
+    properties = snapshot_properties(switch) if switch else {}
+    plans = orjson.loads(properties.get("kafka.failover-origin", "[]"))
+    tail = sum(int(plan["tail"]) for plan in plans)
+    say(f"   failed back after {tries} attempt(s), {seconds:.1f} s; RPO tail recovered: "
+        f"{tail} record(s) over {len(plans)} partition(s)")  # fmt: skip
+    time.sleep(phase)
+    drill.producing.clear()
+    say("5. producers stopped; draining")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        lag = read_pipeline_state(spec, kafka, iceberg).lag()
+        if sum(lag.values()) == 0:
+            break
+    drill.stop.set()
+    for thread in threads:
+        thread.join()
+    print(f"runs: {dict(drill.runs)}")
+    return 0 if verdict(drill) else 1
 
 
 if __name__ == "__main__":
