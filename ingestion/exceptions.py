@@ -103,6 +103,10 @@ class FailoverRefusedError(IngestionError):
     """A failover cannot place the pipeline on the replica without a loss or a duplicate."""
 
 
+class ReplicaBehindError(FailoverRefusedError):
+    """The table holds records the replica has no copy of yet (MM2 is behind the table)."""
+
+
 class OperationRefusedError(IngestionError):
     """An operator action does not apply to the pipeline's current state; nothing changed."""
 

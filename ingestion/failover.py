@@ -317,6 +317,14 @@ def plan_partition(
         except FailoverRefusedError:
             continue
         found.append((aligned, source_offset))
+    if len({aligned.start for aligned, _ in found}) == 1 and len(found) > 1:
+        # Records repeat around the anchor (a keyless burst in one millisecond), but every
+        # reading puts the replica at the same resume offset, the only thing committed.
+        aligned, source_offset = found[0]
+        return aligned, (
+            f"checkpoint {c.upstream} -> {c.downstream}; replica {offset} = one of "
+            f"{len(found)} repeated source records, all resuming at {aligned.start}"
+        )
     if len(found) != 1:
         seen = "no record" if not matches else f"{len(matches)} record(s) at {matches}"
         raise FailoverRefusedError(

@@ -26,7 +26,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ingestion.exceptions import FailoverRefusedError
+from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def _start_after(
         return replica[k][0]
     if k == len(replica):
         return replica_end  # every replica record so far is ingested: resume at its end
-    raise FailoverRefusedError(
+    raise ReplicaBehindError(
         f"{where}: the replica holds {len(replica)} record(s) after the anchor but the table "
         f"already ingested {k} from the source: the replica is behind the table. Wait for "
         "MirrorMaker 2 to catch up (or fail over later); nothing was changed."
@@ -131,7 +131,7 @@ def align_exact(
     if k == len(tail) or not source_down:
         if k < len(tail) and k < len(replica):
             offset, theirs = replica[k]
-            raise FailoverRefusedError(
+            raise ReplicaBehindError(
                 f"{where}: replica offset {offset} should be a copy of the table's record "
                 f"{k + 1} of {len(tail)} after the anchor, but differs ({tail[k]} vs {theirs}). "
                 "The replica is not a copy of what the table ingested (another topic, a reset "

@@ -180,7 +180,8 @@ def route_snapshots(ancestry: list[Snapshot], group_id: str) -> set[int]:
 
 def ended_topics(table: Table, group_id: str) -> tuple[int, set[str]] | None:
     """The completion that ended the route of ``group_id`` and the reverse copies it dropped,
-    when it is the newest snapshot of the group recording a route or its end; else None."""
+    when it is the newest snapshot of the group recording a route or its end (snapshot id -1
+    when expiry removed it: the table's ``kafka.dropped-offsets.<group>`` says); else None."""
     for snapshot in iter_ancestry(table):
         properties = snapshot_properties(snapshot)
         if properties.get(GROUP_ID) != group_id:
@@ -190,7 +191,9 @@ def ended_topics(table: Table, group_id: str) -> tuple[int, set[str]] | None:
             return snapshot.snapshot_id, {topic for topic, _ in dropped}
         if route_of(properties) is not None:
             return None
-    return None
+    # Expiry may have removed the completion (it keeps no route): the table property outlives it.
+    dropped = decode_positions(table.properties.get(DROPPED_PREFIX + group_id, "{}"))
+    return (-1, {topic for topic, _ in dropped}) if dropped else None
 
 
 def refuse_ended_topics(
@@ -208,7 +211,8 @@ def refuse_ended_topics(
     if ended and stale:
         raise exceptions.CommitConflictError(
             f"pipeline {pipeline!r}: this run planned to read {topics}, but the failback was "
-            f"completed in snapshot {ended[0]}: the reverse copies {stale} are no longer read "
+            f"completed{'' if ended[0] < 0 else f' in snapshot {ended[0]}'}: the reverse "
+            f"copies {stale} are no longer read "
             "(the route ended). Nothing was committed; the next run reads the pipeline's own "
             "topics."
         )

@@ -173,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     failover.add_argument("--dry-run", action="store_true", help="print the plan only")
     failover.add_argument("--by", default=os.environ.get("USER", "operator"))
     failover.add_argument("--reason", required=True)
+    failover.add_argument(
+        "--source-lost",
+        action="store_true",
+        help="the source is down and MM2 copies nothing more before the failback: accept a "
+        "table ahead of MM2's copy",
+    )
     complete = commands.add_parser(
         "complete-failback", help="end a failback's route once its reverse copies are drained"
     )

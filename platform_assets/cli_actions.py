@@ -102,8 +102,9 @@ def run_action(
         return [where, *lines]
     if args.command == "failover" and args.dry_run:
         return failover_pipeline(
-            spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by, reason=args.reason
-        )
+            spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by,
+            reason=args.reason, source_lost=args.source_lost,
+        )  # fmt: skip
     if args.command == "complete-failback" and args.dry_run:
         return complete_failback(
             spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason
@@ -127,6 +128,7 @@ def run_action(
             requested_by=args.by,
             reason=args.reason,
             active_runs=active,
+            source_lost=args.source_lost,
         )
     elif args.command == "complete-failback":
         lines = complete_failback(

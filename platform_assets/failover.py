@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ingestion.actions import mirror_after
-from ingestion.exceptions import FailoverRefusedError
+from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
 from ingestion.failback_complete import (
     TopicEnds,
     apply_completion,
@@ -26,6 +26,7 @@ from ingestion.failback_complete import (
 )
 from ingestion.failback_copies import recheck_copies
 from ingestion.failback_origin import OriginPlan, find_switch
+from ingestion.failback_replica import check_replica_copied
 from ingestion.failover import (
     PartitionPlan,
     Replica,
@@ -146,9 +147,12 @@ def failover_pipeline(
     requested_by: str,
     reason: str,
     active_runs: int = 0,
+    source_lost: bool = False,
 ) -> list[str]:
     """Plan the switch of ``spec`` to cluster ``to`` and (unless ``dry_run``) commit it; return
-    the lines describing it.
+    the lines describing it. ``source_lost``: the operator asserts the source is down and MM2's
+    forward flow will not copy more before the failback (``--source-lost``): a table ahead of
+    MM2's copy is then accepted (README, "A table ahead of MM2").
 
     Raises:
         FailoverRefusedError: the evidence does not single out a position (nothing changed).
@@ -169,10 +173,11 @@ def failover_pipeline(
         topic: replica_topic(topic, target.source_alias, target.replication_policy)
         for topic in route.spec.source_topics
     }
-    # The disaster case: MM2 copies nothing more while the source is down, so a table ahead
-    # of the replica is accepted (its last records have no copy; ingestion.failover_align), and
-    # the offset syncs, kept on the source, are not read.
-    down = to != PRIMARY and not cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
+    # The disaster case, asserted by the operator (a probe cannot tell a lost source from a
+    # partition that heals and lets MM2 copy on): a table ahead of the replica is accepted (its
+    # last records have no copy; ingestion.failover_align), and the offset syncs, kept on the
+    # source, are not read. The probe only informs the refusal without the assertion.
+    down = to != PRIMARY and source_lost
     syncs = (
         read_offset_syncs(route.kafka.client_config(), goal.syncs_topic, SYNCS_TIMEOUT_S)
         if goal.syncs_topic and not down
@@ -184,9 +189,23 @@ def failover_pipeline(
     # partitions to the origin topics (ingestion.failback_link, ingestion.failback_origin).
     switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
     links = origin_links(switch, offsets, names, spec.name) if switch else None
-    plans = plan_failover(
-        catalog, route.spec, offsets, target, checkpoints, syncs, names, links, source_down=down
-    )
+    try:
+        plans = plan_failover(
+            catalog, route.spec, offsets, target, checkpoints, syncs, names, links,
+            source_down=down,
+        )  # fmt: skip
+    except ReplicaBehindError as exc:
+        if to == PRIMARY or down:
+            raise
+        answers = cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: {exc} The source cluster "
+            + ("answers: wait for MM2." if answers else "does not answer now.")
+            + " If it is lost (MM2 will copy nothing more before the failback: its forward flow "
+            "stays stopped), say so with --source-lost (job config source_lost): the replica "
+            "then resumes after MM2's copies, and the records the table ingested without a copy "
+            "stay ingested once"
+        ) from exc
     lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
     if to != PRIMARY:
         lines += describe_local_topics(spec, names, target)
@@ -249,7 +268,15 @@ def complete_failback(
         return read_topic_ends(primary, topics)
 
     cluster_id = kafka.get_cluster_id()
-    plan = plan_completion(catalog.load_table(spec.table), spec, cluster_id, read_ends)
+    table = catalog.load_table(spec.table)
+    plan = plan_completion(table, spec, cluster_id, read_ends)
+    # The primary's end proves only what MM2 copied so far: the replica must hold nothing more.
+    replicas = {
+        replica.name: Replica(kafka.for_cluster(replica.name).client_config(), REPLICA_TIMEOUT_S)
+        for replica in spec.replicas
+    }
+    group = spec.consumer_group_id
+    check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
     if dry_run:
         return [*plan.describe(spec.name), "dry run: nothing committed"]
     plan, snapshot_id = apply_completion(

@@ -69,6 +69,8 @@ class FailoverConfig(Config):
     apply: bool = False
     reason: str = ""
     complete: bool = False
+    # The source is lost: MM2 copies nothing more before the failback (CLI --source-lost).
+    source_lost: bool = False
 
 
 def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
@@ -200,6 +202,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
                     requested_by=f"dagster run {context.run_id}",
                     reason=config.reason,
                     active_runs=count_ingestion_runs(context.instance, spec),
+                    source_lost=config.source_lost,
                 )
         except IngestionError as exc:
             raise Failure(str(exc)) from None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import io
 import os
 import random
@@ -49,13 +50,12 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.workloads import SPREAD_30_DAYS  # noqa: E402
 from ingestion.offsets import CLUSTER_ID, RESET_BY, snapshot_properties  # noqa: E402
 from ingestion.route_state import SWITCH_SNAPSHOT, active_switch  # noqa: E402
 from ingestion.run import run_pipeline  # noqa: E402
 from ingestion.spec import PipelineSpec, load_pipeline_specs, parse_pipeline_spec  # noqa: E402
 from platform_assets.cli import main as platform  # noqa: E402
-from platform_assets.demo import encode_event  # noqa: E402
+from platform_assets.demo import encode_event, make_order_event  # noqa: E402
 from platform_assets.route import active_route  # noqa: E402
 from platform_assets.state import read_pipeline_state  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
@@ -76,7 +76,8 @@ class Drill:
     target: tuple[str, str]  # (bootstrap servers, topic) producers write to now
     acknowledged: set[str] = field(default_factory=set)
     mirrors: list[MirrorStandIn] = field(default_factory=list)
-    runs: Counter[str] = field(default_factory=Counter)
+    runs: Counter[str] = field(default_factory=Counter)  # runs' and mirror steps' outcomes
+    copied_at: float = 0.0  # when a mirror flow last copied a record (monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     producing: threading.Event = field(default_factory=threading.Event)
@@ -86,7 +87,7 @@ def produce(drill: Drill, rate: int) -> None:
     """Order events spread over 30 days, 0.5 % malformed, at ``rate``/s to ``drill.target``."""
     from confluent_kafka import Producer
 
-    rng, sequence = random.Random(3), 0
+    rng, sequence, now = random.Random(3), 0, dt.datetime.now(tz=dt.UTC)
     producers: dict[str, Producer] = {}
 
     def acknowledge(error: Any, message: Any) -> None:
@@ -102,7 +103,8 @@ def produce(drill: Drill, rate: int) -> None:
         started = time.monotonic()
         for _ in range(max(1, rate // 10)):
             key = f"ord-{sequence:09d}"
-            event = SPREAD_30_DAYS.event(rng, sequence)
+            # created_at over 30 days: each commit writes many day partitions
+            event = make_order_event(rng, sequence, now - dt.timedelta(days=sequence % 30))
             value = b"{not json" if rng.random() < 0.005 else encode_event(event)
             producer.produce(topic, key=key.encode(), value=value, on_delivery=acknowledge)
             sequence += 1
@@ -110,12 +112,37 @@ def produce(drill: Drill, rate: int) -> None:
         time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
 
 
+def seal(drill: Drill, partitions: int) -> None:
+    """One record alone per partition of the current target, acknowledged like the others:
+    Tansu reports a partition's end as its last batch's base offset + 1, so the rest of a
+    multi-record last batch stays unreadable until another batch follows (producers leaving a
+    cluster would strand it; a real broker does not do this)."""
+    from confluent_kafka import Producer
+
+    bootstrap, topic = drill.target
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for partition in range(partitions):
+        key = f"seal-{topic}-{partition}-{time.monotonic_ns()}"
+        producer.produce(topic, key=key.encode(), value=b"{not json", partition=partition)
+        producer.flush(30)  # one record per batch
+        with drill.lock:
+            drill.acknowledged.add(key)
+
+
 def mirror(drill: Drill) -> None:
     """Every second, each running MM2 flow copies and checkpoints (errors: the cluster is down)."""
     while not drill.stop.wait(1.0):
         for flow in list(drill.mirrors):
-            with contextlib.suppress(Exception):
-                flow.step()
+            name = f"{flow.source_alias} -> {flow.target_alias}"
+            try:
+                copied = flow.step()
+            except Exception as exc:  # the source is stopped: MM2 retries too
+                outcome = f"mirror {name}: {type(exc).__name__}"
+            else:
+                outcome = f"mirror {name}: {'copied' if copied else 'idle'}"
+                drill.copied_at = time.monotonic() if copied else drill.copied_at
+            with drill.lock:
+                drill.runs[outcome] += 1
 
 
 def ingest(drill: Drill) -> None:
@@ -270,11 +297,14 @@ def run_drill(
     time.sleep(3)
     drill.producing.clear()
     time.sleep(0.5)
+    seal(drill, args.partitions)
     drill.target = (d.bootstrap_servers, "primary.orders")
     drill.producing.set()
     os.kill(p.pid or 0, signal.SIGSTOP)
     say("2. disaster: primary SIGSTOPped; producers on dr; platform failover orders --to dr")
-    tries, seconds, _ = operate(["failover", "orders", "--to", "dr", "--reason", "drill"], 5, 1.0)
+    tries, seconds, _ = operate(
+        ["failover", "orders", "--to", "dr", "--source-lost", "--reason", "drill"], 5, 1.0
+    )
     to_dr = first_commit_on(drill, "dr_cluster")
     say(f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
         f"{to_dr:.1f} s later")  # fmt: skip
@@ -289,6 +319,7 @@ def run_drill(
     time.sleep(5)  # the reverse flow copies and checkpoints
     drill.producing.clear()
     time.sleep(0.5)
+    seal(drill, args.partitions)
     drill.target = (p.bootstrap_servers, "orders")
     drill.producing.set()
     say("4. primary back, reverse flow on; producers on the primary; failback")
@@ -301,16 +332,19 @@ def run_drill(
     properties = snapshot_properties(switch) if switch else {}
     plans = orjson.loads(properties.get("kafka.failover-origin", "[]"))
     tail = sum(int(plan["tail"]) for plan in plans)
-    say(f"   failed back after {tries} attempt(s), {seconds:.1f} s; RPO tail recovered: "
-        f"{tail} record(s) over {len(plans)} partition(s)")  # fmt: skip
+    say(f"   failed back after {tries} attempt(s), {seconds:.1f} s; the origin resumes with "
+        f"{tail} record(s) (the unreplicated tail, then what producers wrote since they "
+        f"returned) over {len(plans)} partition(s)")  # fmt: skip
     time.sleep(phase)
     drill.producing.clear()
-    say("5. producers stopped; draining")
-    deadline = time.monotonic() + 300
+    time.sleep(0.5)
+    seal(drill, args.partitions)
+    say("5. producers stopped; draining (until MM2 is idle for 10 s and the lag is 0)")
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         time.sleep(2)
         lag = read_pipeline_state(spec, kafka, iceberg).lag()
-        if sum(lag.values()) == 0:
+        if sum(lag.values()) == 0 and time.monotonic() - drill.copied_at > 10:
             break
     drill.stop.set()
     for thread in threads:

@@ -418,3 +418,69 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     forward.step()  # MM2 primary -> dr runs again: the replica check judges the forward flow
     ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert ready.passed, ready.message
+
+
+def test_a_completion_waits_until_mm2_copied_everything_the_replica_holds(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reverse copy is read to its end on the primary, but the replica still holds the last
+    # records its producers wrote before moving back: MM2's reverse flow lags. Completing then
+    # would never read them; it is refused until MM2 has copied them.
+    source, replica = dr_clusters
+    topic, alias, name = "lagc", "eastl", "dr_lagc"
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        topic, name, in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": "homel"}],
+    )  # fmt: skip
+    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
+    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
+    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
+    copy = f"{alias}.{topic}"
+
+    def ingest_route() -> None:
+        route = active_route(spec, kafka, iceberg)
+        cluster = route.kafka.get_cluster_id()
+        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
+
+    send(source.bootstrap_servers, topic, list(range(20)), stamp)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
+    ).setup()
+    ingest_route()
+    forward.step()
+    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    send(replica.bootstrap_servers, copy, [30, 31], stamp + 10_000)
+    ingest_route()
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
+        source_alias="homel", target_alias=alias, identity=True,
+    ).setup()  # fmt: skip
+    reverse.step()
+    failover_pipeline(spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops",
+                      reason="back")  # fmt: skip
+    send(replica.bootstrap_servers, copy, [32, 33], stamp + 10_000)  # not copied back yet
+    ingest_route()
+    head = catalog.load_table(spec.table).current_snapshot()
+    with pytest.raises(SystemExit, match="reverse flow has not copied into the reverse copy"):
+        main(["complete-failback", name, "--reason", "drained", "--by", "ops"])
+    assert catalog.load_table(spec.table).current_snapshot() == head  # nothing changed
+    reverse.step()  # MM2 catches up; the pipeline reads the copies; then the completion holds
+    ingest_route()
+    assert main(["complete-failback", name, "--reason", "drained", "--by", "ops"]) == 0
+    ingest_route()
+    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
+    landed = keys.column("_kafka_key").to_pylist()
+    assert sorted(landed) == sorted(f"k{i}" for i in [*range(20), 30, 31, 32, 33])
+    assert audit_finding(spec, iceberg, kafka, full=True).passed

@@ -1,0 +1,72 @@
+"""Before a failback's completion: has MM2's reverse flow copied everything from the replica?
+
+A completion (``ingestion.failback_complete``) drops the reverse copies once the table has read
+them to their end on the primary. That end only proves what MM2 has copied so far: records the
+replica still holds that the reverse flow has not copied (it lags, or was stopped with a
+backlog) would never be read after the completion. So for each reverse-copy partition the
+replica's topic it copies (the failback's plan names it) must end with a record whose byte-for-
+byte copy (timestamp, key, value and headers) is the reverse copy's last record below the
+table's position: MM2 copies in order, so everything before it was copied too. Refused
+(:class:`~ingestion.exceptions.FailoverRefusedError`, nothing changed) when it is not, or when
+the replica does not answer (what it holds cannot be shown copied). Reads only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+from confluent_kafka import KafkaException
+
+from ingestion.exceptions import FailoverRefusedError, ReadError
+from ingestion.failback_origin import FAILOVER_PLAN
+from ingestion.failover import Replica
+from ingestion.offsets import snapshot_properties
+from ingestion.ranges import Key
+from ingestion.route_state import SWITCH_SNAPSHOT, active_switch
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
+
+
+def check_replica_copied(
+    table: Table,
+    group_id: str,
+    drained: dict[Key, int],
+    replicas: dict[str, Replica],
+    primary: Replica,
+    pipeline: str,
+) -> None:
+    """Refuse unless every replica topic behind a drained reverse copy (``drained``: its
+    partitions and the table's offsets there) is copied to its end (module docstring).
+    ``replicas`` are the clusters the pipeline may have failed back from, by name."""
+    route = active_switch(table, group_id) or {}
+    switch = table.metadata.snapshot_by_id(int(route.get(SWITCH_SNAPSHOT, "-1")))
+    plans = orjson.loads(snapshot_properties(switch).get(FAILOVER_PLAN, "[]")) if switch else []
+    for entry in plans:
+        copy, partition = str(entry["replica_topic"]), int(entry["partition"])
+        if (copy, partition) not in drained:
+            continue
+        source = str(entry["source_topic"])
+        where = f"pipeline {pipeline!r}: reverse copy {copy}[{partition}] of {source}[{partition}]"
+        for name, replica in sorted(replicas.items()):
+            try:
+                low, high = replica.watermarks(source, partition)
+                last = replica.last_record_before(source, partition, high) if high > low else None
+            except (KafkaException, ReadError) as exc:
+                raise FailoverRefusedError(
+                    f"{where}: replica {name!r} does not answer ({exc}), so it cannot be shown "
+                    "that MM2 copied everything it holds; completing would lose what it did not. "
+                    "Nothing was changed; complete once the replica answers"
+                ) from exc
+            if last is None:
+                continue
+            copied = primary.last_record_before(copy, partition, drained[(copy, partition)])
+            if copied is None or not copied[1].matches(last[1]):
+                raise FailoverRefusedError(
+                    f"{where}: replica {name!r} holds records up to offset {last[0]} that MM2's "
+                    "reverse flow has not copied into the reverse copy the table read (its last "
+                    "record there is not a copy of the replica's last): they would never be "
+                    "read after the completion. Let MM2 copy everything, let the pipeline ingest "
+                    "it, then stop the reverse flow and complete again; nothing was changed"
+                )
