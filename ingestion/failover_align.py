@@ -146,8 +146,11 @@ def align_exact(
             raise FailoverRefusedError(
                 f"{where}: the table's record {position + 1} of {len(tail)} after the anchor "
                 f"({mine}) has a copy at replica offset {found}, after records that are no "
-                "copies: the replica is not MirrorMaker 2's in-order copy of what the table "
-                "ingested; nothing was changed."
+                "copies: producers wrote on the replica while MirrorMaker 2 was still copying "
+                "(or the replica is not MM2's in-order copy of the topic). One resume offset "
+                "cannot skip copies that follow other records, and the platform does not keep "
+                "skip lists; nothing was changed. Inspect the replica partition from the "
+                "anchor: the copies after the first non-copy would be read twice"
             )
     start = replica[k][0] if k < len(replica) else replica_end
     return Alignment(start, k, len(tail) - k)

@@ -12,18 +12,22 @@ them (``platform_assets.route.active_route`` -> ``run_pipeline``). The operator 
 ``platform failover`` commands as the README gives them, racing the runs:
 
 1. steady ingestion from the primary;
-2. the disaster: MM2 falls behind (the RPO tail), producers move to dr's ``primary.orders``,
-   the primary is SIGSTOPped, the operator fails over to dr;
+2. the disaster: MM2 falls behind (the RPO tail; the table is ahead of MM2's copy), producers
+   move to dr's ``primary.orders``, the primary is SIGSTOPped, the operator fails over to dr
+   with ``--source-lost``;
 3. steady ingestion from dr;
 4. the primary is back (SIGCONT): the forward flow stays stopped, a reverse flow (identity
-   naming) copies dr back, producers return to ``orders``, the operator fails back;
-5. producers stop, the pipeline drains, and the oracle reads plain scans of the data and
+   naming) copies dr back, producers return to ``orders``, the operator fails back (retrying
+   every 5 s while the plan says to wait for MM2);
+5. the reverse copy drains, the reverse flow is stopped, the operator completes the failback
+   (``platform complete-failback``) while producers keep writing;
+6. producers stop, the pipeline drains, and the oracle reads plain scans of the data and
    quarantine tables by each record's own key: every acknowledged record once.
 
-It prints, per operator action, its attempts (a run committing between the plan and the switch
-wins the compare-and-set, and the operator plans again) and wall time; the seconds from the
-disaster to the first commit on dr; the RPO tail the failback recovered; and the oracle. The exit
-status is 1 when a record was lost or duplicated.
+It prints, per operator action, its attempts and wall time; the seconds from the switch to the
+first commit on dr; the runs' and mirror steps' outcomes; and the oracle. The exit status is 1
+when a record was lost or duplicated. (Keys ``seal-*``: one record alone per partition when
+producers leave a cluster, for Tansu's end offsets; see :func:`seal`.)
 """
 
 from __future__ import annotations
@@ -178,6 +182,16 @@ def operate(args: list[str], attempts: int, pause_s: float) -> tuple[int, float,
     raise RuntimeError(f"platform {' '.join(args)} did not commit in {attempts} attempts")
 
 
+def drain(drill: Drill, timeout_s: float = 600) -> None:
+    """Until the route's lag is 0 and no MM2 flow copied anything for 10 s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        lag = read_pipeline_state(drill.spec, drill.kafka, drill.iceberg).lag()
+        if sum(lag.values()) == 0 and time.monotonic() - drill.copied_at > 10:
+            return
+
+
 def first_commit_on(drill: Drill, cluster_id: str, timeout_s: float = 300) -> float:
     """Seconds until the table's newest run commit was read on ``cluster_id``."""
     catalog, started = drill.iceberg.load_catalog(), time.monotonic()
@@ -282,7 +296,7 @@ def run_drill(
     threads: list[threading.Thread],
 ) -> int:
     """The drill's timeline (module docstring); 0 when every record landed once."""
-    spec, kafka, iceberg = drill.spec, drill.kafka, drill.iceberg
+    spec, iceberg = drill.spec, drill.iceberg
     group = spec.consumer_group_id
     drill.producing.set()
     phase = args.phase_seconds
@@ -336,16 +350,18 @@ def run_drill(
         f"{tail} record(s) (the unreplicated tail, then what producers wrote since they "
         f"returned) over {len(plans)} partition(s)")  # fmt: skip
     time.sleep(phase)
+    say("5. the reverse copy drained: MM2's reverse flow stopped; platform complete-failback")
+    drain(drill)
+    drill.mirrors.remove(reverse)
+    end = ["complete-failback", "orders", "--reason", "reverse copy drained"]
+    tries, seconds, _ = operate(end, 12, 5.0)
+    say(f"   completed after {tries} attempt(s), {seconds:.1f} s; producers keep writing")
+    time.sleep(10)
     drill.producing.clear()
     time.sleep(0.5)
     seal(drill, args.partitions)
-    say("5. producers stopped; draining (until MM2 is idle for 10 s and the lag is 0)")
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        time.sleep(2)
-        lag = read_pipeline_state(spec, kafka, iceberg).lag()
-        if sum(lag.values()) == 0 and time.monotonic() - drill.copied_at > 10:
-            break
+    say("6. producers stopped; draining")
+    drain(drill)
     drill.stop.set()
     for thread in threads:
         thread.join()
