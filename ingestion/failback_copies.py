@@ -30,7 +30,7 @@ from confluent_kafka import KafkaException
 
 from ingestion.exceptions import FailoverRefusedError, ReadError
 from ingestion.failover import Records, Replica, ingested_tail_where
-from ingestion.failover_align import RecordId
+from ingestion.failover_align import by_identity
 from ingestion.ranges import Key
 
 if TYPE_CHECKING:
@@ -135,9 +135,7 @@ def recheck_copies(
         if not added:
             continue
         tail, _ = origin.read(plan.topic, plan.partition, plan.resume, sys.maxsize)
-        identities: dict[tuple[int, bytes | None], list[tuple[int, RecordId]]] = {}
-        for offset, record in tail:
-            identities.setdefault((record.timestamp_ms, record.key), []).append((offset, record))
+        identities = by_identity(tail)
         for offset, record in added:
             same = identities.get((record.timestamp_ms, record.key), [])
             copied = next((o for o, r in same if r.matches(record)), None)

@@ -210,7 +210,7 @@ def _refuse_guesses(
     if proven == len(found):
         return
     low = found[proven - 1] + 1 if proven else first
-    replica, origin = _by_identity(copies[low:]), _by_identity(rest[proven:])
+    replica, origin = by_identity(copies[low:]), by_identity(rest[proven:])
     for i in range(proven, len(found)):
         (offset, mine), (copy, theirs) = rest[i], copies[found[i]]
         same = (mine.timestamp_ms, mine.key)
@@ -228,7 +228,8 @@ def _refuse_guesses(
             )
 
 
-def _by_identity(records: Records) -> dict[tuple[int, bytes | None], list[tuple[int, RecordId]]]:
+def by_identity(records: Records) -> dict[tuple[int, bytes | None], list[tuple[int, RecordId]]]:
+    """``records`` grouped by (timestamp, key), each group in the given order."""
     found: dict[tuple[int, bytes | None], list[tuple[int, RecordId]]] = {}
     for offset, record in records:
         found.setdefault((record.timestamp_ms, record.key), []).append((offset, record))
@@ -240,7 +241,7 @@ def _refuse_out_of_order(
 ) -> None:
     """Refuse when an origin record after the first uncopied one (``origin[count]``) has a copy
     after the last matched position ``last``: MM2 copies in order."""
-    later = _by_identity(copies[last + 1 :])
+    later = by_identity(copies[last + 1 :])
     for offset, record in origin[count + 1 :]:
         same = later.get((record.timestamp_ms, record.key), [])
         found = next((o for o, r in same if record.matches(r)), None)
