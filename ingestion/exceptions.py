@@ -117,3 +117,7 @@ class AmbiguousRewindError(IngestionError):
 
 class EngineMismatchError(IngestionError):
     """A Spark executor runs another version of the engine than the run's driver."""
+
+
+class LateCopyUnverifiedError(IngestionError):
+    """A record may be MM2's late copy of one the table holds, and its source does not answer."""

@@ -4,7 +4,7 @@ between-rounds work: new columns (R36) and writer schemas looked up by id (R34).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -91,8 +91,11 @@ def build_task_specs(
     io_properties: dict[str, str],
     hooks: FailureHooks,
     writer_schemas: dict[int, str],
+    late_copy_ids: dict[tuple[str, int], frozenset[tuple[int, str | None]]] | None = None,
 ) -> list[TaskSpec]:
-    """One task spec per planned range; executors receive only the ``in_task`` hook."""
+    """One task spec per planned range; executors receive only the ``in_task`` hook (and the
+    uncopied records of their partition: ``ingestion.late_copies``)."""
+    late_copy_ids = late_copy_ids or {}
     table_json = table.metadata.model_dump_json()
     quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
     return [
@@ -112,6 +115,7 @@ def build_task_specs(
             headers=spec.headers,
             hooks=hooks.only("in_task"),
             engine_version=engine_fingerprint(),
+            late_copy_ids=late_copy_ids.get((task.topic, task.partition), frozenset()),
         )
         for task in plan.tasks
     ]
@@ -163,8 +167,11 @@ def prepare_files(
     table: Table,
     spark: SparkSession | None,
     registry: Any | None = None,
+    late_copy_digests: Callable[[], dict[tuple[str, int], frozenset[bytes]]] | None = None,
 ) -> Prepared:
-    """Run the tasks; rerun those that met new fields or unknown schema ids once resolved.
+    """Run the tasks; rerun those that met new fields, unknown schema ids or candidates for
+    MM2's late copies once resolved (``late_copy_digests`` reads the source's uncopied records:
+    ``ingestion.late_copies``).
 
     Delivery: a rerun task writes a new file set; the discarded set is deleted at once (it
     was never committed, and the coordinator alone decides to rerun).
@@ -199,12 +206,18 @@ def prepare_files(
             prepared.schema_changes += evolve_schema(table, new_fields, promotions)
             table.refresh()
         table_json = table.metadata.model_dump_json()
+        digests = {}
+        if late_copy_digests is not None and any(results[i].late_copy_candidates for i in rerun):
+            digests = late_copy_digests()
         specs = [
             replace(
                 s,
                 table_metadata_json=table_json,
                 writer_schemas=writers,
                 missing_schema_ids=frozenset(missing),
+                late_copy_digests=digests.get(
+                    (s.range.topic, s.range.partition), s.late_copy_digests
+                ),
             )
             for s in specs
         ]

@@ -24,6 +24,7 @@ record by record; when the evidence does not single out one position the plan is
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion.consumer import iter_range, open_consumer
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failover_align import Alignment, RecordId, align_exact, digest_record
+from ingestion.failover_align import (
+    Alignment,
+    RecordId,
+    align_exact,
+    digest_record,
+    uncopied_records,
+)
 from ingestion.mm2 import OffsetSync, decode_offset_sync
 from ingestion.ranges import OffsetRange
 from ingestion.replica_facts import ReplicaTarget, StampedCheckpoint, newest_checkpoints
@@ -61,6 +68,8 @@ class PartitionPlan:
     skipped: int
     anchor: str
     uncopied: int = 0  # ingested from the source, never copied (MM2 behind; the source down)
+    # Those records as (source offset, timestamp, key digest): ingestion.late_copies
+    uncopied_records: tuple[tuple[int, int, str | None], ...] = ()
 
 
 @dataclass
@@ -236,7 +245,11 @@ def _verified(
     tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next)
     count = sys.maxsize if source_down else len(tail) + 1  # to the end: later copies refuse
     copies, end = replica.read(replica_topic, key[1], after[1] + 1, count)
-    return align_exact([r for _, r in tail], copies, end, where, source_down)
+    aligned = align_exact([r for _, r in tail], copies, end, where, source_down)
+    if aligned.uncopied:
+        uncopied = uncopied_records(tail[len(tail) - aligned.uncopied :])
+        return dataclasses.replace(aligned, uncopied_records=uncopied)
+    return aligned
 
 
 def plan_partition(
@@ -383,7 +396,7 @@ def plan_failover(
         )  # fmt: skip
         plans.append(
             PartitionPlan(key[0], key[1], offsets[key], copy, ids[copy], aligned.start,
-                          aligned.skipped, how, aligned.uncopied)
+                          aligned.skipped, how, aligned.uncopied, aligned.uncopied_records)
         )  # fmt: skip
     return plans
 

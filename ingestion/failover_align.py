@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
 
@@ -67,6 +67,23 @@ def digest_record(value: bytes | None, headers: Sequence[tuple[str, bytes | None
     return digest.digest()
 
 
+def key_digest(key: bytes | None) -> str | None:
+    """A short digest of a record key (None for a null key).
+
+    Example:
+        >>> key_digest(b"k1") == key_digest(b"k1"), key_digest(None)
+        (True, None)
+    """
+    return None if key is None else hashlib.blake2b(key, digest_size=8).hexdigest()
+
+
+def uncopied_records(
+    tail: Sequence[tuple[int, RecordId]],
+) -> tuple[tuple[int, int, str | None], ...]:
+    """The plan's form of the table's uncopied records (source offset, timestamp, key digest)."""
+    return tuple((offset, r.timestamp_ms, key_digest(r.key)) for offset, r in tail)
+
+
 def is_strong(mine: RecordId, theirs: RecordId) -> bool:
     """Both sides carry a value digest (both are Kafka records): a match is byte for byte."""
     return mine.value_digest is not None and theirs.value_digest is not None
@@ -81,6 +98,8 @@ class Alignment:
     start: int
     skipped: int
     uncopied: int = 0
+    # The uncopied records as (source offset, timestamp, key digest): ingestion.late_copies
+    uncopied_records: tuple[tuple[int, int, str | None], ...] = field(default=(), repr=False)
 
 
 def _start_after(

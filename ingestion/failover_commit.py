@@ -30,10 +30,11 @@ from ingestion.actions import ActionCommit, ActionOutcome, commit_action, refuse
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_origin import FAILOVER_PLAN, OriginPlan
 from ingestion.failover import PartitionPlan
+from ingestion.late_copies import read_guard, uncopied_property
 from ingestion.mm2 import replica_topic
 from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state
 from ingestion.replica_facts import ReplicaTarget
-from ingestion.route_state import FAILOVER_ORIGIN, FAILOVER_TOPICS, active_switch
+from ingestion.route_state import FAILOVER_ORIGIN, FAILOVER_TOPICS, PRIMARY, active_switch
 from ingestion.spec import PipelineSpec
 
 if TYPE_CHECKING:
@@ -116,13 +117,16 @@ def apply_failover(
     active_runs: int = 0,
     spec_topics: dict[str, str] | None = None,
     origin: list[OriginPlan] | None = None,
+    source: str = PRIMARY,
 ) -> ActionOutcome:
     """Commit the switch to ``target`` with ``plans``; the table then reads there.
 
     ``spec_topics`` (``{spec topic: topic read on the target}``) is recorded so that later
     runs, checks and a failback know the names (:func:`active_topics`). ``origin`` (a failback
     to the pipeline's own cluster) adds the origin topics at their planned positions, recorded
-    in ``kafka.failover-origin`` (:func:`active_origins`).
+    in ``kafka.failover-origin`` (:func:`active_origins`). The records the table ingested from
+    ``source`` (the cluster left) that the plans found uncopied are recorded in the same
+    transaction, for the runs on the new route (``ingestion.late_copies``).
 
     Raises:
         CommitConflictError: a run is in progress, or the offsets moved since the plan.
@@ -165,6 +169,7 @@ def apply_failover(
                 "failover was planned; plan it again; nothing was changed"
             )
     offsets = {topic: TopicOffsets(topic_ids[topic], p) for topic, p in next_offsets.items()}
+    carried = read_guard(table, group, spec.name)  # MM2's late copies may follow the switch
     properties = props.commit_properties(
         group_id=group,
         offsets=offsets,
@@ -187,6 +192,7 @@ def apply_failover(
         str(table.metadata.table_uuid),
         {group: planned_from},
         properties,
+        table_properties=uncopied_property(group, target.name, source, plans, carried),
     )
     snapshot_id = commit_action(catalog, commit)
     return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], None)

@@ -88,20 +88,22 @@ def plan_sync(
     steps = []
     bound = dict(synced)
     cluster = synced_cluster
-    start = before
+    # Each partition's last committed offset: a partition a commit leaves out (a reset that
+    # dropped a topic, a switch to the replica's copy) and a later one brings back (a failback)
+    # is rewound only below where it was left, not below 0.
+    known = dict(before) if before is not None else dict(bound)
     for commit in newer:
         end = flatten(commit.offsets)
-        origin = start if start is not None else bound
         # A partition absent from the commit's offsets (a reset that dropped a topic) keeps its
         # data rows, so it keeps its dead letters too: no cut. Nor after a cluster switch.
         same = _same_cluster(cluster, commit)
-        cuts = {key: min(origin.get(key, 0), end[key]) for key in bound if key in end and same}
+        cuts = {key: min(known.get(key, 0), end[key]) for key in bound if key in end and same}
         cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
         if commit.files or cuts:
             steps.append(Step(commit, cuts))
             bound = end
             cluster = commit.cluster_id or cluster
-        start = end
+        known.update(end)
     if not newer:  # rolled back (or emptied) past the last reflected commit: truncate to it
         end = flatten(head.offsets) if head else {}
         cuts = {

@@ -16,6 +16,7 @@ from ingestion.deadletter import count_copies, publish_dead_letters, unpublished
 from ingestion.execute import build_task_specs, prepare_files
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.isolate import DecodeStats
+from ingestion.late_copies import LATE_COPIES, late_copies_property, read_guard
 from ingestion.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
 from ingestion.offsets import commit_properties, flatten
 from ingestion.plan import Plan, build_plan
@@ -53,6 +54,7 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     mirror: MirrorOutcome | None = None
     dead_letter_copies: int = 0
+    late_copies: int = 0  # MM2's late copies read and skipped (ingestion.late_copies)
     dead_letter_error: str | None = None
     valid_through_ms: int | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -92,6 +94,7 @@ def run_pipeline(
     io_properties: dict[str, str] | None = None,
     hooks: FailureHooks = NO_HOOKS,
     schema_registry: Any | None = None,
+    cluster_config: Callable[[str], dict[str, Any]] | None = None,
 ) -> RunReport:
     """Ingest what is new in the pipeline's topics into its table, exactly once.
 
@@ -110,6 +113,9 @@ def run_pipeline(
         hooks: failure points for tests.
         schema_registry: a Schema Registry client for Avro values; by default one for the
             spec's ``schema_registry_url``.
+        cluster_config: librdkafka properties of another cluster by name: after a failover
+            with ``--source-lost``, the cluster left, read to tell MM2's late copies
+            (``ingestion.late_copies``); without it such a run refuses.
 
     Delivery: exactly once. A crash before the commit leaves only unreferenced files; the next
     run re-plans the same start offsets. A retried or replayed commit is idempotent. Running
@@ -165,13 +171,17 @@ def run_pipeline(
     writers = {}
     if registry is not None:
         writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
+    guard = read_guard(table, plan.group_id, spec.name) if spec.replicas else None
+    late_ids = {k: u.weak_ids for k, u in guard.partitions.items()} if guard else None
     specs = build_task_specs(
-        spec, plan, table, quarantine, kafka_config, io_properties, hooks, writers
+        spec, plan, table, quarantine, kafka_config, io_properties, hooks, writers, late_ids
     )
     session = _spark_for(spec, plan, spark)
     report.executed_in = "spark" if session is not None else "driver"
-    prepared = prepare_files(specs, table, session, registry)
+    digests = (lambda: guard.digests(cluster_config)) if guard else None
+    prepared = prepare_files(specs, table, session, registry, digests)
     results = prepared.results
+    report.late_copies = sum(len(r.late_copies) for r in results)
     report.schema_changes = prepared.schema_changes
     timings["prepare"] = time.monotonic() - started - timings["plan"]
     data_files = [f for r in results for f in r.data_files]
@@ -201,6 +211,8 @@ def run_pipeline(
         run_duration_ms=int((time.monotonic() - started) * 1000),
         range_starts={k: o for k, o in plan.start.items() if k not in committed_before},
     )
+    if report.late_copies:  # records read and skipped: the audits count them
+        properties[LATE_COPIES] = late_copies_property(results)
     if quarantine is not None:  # the commit names its dead letters' files (ingestion.quarantine)
         properties.update(quarantine_properties(quarantine, quarantine_files))
     if spec.replicas:  # a moved route outlives the expiry of its switch (R49)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion import exceptions
 from ingestion.compaction import MAINTENANCE
 from ingestion.consumer import iter_batches, open_consumer
+from ingestion.late_copies import count_late_copies
 from ingestion.offsets import (
     MIGRATED_FROM,
     OFFSETS_PREFIX,
@@ -159,10 +160,11 @@ def check_count(
     audit.recounted.append(sid)
     audit.offsets_recounted += sum(r.size for r in recount.ranges)
     added = _count(snapshot, "added-records") + int(properties.get(QUARANTINED, "0"))
+    added += count_late_copies(properties)  # read and skipped: ingestion.late_copies
     if added < visible or (recount.exact and added != visible):
         audit.findings.append(
-            f"snapshot {sid} added {added} records (quarantined included) but Kafka holds "
-            f"{visible} visible records in its ranges"
+            f"snapshot {sid} added {added} records (quarantined and late copies included) but "
+            f"Kafka holds {visible} visible records in its ranges"
         )
     elif not recount.exact:
         audit.notes.append(

@@ -62,6 +62,7 @@ def stream_pipeline(
     schema_registry: Any | None = None,
     on_conflict: Callable[[str], None] = lambda message: None,
     sleep: Callable[[float], None] = time.sleep,
+    cluster_config: Callable[[str], dict[str, Any]] | None = None,
 ) -> StreamSummary:
     """Ingest the pipeline continuously: one ``run_pipeline`` every ``interval_s`` seconds.
 
@@ -96,6 +97,7 @@ def stream_pipeline(
                 io_properties=io_properties,
                 hooks=hooks,
                 schema_registry=schema_registry,
+                cluster_config=cluster_config,
             )
         except exceptions.CommitConflictError as exc:  # re-plan at once from the new head
             summary.conflicts += 1

@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ingestion.consumer import iter_batches, open_consumer
 from ingestion.engine_version import check_engine_version
+from ingestion.late_copies import set_aside
 from ingestion.task_chunk import ChunkWriter
 from ingestion.task_spec import RawChunk, TaskResult, TaskSpec
 
@@ -46,7 +47,8 @@ def read_chunks(spec: TaskSpec) -> Generator[RawChunk]:
     finish. Only one chunk is held at a time."""
     rng = spec.range
     where = f"pipeline {spec.pipeline!r}, {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})"
-    raw = RawChunk(headers=[] if spec.headers else None)
+    headers = spec.headers or bool(spec.late_copy_ids)  # a late copy's identity has them
+    raw = RawChunk(headers=[] if headers else None)
     with open_consumer(spec.kafka_config, f"{spec.pipeline}-reader") as consumer:
         for batch in iter_batches(consumer, rng, spec.read_timeout_s, where):
             while batch:
@@ -55,9 +57,20 @@ def read_chunks(spec: TaskSpec) -> Generator[RawChunk]:
                 batch = [] if len(batch) <= room else batch[room:]
                 if len(raw.offsets) >= CHUNK_RECORDS or raw.value_bytes >= CHUNK_BYTES:
                     yield raw
-                    raw = RawChunk(headers=[] if spec.headers else None)
+                    raw = RawChunk(headers=[] if headers else None)
     if raw.offsets:
         yield raw
+
+
+def _set_aside_late_copies(spec: TaskSpec, raw: RawChunk, state: ChunkWriter) -> RawChunk:
+    """``raw`` without MM2's late copies (counted) or, before the source was read, without the
+    candidates (then nothing of this attempt is reported: the coordinator reruns it)."""
+    raw, taken = set_aside(raw, spec.late_copy_ids, spec.late_copy_digests, spec.headers)
+    state.result.late_copy_candidates += taken.candidates
+    state.result.late_copies += taken.skipped
+    if taken.candidates and state.writing:
+        state.abort()
+    return raw
 
 
 def run_task(spec: TaskSpec) -> TaskResult:
@@ -86,7 +99,10 @@ def run_task(spec: TaskSpec) -> TaskResult:
     chunks = read_chunks(spec)
     try:
         for raw in chunks:
-            state.add_chunk(raw)
+            if spec.late_copy_ids:  # MM2's late copies: ingestion.late_copies
+                raw = _set_aside_late_copies(spec, raw, state)
+            if raw.offsets:
+                state.add_chunk(raw)
         result = state.finish()
     except BaseException:
         state.abort()

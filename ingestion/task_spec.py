@@ -42,6 +42,10 @@ class TaskSpec:
     headers: bool = False
     hooks: FailureHooks = NO_HOOKS
     engine_version: str = ""  # the driver's ingestion.engine_version.engine_fingerprint()
+    # MM2's late copies (ingestion.late_copies): the (timestamp, key digest) pairs of the
+    # partition's uncopied records, and once read on the source their byte-for-byte identities.
+    late_copy_ids: frozenset[tuple[int, str | None]] = frozenset()
+    late_copy_digests: frozenset[bytes] | None = None
 
 
 @dataclass
@@ -60,11 +64,17 @@ class TaskResult:
     max_timestamp_ms: int | None = None
     decode_stats: DecodeStats = field(default_factory=DecodeStats)
     """How the task's values were decoded (bulk, alone, screened): the fast path's counters."""
+    late_copy_candidates: int = 0  # records that may be MM2's late copies: verify, then rerun
+    late_copies: list[int] = field(default_factory=list)  # offsets skipped as late copies
 
     @property
     def needs_rerun(self) -> bool:
-        """The coordinator must change the schema or fetch writer schemas, then rerun."""
-        return bool(self.new_fields or self.promotions or self.unknown_schema_ids)
+        """The coordinator must change the schema, fetch writer schemas or read the source's
+        uncopied records, then rerun."""
+        return bool(
+            self.new_fields or self.promotions or self.unknown_schema_ids
+            or self.late_copy_candidates
+        )  # fmt: skip
 
 
 @dataclass

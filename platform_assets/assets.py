@@ -175,6 +175,7 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
                     if spec.value_format == "avro"
                     else None
                 ),
+                cluster_config=lambda name: kafka.for_cluster(name).client_config(),
             )
             for note in report.notes:
                 context.log.warning(note)

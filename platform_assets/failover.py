@@ -232,6 +232,7 @@ def failover_pipeline(
         active_runs,
         spec_topics={originals[t]: copy for t, copy in names.items()},
         origin=origin,
+        source=route.cluster,
     )
     table = catalog.load_table(spec.table)
     mirrored = mirror_table_offsets(goal.kafka.get_admin_client(), table, spec.consumer_group_id)

@@ -183,6 +183,7 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
             on_conflict=lambda message: context.log.warning(
                 f"re-planning after a concurrent commit: {message}"
             ),
+            cluster_config=lambda name: kafka.for_cluster(name).client_config(),
         )
         context.log.info(
             f"stream of {spec.name!r} stopped ({summary.stopped_because}) after "

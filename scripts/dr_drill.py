@@ -157,8 +157,9 @@ def ingest(drill: Drill) -> None:
             route = active_route(drill.spec, drill.kafka, drill.iceberg)
             source = route.kafka
             report = run_pipeline(
-                route.spec, source.client_config(), catalog, None, source.get_cluster_id()
-            )
+                route.spec, source.client_config(), catalog, None, source.get_cluster_id(),
+                cluster_config=lambda name: drill.kafka.for_cluster(name).client_config(),
+            )  # fmt: skip
             outcome = f"committed on {route.cluster}" if report.committed else "empty"
         except Exception as exc:  # the primary is stopped; a switch won the race
             outcome = type(exc).__name__

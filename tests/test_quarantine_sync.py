@@ -88,6 +88,22 @@ def commit(
             [("reset-drops-p1", {P0: 4})],
             id="partition-a-reset-drops-keeps-its-dead-letters",
         ),
+        pytest.param(
+            {P0: 10, P1: 8},
+            [commit(5, "drops-p1", 12), commit(6, "brings-p1-back", 14, 8)],
+            {P0: 10, P1: 8},
+            None,
+            [],
+            id="partition-dropped-then-brought-back-where-it-was-keeps-its-dead-letters",
+        ),
+        pytest.param(
+            {P0: 10, P1: 8},
+            [commit(5, "drops-p1", 12), commit(6, "brings-p1-back-lower", 14, 3)],
+            {P0: 10, P1: 8},
+            None,
+            [("brings-p1-back-lower", {P1: 3})],
+            id="partition-brought-back-below-where-it-was-is-a-rewind",
+        ),
     ],
 )
 def test_plan_sync(

@@ -78,8 +78,13 @@ class MirrorStandIn:
         checkpoints = NewTopic(
             self.checkpoints_topic, self.checkpoints_partitions, 1, config=self.checkpoints_config
         )
-        for future in target.create_topics([*copies, checkpoints]).values():
-            future.result(timeout=10)
+        for name, future in target.create_topics([*copies, checkpoints]).items():
+            try:
+                future.result(timeout=10)
+            except KafkaException as exc:  # one checkpoints topic per source: shared by flows
+                shared = name == self.checkpoints_topic
+                if not shared or exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
         syncs = NewTopic(self.syncs_topic, 1, 1, config={"cleanup.policy": "compact"})
         for future in source.create_topics([syncs]).values():
             try:

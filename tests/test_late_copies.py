@@ -1,0 +1,246 @@
+"""MM2's late copies after a ``--source-lost`` failover are read and skipped, never landed twice.
+
+R54: the table ingested records from the primary that MirrorMaker 2 had not copied when the
+primary died; the operator failed over with ``--source-lost``. When the primary comes back, MM2's
+forward flow resumes and copies them to dr, after what producers wrote there meanwhile. The
+ingestion asset reads them, recognises each byte for byte, and skips it; while the primary does
+not answer, such a run refuses and commits nothing. Real brokers (two), a real catalog, the
+Dagster asset and the platform CLI; the oracle by each record's key, and both audits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ingestion.exceptions import LateCopyUnverifiedError
+from ingestion.failover_align import digest_record, key_digest
+from ingestion.late_copies import (
+    LATE_COPIES,
+    UNCOPIED_PREFIX,
+    read_guard,
+    set_aside,
+    strong_id,
+)
+from ingestion.run import run_pipeline
+from ingestion.task_spec import RawChunk
+from platform_assets.checks import audit_finding
+from platform_assets.cli import main
+from platform_assets.route import active_route
+from resources.embedded import EmbeddedBroker
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from resources.spark import SparkResource
+from tests.support.failover_stream import oracle, produce
+from tests.support.mm2_standin import MirrorStandIn
+from tests.support.pipelines import make_spec
+from tests.test_failback import ingest, write_config
+
+NAME = "dr_late"
+
+
+def chunk(*records: tuple[int, bytes | None, bytes]) -> RawChunk:
+    """A chunk of (timestamp, key, value) records at offsets 10, 11, ..."""
+    raw = RawChunk(headers=[])
+    for i, (stamp, key, value) in enumerate(records):
+        raw.offsets.append(10 + i)
+        raw.timestamps.append(stamp)
+        raw.keys.append(key)
+        raw.values.append(value)
+        assert raw.headers is not None
+        raw.headers.append(None)
+    return raw
+
+
+ORIGINAL = (5, b"k1", b"v1")  # a record the table ingested from the source, never copied
+WEAK = frozenset({(5, key_digest(b"k1"))})
+STRONG = frozenset({strong_id(5, b"k1", digest_record(b"v1", None))})
+
+
+@pytest.mark.parametrize(
+    ("records", "strong", "kept", "candidates", "skipped"),
+    [
+        ([ORIGINAL, (6, b"k2", b"v2")], None, [11], 1, []),  # not yet verified: set aside
+        ([ORIGINAL, (6, b"k2", b"v2")], STRONG, [11], 0, [10]),  # the late copy: skipped
+        ([(5, b"k1", b"other"), (5, b"k2", b"v1")], STRONG, [10, 11], 0, []),  # not a copy
+        ([(6, b"k1", b"v1"), (5, None, b"v1")], None, [10, 11], 0, []),  # no candidate
+        ([ORIGINAL, ORIGINAL], STRONG, [], 0, [10, 11]),  # MM2 copied it twice (at least once)
+    ],
+    ids=["candidate", "late-copy", "same-stamp-and-key-other-value", "none", "twice"],
+)
+def test_set_aside_skips_only_byte_for_byte_copies(
+    records: list[tuple[int, bytes | None, bytes]],
+    strong: frozenset[bytes] | None,
+    kept: list[int],
+    candidates: int,
+    skipped: list[int],
+) -> None:
+    out, taken = set_aside(chunk(*records), WEAK, strong, keep_headers=False)
+    assert (out.offsets, taken.candidates, taken.skipped) == (kept, candidates, skipped)
+    assert out.headers is None  # the pipeline does not store headers: read for identity only
+    assert len(out.keys) == len(out.values) == len(out.timestamps) == len(kept)
+
+
+@pytest.mark.integration
+def test_late_copies_after_a_source_lost_failover_land_once(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    spark_resource: SparkResource,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    source, replica = dr_clusters
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic("orders", 3, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        "orders", NAME, errors_tolerance="all", in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": "primary"}],
+    )  # fmt: skip
+    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
+    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
+    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    resources = {"kafka": kafka, "iceberg": iceberg, "spark": spark_resource}
+    catalog = iceberg.load_catalog()
+
+    produce(source.bootstrap_servers, "orders", 0, 100)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, ["orders"],
+        [spec.consumer_group_id], sync_every=9, transactional=True,
+    ).setup()  # fmt: skip
+    ingest(spec, resources)
+    forward.step()  # all 100 copied; the checkpoint is at the table's offsets
+    produce(source.bootstrap_servers, "orders", 100, 20)  # the RPO tail: never copied...
+    ingest(spec, resources)  # ...but ingested
+    os.kill(source.pid or 0, signal.SIGSTOP)  # the disaster
+    try:
+        assert main(["failover", NAME, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        assert "20 record(s) MirrorMaker 2 had not copied" in capsys.readouterr().out
+        table = catalog.load_table(spec.table)
+        recorded = orjson.loads(table.properties[UNCOPIED_PREFIX + spec.consumer_group_id])
+        assert recorded["to"] == "dr"
+        assert {p["from"] for p in recorded["partitions"]} == {"primary"}
+        assert sorted(len(p["records"]) for p in recorded["partitions"]) == [10, 10]
+        produce(replica.bootstrap_servers, "primary.orders", 120, 20)  # producers moved to dr
+        ingest(spec, resources)
+        oracle(catalog, spec, 140)
+    finally:
+        os.kill(source.pid or 0, signal.SIGCONT)  # the primary is back...
+
+    forward.replicate()  # ...and MM2's forward flow copies the tail to dr, after k120..k139
+    produce(replica.bootstrap_servers, "primary.orders", 140, 10)
+    route = active_route(spec, kafka, iceberg)
+    head = catalog.load_table(spec.table).current_snapshot()
+    with pytest.raises(LateCopyUnverifiedError, match="'primary' does not answer"):
+        # A run that cannot read the primary cannot tell a late copy from a record that shares
+        # its timestamp and key: it refuses, nothing committed.
+        run_pipeline(
+            route.spec, route.kafka.client_config(), catalog, None, route.kafka.get_cluster_id()
+        )
+    assert catalog.load_table(spec.table).current_snapshot() == head
+    guard = read_guard(catalog.load_table(spec.table), spec.consumer_group_id, NAME)
+    assert guard is not None
+    assert {u.source for u in guard.partitions.values()} == {"primary"}
+
+    ingest(spec, resources)  # the Dagster asset reads the primary: the 20 copies are skipped
+    oracle(catalog, spec, 150)
+    skipping = catalog.load_table(spec.table).current_snapshot()
+    assert skipping is not None
+    assert skipping.summary is not None
+    skipped = orjson.loads(skipping.summary.additional_properties[LATE_COPIES])
+    assert sorted(skipped) == ["primary.orders:0", "primary.orders:1"]
+    assert sum(len(offsets) for offsets in skipped.values()) == 20
+    produce(replica.bootstrap_servers, "primary.orders", 150, 10)
+    ingest(spec, resources)  # later runs read past them; nothing refers to the primary
+    oracle(catalog, spec, 160)
+    audit = audit_finding(spec, iceberg, kafka)  # each commit recounted on dr: skips counted
+    assert audit.passed, audit.message
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message
+
+
+@pytest.mark.integration
+def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback(
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    spark_resource: SparkResource,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The primary is back before the route read MM2's late copies on dr; a reverse flow copies
+    dr back, late copies included, and the operator fails back: the guard follows the switch to
+    the reverse copy, and they are skipped there."""
+    source, replica = dr_clusters
+    name, topic, copy = "dr_late_back", "payments", "primary.payments"
+    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(topic, 3, 1)]).values():
+        future.result(10)
+    spec = make_spec(
+        topic, name, errors_tolerance="all", in_process_max_records=10_000,
+        replicas=[{"name": "dr", "source_alias": "primary"}],
+    )  # fmt: skip
+    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
+    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
+    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
+    kafka = KafkaResource(
+        bootstrap_servers=source.bootstrap_servers,
+        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
+    )
+    resources = {"kafka": kafka, "iceberg": iceberg, "spark": spark_resource}
+    catalog = iceberg.load_catalog()
+    group = spec.consumer_group_id
+
+    produce(source.bootstrap_servers, topic, 0, 60)
+    forward = MirrorStandIn(
+        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], sync_every=9,
+        transactional=True,
+    ).setup()  # fmt: skip
+    ingest(spec, resources)
+    forward.step()
+    produce(source.bootstrap_servers, topic, 60, 20)  # ingested, never copied
+    ingest(spec, resources)
+    os.kill(source.pid or 0, signal.SIGSTOP)
+    try:
+        assert main(["failover", name, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        produce(replica.bootstrap_servers, copy, 80, 20)
+        ingest(spec, resources)
+        oracle(catalog, spec, 100)
+    finally:
+        os.kill(source.pid or 0, signal.SIGCONT)
+    forward.replicate()  # the late copies reach dr; the route has not read them yet
+    forward_syncs_stopped = capsys.readouterr()  # (drop the CLI output so far)
+    del forward_syncs_stopped
+    reverse = MirrorStandIn(
+        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
+        source_alias="dr", target_alias="primary", identity=True, sync_every=7,
+        transactional=True,
+    ).setup()  # fmt: skip
+    reverse.step()  # dr's primary.payments, late copies included, back on the primary
+    assert main(["failover", name, "--to", "primary", "--reason", "primary is back"]) == 0
+    route = active_route(spec, kafka, iceberg)
+    assert route.cluster == "primary"
+    guard = read_guard(catalog.load_table(spec.table), group, name)
+    assert guard is not None
+    assert sorted(guard.partitions) == [(copy, 0), (copy, 1)]  # the reverse copy's names
+    ingest(spec, resources)  # reads the reverse copy: the 20 late copies skipped
+    oracle(catalog, spec, 100)
+    produce(source.bootstrap_servers, topic, 100, 10)  # producers back on the primary
+    ingest(spec, resources)
+    oracle(catalog, spec, 110)
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message
