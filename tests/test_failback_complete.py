@@ -21,7 +21,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField
 
 from ingestion.exceptions import CommitConflictError, FailoverRefusedError
-from ingestion.failback_complete import TopicEnds, apply_completion, plan_completion
+from ingestion.failback_complete import apply_completion, plan_completion
 from ingestion.hooks import FailureHooks
 from ingestion.offsets import (
     CLUSTER_ID,
@@ -48,6 +48,7 @@ from ingestion.route_state import (
 )
 from ingestion.spec import PipelineSpec, parse_pipeline_spec
 from ingestion.stream import stream_pipeline
+from ingestion.topics import TopicEnds
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.cli_actions import parse_position
