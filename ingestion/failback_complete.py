@@ -32,31 +32,23 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ingestion import exceptions
 from ingestion import offsets as props
 from ingestion.actions import ActionCommit, commit_action, refuse_active_runs
-from ingestion.consumer import consumer_config
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.offsets import OffsetMap, decode_positions, encode_positions, find_committed_state
 from ingestion.ranges import Key
 from ingestion.route_state import DROPPED_PREFIX, PRIMARY, ROUTE_ENDED, active_switch
 from ingestion.spec import PipelineSpec
+from ingestion.topics import TopicEnds
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
 MAX_PLANS = 5  # plans in a row a completion may lose to other commits (a stream) before giving up
-
-
-@dataclass(frozen=True)
-class TopicEnds:
-    """A topic on the primary now: its id and, per partition, (log start, end offset)."""
-
-    topic_id: str
-    ends: dict[int, tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -172,41 +164,6 @@ def plan_completion(
     drained = check_drained(name, committed.offsets, copies, read_ends(copies))
     kept = {topic: committed.offsets[topic] for topic in spec.source_topics}
     return Completion(committed.offsets, kept, drained, cluster_id)
-
-
-def read_topic_ends(
-    kafka_config: dict[str, Any], topics: list[str], timeout_s: float = 30.0
-) -> dict[str, TopicEnds | None]:
-    """Each topic's id and partitions' (log start, high watermark) on a cluster, None when it
-    does not exist. The high watermark counts open transactions (read_uncommitted): records
-    MM2 is still writing are not drained. Never creates a topic (describe, not metadata)."""
-    from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    if not topics:
-        return {}
-    admin = AdminClient(dict(kafka_config))
-    found: dict[str, TopicEnds | None] = {}
-    config = consumer_config(kafka_config, "failback-complete")
-    consumer = Consumer({**config, "isolation.level": "read_uncommitted"})
-    try:
-        for topic, future in admin.describe_topics(TopicCollection(topics)).items():
-            try:
-                described = future.result(timeout_s)
-            except KafkaException as exc:
-                if exc.args[0].name() == "UNKNOWN_TOPIC_OR_PART":
-                    found[topic] = None
-                    continue
-                raise
-            ends = {}
-            for part in described.partitions:
-                tp = TopicPartition(topic, part.id)
-                low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
-                ends[part.id] = (int(low), int(high))
-            found[topic] = TopicEnds(str(described.topic_id), ends)
-    finally:
-        consumer.close()
-    return found
 
 
 def apply_completion(

@@ -15,6 +15,7 @@ from ingestion.mm2 import Checkpoint, ReplicationPolicy, checkpoints_topic, deco
 from ingestion.mm2 import replica_topic as copy_name
 from ingestion.ranges import OffsetRange
 from ingestion.replica_check import ReplicaFacts
+from ingestion.topics import read_topic_ends
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -153,20 +154,11 @@ def count_records(
 ) -> dict[str, int]:
     """Per topic of ``topics`` that exists on the cluster and holds records, how many offsets it
     spans (high - low watermark, summed over partitions; markers count: an estimate)."""
-    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
 
-    counts: dict[str, int] = {}
-    with open_consumer(kafka_config, "local-topic-reader") as consumer:
-        listed = consumer.list_topics(timeout=timeout_s).topics  # never auto-create
-        for topic in topics:
-            metadata = listed.get(topic)
-            if metadata is None or metadata.error is not None:
-                continue
-            spans = [
-                consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-                for p in sorted(metadata.partitions)
-            ]
-            total = sum(high - low for low, high in spans)
-            if total > 0:
-                counts[topic] = total
-    return counts
+    # Topics in error in the cluster's metadata (not ready, not authorised) are passed over.
+    listed = AdminClient(dict(kafka_config)).list_topics(timeout=timeout_s).topics
+    present = [t for t in topics if t in listed and listed[t].error is None]
+    found = read_topic_ends(kafka_config, present, timeout_s, open_transactions=False)
+    spans = {topic: ends.record_span for topic in present if (ends := found.get(topic))}
+    return {topic: span for topic, span in spans.items() if span > 0}

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ingestion.consumer import consumer_config
 from ingestion.exceptions import TopicNotFoundError
 from ingestion.ranges import Key
 
@@ -46,6 +47,77 @@ class TopicState:
     def record_span(self) -> int:
         """Sum over partitions of end - log start (an upper bound on records held)."""
         return sum(p.end_offset - p.log_start_offset for p in self.partitions)
+
+
+@dataclass(frozen=True)
+class TopicEnds:
+    """A topic on a cluster now: its id and, per partition, (log start, end offset)."""
+
+    topic_id: str
+    ends: dict[int, tuple[int, int]]
+
+    @property
+    def record_span(self) -> int:
+        """Sum over partitions of end - log start (transaction markers count: an upper bound
+        on the records held).
+
+        Example:
+            >>> TopicEnds("id", {0: (3, 10), 1: (0, 0)}).record_span
+            7
+        """
+        return sum(high - low for low, high in self.ends.values())
+
+
+def read_topic_ends(
+    kafka_config: dict[str, Any],
+    topics: list[str],
+    timeout_s: float = 30.0,
+    *,
+    open_transactions: bool,
+) -> dict[str, TopicEnds | None]:
+    """Each topic's id and partitions' (log start, end offset) on a cluster, None when it does
+    not exist. Reads only: never creates a topic (describe, not metadata), joins no group.
+
+    Args:
+        kafka_config: The cluster's client settings.
+        topics: The topics to read.
+        timeout_s: Per request.
+        open_transactions: True: the end is the high watermark, records of open transactions
+            counted (``read_uncommitted``: records MM2 is still writing are not drained);
+            False: the last stable offset (``read_committed``, the engine's reads).
+
+    Raises:
+        KafkaException: a topic could not be described for another reason than not existing.
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    if not topics:
+        return {}
+    admin = AdminClient(dict(kafka_config))
+    found: dict[str, TopicEnds | None] = {}
+    config = consumer_config(kafka_config, "topic-ends-reader")
+    if open_transactions:
+        config["isolation.level"] = "read_uncommitted"
+    consumer = Consumer(config)
+    try:
+        for topic, future in admin.describe_topics(TopicCollection(topics)).items():
+            try:
+                described = future.result(timeout_s)
+            except KafkaException as exc:
+                if exc.args[0].name() == "UNKNOWN_TOPIC_OR_PART":
+                    found[topic] = None
+                    continue
+                raise
+            ends = {}
+            for part in described.partitions:
+                tp = TopicPartition(topic, part.id)
+                low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+                ends[part.id] = (int(low), int(high))
+            found[topic] = TopicEnds(str(described.topic_id), ends)
+    finally:
+        consumer.close()
+    return found
 
 
 def list_matching_topics(admin: AdminClient, pattern: str, timeout_s: float = 10.0) -> list[str]:

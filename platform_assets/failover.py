@@ -18,12 +18,7 @@ from dataclasses import dataclass
 
 from ingestion.actions import mirror_after
 from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
-from ingestion.failback_complete import (
-    TopicEnds,
-    apply_completion,
-    plan_completion,
-    read_topic_ends,
-)
+from ingestion.failback_complete import apply_completion, plan_completion
 from ingestion.failback_copies import recheck_copies
 from ingestion.failback_origin import OriginPlan, find_switch
 from ingestion.failback_replica import check_replica_copied
@@ -41,6 +36,7 @@ from ingestion.offsets import find_committed_state, flatten
 from ingestion.replica_facts import ReplicaTarget, count_records, read_checkpoints
 from ingestion.replica_spec import ReplicaSpec
 from ingestion.spec import PipelineSpec
+from ingestion.topics import TopicEnds, read_topic_ends
 from platform_assets.failback import (
     REPLICA_TIMEOUT_S,
     describe_origin,
@@ -266,7 +262,7 @@ def complete_failback(
     primary = kafka.client_config()
 
     def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
-        return read_topic_ends(primary, topics)
+        return read_topic_ends(primary, topics, open_transactions=True)
 
     cluster_id = kafka.get_cluster_id()
     table = catalog.load_table(spec.table)

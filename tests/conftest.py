@@ -12,7 +12,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +24,9 @@ from resources.spark import SparkResource
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
 from tests.support.webhook import WebhookReceiver, webhook_receiver
+
+if TYPE_CHECKING:
+    from tests.support.failback_stack import StackFactory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,6 +62,17 @@ def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
             if running.pid:
                 os.kill(running.pid, signal.SIGCONT)
         gc.collect()
+
+
+@pytest.fixture
+def failback_stack(
+    dr_clusters: tuple[EmbeddedBroker, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> StackFactory:
+    """Builds a pipeline with replica 'dr' on the module's cluster pair, its resources and the
+    forward MM2 stand-in (tests/support/failback_stack.py)."""
+    from tests.support.failback_stack import failback_factory
+
+    return failback_factory(dr_clusters, tmp_path, monkeypatch)
 
 
 @pytest.fixture(scope="session")

@@ -16,61 +16,34 @@ import os
 import re
 import shlex
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-import yaml
-from confluent_kafka import ConsumerGroupTopicPartitions, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetSelection, DagsterInstance
-from pyiceberg.table import Table
 
 from ingestion.exceptions import FailoverRefusedError, OperationRefusedError
-from ingestion.maintenance import expire_snapshots
 from ingestion.offsets import RESET_BY, RESET_REASON
 from ingestion.route_state import FAILOVER_ORIGIN
-from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.cli_actions import parse_position
-from platform_assets.failover import failover_pipeline
 from platform_assets.operations import reset_offsets
 from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.replica_checks import replica_finding
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
-from resources.embedded import EmbeddedBroker
-from resources.iceberg import IcebergCatalogResource
-from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.dagster_runs import materialize_pipeline
+from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
 from tests.support.failover_stream import oracle, produce
-from tests.support.mm2_standin import MirrorStandIn
-from tests.support.pipelines import make_spec, records
 
 pytestmark = pytest.mark.integration
 NAME = "dr_wired"
-
-
-def write_config(tmp_path: Path, source: str, replica: str, spec: PipelineSpec) -> Path:
-    """The platform configuration with replica 'dr', and the pipelines file it names."""
-    pipelines = tmp_path / "pipelines.yaml"
-    raw = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    pipelines.write_text(yaml.safe_dump({"pipelines": [raw]}))
-    config = tmp_path / "platform.yaml"
-    document = {
-        "kafka": {"bootstrap_servers": source},
-        "catalog": {"state_dir": str(tmp_path / "state")},
-        "replicas": {"dr": {"bootstrap_servers": replica}},
-        "pipelines_file": str(pipelines),
-    }
-    config.write_text(yaml.safe_dump(document))
-    return config
 
 
 def readme_failover_commands() -> list[list[str]]:
@@ -94,39 +67,19 @@ def ingest(spec: PipelineSpec, resources: dict[str, Any], cap: int | None = None
 
 
 def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    failback_stack: StackFactory,
     spark_resource: SparkResource,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    source, replica = dr_clusters
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic("orders", 3, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        "orders", NAME, errors_tolerance="all", max_records_per_run=70,
-        in_process_max_records=10_000, replicas=[{"name": "dr", "source_alias": "primary"}],
-    )  # fmt: skip
-    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
-    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
-    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    resources = {"kafka": kafka, "iceberg": iceberg, "spark": spark_resource}
-    catalog = iceberg.load_catalog()
-    group = spec.consumer_group_id
-
     # On the primary, mirrored by MM2 (transactional copies: replica offsets drift).
+    stack = failback_stack(
+        "orders", NAME, partitions=3, config=True, forward={"sync_every": 9, "transactional": True},
+        errors_tolerance="all", max_records_per_run=70,
+    )  # fmt: skip
+    source, replica, forward = stack.source, stack.replica, stack.forward
+    spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
+    resources = {**stack.resources, "spark": spark_resource}
     produce(source.bootstrap_servers, "orders", 0, 100)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, ["orders"], [group],
-        sync_every=9, transactional=True,
-    ).setup()  # fmt: skip
     ingest(spec, resources)  # 70 of 100
     forward.step()  # all copied; the checkpoint says the group is at the table's 70
     produce(source.bootstrap_servers, "orders", 100, 30)
@@ -185,11 +138,8 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
         future.result(10)
     produce(replica.bootstrap_servers, "primary.orders", 140, 20)
     ingest(spec, resources, cap=10)  # 140 of 150 on the replica (k130..k139 are on the primary)
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, ["primary.orders"], [group],
-        source_alias="dr", target_alias="primary", identity=True, sync_every=7,
-        transactional=True,
-    ).setup()  # fmt: skip
+    # Source alias "dr" (the replica's failback alias), target alias "primary".
+    reverse = stack.start_reverse(sync_every=7, transactional=True)
     reverse.step()
     ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert ready.passed, ready.message
@@ -288,135 +238,64 @@ def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> No
     refuse_ambiguous_rewind(NAME, {("primary.orders", 1): (79, 70)}, one)
 
 
-def expire_all(table: Table, group: str) -> int:
-    """Expire every snapshot expiry may remove (all older than now); how many it removed."""
-    time.sleep(0.01)
-    expired, _ = expire_snapshots(table, int(time.time() * 1000), {group})
-    return expired
-
-
-def send(bootstrap: str, topic: str, numbers: list[int], stamp_ms: int) -> None:
-    """Records ``k<n>`` on partition ``n % 2``, stamped ``stamp_ms + n`` (CreateTime)."""
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for number in numbers:
-        ((key, value, _),) = records(1, first=number)
-        producer.produce(topic, value=value, key=key, partition=number % 2,
-                         timestamp=stamp_ms + number)  # fmt: skip
-        producer.flush(10)
-
-
 def test_a_failback_whose_copies_contradict_the_origin_is_refused_nothing_changed(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], tmp_path: Path
+    failback_stack: StackFactory,
 ) -> None:
     """The primary wrote k20 and k22 but MM2 copied neither; a producer then re-sent k22 (same
     timestamp and key) to the replica, not k20. The table ingested a copy of an origin record
     after one it never saw: where the unreplicated tail starts cannot be told. The failback is
     refused, naming the pipeline, the partition and the offsets; the table, the route and the
     Kafka group are unchanged."""
-    source, replica = dr_clusters
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic("payments", 2, 1)]).values():
-        future.result(10)
     name = "dr_refused"
-    spec = make_spec(
-        "payments", name, in_process_max_records=10_000,
-        replicas=[{"name": "dr", "source_alias": "west", "failback_source_alias": "back"}],
-    )  # fmt: skip
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
-
-    def ingest_route() -> None:
-        route = active_route(spec, kafka, iceberg)
-        cluster = route.kafka.get_cluster_id()
-        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
-
-    send(source.bootstrap_servers, "payments", list(range(20)), stamp)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, ["payments"], [group],
-        source_alias="west",
-    ).setup()  # fmt: skip
-    ingest_route()
-    forward.step()  # all 20 copied and checkpointed
-    send(source.bootstrap_servers, "payments", [20, 21, 22, 23], stamp)  # never copied
-    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    aliases = {"source_alias": "west", "failback_source_alias": "back"}
+    stack = failback_stack("payments", name, replica=aliases)
+    source, group = stack.source.bootstrap_servers, stack.group
+    send(source, "payments", list(range(20)), STAMP)
+    stack.ingest_route()
+    stack.forward.step()  # all 20 copied and checkpointed
+    send(source, "payments", [20, 21, 22, 23], STAMP)  # never copied
+    stack.fail_over()
     # A retry of k22, and records of the replica's producers on both partitions.
-    send(replica.bootstrap_servers, "west.payments", [22, 30, 31], stamp)
-    ingest_route()
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, ["west.payments"], [group],
-        source_alias="back", target_alias="primary", identity=True,
-    ).setup()  # fmt: skip
-    reverse.step()
-    before = catalog.load_table(spec.table).current_snapshot()
-    group_before = group_offsets(source.bootstrap_servers, group)
+    send(stack.replica.bootstrap_servers, "west.payments", [22, 30, 31], STAMP)
+    stack.ingest_route()
+    stack.start_reverse(target_alias="primary").step()
+    before = stack.head()
+    group_before = group_offsets(source, group)
 
     with pytest.raises(FailoverRefusedError) as refused:
-        failover_pipeline(
-            spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
-        )
+        stack.fail_back()
     message = str(refused.value)
     assert f"pipeline {name!r}: failback of origin payments[0] (offset 10)" in message
     assert "origin offset 11 has a copy on the replica" in message
     assert "although origin offset 10 before it has none" in message
     assert "Nothing was changed" in message
-    assert catalog.load_table(spec.table).current_snapshot() == before
-    assert active_route(spec, kafka, iceberg).cluster == "dr"
-    assert group_offsets(source.bootstrap_servers, group) == group_before
-
-
-def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
-    """The Kafka group's committed offsets on one cluster."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
-    listed = future.result(10).topic_partitions or []
-    return {(tp.topic, tp.partition): tp.offset for tp in listed}
+    assert stack.head() == before
+    assert active_route(stack.spec, stack.kafka, stack.iceberg).cluster == "dr"
+    assert group_offsets(source, group) == group_before
 
 
 @pytest.mark.parametrize("with_syncs", [True, False], ids=["offset-syncs", "checkpoints-only"])
 def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], tmp_path: Path, with_syncs: bool
+    failback_stack: StackFactory, with_syncs: bool
 ) -> None:
     """Partition 1 got nothing on the replica after the failover, so MM2's anchor on the way
     back is a copy of a record the table read on the primary, under the origin's name: the
     failback aligns through the origin instead of refusing. The tail the primary never copied
     (k20..k23) and what producers write there after the failback land once."""
-    source, replica = dr_clusters
     n = int(with_syncs)
-    topic, alias, name = f"refunds{n}", f"east{n}", f"dr_quiet{n}"
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        topic, name, in_process_max_records=10_000,
-        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": f"home{n}"}],
-    )  # fmt: skip
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
-
-    def ingest_route() -> None:
-        route = active_route(spec, kafka, iceberg)
-        cluster = route.kafka.get_cluster_id()
-        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
-
-    send(source.bootstrap_servers, topic, list(range(20)), stamp)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
-    ).setup()
+    topic, alias = f"refunds{n}", f"east{n}"
+    aliases = {"source_alias": alias, "failback_source_alias": f"home{n}"}
+    stack = failback_stack(topic, f"dr_quiet{n}", replica=aliases)
+    spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
+    source, group, ingest_route = stack.source.bootstrap_servers, stack.group, stack.ingest_route
+    send(source, topic, list(range(20)), STAMP)
     ingest_route()
-    forward.step()
-    send(source.bootstrap_servers, topic, [20, 21, 22, 23], stamp)  # never copied
-    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
-    send(replica.bootstrap_servers, f"{alias}.{topic}", [30], stamp)  # partition 0 only
+    stack.forward.step()
+    send(source, topic, [20, 21, 22, 23], STAMP)  # never copied
+    stack.fail_over()
+    send(stack.replica.bootstrap_servers, f"{alias}.{topic}", [30], STAMP)  # partition 0 only
     ingest_route()
-    send(replica.bootstrap_servers, f"{alias}.{topic}", [32], stamp)  # partition 0 only
+    send(stack.replica.bootstrap_servers, f"{alias}.{topic}", [32], STAMP)  # partition 0 only
     ingest_route()
     # Expiry on a replica removes the history between the switch and the head, keeping the
     # switch and the snapshot whose offsets it replaced (the failback reads both by id) and
@@ -426,39 +305,30 @@ def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
     # The reverse flow's offset syncs live on the replica, named after the forward alias when
     # MM2 calls the primary that (the failback reads them there).
     syncs_alias = alias if with_syncs else f"nowhere{n}"
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, [f"{alias}.{topic}"], [group],
-        source_alias=f"home{n}", target_alias=syncs_alias, identity=True,
-    ).setup()  # fmt: skip
-    reverse.step()
+    stack.start_reverse(target_alias=syncs_alias).step()  # source alias f"home{n}"
 
-    lines = failover_pipeline(
-        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
-    )
+    lines = stack.fail_back()
     quiet = next(line for line in lines if line.startswith(f"{alias}.{topic}[1] "))
     assert "read before the failover" in quiet, lines
     assert "from 10 (9 copies already ingested" in quiet, lines
     route = active_route(spec, kafka, iceberg)
     assert (route.cluster, route.spec.source_topics) == ("primary", [f"{alias}.{topic}", topic])
-    send(source.bootstrap_servers, topic, [40, 41], stamp)  # producers are back
+    send(source, topic, [40, 41], STAMP)  # producers are back
     ingest_route()
     # Back on the primary, expiry removes the switch itself: the route lives on in the commits.
     assert expire_all(catalog.load_table(spec.table), group) > 0
     route = active_route(spec, kafka, iceberg)
     assert (route.cluster, route.spec.source_topics) == ("primary", [f"{alias}.{topic}", topic])
-    send(source.bootstrap_servers, topic, [42, 43], stamp)
+    send(source, topic, [42, 43], STAMP)
     ingest_route()
-    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
-    landed = sorted(keys.column("_kafka_key").to_pylist())
+    landed = stack.landed_keys()
     assert landed == sorted(f"k{i}" for i in [*range(24), 30, 32, 40, 41, 42, 43])
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message
 
 
 def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    failback_stack: StackFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MM2's forward flow, never stopped, copies the unreplicated tail k20..k23 to the replica
     when the primary is back, after the replica producers' k30 and k31 and before the pipeline
@@ -468,48 +338,22 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
     is refused with nothing changed. Oracle: every record once, and the audits pass."""
     import platform_assets.failover as failover_module
 
-    source, replica = dr_clusters
     topic, alias, name = "fwdres", "eastf", "dr_fwdres"
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        topic, name, in_process_max_records=10_000,
-        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": "homef"}],
-    )  # fmt: skip
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
-
-    def ingest_route() -> None:
-        route = active_route(spec, kafka, iceberg)
-        cluster = route.kafka.get_cluster_id()
-        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
-
-    def fail_back() -> list[str]:
-        return failover_pipeline(
-            spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
-        )
-
-    send(source.bootstrap_servers, topic, list(range(20)), stamp)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
-    ).setup()
+    aliases = {"source_alias": alias, "failback_source_alias": "homef"}
+    stack = failback_stack(topic, name, replica=aliases)
+    spec, kafka, iceberg = stack.spec, stack.kafka, stack.iceberg
+    source, replica, forward = stack.source, stack.replica, stack.forward
+    ingest_route, fail_back = stack.ingest_route, stack.fail_back
+    send(source.bootstrap_servers, topic, list(range(20)), STAMP)
     ingest_route()
     forward.step()
-    send(source.bootstrap_servers, topic, [20, 21, 22, 23], stamp)  # the RPO tail, not copied
-    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
-    send(replica.bootstrap_servers, f"{alias}.{topic}", [30, 31], stamp + 10_000)
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)  # the RPO tail, not copied
+    stack.fail_over()
+    send(replica.bootstrap_servers, f"{alias}.{topic}", [30, 31], STAMP + 10_000)
     ingest_route()
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, [f"{alias}.{topic}"], [group],
-        source_alias="homef", target_alias=alias, identity=True,
-    ).setup()  # fmt: skip
+    reverse = stack.start_reverse()  # source alias "homef", target alias "eastf"
     reverse.step()
-    before = catalog.load_table(spec.table).current_snapshot()
+    before = stack.head()
 
     os.kill(replica.pid or 0, signal.SIGSTOP)  # the replica does not answer
     try:
@@ -517,7 +361,7 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
             fail_back()
     finally:
         os.kill(replica.pid or 0, signal.SIGCONT)
-    assert catalog.load_table(spec.table).current_snapshot() == before
+    assert stack.head() == before
 
     planned = failover_module.plan_failback_origin
 
@@ -534,7 +378,7 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
     assert "a copy of origin offset 10" in message
     assert "MM2's forward flow still runs" in message
     assert "Nothing was changed" in message
-    assert catalog.load_table(spec.table).current_snapshot() == before
+    assert stack.head() == before
     assert active_route(spec, kafka, iceberg).cluster == "dr"
     monkeypatch.undo()
 
@@ -550,10 +394,9 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
         ) in lines, lines
     reverse.step()
     ingest_route()
-    send(source.bootstrap_servers, topic, [40, 41], stamp)  # producers are back on the primary
+    send(source.bootstrap_servers, topic, [40, 41], STAMP)  # producers are back on the primary
     ingest_route()
-    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
-    landed = sorted(keys.column("_kafka_key").to_pylist())
+    landed = stack.landed_keys()
     assert landed == sorted(f"k{i}" for i in [*range(24), 30, 31, 40, 41])
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message

@@ -9,7 +9,6 @@ plan lacks. Oracle: the ids the data table holds, every record once, and the aud
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,19 +16,13 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.catalog import Catalog
 
-from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import audit_finding
-from platform_assets.failover import failover_pipeline
-from platform_assets.route import active_route
 from resources.embedded import EmbeddedBroker
-from resources.iceberg import IcebergCatalogResource
-from resources.kafka import KafkaResource
-from tests.support.mm2_standin import MirrorStandIn
-from tests.support.pipelines import make_spec, records
+from tests.support.failback_stack import STAMP, StackFactory
+from tests.support.pipelines import records
 
 pytestmark = pytest.mark.integration
-STAMP = 1_790_000_000_000
 
 
 def send(
@@ -56,40 +49,9 @@ def landed_ids(catalog: Catalog, spec: PipelineSpec) -> list[int]:
     return sorted(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
 
 
-def setup_pipeline(
-    source: EmbeddedBroker,
-    replica: EmbeddedBroker,
-    tmp_path: Path,
-    topic: str,
-    partitions: int,
-    **replica_spec: str,
-) -> tuple[PipelineSpec, IcebergCatalogResource, KafkaResource, Callable[[], None]]:
-    """A pipeline reading ``topic`` (created here), with replica 'dr' on ``replica``."""
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        topic, f"dr_{topic}", in_process_max_records=10_000, key_format="string",
-        replicas=[{"name": "dr", **replica_spec}],
-    )  # fmt: skip
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    catalog = iceberg.load_catalog()
-
-    def ingest_route() -> None:
-        route = active_route(spec, kafka, iceberg)
-        cluster = route.kafka.get_cluster_id()
-        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
-
-    return spec, iceberg, kafka, ingest_route
-
-
 @pytest.mark.parametrize("with_syncs", [True, False], ids=["offset-sync-anchor", "no-anchor"])
 def test_a_keyless_burst_topic_fails_back_with_every_record_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], tmp_path: Path, with_syncs: bool
+    failback_stack: StackFactory, with_syncs: bool
 ) -> None:
     """Every record is keyless; the last ones on the primary (20..27) are stamped in one
     millisecond. MM2 copied 20..23, not 24..27; the replica's producers then wrote 30..33 in
@@ -98,15 +60,16 @@ def test_a_keyless_burst_topic_fails_back_with_every_record_once(
     (before, the failback skipped those: lost); by value they do not. The origin resumes at
     24 and 26: the tail lands once. With the replica's ``target_alias`` MM2's forward offset
     sync (origin 10 -> replica 10) pins the first copy."""
-    source, replica = dr_clusters
     n = int(with_syncs)
     topic, alias = f"bursts{n}", f"west{n}"
     extra = {"target_alias": f"dr{n}"} if with_syncs else {}
-    spec, iceberg, kafka, ingest_route = setup_pipeline(
-        source, replica, tmp_path, topic, 2, source_alias=alias, failback_source_alias=f"home{n}",
-        **extra,
+    stack = failback_stack(
+        topic, f"dr_{topic}", key_format="string", forward={"target_alias": f"dr{n}"},
+        replica={"source_alias": alias, "failback_source_alias": f"home{n}", **extra},
     )  # fmt: skip
-    catalog, group = iceberg.load_catalog(), spec.consumer_group_id
+    spec, iceberg, kafka, catalog = stack.spec, stack.iceberg, stack.kafka, stack.catalog
+    source, replica, forward = stack.source, stack.replica, stack.forward
+    ingest_route = stack.ingest_route
 
     def two(number: int) -> int:
         return number % 2
@@ -115,29 +78,19 @@ def test_a_keyless_burst_topic_fails_back_with_every_record_once(
         return STAMP + 1000
 
     send(source.bootstrap_servers, topic, list(range(20)), two, keyed=False)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group],
-        source_alias=alias, target_alias=f"dr{n}",
-    ).setup()  # fmt: skip
     ingest_route()
     forward.step()
     send(source.bootstrap_servers, topic, [20, 21, 22, 23], two, keyed=False, stamp=burst)
     assert forward.replicate() == 4  # copied, never ingested on the primary
     send(source.bootstrap_servers, topic, [24, 25, 26, 27], two, False, burst)  # never copied
-    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    stack.fail_over()
     copy = f"{alias}.{topic}"
     send(replica.bootstrap_servers, copy, [30, 31, 32, 33], two, keyed=False, stamp=burst)
     ingest_route()
     assert landed_ids(catalog, spec) == [*range(24), 30, 31, 32, 33]
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, [f"{alias}.{topic}"], [group],
-        source_alias=f"home{n}", target_alias=alias, identity=True,
-    ).setup()  # fmt: skip
-    reverse.step()
+    stack.start_reverse().step()  # source alias f"home{n}", target alias f"west{n}"
 
-    lines = failover_pipeline(
-        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
-    )
+    lines = stack.fail_back()
     anchor = " (copies up to offset sync 10 -> 10)" if with_syncs else ""
     for partition in (0, 1):
         assert (
@@ -155,9 +108,7 @@ def test_a_keyless_burst_topic_fails_back_with_every_record_once(
 
 
 def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_record_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    failback_stack: StackFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Partition 2 of the origin got its first records (50..53) after the table's last commit
     on the primary; MM2 copied 50 and 51, not 52 and 53, and the pipeline read the copy's
@@ -169,12 +120,14 @@ def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_recor
     import platform_assets.failover as failover_module
     from ingestion.failback_origin import UndoneSwitch
 
-    source, replica = dr_clusters
     topic, alias = "grown", "westg"
-    spec, iceberg, kafka, ingest_route = setup_pipeline(
-        source, replica, tmp_path, topic, 3, source_alias=alias, failback_source_alias="homeg"
-    )
-    catalog, group = iceberg.load_catalog(), spec.consumer_group_id
+    stack = failback_stack(
+        topic, f"dr_{topic}", partitions=3, key_format="string",
+        replica={"source_alias": alias, "failback_source_alias": "homeg"},
+    )  # fmt: skip
+    spec, iceberg, kafka, catalog = stack.spec, stack.iceberg, stack.kafka, stack.catalog
+    source, replica, forward = stack.source, stack.replica, stack.forward
+    ingest_route = stack.ingest_route
     copy = f"{alias}.{topic}"
 
     def two(number: int) -> int:
@@ -184,24 +137,17 @@ def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_recor
         return 2
 
     send(source.bootstrap_servers, topic, list(range(20)), two, keyed=True)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
-    ).setup()
     ingest_route()
     forward.step()
     send(source.bootstrap_servers, topic, [50, 51], third, keyed=True)
     assert forward.replicate() == 2
     send(source.bootstrap_servers, topic, [52, 53], third, keyed=True)  # never copied
-    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
+    stack.fail_over()
     send(replica.bootstrap_servers, copy, [30, 31], two, keyed=True)
     send(replica.bootstrap_servers, copy, [56], third, keyed=True)
     ingest_route()
     assert landed_ids(catalog, spec) == [*range(20), 30, 31, 50, 51, 56]
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
-        source_alias="homeg", target_alias=alias, identity=True,
-    ).setup()  # fmt: skip
-    reverse.step()
+    stack.start_reverse().step()  # source alias "homeg", target alias "westg"
     found = failover_module.find_switch
 
     def without_partition_2(*args: Any) -> UndoneSwitch | None:
@@ -212,9 +158,7 @@ def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_recor
         return UndoneSwitch(switch.snapshot_id, plans, switch.offsets_before)
 
     monkeypatch.setattr(failover_module, "find_switch", without_partition_2)
-    lines = failover_pipeline(
-        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
-    )
+    lines = stack.fail_back()
     monkeypatch.undo()
     assert (
         f"origin {topic}[2] (not in the failover's plan: from its log start 0) resumes at 2: 2 "

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import DagsterInstance, ExecuteInProcessResult
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
@@ -22,7 +21,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField
 
 from ingestion.exceptions import CommitConflictError, FailoverRefusedError
-from ingestion.failback_complete import TopicEnds, apply_completion, plan_completion
+from ingestion.failback_complete import apply_completion, plan_completion
 from ingestion.hooks import FailureHooks
 from ingestion.offsets import (
     CLUSTER_ID,
@@ -47,24 +46,19 @@ from ingestion.route_state import (
     refuse_ended_topics,
     route_snapshots,
 )
-from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec, parse_pipeline_spec
 from ingestion.stream import stream_pipeline
+from ingestion.topics import TopicEnds
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.cli_actions import parse_position
-from platform_assets.failover import failover_pipeline, failover_target
+from platform_assets.failover import failover_target
 from platform_assets.operations import reset_offsets
 from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.replica_checks import replica_finding
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
-from resources.embedded import EmbeddedBroker
-from resources.iceberg import IcebergCatalogResource
-from resources.kafka import KafkaResource
-from tests.support.mm2_standin import MirrorStandIn
-from tests.support.pipelines import make_spec
-from tests.test_failback import expire_all, group_offsets, send, write_config
+from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
 
 GROUP = "g"
 
@@ -241,9 +235,7 @@ def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_pa
 
 @pytest.mark.integration
 def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every_record_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    failback_stack: StackFactory,
 ) -> None:
     """The reverse copy delivers the replica-era records; once it is drained and MM2's reverse
     flow stopped, the completion ends the route: the runs, the lag and the route read the
@@ -251,48 +243,25 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     reset is accepted again. A stream iteration in flight on the old route commits nothing
     (without the guard it re-read the dropped reverse copy from its start). Every record lands
     once; both audits pass."""
-    source, replica = dr_clusters
-    topic, alias, name = "cmpl", "eastc", "dr_cmpl"
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        topic, name, in_process_max_records=10_000,
-        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": "homec"}],
-    )  # fmt: skip
-    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
-    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
-    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
-    copy = f"{alias}.{topic}"  # on the replica, and its reverse copy on the primary (identity)
-
-    def ingest_route() -> set[str]:
-        """One engine run on the active route; the topics it planned."""
-        route = active_route(spec, kafka, iceberg)
-        cluster = route.kafka.get_cluster_id()
-        report = run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
-        return {key[0] for key in report.end_offsets}
+    topic, name = "cmpl", "dr_cmpl"
+    aliases = {"source_alias": "eastc", "failback_source_alias": "homec"}
+    stack = failback_stack(topic, name, replica=aliases, config=True)
+    spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
+    source, replica, group = stack.source, stack.replica, stack.group
+    copy = stack.copy  # on the replica, and its reverse copy on the primary (identity)
+    ingest_route = stack.ingest_route
 
     def complete(*extra: str) -> str:
         with pytest.raises(SystemExit) as refused:
             main(["complete-failback", name, "--reason", "drained", "--by", "ops", *extra])
         return str(refused.value.code)
 
-    send(source.bootstrap_servers, topic, list(range(20)), stamp)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
-    ).setup()
+    send(source.bootstrap_servers, topic, list(range(20)), STAMP)
     ingest_route()
-    forward.step()
-    send(source.bootstrap_servers, topic, [20, 21, 22, 23], stamp)  # the RPO tail, not copied
-    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
-    send(replica.bootstrap_servers, copy, [30, 31], stamp + 10_000)
+    stack.forward.step()
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)  # the RPO tail, not copied
+    stack.fail_over()
+    send(replica.bootstrap_servers, copy, [30, 31], STAMP + 10_000)
     ingest_route()
 
     # A failover to the replica has no completion, only a failback: refused, nothing changed.
@@ -302,16 +271,11 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     assert f"platform failover {name} --to primary" in message
     assert catalog.load_table(spec.table).current_snapshot() == before
 
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
-        source_alias="homec", target_alias=alias, identity=True,
-    ).setup()  # fmt: skip
+    reverse = stack.start_reverse()  # source alias "homec", target alias "eastc"
     reverse.step()
-    failover_pipeline(
-        spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops", reason="back"
-    )
+    stack.fail_back()
     assert active_route(spec, kafka, iceberg).spec.source_topics == [copy, topic]
-    send(replica.bootstrap_servers, copy, [32, 33], stamp + 10_000)  # the last replica records
+    send(replica.bootstrap_servers, copy, [32, 33], STAMP + 10_000)  # the last replica records
     reverse.step()  # copied back to the primary, not ingested yet
 
     # The reverse copy holds records the table has not read: refused, nothing changed.
@@ -333,7 +297,7 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
 
     # Producers are back on the primary; a stream iteration on the route is in flight when the
     # Dagster job completes the failback.
-    send(source.bootstrap_servers, topic, [40, 41], stamp)
+    send(source.bootstrap_servers, topic, [40, 41], STAMP)
     failover_job = build_ops_jobs([spec])[3]
     outcomes: list[ExecuteInProcessResult] = []
 
@@ -350,7 +314,7 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
                         }
                     }
                 },
-                resources={"kafka": kafka, "iceberg": iceberg},
+                resources=stack.resources,
                 instance=instance,
             ))  # fmt: skip
 
@@ -405,82 +369,49 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     reset = reset_offsets(spec, kafka, iceberg, parse_position("earliest"), True, "ops", "again")
     assert any("committed in snapshot" in line for line in reset), reset
     failover_target(active_route(spec, kafka, iceberg), spec, kafka, "dr")
-    send(source.bootstrap_servers, topic, [42, 43], stamp)
+    send(source.bootstrap_servers, topic, [42, 43], STAMP)
     assert ingest_route() == {topic}
 
-    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
-    landed = sorted(keys.column("_kafka_key").to_pylist())
+    landed = stack.landed_keys()
     assert landed == sorted(f"k{i}" for i in [*range(24), 30, 31, 32, 33, 40, 41, 42, 43])
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
-    forward.step()  # MM2 primary -> dr runs again: the replica check judges the forward flow
+    stack.forward.step()  # MM2 primary -> dr runs again: the replica check judges the forward flow
     ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert ready.passed, ready.message
 
 
 def test_a_completion_waits_until_mm2_copied_everything_the_replica_holds(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    failback_stack: StackFactory,
 ) -> None:
     # The reverse copy is read to its end on the primary, but the replica still holds the last
     # records its producers wrote before moving back: MM2's reverse flow lags. Completing then
     # would never read them; it is refused until MM2 has copied them.
-    source, replica = dr_clusters
-    topic, alias, name = "lagc", "eastl", "dr_lagc"
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic(topic, 2, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        topic, name, in_process_max_records=10_000,
-        replicas=[{"name": "dr", "source_alias": alias, "failback_source_alias": "homel"}],
-    )  # fmt: skip
-    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
-    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
-    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    catalog, group, stamp = iceberg.load_catalog(), spec.consumer_group_id, 1_790_000_000_000
-    copy = f"{alias}.{topic}"
-
-    def ingest_route() -> None:
-        route = active_route(spec, kafka, iceberg)
-        cluster = route.kafka.get_cluster_id()
-        run_pipeline(route.spec, route.kafka.client_config(), catalog, None, cluster)
-
-    send(source.bootstrap_servers, topic, list(range(20)), stamp)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], source_alias=alias
-    ).setup()
-    ingest_route()
-    forward.step()
-    failover_pipeline(spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="down")
-    send(replica.bootstrap_servers, copy, [30, 31], stamp + 10_000)
-    ingest_route()
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
-        source_alias="homel", target_alias=alias, identity=True,
-    ).setup()  # fmt: skip
+    topic, name = "lagc", "dr_lagc"
+    aliases = {"source_alias": "eastl", "failback_source_alias": "homel"}
+    stack = failback_stack(topic, name, replica=aliases, config=True)
+    replica, copy = stack.replica.bootstrap_servers, stack.copy
+    send(stack.source.bootstrap_servers, topic, list(range(20)), STAMP)
+    stack.ingest_route()
+    stack.forward.step()
+    stack.fail_over()
+    send(replica, copy, [30, 31], STAMP + 10_000)
+    stack.ingest_route()
+    reverse = stack.start_reverse()  # source alias "homel", target alias "eastl"
     reverse.step()
-    failover_pipeline(spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops",
-                      reason="back")  # fmt: skip
-    send(replica.bootstrap_servers, copy, [32, 33], stamp + 10_000)  # not copied back yet
-    ingest_route()
-    head = catalog.load_table(spec.table).current_snapshot()
+    stack.fail_back()
+    send(replica, copy, [32, 33], STAMP + 10_000)  # not copied back yet
+    stack.ingest_route()
+    head = stack.head()
     with pytest.raises(SystemExit, match="reverse flow has not copied into the reverse copy"):
         main(["complete-failback", name, "--reason", "drained", "--by", "ops"])
-    assert catalog.load_table(spec.table).current_snapshot() == head  # nothing changed
+    assert stack.head() == head  # nothing changed
     reverse.step()  # MM2 catches up; the pipeline reads the copies; then the completion holds
-    ingest_route()
+    stack.ingest_route()
     assert main(["complete-failback", name, "--reason", "drained", "--by", "ops"]) == 0
-    ingest_route()
-    keys = catalog.load_table(spec.table).scan(selected_fields=("_kafka_key",)).to_arrow()
-    landed = keys.column("_kafka_key").to_pylist()
+    stack.ingest_route()
+    landed = stack.landed_keys()
     assert sorted(landed) == sorted(f"k{i}" for i in [*range(20), 30, 31, 32, 33])
-    assert audit_finding(spec, iceberg, kafka, full=True).passed
+    assert audit_finding(stack.spec, stack.iceberg, stack.kafka, full=True).passed
