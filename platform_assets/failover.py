@@ -110,9 +110,10 @@ def describe_plan(plans: list[PartitionPlan]) -> list[str]:
     if uncopied:
         lines.append(
             f"note: the table ingested {uncopied} record(s) MirrorMaker 2 had not copied when "
-            "the source went down. Keep MM2's forward flow stopped when the source comes back "
-            "(or exclude these topics from it) until the pipeline has failed back: copies it "
-            "makes of them later would be read a second time"
+            "the source went down. The switch records them: if MM2's forward flow copies them "
+            "when the source comes back, runs skip each copy that is byte for byte one of "
+            "them, reading the original on the source to compare (a run that meets one while "
+            "the source does not answer refuses, committing nothing)"
         )
     return lines
 

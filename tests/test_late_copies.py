@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingestion.exceptions import LateCopyUnverifiedError
 from ingestion.failover_align import digest_record, key_digest
@@ -32,14 +30,10 @@ from ingestion.task_spec import RawChunk
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.route import active_route
-from resources.embedded import EmbeddedBroker
-from resources.iceberg import IcebergCatalogResource
-from resources.kafka import KafkaResource
 from resources.spark import SparkResource
+from tests.support.failback_stack import StackFactory
 from tests.support.failover_stream import oracle, produce
-from tests.support.mm2_standin import MirrorStandIn
-from tests.support.pipelines import make_spec
-from tests.test_failback import ingest, write_config
+from tests.test_failback import ingest
 
 NAME = "dr_late"
 
@@ -88,37 +82,21 @@ def test_set_aside_skips_only_byte_for_byte_copies(
 
 @pytest.mark.integration
 def test_late_copies_after_a_source_lost_failover_land_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    failback_stack: StackFactory,
     spark_resource: SparkResource,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    source, replica = dr_clusters
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic("orders", 3, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        "orders", NAME, errors_tolerance="all", in_process_max_records=10_000,
-        replicas=[{"name": "dr", "source_alias": "primary"}],
+    stack = failback_stack(
+        "orders", NAME, partitions=3, config=True, errors_tolerance="all",
+        forward={"sync_every": 9, "transactional": True},
     )  # fmt: skip
-    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
-    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
-    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    resources = {"kafka": kafka, "iceberg": iceberg, "spark": spark_resource}
-    catalog = iceberg.load_catalog()
+    source, replica, spec, iceberg, kafka = (
+        stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
+    )  # fmt: skip
+    resources = {**stack.resources, "spark": spark_resource}
+    catalog, forward = stack.catalog, stack.forward
 
     produce(source.bootstrap_servers, "orders", 0, 100)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, ["orders"],
-        [spec.consumer_group_id], sync_every=9, transactional=True,
-    ).setup()  # fmt: skip
     ingest(spec, resources)
     forward.step()  # all 100 copied; the checkpoint is at the table's offsets
     produce(source.bootstrap_servers, "orders", 100, 20)  # the RPO tail: never copied...
@@ -172,42 +150,23 @@ def test_late_copies_after_a_source_lost_failover_land_once(
 
 @pytest.mark.integration
 def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
-    spark_resource: SparkResource,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    failback_stack: StackFactory, spark_resource: SparkResource
 ) -> None:
     """The primary is back before the route read MM2's late copies on dr; a reverse flow copies
     dr back, late copies included, and the operator fails back: the guard follows the switch to
     the reverse copy, and they are skipped there."""
-    source, replica = dr_clusters
-    name, topic, copy = "dr_late_back", "payments", "primary.payments"
-    admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
-    for future in admin.create_topics([NewTopic(topic, 3, 1)]).values():
-        future.result(10)
-    spec = make_spec(
-        topic, name, errors_tolerance="all", in_process_max_records=10_000,
-        replicas=[{"name": "dr", "source_alias": "primary"}],
+    name, topic = "dr_late_back", "payments"
+    stack = failback_stack(
+        topic, name, partitions=3, config=True, errors_tolerance="all",
+        forward={"sync_every": 9, "transactional": True},
     )  # fmt: skip
-    config = write_config(tmp_path, source.bootstrap_servers, replica.bootstrap_servers, spec)
-    monkeypatch.setenv("PLATFORM_CONFIG", str(config))
-    monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
-    monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    iceberg = IcebergCatalogResource(state_dir=str(tmp_path / "state"))
-    kafka = KafkaResource(
-        bootstrap_servers=source.bootstrap_servers,
-        replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
-    )
-    resources = {"kafka": kafka, "iceberg": iceberg, "spark": spark_resource}
-    catalog = iceberg.load_catalog()
-    group = spec.consumer_group_id
+    source, replica, spec, iceberg, kafka = (
+        stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
+    )  # fmt: skip
+    resources = {**stack.resources, "spark": spark_resource}
+    catalog, forward, group, copy = stack.catalog, stack.forward, stack.group, stack.copy
 
     produce(source.bootstrap_servers, topic, 0, 60)
-    forward = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [group], sync_every=9,
-        transactional=True,
-    ).setup()  # fmt: skip
     ingest(spec, resources)
     forward.step()
     produce(source.bootstrap_servers, topic, 60, 20)  # ingested, never copied
@@ -221,13 +180,7 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     finally:
         os.kill(source.pid or 0, signal.SIGCONT)
     forward.replicate()  # the late copies reach dr; the route has not read them yet
-    forward_syncs_stopped = capsys.readouterr()  # (drop the CLI output so far)
-    del forward_syncs_stopped
-    reverse = MirrorStandIn(
-        replica.bootstrap_servers, source.bootstrap_servers, [copy], [group],
-        source_alias="dr", target_alias="primary", identity=True, sync_every=7,
-        transactional=True,
-    ).setup()  # fmt: skip
+    reverse = stack.start_reverse(sync_every=7, transactional=True)
     reverse.step()  # dr's primary.payments, late copies included, back on the primary
     assert main(["failover", name, "--to", "primary", "--reason", "primary is back"]) == 0
     route = active_route(spec, kafka, iceberg)
