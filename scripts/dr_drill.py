@@ -16,9 +16,11 @@ them (``platform_assets.route.active_route`` -> ``run_pipeline``). The operator 
    move to dr's ``primary.orders``, the primary is SIGSTOPped, the operator fails over to dr
    with ``--source-lost``;
 3. steady ingestion from dr;
-4. the primary is back (SIGCONT): the forward flow stays stopped, a reverse flow (identity
-   naming) copies dr back, producers return to ``orders``, the operator fails back (retrying
-   every 5 s while the plan says to wait for MM2);
+4. the primary is back (SIGCONT): the forward flow stays stopped (with ``--forward-resumes``
+   it first copies for 10 s: its late copies of the records the table ingested without a
+   copy, which runs skip, R54), a reverse flow (identity naming) copies dr back, producers
+   return to ``orders``, the operator fails back (retrying every 5 s while the plan says to
+   wait for MM2);
 5. the reverse copy drains, the reverse flow is stopped, the operator completes the failback
    (``platform complete-failback``) while producers keep writing;
 6. producers stop, the pipeline drains, and the oracle reads plain scans of the data and
@@ -54,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 import yaml  # noqa: E402
 
+from ingestion.late_copies import count_late_copies  # noqa: E402
 from ingestion.offsets import CLUSTER_ID, RESET_BY, snapshot_properties  # noqa: E402
 from ingestion.route_state import SWITCH_SNAPSHOT, active_switch  # noqa: E402
 from ingestion.run import run_pipeline  # noqa: E402
@@ -252,6 +255,11 @@ def main() -> int:
     parser.add_argument("--rate", type=int, default=200, help="records/s produced")
     parser.add_argument("--phase-seconds", type=float, default=40.0)
     parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument(
+        "--forward-resumes", action="store_true",
+        help="when the primary is back, MM2's forward flow resumes first (its late copies of "
+        "the records the table ingested without a copy: R54), then stops before the failback",
+    )  # fmt: skip
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="dr-drill-"))
     with (
@@ -327,6 +335,13 @@ def run_drill(
         f"{to_dr:.1f} s later")  # fmt: skip
     time.sleep(phase)
     os.kill(p.pid or 0, signal.SIGCONT)
+    if args.forward_resumes:
+        say("3b. primary back; MM2's forward flow resumes (late copies of the uncopied records)")
+        drill.mirrors.append(forward)
+        time.sleep(10)
+        drill.mirrors.remove(forward)
+        time.sleep(10)  # the route reads them
+        say(f"   late copies skipped so far: {count_skipped(drill)}")
     reverse = MirrorStandIn(
         d.bootstrap_servers, p.bootstrap_servers, ["primary.orders"], [group],
         source_alias="dr", target_alias="primary", identity=True, sync_every=50,
@@ -369,7 +384,14 @@ def run_drill(
     for thread in threads:
         thread.join()
     print(f"runs: {dict(drill.runs)}")
+    print(f"late copies skipped (kafka.late-copies over the commits): {count_skipped(drill)}")
     return 0 if verdict(drill) else 1
+
+
+def count_skipped(drill: Drill) -> int:
+    """MM2's late copies the table's commits skipped (R54)."""
+    table = drill.iceberg.load_catalog().load_table(drill.spec.table)
+    return sum(count_late_copies(snapshot_properties(s)) for s in table.snapshots())
 
 
 if __name__ == "__main__":
