@@ -92,9 +92,11 @@ def build_task_specs(
     hooks: FailureHooks,
     writer_schemas: dict[int, str],
     late_copy_ids: dict[tuple[str, int], frozenset[tuple[int, str | None]]] | None = None,
+    cluster: str = "primary",
 ) -> list[TaskSpec]:
     """One task spec per planned range; executors receive only the ``in_task`` hook (and the
-    uncopied records of their partition: ``ingestion.late_copies``)."""
+    uncopied records of their partition: ``ingestion.late_copies``); ``cluster`` is the name of
+    the cluster the ranges are read on, recorded in every row."""
     late_copy_ids = late_copy_ids or {}
     table_json = table.metadata.model_dump_json()
     quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
@@ -116,6 +118,7 @@ def build_task_specs(
             hooks=hooks.only("in_task"),
             engine_version=engine_fingerprint(),
             late_copy_ids=late_copy_ids.get((task.topic, task.partition), frozenset()),
+            cluster=cluster,
         )
         for task in plan.tasks
     ]

@@ -95,6 +95,7 @@ def run_pipeline(
     hooks: FailureHooks = NO_HOOKS,
     schema_registry: Any | None = None,
     cluster_config: Callable[[str], dict[str, Any]] | None = None,
+    cluster: str = "primary",
 ) -> RunReport:
     """Ingest what is new in the pipeline's topics into its table, exactly once.
 
@@ -116,6 +117,9 @@ def run_pipeline(
         cluster_config: librdkafka properties of another cluster by name: after a failover
             with ``--source-lost``, the cluster left, read to tell MM2's late copies
             (``ingestion.late_copies``); without it such a run refuses.
+        cluster: the name of the cluster read (``primary`` or a replica's name in the platform
+            configuration: ``platform_assets.route.Route.cluster``), recorded in every row's
+            ``_kafka_cluster``.
 
     Delivery: exactly once. A crash before the commit leaves only unreferenced files; the next
     run re-plans the same start offsets. A retried or replayed commit is idempotent. Running
@@ -174,7 +178,16 @@ def run_pipeline(
     guard = read_guard(table, plan.group_id, spec.name) if spec.replicas else None
     late_ids = {k: u.weak_ids for k, u in guard.partitions.items()} if guard else None
     specs = build_task_specs(
-        spec, plan, table, quarantine, kafka_config, io_properties, hooks, writers, late_ids
+        spec,
+        plan,
+        table,
+        quarantine,
+        kafka_config,
+        io_properties,
+        hooks,
+        writers,
+        late_ids,
+        cluster,
     )
     session = _spark_for(spec, plan, spark)
     report.executed_in = "spark" if session is not None else "driver"

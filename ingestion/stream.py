@@ -63,12 +63,14 @@ def stream_pipeline(
     on_conflict: Callable[[str], None] = lambda message: None,
     sleep: Callable[[float], None] = time.sleep,
     cluster_config: Callable[[str], dict[str, Any]] | None = None,
+    cluster: str = "primary",
 ) -> StreamSummary:
     """Ingest the pipeline continuously: one ``run_pipeline`` every ``interval_s`` seconds.
 
     ``should_stop`` is asked before every iteration; a non-None answer (the reason) ends the
     loop cleanly between commits. ``on_report`` receives every iteration's report (committed
-    or not: ``report.committed`` says which); ``on_conflict`` each lost compare-and-set.
+    or not: ``report.committed`` says which); ``on_conflict`` each lost compare-and-set;
+    ``cluster`` names the cluster read, recorded in every row (``run_pipeline``).
 
     Delivery: exactly once, as run-per-commit, because each iteration is one: a kill at any
     point leaves at most unreferenced files, and the next stream (or run) re-plans from the
@@ -98,6 +100,7 @@ def stream_pipeline(
                 hooks=hooks,
                 schema_registry=schema_registry,
                 cluster_config=cluster_config,
+                cluster=cluster,
             )
         except exceptions.CommitConflictError as exc:  # re-plan at once from the new head
             summary.conflicts += 1

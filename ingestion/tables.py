@@ -1,7 +1,12 @@
 """Target and quarantine tables: schemas, partition specs, create-if-absent.
 
 User columns come first, then the Kafka metadata columns every row carries (the oracle's
-coordinates): ``_kafka_topic, _kafka_partition, _kafka_offset, _kafka_timestamp, _kafka_key``.
+coordinates): ``_kafka_topic, _kafka_partition, _kafka_offset, _kafka_timestamp, _kafka_key``,
+``_kafka_headers`` when asked, and ``_kafka_cluster``: the name in the platform configuration
+of the cluster the row was read on (``primary`` or a replica's name; docs/cluster-column.md).
+A table created before that column gains it on its first run (:func:`add_cluster_column`, a
+metadata-only schema change); its older rows read null, which every reader takes for
+``primary``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.types import IcebergType
 
+CLUSTER_COLUMN = "_kafka_cluster"
+PRIMARY = "primary"  # the pipeline's own cluster: what a null _kafka_cluster means
+_CLUSTER_DOC = "Kafka cluster the record was read on (platform configuration name); null: primary"
 TABLE_PROPERTIES = {"format-version": "2", "write.parquet.compression-codec": "zstd"}
 
 
@@ -48,6 +56,13 @@ def coordinate_columns(key_type: IcebergType) -> list[tuple[str, IcebergType, bo
         ("_kafka_timestamp", TimestamptzType(), False),
         ("_kafka_key", key_type, False),
     ]
+
+
+def cluster_column() -> tuple[str, IcebergType, bool]:
+    """(name, type, required) of ``_kafka_cluster``, the last Kafka column of a row."""
+    from pyiceberg.types import StringType
+
+    return (CLUSTER_COLUMN, StringType(), False)
 
 
 def key_type(spec: PipelineSpec, ids: Iterator[int]) -> IcebergType:
@@ -96,6 +111,7 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     metadata = coordinate_columns(key_type(spec, ids))
     if spec.headers:
         metadata.append(("_kafka_headers", headers_type(ids), False))
+    metadata.append(cluster_column())
     fields += [
         NestedField(first + i, name, kind, required=required)
         for i, (name, kind, required) in enumerate(metadata)
@@ -125,7 +141,7 @@ def load_or_create_table(
     from pyiceberg.exceptions import NoSuchTableError
 
     try:
-        return catalog.load_table(spec.table)
+        return add_cluster_column(catalog.load_table(spec.table))
     except NoSuchTableError:
         pass
     schema = build_schema(spec, derived)
@@ -154,6 +170,7 @@ def build_quarantine_schema(spec: PipelineSpec) -> Schema:
 
     columns = [
         *coordinate_columns(BinaryType()),
+        cluster_column(),
         ("value", BinaryType(), False),
         ("error_class", StringType(), True),
         ("error_message", StringType(), True),
@@ -171,10 +188,37 @@ def load_or_create_quarantine_table(catalog: Catalog, spec: PipelineSpec) -> Tab
 
     identifier = spec.quarantine_table
     try:
-        return catalog.load_table(identifier)
+        return add_cluster_column(catalog.load_table(identifier))
     except NoSuchTableError:
         pass
     catalog.create_namespace_if_not_exists(identifier.rsplit(".", 1)[0])
     return catalog.create_table_if_not_exists(
         identifier, schema=build_quarantine_schema(spec), properties=TABLE_PROPERTIES
     )
+
+
+def add_cluster_column(table: Table, attempts: int = 3) -> Table:
+    """Give a table created before ``_kafka_cluster`` the column, after its other Kafka
+    columns; return the table, refreshed.
+
+    Delivery: one metadata-only schema change (no file rewritten, no snapshot, so no run's
+    compare-and-set of the offsets is disturbed); its older rows read null (``primary``). Two
+    runs racing to add it: one commits, the other finds the column on refresh. Safe to retry.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.types import StringType
+
+    for attempt in range(attempts):
+        names = [field.name for field in table.schema().fields]
+        if CLUSTER_COLUMN in names:
+            return table
+        last = [name for name in names if name.startswith("_kafka_")][-1]
+        try:
+            with table.update_schema() as update:
+                update.add_column(CLUSTER_COLUMN, StringType(), doc=_CLUSTER_DOC)
+                update.move_after(CLUSTER_COLUMN, last)
+        except CommitFailedException:
+            if attempt == attempts - 1:
+                raise
+            table.refresh()
+    return table

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 
 def _coordinates(spec: TaskSpec, raw: RawChunk, rows: list[int]) -> dict[str, pa.Array]:
-    """Topic, partition, offset and timestamp columns of the records at ``rows``."""
+    """Topic, partition, offset, timestamp and cluster columns of the records at ``rows``
+    (the cluster is a constant: dictionary-encoded, a few bytes per row group)."""
     offsets = pa.array(raw.offsets, pa.int64())
     timestamps = pa.array(raw.timestamps, pa.int64())
     if len(rows) != len(raw.offsets):  # some records were set aside: take the others
@@ -38,6 +39,7 @@ def _coordinates(spec: TaskSpec, raw: RawChunk, rows: list[int]) -> dict[str, pa
         "_kafka_partition": pa.repeat(pa.scalar(spec.range.partition, pa.int32()), len(rows)),
         "_kafka_offset": offsets,
         "_kafka_timestamp": timestamps.cast(pa.timestamp("ms", tz="UTC")),
+        "_kafka_cluster": pa.repeat(pa.scalar(spec.cluster, pa.large_string()), len(rows)),
     }
 
 
@@ -105,7 +107,8 @@ def merge_rejections(keys: list[Rejection], values: list[Rejection]) -> list[Rej
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Order and cast columns to the table's Arrow schema (ms timestamps widen to us)."""
+    """Order and cast columns to the table's Arrow schema (ms timestamps widen to us); columns
+    the schema lacks are dropped."""
     return pa.Table.from_arrays(
         [cast_nested(rows.column(f.name), f.type) for f in schema], schema=schema
     )

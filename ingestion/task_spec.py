@@ -46,6 +46,9 @@ class TaskSpec:
     # partition's uncopied records, and once read on the source their byte-for-byte identities.
     late_copy_ids: frozenset[tuple[int, str | None]] = frozenset()
     late_copy_digests: frozenset[bytes] | None = None
+    # The name (platform configuration) of the cluster the range is read on: every data and
+    # quarantine row records it in _kafka_cluster (docs/cluster-column.md).
+    cluster: str = "primary"
 
 
 @dataclass

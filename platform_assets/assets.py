@@ -176,6 +176,7 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
                     else None
                 ),
                 cluster_config=lambda name: kafka.for_cluster(name).client_config(),
+                cluster=route.cluster,
             )
             for note in report.notes:
                 context.log.warning(note)

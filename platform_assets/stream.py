@@ -184,6 +184,7 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
                 f"re-planning after a concurrent commit: {message}"
             ),
             cluster_config=lambda name: kafka.for_cluster(name).client_config(),
+            cluster=route.cluster,
         )
         context.log.info(
             f"stream of {spec.name!r} stopped ({summary.stopped_because}) after "

@@ -162,6 +162,7 @@ def ingest(drill: Drill) -> None:
             report = run_pipeline(
                 route.spec, source.client_config(), catalog, None, source.get_cluster_id(),
                 cluster_config=lambda name: drill.kafka.for_cluster(name).client_config(),
+                cluster=route.cluster,
             )  # fmt: skip
             outcome = f"committed on {route.cluster}" if report.committed else "empty"
         except Exception as exc:  # the primary is stopped; a switch won the race

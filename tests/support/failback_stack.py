@@ -83,7 +83,9 @@ class FailbackStack:
         route = active_route(self.spec, self.kafka, self.iceberg)
         cluster = route.kafka.get_cluster_id()
         config = route.kafka.client_config()
-        report = run_pipeline(route.spec, config, self.catalog, None, cluster)
+        report = run_pipeline(
+            route.spec, config, self.catalog, None, cluster, cluster=route.cluster
+        )
         return {key[0] for key in report.end_offsets}
 
     def fail_over(self) -> list[str]:
