@@ -83,19 +83,26 @@ def copy_exists(reader: Replica, key: Key, where: str) -> bool:
 
 
 def replica_copies(
-    tables: list[Table], reader: Replica, key: Key, start: int, replica_next: int, where: str
+    tables: list[Table],
+    reader: Replica,
+    key: Key,
+    start: int,
+    replica_next: int,
+    where: str,
+    cluster: str | None = None,
 ) -> tuple[Records, int]:
     """The replica partition ``key`` from the failover's ``start`` to its end now, as
     (offset, RecordId) in offset order, and the end: the records in Kafka from the log start
     (from ``replica_next``, the table's next offset there, if retention deleted records not
-    ingested yet: refused), below that the table's rows (no value digest)."""
+    ingested yet: refused), below that the table's rows (no value digest; read on ``cluster``,
+    the replica, when given: ``ingestion.cluster_rows``)."""
     try:
         low, _ = reader.watermarks(*key)
     except (KafkaException, ReadError) as exc:
         raise FailoverRefusedError(f"{where}: " + UNREACHABLE.format(error=exc)) from exc
     first = max(start, min(low, replica_next))
     ingested = ingested_tail_where(
-        tables, key, f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}"
+        tables, key, f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}", cluster
     )
     kept, end = read_replica(reader, key, first, where)
     held = {offset for offset, _ in kept}

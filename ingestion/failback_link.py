@@ -45,6 +45,10 @@ class OriginLink:
     committed_before: int
     replica_start: int
     pipeline: str = ""
+    # The clusters the origin's and the replica's rows were read on, when a replica topic has
+    # its origin's name and the rows tell them apart (ingestion.cluster_rows); else None.
+    origin_cluster: str | None = None
+    replica_cluster: str | None = None
 
     def __call__(
         self, tables: list[Table], reader: Replica, anchor: tuple[int, RecordId]
@@ -54,12 +58,15 @@ class OriginLink:
             f"pipeline {self.pipeline!r}: {self.key[0]}[{self.key[1]}] -> {self.reverse_topic}"
             f"[{self.key[1]}] (via origin {self.origin[0]}[{self.origin[1]}])"
         )
-        matches = locate(tables, self.origin, anchor[1], self.committed_before)
-        after = ingested_tail(tables, *self.key, self.replica_start, self.source_next)
+        origin, replica = self.origin_cluster, self.replica_cluster
+        matches = locate(tables, self.origin, anchor[1], self.committed_before, origin)
+        after = ingested_tail(tables, *self.key, self.replica_start, self.source_next, replica)
         found: list[Alignment] = []
         refusal: FailoverRefusedError | None = None
         for origin_offset in matches:
-            tail = ingested_tail(tables, *self.origin, origin_offset + 1, self.committed_before)
+            tail = ingested_tail(
+                tables, *self.origin, origin_offset + 1, self.committed_before, origin
+            )
             records = [r for _, r in tail + after]
             copies, end = reader.read(self.reverse_topic, self.key[1], anchor[0] + 1,
                                       len(records) + 1)  # fmt: skip

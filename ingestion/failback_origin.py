@@ -53,6 +53,7 @@ from ingestion.offsets import (
 )
 from ingestion.ranges import Key
 from ingestion.route_state import REPLACED_SNAPSHOT, SWITCH_SNAPSHOT, active_switch
+from ingestion.tables import PRIMARY
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -128,14 +129,22 @@ def _refuse(where: str, what: str) -> FailoverRefusedError:
     )
 
 
-def _check_anchor(tables: list[Table], reader: Replica, key: Key, before: int, where: str) -> None:
-    """The table's last record of ``key`` below ``before`` is still the origin's record at
-    that offset (the origin was not recreated or rewritten since it was read)."""
+def _check_anchor(
+    tables: list[Table],
+    reader: Replica,
+    key: Key,
+    before: int,
+    where: str,
+    cluster: str | None = None,
+) -> None:
+    """The table's last record of ``key`` below ``before`` (read on ``cluster``, if given) is
+    still the origin's record at that offset (the origin was not recreated or rewritten since
+    it was read)."""
     span = 16
     while True:
         low = max(0, before - span)
         rows = ingested_tail_where(
-            tables, key, f"_kafka_offset >= {low} AND _kafka_offset < {before}"
+            tables, key, f"_kafka_offset >= {low} AND _kafka_offset < {before}", cluster
         )
         if rows or low == 0:
             break
@@ -171,24 +180,37 @@ def plan_origin_partition(
     replica_next: int | None,
     pipeline: str,
     syncs: list[OffsetSync] | None = None,
+    replica_cluster: str | None = None,
+    ambiguous: list[int] | None = None,
 ) -> OriginPlan:
     """Where one origin partition resumes; ``entry`` is its line of the failover's plan (with
     ``"in_plan": False`` and no ``source_next`` for a partition the plan lacks),
     ``replica_next`` the table's next offset of its replica copy now (None: it has none),
     ``reader`` reads the primary, ``replica`` the replica cluster, ``syncs`` are MM2's forward
-    offset syncs of this partition (on the primary)."""
+    offset syncs of this partition (on the primary). ``replica_cluster``: the replica's name
+    when the rows tell the two clusters apart (``ingestion.cluster_rows.labelled_cluster``):
+    the origin's rows are then the primary's, the copy's the replica's, even under one name;
+    ``ambiguous``: the offsets whose rows do not (written before ``_kafka_cluster``)."""
     topic, partition = str(entry["source_topic"]), int(entry["partition"])
     copy, start = str(entry["replica_topic"]), int(entry["replica_start"])
     planned = bool(entry.get("in_plan", True))
     low, high = reader.watermarks(topic, partition)
     before = int(entry["source_next"]) if planned else low
     where = f"pipeline {pipeline!r}: failback of origin {topic}[{partition}] (offset {before})"
-    if planned and copy == topic and start < before:
+    same_name = copy == topic and replica_cluster is not None
+    if planned and copy == topic and start < before and not same_name:
         raise _refuse(
             where,
             f"the replica copy has the origin's name and the table read offsets {start}.."
-            f"{before} of it on both clusters (rows do not record the cluster)",
+            f"{before} of it on both clusters, and its rows do not tell the clusters apart "
+            + (
+                f"(rows at offsets {ambiguous[:5]} were written before the _kafka_cluster column)"
+                if ambiguous
+                else "(rows written before the _kafka_cluster column)"
+            ),
         )
+    origin_cluster = PRIMARY if same_name else None
+    copy_cluster = replica_cluster if same_name else None
     if low > before:
         raise _refuse(
             where,
@@ -198,7 +220,7 @@ def plan_origin_partition(
     if high < before:
         raise _refuse(where, f"the origin ends at {high}: it was truncated or recreated")
     if planned:  # else the table read none of it on the primary
-        _check_anchor(tables, reader, (topic, partition), before, where)
+        _check_anchor(tables, reader, (topic, partition), before, where, origin_cluster)
     origin: Records = (
         reader.read(topic, partition, before, high - before)[0] if high > before else []
     )
@@ -207,7 +229,7 @@ def plan_origin_partition(
     if planned or copy_exists(replica, key, where):
         if replica_next is None:  # nothing ingested there: the reverse copy reads it all
             replica_next = start if planned else replica.watermarks(*key)[0]
-        copies, end = replica_copies(tables, replica, key, start, replica_next, where)
+        copies, end = replica_copies(tables, replica, key, start, replica_next, where, copy_cluster)
     else:
         copies, end, replica_next = [], 0, 0
     anchor = _anchor(syncs or [], before, high)
@@ -230,10 +252,13 @@ def plan_origin(
     replica_next: dict[Key, int],
     pipeline: str,
     syncs: dict[Key, list[OffsetSync]] | None = None,
+    replica_cluster: str | None = None,
+    ambiguous: dict[Key, list[int]] | None = None,
 ) -> list[OriginPlan]:
     """A plan for every partition the ``origins`` topics have now (``reader`` reads the
     primary, ``replica`` the replica cluster the failback leaves; ``syncs``: MM2's forward
-    offset syncs per origin partition, read on the primary, {} when unreadable)."""
+    offset syncs per origin partition, read on the primary, {} when unreadable;
+    ``replica_cluster`` and ``ambiguous``: see :func:`plan_origin_partition`)."""
     plans: list[OriginPlan] = []
     for topic in origins:
         entries = {int(e["partition"]): e for e in switch.plans if e.get("source_topic") == topic}
@@ -266,7 +291,9 @@ def plan_origin(
             }  # fmt: skip
             at = replica_next.get((str(entry["replica_topic"]), partition))
             plan = plan_origin_partition(
-                tables, reader, replica, entry, at, pipeline, (syncs or {}).get((topic, partition))
-            )
+                tables, reader, replica, entry, at, pipeline,
+                (syncs or {}).get((topic, partition)), replica_cluster,
+                (ambiguous or {}).get((topic, partition)),
+            )  # fmt: skip
             plans.append(OriginPlan(**{**plan.__dict__, "topic_id": topic_id}))
     return plans

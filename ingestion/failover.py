@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ingestion.cluster_rows import cluster_condition
 from ingestion.consumer import iter_range, open_consumer
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failover_align import (
@@ -169,18 +170,30 @@ def read_offset_syncs(
 
 
 def ingested_tail(
-    tables: list[Table], topic: str, partition: int, from_offset: int, until: int
+    tables: list[Table],
+    topic: str,
+    partition: int,
+    from_offset: int,
+    until: int,
+    cluster: str | None = None,
 ) -> Records:
     """Records of ``topic[partition]`` with ``from_offset <= offset < until`` that the data or
-    quarantine table holds, in offset order, as (offset, RecordId)."""
+    quarantine table holds (read on ``cluster``, if given), in offset order, as (offset,
+    RecordId)."""
     return ingested_tail_where(
-        tables, (topic, partition), f"_kafka_offset >= {from_offset} AND _kafka_offset < {until}"
+        tables,
+        (topic, partition),
+        f"_kafka_offset >= {from_offset} AND _kafka_offset < {until}",
+        cluster,
     )
 
 
-def ingested_tail_where(tables: list[Table], key: tuple[str, int], condition: str) -> Records:
+def ingested_tail_where(
+    tables: list[Table], key: tuple[str, int], condition: str, cluster: str | None = None
+) -> Records:
     """The records of one partition matching ``condition``, from the data and quarantine
-    tables, in offset order."""
+    tables, in offset order; with ``cluster``, only the rows read on that cluster
+    (``ingestion.cluster_rows``: under MM2's identity naming one name is read on two)."""
     import pyarrow as pa
 
     rows: dict[int, RecordId] = {}
@@ -188,7 +201,10 @@ def ingested_tail_where(tables: list[Table], key: tuple[str, int], condition: st
     row_filter = f"_kafka_topic = '{key[0]}' AND _kafka_partition = {key[1]} AND {condition}"
     fields = ("_kafka_offset", "_kafka_timestamp", "_kafka_key")
     for table in tables:
-        scanned = table.scan(row_filter=row_filter, selected_fields=fields).to_arrow()
+        on_cluster = cluster_condition(table, cluster)
+        if on_cluster is None:
+            continue  # no row of this table was read on that cluster
+        scanned = table.scan(row_filter=row_filter + on_cluster, selected_fields=fields).to_arrow()
         offsets = scanned.column("_kafka_offset").to_pylist()
         micros = scanned.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
         keys = scanned.column("_kafka_key").to_pylist()
@@ -215,11 +231,21 @@ def live_syncs(syncs: list[OffsetSync]) -> list[OffsetSync]:
     return live
 
 
-def locate(tables: list[Table], key: tuple[str, int], record: RecordId, until: int) -> list[int]:
-    """Source offsets below ``until`` of the table's records with ``record``'s identity."""
+def locate(
+    tables: list[Table],
+    key: tuple[str, int],
+    record: RecordId,
+    until: int,
+    cluster: str | None = None,
+) -> list[int]:
+    """Source offsets below ``until`` of the table's records with ``record``'s identity (read
+    on ``cluster``, if given)."""
     stamp = record.timestamp_ms
     near = ingested_tail_where(
-        tables, key, f"_kafka_timestamp >= '{_iso(stamp)}' AND _kafka_timestamp <= '{_iso(stamp)}'"
+        tables,
+        key,
+        f"_kafka_timestamp >= '{_iso(stamp)}' AND _kafka_timestamp <= '{_iso(stamp)}'",
+        cluster,
     )
     return [offset for offset, found in near if offset < until and found.matches(record)]
 
@@ -239,10 +265,12 @@ def _verified(
     replica_topic: str,
     where: str,
     source_down: bool = False,
+    cluster: str | None = None,
 ) -> Alignment:
     """Align from a known pair: source offset ``after[0]`` was copied to replica ``after[1]``
-    (``source_down``: see :func:`~ingestion.failover_align.align_exact`)."""
-    tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next)
+    (``source_down``: see :func:`~ingestion.failover_align.align_exact`; ``cluster``: the
+    source's rows only)."""
+    tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next, cluster)
     count = sys.maxsize if source_down else len(tail) + 1  # to the end: later copies refuse
     copies, end = replica.read(replica_topic, key[1], after[1] + 1, count)
     aligned = align_exact([r for _, r in tail], copies, end, where, source_down)
@@ -262,16 +290,18 @@ def plan_partition(
     checkpoint: StampedCheckpoint | None,
     fallback: Fallback | None = None,
     source_down: bool = False,
+    cluster: str | None = None,
 ) -> tuple[Alignment, str]:
     """Where ``key`` resumes on the replica, and how that was established (module docstring).
 
     ``fallback`` (a failback) aligns from an anchor whose record the table holds under the
-    origin topic's name rather than ``key``'s (it was read before the failover)."""
+    origin topic's name rather than ``key``'s (it was read before the failover). ``cluster``:
+    read only the table's rows of the source cluster (``ingestion.cluster_rows``)."""
     topic, partition = key
     where = f"{topic}[{partition}] -> {replica_topic}[{partition}]"
 
     def verify(pair: tuple[int, int]) -> Alignment:
-        args = (source_next, replica_topic, where, source_down)
+        args = (source_next, replica_topic, where, source_down, cluster)
         return _verified(tables, replica, key, pair, *args)
 
     usable = [s for s in live_syncs(syncs) if s.upstream <= source_next]
@@ -284,7 +314,7 @@ def plan_partition(
         if anchor.upstream == source_next:
             return Alignment(anchor.downstream, 0), how
         pair = (anchor.upstream, anchor.downstream)
-        read = ingested_tail_where(tables, key, f"_kafka_offset <= {anchor.upstream}")
+        read = ingested_tail_where(tables, key, f"_kafka_offset <= {anchor.upstream}", cluster)
         if fallback is not None and not read:  # the anchor is before the failover's start
             copy, _ = replica.read(replica_topic, partition, anchor.downstream, 1)
             if copy and copy[0][0] == anchor.downstream:
@@ -311,7 +341,7 @@ def plan_partition(
             "reset the pipeline's offsets on the replica explicitly; nothing was changed"
         )
     offset, record = before
-    matches = locate(tables, key, record, source_next)
+    matches = locate(tables, key, record, source_next, cluster)
     if fallback is not None and not matches:
         how = (
             f"checkpoint {c.upstream} -> {c.downstream}; replica {offset} read before the failover"
@@ -363,11 +393,13 @@ def plan_failover(
     replica_topics: dict[str, str],
     fallbacks: dict[tuple[str, int], Fallback] | None = None,
     source_down: bool = False,
+    cluster: str | None = None,
 ) -> list[PartitionPlan]:
     """A plan for every partition in ``offsets`` (the table's next offsets of the group);
     ``fallbacks`` per partition: see :func:`plan_partition`. ``source_down``: the source
     cluster does not answer, so MM2 copies nothing more while the plan holds, and a table ahead
-    of the replica is accepted (:func:`~ingestion.failover_align.align_exact`).
+    of the replica is accepted (:func:`~ingestion.failover_align.align_exact`). ``cluster``:
+    the source cluster's name, to read only its rows (None: every row of the topic names).
 
     The quarantine table is synced first (no Kafka needed): its rows trail the data commits,
     and a record missing from the tail would be read again on the replica.
@@ -392,7 +424,7 @@ def plan_failover(
         copy = replica_topics[key[0]]
         aligned, how = plan_partition(
             tables, replica, key, offsets[key], copy, syncs.get(key, []),
-            newest.get((copy, key[1])), (fallbacks or {}).get(key), source_down,
+            newest.get((copy, key[1])), (fallbacks or {}).get(key), source_down, cluster,
         )  # fmt: skip
         plans.append(
             PartitionPlan(key[0], key[1], offsets[key], copy, ids[copy], aligned.start,

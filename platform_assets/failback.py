@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ingestion.cluster_rows import labelled_cluster
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_link import OriginLink
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
@@ -18,7 +19,7 @@ from ingestion.failover import Fallback, Replica, read_offset_syncs
 from ingestion.mm2 import offset_syncs_topic
 from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec
-from platform_assets.route import Route
+from platform_assets.route import PRIMARY, Route
 from resources.kafka import KafkaResource
 
 if TYPE_CHECKING:
@@ -29,9 +30,14 @@ SYNCS_TIMEOUT_S = 5.0  # MM2's forward offset syncs on the primary: unread (no a
 
 
 def origin_links(
-    switch: UndoneSwitch, offsets: dict[Key, int], names: dict[str, str], pipeline: str
+    switch: UndoneSwitch,
+    offsets: dict[Key, int],
+    names: dict[str, str],
+    pipeline: str,
+    labelled: str | None = None,
 ) -> dict[Key, Fallback]:
-    """Per replica partition the failover moved, its link to the origin partition it copied."""
+    """Per replica partition the failover moved, its link to the origin partition it copied
+    (``labelled``: see :func:`failback_labels`)."""
     links: dict[Key, Fallback] = {}
     for entry in switch.plans:
         key = (str(entry["replica_topic"]), int(entry["partition"]))
@@ -39,13 +45,35 @@ def origin_links(
             links[key] = OriginLink(
                 key, offsets[key], names[key[0]], (str(entry["source_topic"]), key[1]),
                 int(entry["source_next"]), int(entry["replica_start"]), pipeline,
+                PRIMARY if labelled else None, labelled,
             )  # fmt: skip
     return links
+
+
+def failback_labels(
+    spec: PipelineSpec, catalog: Catalog, route: Route, switch: UndoneSwitch | None
+) -> tuple[str | None, dict[Key, list[int]]]:
+    """For a failback from ``route``: the replica's name when a replica topic has its origin's
+    name (MM2's ``identity`` naming) and ``_kafka_cluster`` tells the rows read on each cluster
+    apart, so that every reader of the plan filters by it; else None (the names tell them apart,
+    or rows written before the column do not: ``ingestion.cluster_rows``); and the ambiguous
+    offsets per origin partition. The quarantine table is synced first (reads and idempotent
+    writes only, as the plan's own sync)."""
+    from ingestion.quarantine import sync_quarantine
+
+    if switch is None:
+        return None, {}
+    sync_quarantine(catalog, spec)
+    tables = [catalog.load_table(spec.table)]
+    if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
+        tables.append(catalog.load_table(spec.quarantine_table))
+    return labelled_cluster(tables, switch.plans, route.cluster)
 
 
 def plan_failback_origin(
     spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
     names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
+    labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
 
@@ -53,6 +81,7 @@ def plan_failback_origin(
     forward flow copied there arrive through the reverse copy; refused when it does not answer.
     An origin with the name of its reverse copy (MM2's identity policy both ways, a replication
     cycle MM2 cannot break) is left out: that topic is the reverse copy, read as before.
+    ``labelled`` and ``ambiguous``: :func:`failback_labels`.
     """
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
@@ -75,7 +104,10 @@ def plan_failback_origin(
         if alias
         else {}
     )
-    return plan_origin(tables, reader, replica, switch, origins, replica_next, spec.name, syncs)
+    return plan_origin(
+        tables, reader, replica, switch, origins, replica_next, spec.name, syncs, labelled,
+        ambiguous,
+    )  # fmt: skip
 
 
 def describe_origin(origin: list[OriginPlan], replica: str) -> list[str]:

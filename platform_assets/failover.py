@@ -40,6 +40,7 @@ from ingestion.topics import TopicEnds, read_topic_ends
 from platform_assets.failback import (
     REPLICA_TIMEOUT_S,
     describe_origin,
+    failback_labels,
     origin_links,
     plan_failback_origin,
 )
@@ -185,11 +186,15 @@ def failover_pipeline(
     # A failback undoes the newest switch to the replica it leaves: its plan ties the replica's
     # partitions to the origin topics (ingestion.failback_link, ingestion.failback_origin).
     switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
-    links = origin_links(switch, offsets, names, spec.name) if switch else None
+    # Under MM2's identity naming the replica topic has its origin's name: the rows read on
+    # each cluster are told apart by _kafka_cluster, when they record it (docs/cluster-column.md).
+    labelled, ambiguous = failback_labels(route.spec, catalog, route, switch)
+    links = origin_links(switch, offsets, names, spec.name, labelled) if switch else None
+    on_cluster = labelled if to == PRIMARY else (PRIMARY if route.cluster == PRIMARY else None)
     try:
         plans = plan_failover(
             catalog, route.spec, offsets, target, checkpoints, syncs, names, links,
-            source_down=down,
+            source_down=down, cluster=on_cluster,
         )  # fmt: skip
     except ReplicaBehindError as exc:
         if to == PRIMARY or down:
@@ -208,7 +213,9 @@ def failover_pipeline(
         lines += describe_local_topics(spec, names, target)
     origin: list[OriginPlan] = []
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
-        origin = plan_failback_origin(spec, catalog, route, goal.kafka, names, offsets, switch)
+        origin = plan_failback_origin(
+            spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous
+        )
         lines += describe_origin(origin, route.cluster)
     if dry_run:
         return [*lines, "dry run: nothing committed"]

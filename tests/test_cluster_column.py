@@ -10,6 +10,8 @@ its rows, its commit's offsets).
 from __future__ import annotations
 
 import datetime as dt
+import os
+import signal
 from decimal import Decimal
 
 import orjson
@@ -18,8 +20,10 @@ import pytest
 from confluent_kafka import TopicCollection
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 
 from ingestion.audit import audit_pipeline
+from ingestion.cluster_rows import labelled_cluster
 from ingestion.offsets import TopicOffsets, commit_properties
 from ingestion.run import run_pipeline
 from ingestion.tables import (
@@ -27,11 +31,18 @@ from ingestion.tables import (
     TABLE_PROPERTIES,
     build_quarantine_schema,
     build_schema,
+    load_or_create_table,
 )
+from platform_assets.checks import audit_finding
+from platform_assets.cli import main
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+from tests.support.failback_stack import StackFactory
+from tests.support.failover_stream import oracle, produce
 from tests.support.ledger import Ledger, LedgerProducer
-from tests.support.pipelines import NewPipeline, records
+from tests.support.pipelines import NewPipeline, make_spec, records
+
+NAME = "dr_identity"
 
 
 def without_cluster(schema: Schema) -> Schema:
@@ -40,14 +51,60 @@ def without_cluster(schema: Schema) -> Schema:
 
 
 def test_new_tables_have_the_column_after_the_other_kafka_columns() -> None:
-    from tests.support.pipelines import make_spec
-
     spec = make_spec("orders", "cl_schema", headers=True)
     names = [f.name for f in build_schema(spec).fields]
     assert names[-3:] == ["_kafka_key", "_kafka_headers", CLUSTER_COLUMN]
     quarantine = [f.name for f in build_quarantine_schema(spec).fields]
     assert quarantine[quarantine.index("_kafka_key") + 1] == CLUSTER_COLUMN
     assert not build_schema(spec).find_field(CLUSTER_COLUMN).required
+
+
+def orders_row(offset: int, cluster: str | None) -> dict[str, object]:
+    """A row of ``orders[0]`` at ``offset`` read on ``cluster`` (None: before the column)."""
+    at = dt.datetime(2026, 11, 23, 10, tzinfo=dt.UTC)
+    return {
+        "id": offset, "name": None, "amount": None, "ts": at, "_kafka_topic": "orders",
+        "_kafka_partition": 0, "_kafka_offset": offset, "_kafka_timestamp": at,
+        "_kafka_key": f"k{offset}", CLUSTER_COLUMN: cluster,
+    }  # fmt: skip
+
+
+PRIMARY_ROWS = [orders_row(o, None) for o in range(40, 60)]  # before the column: null
+LABELLED_PRIMARY = [orders_row(o, "primary") for o in range(40, 60)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "replica_topic", "expected"),
+    [
+        # dr's rows record it; the primary's read null (older) or primary: told apart.
+        (PRIMARY_ROWS + [orders_row(o, "dr") for o in range(50, 62)], "orders", ("dr", {})),
+        (LABELLED_PRIMARY + [orders_row(o, "dr") for o in range(50, 62)], "orders", ("dr", {})),
+        # dr's rows were written before the column: two nulls at 50..59, one past 60.
+        (PRIMARY_ROWS + [orders_row(o, None) for o in range(50, 62)], "orders",
+         (None, {("orders", 0): list(range(50, 62))})),
+        # the column came while the table read dr: its first rows pass for the primary's.
+        (LABELLED_PRIMARY + [orders_row(o, None) for o in range(50, 54)]
+         + [orders_row(o, "dr") for o in range(54, 62)], "orders",
+         (None, {("orders", 0): [50, 51, 52, 53]})),
+        # default naming: the names tell the clusters apart, no filter is needed.
+        (PRIMARY_ROWS, "primary.orders", (None, {})),
+    ],
+    ids=["labelled", "labelled-primary", "dr-before-column", "dr-partly-before", "default"],
+)  # fmt: skip
+def test_a_failback_trusts_the_cluster_only_where_rows_record_it(
+    catalog_resource: IcebergCatalogResource,
+    rows: list[dict[str, object]],
+    replica_topic: str,
+    expected: tuple[str | None, dict[tuple[str, int], list[int]]],
+    request: pytest.FixtureRequest,
+) -> None:
+    """The table read orders[0] on the primary below 60 and on dr (identity naming) from 50."""
+    name = "cl_labels_" + request.node.callspec.id.replace("-", "_")
+    table = load_or_create_table(catalog_resource.load_catalog(), make_spec("orders", name))
+    table.append(pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema())))
+    plans = [{"source_topic": "orders", "partition": 0, "replica_topic": replica_topic,
+              "replica_start": 50, "source_next": 60}]  # fmt: skip
+    assert labelled_cluster([table], plans, "dr") == expected
 
 
 @pytest.mark.integration
@@ -128,3 +185,71 @@ def test_a_table_created_before_the_column_gains_it_and_old_rows_audit_as_primar
     assert len(audit.commits.recounted) == 2  # the old engine's commit and the new run's
     assert audit.full.ok, audit.full.summary()  # every row's coordinates, old ones too
     assert (audit.full.rows, audit.full.quarantined) == (8, 1)
+
+
+@pytest.mark.integration
+def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_record_once(
+    failback_stack: StackFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MM2 copies ``orders`` to dr's ``orders`` (identity naming); the table ingested 20
+    records MM2 never copied, then the primary died: ``--source-lost``, and dr's ``orders`` is
+    read from the copies' end, at offsets the table also read on the primary. The rows record
+    their cluster, so the failback tells the two apart and lands every record once."""
+    stack = failback_stack(
+        "orders", NAME, config=True, errors_tolerance="all",
+        replica={"replication_policy": "identity", "failback_replication_policy": "default"},
+        forward={"identity": True, "sync_every": 9},
+    )  # fmt: skip
+    source, replica, spec, catalog = stack.source, stack.replica, stack.spec, stack.catalog
+    assert stack.copy == "orders"
+
+    produce(source.bootstrap_servers, "orders", 0, 100)
+    stack.ingest_route()
+    stack.forward.step()  # all 100 copied, at the same offsets; the checkpoint at the table's
+    produce(source.bootstrap_servers, "orders", 100, 20)  # the RPO tail: never copied...
+    stack.ingest_route()  # ...but ingested: the table is at offset 60 of each partition
+    os.kill(source.pid or 0, signal.SIGSTOP)  # the disaster
+    try:
+        assert main(["failover", NAME, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        assert "20 record(s) MirrorMaker 2 had not copied" in capsys.readouterr().out
+        produce(replica.bootstrap_servers, "orders", 120, 20)  # producers moved to dr's orders
+        assert stack.ingest_route() == {"orders"}  # dr's offsets 50.. of each partition
+        oracle(catalog, spec, 140)
+    finally:
+        os.kill(source.pid or 0, signal.SIGCONT)  # the primary is back; MM2's forward flow
+        # stays stopped (the --source-lost precondition)
+    clusters = cluster_offsets(catalog.load_table(spec.table))
+    overlap = clusters["primary"] & clusters["dr"]
+    assert {offset for _, offset in overlap} == set(range(50, 60))  # one name, two clusters
+    produce(source.bootstrap_servers, "orders", 140, 6)  # a producer left on the primary
+    reverse = stack.start_reverse(identity=False)  # dr's orders -> the primary's dr.orders
+    reverse.step()
+
+    assert main(["failover", NAME, "--to", "primary", "--reason", "primary is back"]) == 0
+    out = capsys.readouterr().out
+    assert "origin orders[0] (at 60 before the failover) resumes at 60" in out
+    assert stack.ingest_route() == {"dr.orders", "orders"}
+    oracle(catalog, spec, 146)  # the reverse copy skipped what dr's rows hold; the tail once
+    produce(source.bootstrap_servers, "orders", 146, 10)  # producers back on the primary
+    stack.ingest_route()
+    oracle(catalog, spec, 156)
+    quarantine = cluster_offsets(catalog.load_table(spec.quarantine_table), labelled=True)
+    assert quarantine == {"primary": {(1, 28), (0, 52), (1, 52), (1, 60)}}  # k57 k104 k105 k141
+    audit = audit_finding(spec, stack.iceberg, stack.kafka)
+    assert audit.passed, audit.message
+    full = audit_finding(spec, stack.iceberg, stack.kafka, full=True)
+    assert full.passed, full.message
+
+
+def cluster_offsets(table: Table, labelled: bool = False) -> dict[str, set[tuple[int, int]]]:
+    """Per ``_kafka_cluster``, the (partition, offset) of the table's ``orders`` rows (null
+    read as ``primary``, unless ``labelled``: this table's rows all record it)."""
+    rows = table.scan(
+        row_filter="_kafka_topic = 'orders'",
+        selected_fields=("_kafka_partition", "_kafka_offset", CLUSTER_COLUMN),
+    ).to_arrow()
+    found: dict[str, set[tuple[int, int]]] = {}
+    for row in rows.to_pylist():
+        cluster = row[CLUSTER_COLUMN] or ("null" if labelled else "primary")
+        found.setdefault(cluster, set()).add((row["_kafka_partition"], row["_kafka_offset"]))
+    return found
