@@ -2,16 +2,20 @@
 
 Under MM2's identity naming a failback reads a topic with the same name on the other cluster
 (``primary.orders`` on the replica, then its reverse copy on the primary; docs/reliability.md,
-R49). The rows record topic, partition and offset, not the cluster, so one coordinate can occur
-once per cluster that read it. From the group's commits along the lineage and the cluster each
-read (:func:`~ingestion.commit_audit.clusters_by_snapshot`), each cluster's committed ranges per
-partition are known; a coordinate is a duplicate only when it occurs more often than the number
-of clusters whose ranges hold it (at least once). A topic read on one cluster keeps the plain
-rule: each coordinate at most once. Reads snapshot metadata only.
+R49). Rows written before ``_kafka_cluster`` record topic, partition and offset, not the
+cluster, so one coordinate can occur once per cluster that read it. From the group's commits
+along the lineage and the cluster each read (:func:`~ingestion.commit_audit.clusters_by_snapshot`),
+each cluster's committed ranges per partition are known; a coordinate is a duplicate when it
+occurs more often than the number of clusters whose ranges hold it (at least once). A topic
+read on one cluster keeps the plain rule: each coordinate at most once. Rows that record their
+cluster are coordinates (cluster, topic, partition, offset): two rows of one cluster at one
+coordinate are a duplicate whatever the allowance (:func:`read_labelled`). Reads snapshot
+metadata, and the rows' coordinates for :func:`read_labelled`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -25,6 +29,7 @@ from ingestion.offsets import (
     snapshot_properties,
 )
 from ingestion.ranges import Coordinates, Key
+from ingestion.tables import CLUSTER_COLUMN
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -71,3 +76,28 @@ def allowed_copies(table: Table, group_id: str) -> Callable[[Coordinates], int]:
         return 1 if by_cluster is None else holders(by_cluster, coordinates[2])
 
     return allowed
+
+
+def read_labelled(table: Table) -> list[tuple[Coordinates, str | None]]:
+    """Every row's (topic, partition, offset) and ``_kafka_cluster`` (None: written before the
+    column, or a table without it), as any reader sees the table (no filter)."""
+    names = {field.name for field in table.schema().fields}
+    labelled = CLUSTER_COLUMN in names
+    columns = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
+    rows = table.scan(selected_fields=(*columns, CLUSTER_COLUMN) if labelled else columns)
+    found = rows.to_arrow()
+    coordinates = zip(*(found.column(name).to_pylist() for name in columns), strict=True)
+    clusters = found.column(CLUSTER_COLUMN).to_pylist() if labelled else [None] * len(found)
+    return list(zip(coordinates, clusters, strict=True))
+
+
+def twice_on_one_cluster(rows: list[tuple[Coordinates, str | None]]) -> set[Coordinates]:
+    """Coordinates held by two rows that record one cluster: a duplicate on any allowance.
+
+    Example:
+        >>> twice_on_one_cluster([(("t", 0, 5), "dr"), (("t", 0, 5), "primary"),
+        ...     (("t", 0, 6), "dr"), (("t", 0, 6), "dr"), (("t", 0, 7), None), (("t", 0, 7), None)])
+        {('t', 0, 6)}
+    """
+    counts = Counter((c, cluster) for c, cluster in rows if cluster is not None)
+    return {c for (c, _), n in counts.items() if n > 1}

@@ -206,7 +206,7 @@ def audit_commits(
         if table.metadata.snapshot_by_id(after_snapshot_id) is None:  # expired, not rolled back
             audit.cursor_expired = after_snapshot_id
     carriers = [s for s in window.snapshots if key in snapshot_properties(s)]
-    clusters = clusters_by_snapshot(table, group_id) if cluster_configs else {}
+    clusters = clusters_by_snapshot(table, group_id)  # also what each commit's rows record
 
     def config_of(snapshot: Snapshot) -> dict[str, Any]:
         name = clusters.get(snapshot.snapshot_id, "primary")
@@ -245,7 +245,8 @@ def audit_commits(
             if over and audit.recounted:  # the budget is spent: the rest is the backlog
                 _count_backlog(carriers[carriers.index(snapshot) :], previous, key, audit)
                 break
-            check_rows(table, snapshot, previous, current, properties, audit)
+            read_on = clusters.get(snapshot.snapshot_id, "primary")
+            check_rows(table, snapshot, previous, current, properties, audit, read_on)
             config = config_of(snapshot)
             check_count(snapshot, properties, recount, config, pipeline, timeout_s, audit)
             if audit.unrecounted is not None:  # retried next evaluation: the cursor stays

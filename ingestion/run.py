@@ -22,7 +22,7 @@ from ingestion.offsets import commit_properties, flatten
 from ingestion.plan import Plan, build_plan
 from ingestion.quarantine import quarantine_properties, sync_quarantine
 from ingestion.ranges import Key
-from ingestion.route_state import carried_route, refuse_ended_topics
+from ingestion.route_state import carried_route, refuse_ended_topics, refuse_other_cluster
 from ingestion.spec import PipelineSpec
 from ingestion.tables import load_or_create_quarantine_table, load_or_create_table
 
@@ -146,6 +146,7 @@ def run_pipeline(
     if spec.replicas:  # planned on a route a failback's completion ended since (R49)
         unplanned = [t for t in spec.source_topics if t not in (plan.committed or {})]
         refuse_ended_topics(table, plan.group_id, spec.source_topics, unplanned, spec.name)
+        refuse_other_cluster(table, plan.group_id, cluster, spec.name)  # rows record it
     timings["plan"] = time.monotonic() - started
     hooks.fire("after_plan", plan=plan)
     report = RunReport(

@@ -24,6 +24,7 @@ from ingestion.offsets import (
 )
 from ingestion.ranges import Key
 from ingestion.recount import Recount
+from ingestion.tables import CLUSTER_COLUMN
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -57,8 +58,11 @@ def _count(snapshot: Snapshot, name: str) -> int:
     return int(snapshot.summary.get(name, "0") or 0) if snapshot.summary else 0
 
 
-def _added_coordinates(table: Table, snapshot: Snapshot) -> list[tuple[str, int, int]]:
-    """(topic, partition, offset) of the rows in the data files ``snapshot`` added."""
+def _added_coordinates(
+    table: Table, snapshot: Snapshot
+) -> tuple[list[tuple[str, int, int]], list[str | None]]:
+    """(topic, partition, offset) of the rows in the data files ``snapshot`` added, and each
+    row's ``_kafka_cluster`` (None: not recorded)."""
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan
     from pyiceberg.manifest import DataFileContent, ManifestEntryStatus
@@ -73,12 +77,14 @@ def _added_coordinates(table: Table, snapshot: Snapshot) -> list[tuple[str, int,
         and entry.data_file.content == DataFileContent.DATA
     ]
     if not files:
-        return []
-    schema = table.schema().select("_kafka_topic", "_kafka_partition", "_kafka_offset")
+        return [], []
+    columns = ["_kafka_topic", "_kafka_partition", "_kafka_offset"]
+    labelled = any(field.name == CLUSTER_COLUMN for field in table.schema().fields)
+    schema = table.schema().select(*columns, *([CLUSTER_COLUMN] if labelled else []))
     rows = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table(
         [FileScanTask(f) for f in files]
     )
-    return list(
+    coordinates = list(
         zip(
             rows.column("_kafka_topic").to_pylist(),
             rows.column("_kafka_partition").to_pylist(),
@@ -86,6 +92,8 @@ def _added_coordinates(table: Table, snapshot: Snapshot) -> list[tuple[str, int,
             strict=True,
         )
     )
+    clusters = rows.column(CLUSTER_COLUMN).to_pylist() if labelled else [None] * len(coordinates)
+    return coordinates, clusters
 
 
 def check_rows(
@@ -95,8 +103,11 @@ def check_rows(
     current: dict[Key, int],
     properties: dict[str, str],
     audit: CommitAudit,
+    cluster: str | None = None,
 ) -> None:
-    """Offsets never go down; the rows of the commit's own files lie in its ranges, once."""
+    """Offsets never go down; the rows of the commit's own files lie in its ranges, once, and
+    those recording their cluster (``_kafka_cluster``) name ``cluster``, the one the commit
+    read (None: not checked)."""
     sid = snapshot.snapshot_id
     if previous is not None:
         dropped = sorted(set(previous) - set(current))
@@ -108,7 +119,14 @@ def check_rows(
             )
     starts = decode_starts(properties[RANGE_STARTS]) if RANGE_STARTS in properties else {}
     low = {k: (previous or {}).get(k, starts.get(k)) for k in current}
-    rows = _added_coordinates(table, snapshot)
+    rows, clusters = _added_coordinates(table, snapshot)
+    elsewhere = sorted({c for c in clusters if c is not None and c != (cluster or c)})
+    if elsewhere:
+        audit.findings.append(
+            f"snapshot {sid}: rows record cluster(s) {elsewhere}, the commit read {cluster!r}: "
+            "the run was not told the route's cluster; a failback under identity naming would "
+            "trust these labels"
+        )
     twice = sorted(c for c, n in Counter(rows).items() if n > 1)
     outside = sorted(
         c

@@ -78,9 +78,9 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
     assert snapshot.summary.additional_properties[FAILOVER_TO] == "dr"
 
     on_replica = spec_on_replica(spec, target)
-    report = run_pipeline(on_replica, dst, catalog, None, "replica_cluster")
+    report = run_pipeline(on_replica, dst, catalog, None, "replica_cluster", cluster="dr")
     assert report.records + report.quarantined == 20  # only what the table had not ingested
     oracle(catalog, spec, 130)
-    again = run_pipeline(on_replica, dst, catalog, None, "replica_cluster")
+    again = run_pipeline(on_replica, dst, catalog, None, "replica_cluster", cluster="dr")
     assert again.records == 0
     oracle(catalog, spec, 130)

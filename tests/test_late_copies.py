@@ -127,7 +127,12 @@ def test_late_copies_after_a_source_lost_failover_land_once(
         # A run that cannot read the primary cannot tell a late copy from a record that shares
         # its timestamp and key: it refuses, nothing committed.
         run_pipeline(
-            route.spec, route.kafka.client_config(), catalog, None, route.kafka.get_cluster_id()
+            route.spec,
+            route.kafka.client_config(),
+            catalog,
+            None,
+            route.kafka.get_cluster_id(),
+            cluster=route.cluster,
         )
     assert catalog.load_table(spec.table).current_snapshot() == head
     guard = read_guard(catalog.load_table(spec.table), spec.consumer_group_id, NAME)
