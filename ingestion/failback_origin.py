@@ -27,7 +27,13 @@ read from there exactly once. Never a guess: refused
 contradicts or does not single out the position: the origin topic was recreated or truncated
 below ``N`` by retention, its record before ``N`` is not the one the table holds, a record after
 the first uncopied one has a copy, a match by timestamp and key alone repeats, the sync is not
-borne out by the records, or the replica does not answer. Reads only; retrying is safe.
+borne out by the records, or the replica does not answer.
+
+Under MM2's ``identity`` naming the replica copy has the origin's name, and after a
+``--source-lost`` failover the table read offsets of it on both clusters: the origin's rows are
+then the ones recording ``primary`` (or null), the copy's those recording the replica
+(``_kafka_cluster``, ``ingestion.cluster_rows``). Refused while rows written before that column
+leave them ambiguous. Reads only; retrying is safe.
 """
 
 from __future__ import annotations
