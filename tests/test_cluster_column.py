@@ -144,7 +144,7 @@ def test_a_table_created_before_the_column_gains_it_and_old_rows_audit_as_primar
     properties = commit_properties(
         group_id=spec.consumer_group_id, offsets={topic: TopicOffsets(topic_id, {0: 5})},
         commit_id="old-engine", cluster_id=kafka.get_cluster_id(), pipeline=spec.name,
-        records=5,
+        records=5, range_starts={(topic, 0): 0},
     )  # fmt: skip
     table.append(
         pa.Table.from_pylist(old, schema=schema_to_pyarrow(table.schema())),
@@ -218,9 +218,11 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     finally:
         os.kill(source.pid or 0, signal.SIGCONT)  # the primary is back; MM2's forward flow
         # stays stopped (the --source-lost precondition)
-    clusters = cluster_offsets(catalog.load_table(spec.table))
-    overlap = clusters["primary"] & clusters["dr"]
-    assert {offset for _, offset in overlap} == set(range(50, 60))  # one name, two clusters
+    data = cluster_offsets(catalog.load_table(spec.table), labelled=True)
+    dead = cluster_offsets(catalog.load_table(spec.quarantine_table), labelled=True)
+    assert set(data) == {"primary", "dr"}  # every row records where it was read
+    overlap = (data["primary"] | dead["primary"]) & data["dr"]  # one name, two clusters
+    assert overlap == {(p, o) for p in (0, 1) for o in range(50, 60)}
     produce(source.bootstrap_servers, "orders", 140, 6)  # a producer left on the primary
     reverse = stack.start_reverse(identity=False)  # dr's orders -> the primary's dr.orders
     reverse.step()
