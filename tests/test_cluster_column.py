@@ -24,6 +24,7 @@ from pyiceberg.table import Table
 
 from ingestion.audit import audit_pipeline
 from ingestion.cluster_rows import labelled_cluster
+from ingestion.exceptions import ClusterChangedError
 from ingestion.offsets import TopicOffsets, commit_properties
 from ingestion.run import run_pipeline
 from ingestion.tables import (
@@ -35,6 +36,7 @@ from ingestion.tables import (
 )
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
+from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.failback_stack import StackFactory
@@ -213,6 +215,13 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
         assert main(["failover", NAME, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
         assert "20 record(s) MirrorMaker 2 had not copied" in capsys.readouterr().out
         produce(replica.bootstrap_servers, "orders", 120, 20)  # producers moved to dr's orders
+        route = active_route(spec, stack.kafka, stack.iceberg)
+        head = catalog.load_table(spec.table).current_snapshot()
+        config, cluster_id = route.kafka.client_config(), route.kafka.get_cluster_id()
+        # A caller that does not pass the route's cluster would label dr's rows primary.
+        with pytest.raises(ClusterChangedError, match="told it reads cluster 'primary'"):
+            run_pipeline(route.spec, config, catalog, None, cluster_id)
+        assert catalog.load_table(spec.table).current_snapshot() == head  # nothing committed
         assert stack.ingest_route() == {"orders"}  # dr's offsets 50.. of each partition
         oracle(catalog, spec, 140)
     finally:
