@@ -6,7 +6,8 @@ snapshot already audited), oldest first:
 
 - an ingestion commit of the group: its offsets never go down nor drop a partition; the rows
   its own files add lie in its ranges, once each; and its snapshot summary's ``added-records``
-  plus its ``kafka.quarantined`` equal the visible records Kafka holds in its ranges. A range
+  plus its ``kafka.quarantined`` (and the MM2 late copies it skipped, ``kafka.late-copies``:
+  ``ingestion.late_copies``) equal the visible records Kafka holds in its ranges. A range
   starts at the previous commit's offset; for a partition absent from it (a new partition or
   topic, or the group's first commit) at the start recorded in ``kafka.range-starts``; after a
   range recorded in ``kafka.lost-ranges``, at the end of that range. Where the start is not

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import SparkSession
 
-MAX_ROUNDS = 3
+MAX_ROUNDS = 4  # candidates for MM2's late copies, unknown schema ids, new fields, then clean
 
 
 def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskResult]:

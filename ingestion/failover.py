@@ -209,6 +209,14 @@ def ingested_tail_where(
         micros = scanned.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
         keys = scanned.column("_kafka_key").to_pylist()
         for offset, stamp, record_key in zip(offsets, micros, keys, strict=True):
+            if isinstance(record_key, dict):
+                raise FailoverRefusedError(
+                    f"{'.'.join(table.name())}: the table keeps the Kafka keys decoded "
+                    "(key_format: json), not their bytes, so its records cannot be matched with "
+                    "the replica's; a "
+                    "failover of this pipeline is not supported (reset its offsets on the "
+                    "replica explicitly instead); nothing was changed"
+                )
             raw = record_key.encode() if isinstance(record_key, str) else record_key
             rows[int(offset)] = RecordId(int(stamp) // 1000, raw)
     return sorted(rows.items())

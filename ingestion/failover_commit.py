@@ -180,7 +180,9 @@ def apply_failover(
         reason=reason,
     )
     properties[FAILOVER_TO] = target.name
-    properties[FAILOVER_PLAN] = orjson.dumps([plan.__dict__ for plan in plans]).decode()
+    # The uncopied records go to the table property only (ingestion.late_copies), not twice.
+    lines = [{k: v for k, v in plan.__dict__.items() if k != "uncopied_records"} for plan in plans]
+    properties[FAILOVER_PLAN] = orjson.dumps(lines).decode()
     if spec_topics is not None:
         properties[FAILOVER_TOPICS] = orjson.dumps(spec_topics).decode()
     if origin:

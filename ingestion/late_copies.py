@@ -32,14 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ingestion.exceptions import FailoverRefusedError, LateCopyUnverifiedError
-from ingestion.failover_align import digest_record, key_digest
+from ingestion.exceptions import LateCopyUnverifiedError, OperationRefusedError
+from ingestion.failover_align import RecordId, digest_record, key_digest
 from ingestion.route_state import FAILOVER_TO, active_switch
 
 if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
     from ingestion.failover import PartitionPlan, Replica
+    from ingestion.spec import PipelineSpec
     from ingestion.task_spec import RawChunk, TaskResult
 
 UNCOPIED_PREFIX = "kafka.uncopied."  # table property, per group: JSON, see module docstring
@@ -123,13 +125,15 @@ class LateCopyGuard:
             if uncopied.source not in clusters:
                 clusters[uncopied.source] = self._open(uncopied.source, cluster_config)
             wanted = {offset: (stamp, kd) for offset, stamp, kd in uncopied.records}
-            first, last = min(wanted), max(wanted)
-            try:
-                records, _ = clusters[uncopied.source].read(
-                    uncopied.source_topic, key[1], first, last - first + 1
-                )
-            except FailoverRefusedError:  # retention took them: MM2 cannot copy them either
-                records = []
+            source = clusters[uncopied.source]
+            # Retention may have taken the oldest since: MM2 cannot copy them any more (a copy
+            # it made before they went, while this platform could not reach the source, is not
+            # recognised: the one case left, see R54).
+            first = max(min(wanted), source.watermarks(uncopied.source_topic, key[1])[0])
+            last = max(wanted)
+            records: list[tuple[int, RecordId]] = []
+            if first <= last:
+                records, _ = source.read(uncopied.source_topic, key[1], first, last - first + 1)
             found[key] = frozenset(
                 strong_id(r.timestamp_ms, r.key, r.value_digest or b"")
                 for offset, r in records
@@ -148,7 +152,9 @@ class LateCopyGuard:
                 f"the table ingested from {source!r} before a --source-lost failover (MirrorMaker "
                 f"2 had not copied it): it may be MM2's late copy, and {source!r} does not "
                 "answer, so it cannot be compared byte for byte. Make it reachable from the "
-                "platform (its kafka configuration), then run again; nothing was committed"
+                "platform (its kafka configuration), then run again; if it is lost for good, "
+                f"`platform release-late-copies {self.pipeline}` makes runs ingest such "
+                "records. Nothing was committed"
             )
         return Replica(config)
 
@@ -175,12 +181,54 @@ def read_guard(table: Table, group_id: str, pipeline: str) -> LateCopyGuard | No
     return LateCopyGuard(pipeline, partitions)
 
 
+def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reason: str) -> int:
+    """Stop recognising late copies on the route in force: the operator asserts the cluster
+    left is lost for good (MM2 will copy nothing more from it), so a record sharing a timestamp
+    and key with an uncopied one is another record, and runs that refuse because that cluster
+    does not answer (:class:`LateCopyUnverifiedError`) ingest it instead. Returns the number of
+    records released; who, why and that number stay in the property.
+
+    Delivery: a table property change, no snapshot; a run in flight skips only records equal
+    byte for byte to an uncopied one, so it races nothing. If the cluster left comes back and
+    MM2 copies them after all, those copies are read a second time.
+
+    Raises:
+        OperationRefusedError: no such record is in force on the route.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+
+    key = UNCOPIED_PREFIX + spec.consumer_group_id
+    for _ in range(5):  # a run's commit moved the metadata: reload, apply again
+        table = catalog.load_table(spec.table)
+        guard = read_guard(table, spec.consumer_group_id, spec.name)
+        if guard is None:
+            raise OperationRefusedError(
+                f"pipeline {spec.name!r}: no record of uncopied records is in force on its route "
+                "(no --source-lost failover left any, or it was released); nothing changed"
+            )
+        value = orjson.loads(table.properties[key])
+        released = sum(len(u.records) for u in guard.partitions.values())
+        value["partitions"] = []
+        value["released"] = {"by": requested_by, "reason": reason, "records": released}
+        try:
+            with table.transaction() as transaction:
+                transaction.set_properties({key: orjson.dumps(value).decode()})
+        except CommitFailedException:
+            continue
+        return released
+    raise OperationRefusedError(
+        f"pipeline {spec.name!r}: the table kept changing; nothing changed, run it again"
+    )
+
+
 def late_copies_property(results: list[TaskResult]) -> str:
     """The commit's record of the late copies skipped: ``{"topic:partition": [offsets]}``."""
-    skipped = {
-        f"{r.range.topic}:{r.range.partition}": r.late_copies for r in results if r.late_copies
-    }
-    return orjson.dumps(skipped).decode()
+    skipped: dict[str, list[int]] = {}
+    for result in results:  # a partition split into several tasks: one list
+        if result.late_copies:
+            where = f"{result.range.topic}:{result.range.partition}"
+            skipped.setdefault(where, []).extend(result.late_copies)
+    return orjson.dumps({where: sorted(offsets) for where, offsets in skipped.items()}).decode()
 
 
 def count_late_copies(properties: dict[str, str]) -> int:

@@ -88,22 +88,28 @@ def plan_sync(
     steps = []
     bound = dict(synced)
     cluster = synced_cluster
-    # Each partition's last committed offset: a partition a commit leaves out (a reset that
-    # dropped a topic, a switch to the replica's copy) and a later one brings back (a failback)
-    # is rewound only below where it was left, not below 0.
-    known = dict(before) if before is not None else dict(bound)
+    # Each partition's last committed offset on each cluster: a partition a commit leaves out
+    # (a reset that dropped a topic, a switch to the replica's copy) and a later one brings back
+    # (a failback) is rewound only below where it was left on that cluster, not below 0, nor
+    # below where a topic of the same name was read on another cluster (identity naming).
+    # ``before`` is the last reflected commit: it was read on the synced cluster.
+    here = cluster or ""
+    known = {(here, k): o for k, o in (before if before is not None else bound).items()}
     for commit in newer:
         end = flatten(commit.offsets)
         # A partition absent from the commit's offsets (a reset that dropped a topic) keeps its
         # data rows, so it keeps its dead letters too: no cut. Nor after a cluster switch.
         same = _same_cluster(cluster, commit)
-        cuts = {key: min(known.get(key, 0), end[key]) for key in bound if key in end and same}
+        here = commit.cluster_id or cluster or ""
+        cuts = {
+            key: min(known.get((here, key), 0), end[key]) for key in bound if key in end and same
+        }
         cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
         if commit.files or cuts:
             steps.append(Step(commit, cuts))
             bound = end
             cluster = commit.cluster_id or cluster
-        known.update(end)
+        known.update({(here, key): offset for key, offset in end.items()})
     if not newer:  # rolled back (or emptied) past the last reflected commit: truncate to it
         end = flatten(head.offsets) if head else {}
         cuts = {

@@ -7,6 +7,7 @@
     platform maintain PIPELINE [--retention-hours H] [--orphan-window-hours H]
     platform failover PIPELINE --to REPLICA|primary [--dry-run] --reason WHY [--by WHO]
     platform complete-failback PIPELINE [--dry-run] --reason WHY [--by WHO]
+    platform release-late-copies PIPELINE --reason WHY [--by WHO]
 
 Connection settings come from the same configuration as the code location's
 (``resources.config``: the file named by ``$PLATFORM_CONFIG``, else the embedded stack's
@@ -186,10 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     complete.add_argument("--dry-run", action="store_true", help="print the plan only")
     complete.add_argument("--by", default=os.environ.get("USER", "operator"))
     complete.add_argument("--reason", required=True)
+    release = commands.add_parser(
+        "release-late-copies",
+        help="the cluster a --source-lost failover left is lost for good: stop waiting for it "
+        "to tell MM2's late copies (R54)",
+    )
+    release.add_argument("pipeline")
+    release.add_argument("--by", default=os.environ.get("USER", "operator"))
+    release.add_argument("--reason", required=True)
     args = parser.parse_args(argv)
     config = load_platform_config()
     specs = {spec.name: spec for spec in load_pipelines()}
-    kafka, iceberg = connect(config, check_kafka=args.command != "failover")
+    kafka, iceberg = connect(
+        config, check_kafka=args.command not in ("failover", "release-late-copies")
+    )
     if args.command in ("status", "validate"):
         audit = args.command == "status" and not args.skip_audit
         full = args.command == "status" and args.full_audit

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from ingestion.late_copies import release_guard
 from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.failover import complete_failback, failover_pipeline
@@ -86,8 +87,8 @@ def run_action(
     kafka: KafkaResource,
     iceberg: IcebergCatalogResource,
 ) -> list[str]:
-    """Run ``reset``, ``migrate-group``, ``maintain``, ``failover`` or ``complete-failback``;
-    return the lines to print."""
+    """Run ``reset``, ``migrate-group``, ``maintain``, ``failover``, ``complete-failback`` or
+    ``release-late-copies``; return the lines to print."""
     if args.command == "maintain":
         retention = args.retention_hours
         window = args.orphan_window_hours
@@ -109,6 +110,13 @@ def run_action(
         return complete_failback(
             spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason
         )
+    if args.command == "release-late-copies":
+        released = release_guard(iceberg.load_catalog(), spec, args.by, args.reason)
+        return [
+            f"released the {released} uncopied record(s) of {spec.name!r}'s route (by "
+            f"{args.by!r}, reason {args.reason!r}): runs no longer skip or wait for their "
+            "late copies"
+        ]
     if args.command == "reset" and not args.apply:
         position = parse_position(args.to)
         return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)

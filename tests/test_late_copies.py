@@ -22,12 +22,15 @@ from ingestion.failover_align import digest_record, key_digest
 from ingestion.late_copies import (
     LATE_COPIES,
     UNCOPIED_PREFIX,
+    count_late_copies,
+    late_copies_property,
     read_guard,
     set_aside,
     strong_id,
 )
+from ingestion.ranges import OffsetRange
 from ingestion.run import run_pipeline
-from ingestion.task_spec import RawChunk
+from ingestion.task_spec import RawChunk, TaskResult
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.pipelines import quarantine_key, table_key
@@ -81,6 +84,14 @@ def test_set_aside_skips_only_byte_for_byte_copies(
     assert (out.offsets, taken.candidates, taken.skipped) == (kept, candidates, skipped)
     assert out.headers is None  # the pipeline does not store headers: read for identity only
     assert len(out.keys) == len(out.values) == len(out.timestamps) == len(kept)
+
+
+def test_one_partitions_skips_over_several_tasks_are_recorded_once() -> None:
+    results = [TaskResult(OffsetRange("dr.t", 0, start, start + 4)) for start in (0, 4)]
+    results[0].late_copies, results[1].late_copies = [1, 2, 3], [5, 6]
+    recorded = {LATE_COPIES: late_copies_property(results)}
+    assert orjson.loads(recorded[LATE_COPIES]) == {"dr.t:0": [1, 2, 3, 5, 6]}
+    assert count_late_copies(recorded) == 5
 
 
 @pytest.mark.integration
@@ -163,14 +174,16 @@ def test_late_copies_after_a_source_lost_failover_land_once(
 
 @pytest.mark.integration
 def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback(
-    failback_stack: StackFactory, spark_resource: SparkResource
+    failback_stack: StackFactory,
+    spark_resource: SparkResource,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The primary is back before the route read MM2's late copies on dr; a reverse flow copies
     dr back, late copies included, and the operator fails back: the guard follows the switch to
     the reverse copy, and they are skipped there."""
     name, topic = "dr_late_back", "payments"
-    stack = failback_stack(
-        topic, name, partitions=3, config=True, errors_tolerance="all",
+    stack = failback_stack(  # small tasks: one partition's late copies span several
+        topic, name, partitions=3, config=True, errors_tolerance="all", max_records_per_task=4,
         forward={"sync_every": 9, "transactional": True},
     )  # fmt: skip
     source, replica, spec, iceberg, kafka = (
@@ -210,3 +223,13 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     assert audit.passed, audit.message
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
+    # The primary could have been lost for good: the operator stops the wait for it.
+    assert main(["release-late-copies", name, "--reason", "primary rebuilt"]) == 0
+    assert "released the 20 uncopied record(s)" in capsys.readouterr().out
+    table = catalog.load_table(spec.table)
+    assert read_guard(table, group, name) is None
+    released = orjson.loads(table.properties[UNCOPIED_PREFIX + group])["released"]
+    assert released == {"by": os.environ.get("USER", "operator"), "reason": "primary rebuilt",
+                        "records": 20}  # fmt: skip
+    with pytest.raises(SystemExit, match="no record of uncopied records is in force"):
+        main(["release-late-copies", name, "--reason", "again"])

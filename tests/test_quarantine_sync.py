@@ -157,6 +157,17 @@ def on(sequence: int, name: str, cluster: str, p0: int, files: int = 0) -> Sourc
             [],
             id="no-truncation-to-a-switch-to-another-topic",
         ),
+        pytest.param(
+            [
+                on(9, "to-primary", "primary", 40),
+                on(10, "run", "primary", 60),
+                on(11, "back-to-dr", "dr", 100),
+                on(12, "run", "dr", 110, files=1),
+            ],
+            None,
+            [("run", {})],
+            id="a-topic-read-on-the-other-cluster-meanwhile-sets-no-cut-on-return",
+        ),
     ],
 )
 def test_plan_sync_keeps_dead_letters_of_another_topic_with_the_same_name(

@@ -1,8 +1,8 @@
 """docs/reliability.md defines every scenario id and rule the repository cites (pure, no broker).
 
-Code, tests and docs cite scenarios as R1..R53 and the design rules as "rule N". Each citation in
+Code, tests and docs cite scenarios as R1..R54 and the design rules as "rule N". Each citation in
 a tracked .py or .md file must resolve to a heading of docs/reliability.md; the page must define
-exactly R1..R53 (in their groups A-K) and rules 1..7; every test it names must exist.
+exactly R1..R54 (in their groups A-L) and rules 1..7; every test it names must exist.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SCENARIO = re.compile(r"\bR(\d+)\b")
 RULE = re.compile(r"\b[Rr]ules? (\d+)\b")
 SCENARIO_HEADING = re.compile(r"^### R(\d+) — \S")
 RULE_HEADING = re.compile(r"^### Rule (\d+) — \S")
-GROUP_HEADING = re.compile(r"^## ([A-K])\. \S")
+GROUP_HEADING = re.compile(r"^## ([A-L])\. \S")
 TEST_REFERENCE = re.compile(r"\b(tests/[\w/]+\.py)::(\w+)")
 # Design notes that live outside this repository: a reader cannot follow a citation of them.
 OUTSIDE_NOTES = re.compile(r"\b(?:ARCHITECTURE|RELIABILITY)\.md\b")
@@ -38,6 +38,7 @@ GROUPS = {
     "I": [49, 50, 51],
     "J": [52],
     "K": [53],
+    "L": [54],
 }
 
 
@@ -108,7 +109,7 @@ def module_functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
 
 
 def test_doc_defines_exactly_the_scenarios_and_rules() -> None:
-    assert headings(SCENARIO_HEADING) == list(range(1, 54)), "### R1 … ### R53, once each, in order"
+    assert headings(SCENARIO_HEADING) == list(range(1, 55)), "### R1 … ### R54, once each, in order"
     assert headings(RULE_HEADING) == list(range(1, 8)), "### Rule 1 … ### Rule 7, once each"
 
 
@@ -120,7 +121,7 @@ def test_scenarios_stay_in_their_groups() -> None:
             match = GROUP_HEADING.match(line)
             group = match.group(1) if match else None
         elif (scenario := SCENARIO_HEADING.match(line)) is not None:
-            assert group is not None, f"{line!r} is outside the groups A-J"
+            assert group is not None, f"{line!r} is outside the groups A-L"
             groups.setdefault(group, []).append(int(scenario.group(1)))
     assert groups == GROUPS
 
