@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ingestion.audit_clusters import allowed_copies, read_labelled, twice_on_one_cluster
+from ingestion.audit_clusters import allowed_copies, count_duplicates, read_labelled
 from ingestion.audit_names import find_cross_name_twins, name_families
 from ingestion.commit_audit import CommitAudit, audit_commits
 from ingestion.late_copies import count_late_copies, skipped_late_copies
@@ -147,11 +147,8 @@ def audit_table(
         result.quarantined = len(quarantined)
         rows += quarantined
     counts = Counter(c for c, _ in rows)
-    allowed = allowed_copies(table, group_id)  # once per cluster that read it (R49)
-    twice = twice_on_one_cluster(rows)  # (cluster, topic, partition, offset) where recorded
-    result.duplicates = sorted(
-        c for c, n in counts.items() if n > 1 and (n > allowed(c) or c in twice)
-    )
+    # (cluster, topic, partition, offset) where rows record it; else once per cluster (R49)
+    result.duplicates = count_duplicates(rows, allowed_copies(table, group_id))
     current = table.current_snapshot()
     files = list_file_paths(table, current) if current else []
     result.duplicate_files = sorted(p for p, n in Counter(files).items() if n > 1)

@@ -2,15 +2,17 @@
 
 Under MM2's identity naming a failback reads a topic with the same name on the other cluster
 (``primary.orders`` on the replica, then its reverse copy on the primary; docs/reliability.md,
-R49). Rows written before ``_kafka_cluster`` record topic, partition and offset, not the
-cluster, so one coordinate can occur once per cluster that read it. From the group's commits
-along the lineage and the cluster each read (:func:`~ingestion.commit_audit.clusters_by_snapshot`),
-each cluster's committed ranges per partition are known; a coordinate is a duplicate when it
-occurs more often than the number of clusters whose ranges hold it (at least once). A topic
-read on one cluster keeps the plain rule: each coordinate at most once. Rows that record their
-cluster are coordinates (cluster, topic, partition, offset): two rows of one cluster at one
-coordinate are a duplicate whatever the allowance (:func:`read_labelled`). Reads snapshot
-metadata, and the rows' coordinates for :func:`read_labelled`.
+R49). Rows that record their cluster (``_kafka_cluster``) are counted by (cluster, topic,
+partition, offset) only: one row per cluster at a coordinate is not a duplicate, two rows of
+one cluster are, whatever the lineage says, so the rule holds after snapshot expiry
+(:func:`count_duplicates`). Rows written before the column record topic, partition and offset,
+not the cluster; at a coordinate holding such a null row, the coordinate may occur once per
+cluster that read it. From the group's commits along the (unexpired) lineage and the cluster
+each read (:func:`~ingestion.commit_audit.clusters_by_snapshot`), each cluster's committed
+ranges per partition are known; such a coordinate is a duplicate when it occurs more often than
+the number of clusters whose ranges hold it (at least once, :func:`allowed_copies`). A topic
+read on one cluster keeps the plain rule: each coordinate at most once. Reads snapshot metadata,
+and the rows' coordinates for :func:`read_labelled`.
 """
 
 from __future__ import annotations
@@ -91,13 +93,29 @@ def read_labelled(table: Table) -> list[tuple[Coordinates, str | None]]:
     return list(zip(coordinates, clusters, strict=True))
 
 
-def twice_on_one_cluster(rows: list[tuple[Coordinates, str | None]]) -> set[Coordinates]:
-    """Coordinates held by two rows that record one cluster: a duplicate on any allowance.
+def count_duplicates(
+    rows: list[tuple[Coordinates, str | None]], allowed: Callable[[Coordinates], int]
+) -> list[Coordinates]:
+    """The coordinates the full audit reports as duplicates, sorted.
+
+    A coordinate whose rows all record their cluster is a duplicate when two rows record one
+    cluster (counted by (cluster, coordinate) only; ``allowed`` is not asked). A coordinate
+    holding a null row (written before the column) is a duplicate when two rows record one
+    cluster, or when it occurs more often than ``allowed`` (:func:`allowed_copies`).
 
     Example:
-        >>> twice_on_one_cluster([(("t", 0, 5), "dr"), (("t", 0, 5), "primary"),
-        ...     (("t", 0, 6), "dr"), (("t", 0, 6), "dr"), (("t", 0, 7), None), (("t", 0, 7), None)])
-        {('t', 0, 6)}
+        >>> rows = [(("t", 0, 5), "dr"), (("t", 0, 5), "primary"), (("t", 0, 6), "dr"),
+        ...     (("t", 0, 6), "dr"), (("t", 0, 7), None), (("t", 0, 7), "dr"),
+        ...     (("t", 0, 8), None), (("t", 0, 8), None), (("t", 0, 9), None)]
+        >>> count_duplicates(rows, lambda coordinates: 1)
+        [('t', 0, 6), ('t', 0, 7), ('t', 0, 8)]
+        >>> count_duplicates(rows, lambda coordinates: 2)
+        [('t', 0, 6)]
     """
-    counts = Counter((c, cluster) for c, cluster in rows if cluster is not None)
-    return {c for (c, _), n in counts.items() if n > 1}
+    counts = Counter(c for c, _ in rows)
+    unlabelled = {c for c, cluster in rows if cluster is None}
+    labelled = Counter((c, cluster) for c, cluster in rows if cluster is not None)
+    twice = {c for (c, _), n in labelled.items() if n > 1}
+    return sorted(
+        c for c, n in counts.items() if c in twice or (c in unlabelled and n > allowed(c))
+    )

@@ -22,10 +22,12 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from ingestion.audit import audit_pipeline
+from ingestion.audit import audit_pipeline, audit_table
+from ingestion.audit_clusters import allowed_copies
 from ingestion.cluster_rows import labelled_cluster
 from ingestion.exceptions import ClusterChangedError
-from ingestion.offsets import TopicOffsets, commit_properties
+from ingestion.offsets import FAILOVER_TO, RESET_BY, TopicOffsets, commit_properties
+from ingestion.route_state import PRIMARY, ROUTE
 from ingestion.run import run_pipeline
 from ingestion.tables import (
     CLUSTER_COLUMN,
@@ -39,7 +41,7 @@ from platform_assets.cli import main
 from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from tests.support.failback_stack import StackFactory
+from tests.support.failback_stack import StackFactory, expire_all
 from tests.support.failover_stream import oracle, produce
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import NewPipeline, make_spec, records
@@ -107,6 +109,61 @@ def test_a_failback_trusts_the_cluster_only_where_rows_record_it(
     plans = [{"source_topic": "orders", "partition": 0, "replica_topic": replica_topic,
               "replica_start": 50, "source_next": 60}]  # fmt: skip
     assert labelled_cluster([table], plans, "dr") == expected
+
+
+OVERLAP = [("orders", 0, o) for o in range(50, 60)]  # read on both clusters
+
+
+@pytest.mark.parametrize(
+    ("primary", "dr", "before", "after"),
+    [
+        # Labelled rows: one per cluster is no duplicate, before and after expiry.
+        (LABELLED_PRIMARY, [orders_row(o, "dr") for o in range(50, 62)], [], []),
+        (LABELLED_PRIMARY, [orders_row(o, "dr") for o in [*range(50, 62), 55]],
+         [("orders", 0, 55)], [("orders", 0, 55)]),
+        # A null row: the allowance, read from the unexpired lineage, decides.
+        (PRIMARY_ROWS, [orders_row(o, "dr") for o in range(50, 62)], [], OVERLAP),
+        (PRIMARY_ROWS, [orders_row(o, None) for o in range(50, 62)], [], OVERLAP),
+        (PRIMARY_ROWS, [orders_row(o, "dr") for o in [*range(50, 62), 55, 45]],
+         [("orders", 0, 45), ("orders", 0, 55)], [("orders", 0, 45), *OVERLAP]),
+        (PRIMARY_ROWS, [orders_row(o, "dr") for o in range(50, 56)]
+         + [orders_row(o, None) for o in range(56, 62)], [], OVERLAP),
+    ],
+    ids=["labelled", "labelled-twice", "null-and-dr", "null-twice", "triple-and-outside",
+         "partly-labelled"],
+)  # fmt: skip
+def test_the_full_audit_counts_labelled_rows_by_cluster_and_null_rows_by_the_allowance(
+    catalog_resource: IcebergCatalogResource,
+    primary: list[dict[str, object]],
+    dr: list[dict[str, object]],
+    before: list[tuple[str, int, int]],
+    after: list[tuple[str, int, int]],
+    request: pytest.FixtureRequest,
+) -> None:
+    """orders[0] read on the primary to 60, then on dr from 50 (identity naming), as the
+    engine commits it; the full audit before and after expiry removed the primary's commit."""
+    name = "cl_count_" + request.node.callspec.id.replace("-", "_")
+    spec = make_spec("orders", name)
+    table = load_or_create_table(catalog_resource.load_catalog(), spec)
+    arrow = schema_to_pyarrow(table.schema())
+    group = spec.consumer_group_id
+
+    def commit(rows: list[dict[str, object]], cluster: str, to: int, **extra: str) -> None:
+        properties = commit_properties(
+            group_id=group, offsets={"orders": TopicOffsets(cluster, {0: to})},
+            commit_id=f"c{len(table.metadata.snapshots)}", cluster_id=cluster,
+            pipeline=spec.name, records=len(rows),
+        )  # fmt: skip
+        table.append(pa.Table.from_pylist(rows, schema=arrow), {**properties, **extra})
+
+    commit(primary, "primary", 60)
+    commit([], "dr", 50, **{RESET_BY: "ops", FAILOVER_TO: "dr"})  # the failover
+    commit(dr, "dr", 62, **{ROUTE: orjson.dumps({FAILOVER_TO: "dr"}).decode()})
+    commit([], "primary", 60, **{RESET_BY: "ops", FAILOVER_TO: PRIMARY})  # the failback
+    assert audit_table(table, group).duplicates == before
+    # Expiry keeps the failback and the dr commit it replaced: the primary's range is gone.
+    assert expire_all(table, group) == 2
+    assert audit_table(table.refresh(), group).duplicates == after
 
 
 @pytest.mark.integration
@@ -250,6 +307,14 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     assert audit.passed, audit.message
     full = audit_finding(spec, stack.iceberg, stack.kafka, full=True)
     assert full.passed, full.message
+    # Expiry (minutes on a stream) removes the commits that read orders on the primary: the
+    # lineage no longer says two clusters read 50..59, the rows' labels still do.
+    table = catalog.load_table(spec.table)
+    assert allowed_copies(table, stack.group)(("orders", 0, 55)) == 2
+    assert expire_all(table, stack.group) > 0
+    assert allowed_copies(table.refresh(), stack.group)(("orders", 0, 55)) == 1
+    full = audit_finding(spec, stack.iceberg, stack.kafka, full=True)
+    assert full.passed, full.message  # the allowance alone would report 50..59 twice
 
 
 def cluster_offsets(table: Table, labelled: bool = False) -> dict[str, set[tuple[int, int]]]:
