@@ -27,6 +27,10 @@ class ClusterChangedError(IngestionError):
     """The Kafka cluster id differs from the one stored with the offsets."""
 
 
+class RouteClusterError(IngestionError):
+    """A run was told it reads another cluster than the one the table's route reads."""
+
+
 class OffsetOutOfRangeError(IngestionError):
     """A committed offset is above the partition's end offset (log truncated or recreated)."""
 

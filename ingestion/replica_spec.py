@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _ALIAS = r"^[A-Za-z0-9._-]+$"
 
@@ -37,6 +37,18 @@ class ReplicaSpec(BaseModel):
     failback_source_alias: str | None = Field(default=None, pattern=_ALIAS)
     failback_replication_policy: Literal["default", "identity"] = "identity"
     max_checkpoint_age_seconds: float = Field(default=300.0, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _not_primary(cls, name: str) -> str:
+        # 'primary' names the pipeline's own cluster: in the rows' _kafka_cluster, in switch
+        # properties (kafka.failover-to) and in `platform failover --to primary`.
+        if name == "primary":
+            raise ValueError(
+                "replica name 'primary' is reserved for the pipeline's own cluster (the "
+                "kafka section); name the replica after its cluster, e.g. dr"
+            )
+        return name
 
     @model_validator(mode="after")
     def _reverse_flow_can_exist(self) -> ReplicaSpec:

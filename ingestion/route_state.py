@@ -222,13 +222,13 @@ def refuse_other_cluster(table: Table, group_id: str, cluster: str, pipeline: st
     """Refuse a run told it reads ``cluster`` while the table's route names another: its rows
     would record the wrong cluster in ``_kafka_cluster``, which a failback under MM2's identity
     naming trusts (``ingestion.cluster_rows``). Raises
-    :class:`~ingestion.exceptions.ClusterChangedError` before anything is read (a switch
+    :class:`~ingestion.exceptions.RouteClusterError` before anything is read (a switch
     committed since the caller read the route, or a caller that did not pass the route's
     cluster): nothing committed; the next run, on the route as it is now, reads again."""
     switch = active_switch(table, group_id)
     reads = PRIMARY if switch is None else switch[FAILOVER_TO]
     if reads != cluster:
-        raise exceptions.ClusterChangedError(
+        raise exceptions.RouteClusterError(
             f"pipeline {pipeline!r}: the run was told it reads cluster {cluster!r}, the table's "
             f"route reads {reads!r} (group {group_id!r}). Nothing was committed; run it on the "
             "active route (platform_assets.route.active_route: pass Route.cluster as cluster)"

@@ -25,7 +25,7 @@ from pyiceberg.table import Table
 from ingestion.audit import audit_pipeline, audit_table
 from ingestion.audit_clusters import allowed_copies
 from ingestion.cluster_rows import labelled_cluster
-from ingestion.exceptions import ClusterChangedError
+from ingestion.exceptions import RouteClusterError
 from ingestion.offsets import FAILOVER_TO, RESET_BY, TopicOffsets, commit_properties
 from ingestion.route_state import PRIMARY, ROUTE
 from ingestion.run import run_pipeline
@@ -276,7 +276,7 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
         head = catalog.load_table(spec.table).current_snapshot()
         config, cluster_id = route.kafka.client_config(), route.kafka.get_cluster_id()
         # A caller that does not pass the route's cluster would label dr's rows primary.
-        with pytest.raises(ClusterChangedError, match="told it reads cluster 'primary'"):
+        with pytest.raises(RouteClusterError, match="told it reads cluster 'primary'"):
             run_pipeline(route.spec, config, catalog, None, cluster_id)
         assert catalog.load_table(spec.table).current_snapshot() == head  # nothing committed
         assert stack.ingest_route() == {"orders"}  # dr's offsets 50.. of each partition

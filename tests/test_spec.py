@@ -94,6 +94,11 @@ def test_valid_spec_defaults() -> None:
             "replicas.0",
             "cannot fail back",
         ),
+        (  # 'primary' names the pipeline's own cluster (_kafka_cluster, failover --to)
+            {"replicas": [{"name": "primary", "source_alias": "east"}]},
+            "replicas.0.name",
+            "replica name 'primary' is reserved",
+        ),
     ],
 )
 def test_invalid_spec_names_pipeline_and_key(
