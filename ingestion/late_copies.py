@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 UNCOPIED_PREFIX = "kafka.uncopied."  # table property, per group: JSON, see module docstring
 LATE_COPIES = "kafka.late-copies"  # on a run commit: {"topic:partition": [skipped offsets]}
+RELEASED = "kafka.late-copies-released"  # on the release's snapshot: records released
 
 WeakId = tuple[int, str | None]  # (Kafka timestamp ms, key digest)
 Key = tuple[str, int]  # (replica topic, partition)
@@ -125,21 +126,40 @@ class LateCopyGuard:
             if uncopied.source not in clusters:
                 clusters[uncopied.source] = self._open(uncopied.source, cluster_config)
             wanted = {offset: (stamp, kd) for offset, stamp, kd in uncopied.records}
-            source = clusters[uncopied.source]
-            # Retention may have taken the oldest since: MM2 cannot copy them any more (a copy
-            # it made before they went, while this platform could not reach the source, is not
-            # recognised: the one case left, see R54).
-            first = max(min(wanted), source.watermarks(uncopied.source_topic, key[1])[0])
-            last = max(wanted)
-            records: list[tuple[int, RecordId]] = []
-            if first <= last:
-                records, _ = source.read(uncopied.source_topic, key[1], first, last - first + 1)
+            records = self._read(clusters[uncopied.source], uncopied, key[1], wanted)
             found[key] = frozenset(
                 strong_id(r.timestamp_ms, r.key, r.value_digest or b"")
                 for offset, r in records
                 if wanted.get(offset) == (r.timestamp_ms, key_digest(r.key))
             )
         return found
+
+    def _read(
+        self, source: Replica, uncopied: Uncopied, partition: int, wanted: dict[int, Any]
+    ) -> list[tuple[int, RecordId]]:
+        """The source's records at the uncopied offsets that are still there."""
+        from confluent_kafka import KafkaException
+
+        from ingestion.exceptions import FailoverRefusedError, ReadError
+
+        where = f"{uncopied.source_topic}[{partition}] on {uncopied.source!r}"
+        try:
+            # Retention may have taken the oldest since: MM2 cannot copy them any more (a copy
+            # it made before they went, while this platform could not reach the source, is
+            # not recognised: the one case left, see R54).
+            first = max(min(wanted), source.watermarks(uncopied.source_topic, partition)[0])
+            last = max(wanted)
+            if first > last:
+                return []
+            records, _ = source.read(uncopied.source_topic, partition, first, last - first + 1)
+        except (KafkaException, ReadError, FailoverRefusedError) as exc:
+            raise LateCopyUnverifiedError(
+                f"pipeline {self.pipeline!r}: reading {where} to tell MirrorMaker 2's late "
+                f"copies failed ({exc}); if that cluster is lost for good, `platform "
+                f"release-late-copies {self.pipeline} --reason ...` makes runs ingest such "
+                "records. Nothing was committed"
+            ) from exc
+        return records
 
     def _open(self, source: str, cluster_config: Callable[[str], dict[str, Any]] | None) -> Replica:
         """The cluster ``source`` as a reader, once it answers."""
@@ -153,8 +173,8 @@ class LateCopyGuard:
                 f"2 had not copied it): it may be MM2's late copy, and {source!r} does not "
                 "answer, so it cannot be compared byte for byte. Make it reachable from the "
                 "platform (its kafka configuration), then run again; if it is lost for good, "
-                f"`platform release-late-copies {self.pipeline}` makes runs ingest such "
-                "records. Nothing was committed"
+                f"`platform release-late-copies {self.pipeline} --reason ...` makes runs "
+                "ingest such records. Nothing was committed"
             )
         return Replica(config)
 
@@ -186,33 +206,50 @@ def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reaso
     left is lost for good (MM2 will copy nothing more from it), so a record sharing a timestamp
     and key with an uncopied one is another record, and runs that refuse because that cluster
     does not answer (:class:`LateCopyUnverifiedError`) ingest it instead. Returns the number of
-    records released; who, why and that number stay in the property.
+    records released.
 
-    Delivery: a table property change, no snapshot; a run in flight skips only records equal
-    byte for byte to an uncopied one, so it races nothing. If the cluster left comes back and
-    MM2 copies them after all, those copies are read a second time.
+    Delivery: one snapshot (empty, recording who, why and how many) that sets the property, by
+    compare-and-set on the table's head: a switch committed meanwhile (a new record) makes it
+    refuse, never overwrite. A run in flight keeps the record it read, so it may still refuse
+    once. If the cluster left comes back and MM2 copies them after all, those copies are read a
+    second time.
 
     Raises:
-        OperationRefusedError: no such record is in force on the route.
+        OperationRefusedError: no such record is in force, or it changed since it was read.
     """
+    import uuid
+
     from pyiceberg.exceptions import CommitFailedException
 
+    from ingestion.commit import commit_view
+    from ingestion.offsets import COMMIT_ID, PIPELINE, RESET_BY, RESET_REASON
+
     key = UNCOPIED_PREFIX + spec.consumer_group_id
-    for _ in range(5):  # a run's commit moved the metadata: reload, apply again
+    first: str | None = None
+    for _ in range(5):  # another commit moved the head: reload, check, apply again
         table = catalog.load_table(spec.table)
         guard = read_guard(table, spec.consumer_group_id, spec.name)
-        if guard is None:
+        raw = table.properties.get(key, "")
+        if guard is None or (first is not None and raw != first):
             raise OperationRefusedError(
                 f"pipeline {spec.name!r}: no record of uncopied records is in force on its route "
-                "(no --source-lost failover left any, or it was released); nothing changed"
+                "(no --source-lost failover left any, it was released, or a switch replaced it "
+                "since); nothing changed"
             )
-        value = orjson.loads(table.properties[key])
+        first = raw
+        value = orjson.loads(raw)
         released = sum(len(u.records) for u in guard.partitions.values())
         value["partitions"] = []
         value["released"] = {"by": requested_by, "reason": reason, "records": released}
+        summary = {
+            COMMIT_ID: uuid.uuid4().hex, PIPELINE: spec.name, RESET_BY: requested_by,
+            RESET_REASON: reason, RELEASED: str(released),
+        }  # fmt: skip
         try:
-            with table.transaction() as transaction:
+            with commit_view(table).transaction() as transaction:
                 transaction.set_properties({key: orjson.dumps(value).decode()})
+                with transaction.update_snapshot(snapshot_properties=summary).fast_append():
+                    pass
         except CommitFailedException:
             continue
         return released
