@@ -27,22 +27,20 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ingestion.exceptions import LateCopyUnverifiedError, OperationRefusedError
-from ingestion.failover_align import RecordId, digest_record, key_digest
+from ingestion.exceptions import LateCopyUnverifiedError
+from ingestion.failover_align import RecordId, key_digest
 from ingestion.route_state import FAILOVER_TO, active_switch
 
 if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
     from ingestion.failover import PartitionPlan, Replica
-    from ingestion.spec import PipelineSpec
-    from ingestion.task_spec import RawChunk, TaskResult
+    from ingestion.task_spec import TaskResult
 
 UNCOPIED_PREFIX = "kafka.uncopied."  # table property, per group: JSON, see module docstring
 LATE_COPIES = "kafka.late-copies"  # on a run commit: {"topic:partition": [skipped offsets]}
@@ -201,63 +199,6 @@ def read_guard(table: Table, group_id: str, pipeline: str) -> LateCopyGuard | No
     return LateCopyGuard(pipeline, partitions)
 
 
-def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reason: str) -> int:
-    """Stop recognising late copies on the route in force: the operator asserts the cluster
-    left is lost for good (MM2 will copy nothing more from it), so a record sharing a timestamp
-    and key with an uncopied one is another record, and runs that refuse because that cluster
-    does not answer (:class:`LateCopyUnverifiedError`) ingest it instead. Returns the number of
-    records released.
-
-    Delivery: one snapshot (empty, recording who, why and how many) that sets the property, by
-    compare-and-set on the table's head: a switch committed meanwhile (a new record) makes it
-    refuse, never overwrite. A run in flight keeps the record it read, so it may still refuse
-    once. If the cluster left comes back and MM2 copies them after all, those copies are read a
-    second time.
-
-    Raises:
-        OperationRefusedError: no such record is in force, or it changed since it was read.
-    """
-    import uuid
-
-    from pyiceberg.exceptions import CommitFailedException
-
-    from ingestion.commit import commit_view
-    from ingestion.offsets import COMMIT_ID, PIPELINE, RESET_BY, RESET_REASON
-
-    key = UNCOPIED_PREFIX + spec.consumer_group_id
-    first: str | None = None
-    for _ in range(5):  # another commit moved the head: reload, check, apply again
-        table = catalog.load_table(spec.table)
-        guard = read_guard(table, spec.consumer_group_id, spec.name)
-        raw = table.properties.get(key, "")
-        if guard is None or (first is not None and raw != first):
-            raise OperationRefusedError(
-                f"pipeline {spec.name!r}: no record of uncopied records is in force on its route "
-                "(no --source-lost failover left any, it was released, or a switch replaced it "
-                "since); nothing changed"
-            )
-        first = raw
-        value = orjson.loads(raw)
-        released = sum(len(u.records) for u in guard.partitions.values())
-        value["partitions"] = []
-        value["released"] = {"by": requested_by, "reason": reason, "records": released}
-        summary = {
-            COMMIT_ID: uuid.uuid4().hex, PIPELINE: spec.name, RESET_BY: requested_by,
-            RESET_REASON: reason, RELEASED: str(released),
-        }  # fmt: skip
-        try:
-            with commit_view(table).transaction() as transaction:
-                transaction.set_properties({key: orjson.dumps(value).decode()})
-                with transaction.update_snapshot(snapshot_properties=summary).fast_append():
-                    pass
-        except CommitFailedException:
-            continue
-        return released
-    raise OperationRefusedError(
-        f"pipeline {spec.name!r}: the table kept changing; nothing changed, run it again"
-    )
-
-
 def late_copies_property(results: list[TaskResult]) -> str:
     """The commit's record of the late copies skipped: ``{"topic:partition": [offsets]}``."""
     skipped: dict[str, list[int]] = {}
@@ -290,51 +231,3 @@ def skipped_late_copies(table: Table) -> set[tuple[str, int, int]]:
             topic, _, partition = where.rpartition(":")
             skipped.update((topic, int(partition), int(offset)) for offset in offsets)
     return skipped
-
-
-@dataclass
-class SetAside:
-    """What :func:`set_aside` took out of a chunk."""
-
-    candidates: int = 0
-    skipped: list[int] = field(default_factory=list)
-
-
-def set_aside(
-    raw: RawChunk, weak: frozenset[WeakId], strong: frozenset[bytes] | None, keep_headers: bool
-) -> tuple[RawChunk, SetAside]:
-    """``raw`` without its candidates (``strong`` None) or its late copies (``strong`` given:
-    the candidates equal byte for byte to an uncopied record), and what was taken."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from ingestion.task_spec import RawChunk
-
-    taken = SetAside()
-    stamps = pa.array(sorted({stamp for stamp, _ in weak}), pa.int64())
-    hits = pc.is_in(pa.array(raw.timestamps, pa.int64()), value_set=stamps)
-    drop: set[int] = set()
-    for i in pc.indices_nonzero(hits).to_pylist():
-        if (raw.timestamps[i], key_digest(raw.keys[i])) not in weak:
-            continue
-        if strong is None:
-            taken.candidates += 1
-            drop.add(i)
-            continue
-        headers = raw.headers[i] if raw.headers is not None else None
-        digest = digest_record(raw.values[i], headers)
-        if strong_id(raw.timestamps[i], raw.keys[i], digest) in strong:
-            taken.skipped.append(raw.offsets[i])
-            drop.add(i)
-    if not drop and keep_headers:
-        return raw, taken
-    keep = [i for i in range(len(raw.offsets)) if i not in drop]
-    out = RawChunk(
-        headers=[raw.headers[i] for i in keep] if keep_headers and raw.headers is not None else None
-    )
-    out.offsets = [raw.offsets[i] for i in keep]
-    out.keys = [raw.keys[i] for i in keep]
-    out.values = [raw.values[i] for i in keep]
-    out.timestamps = [raw.timestamps[i] for i in keep]
-    out.value_bytes = sum(len(v) for v in out.values if v is not None)
-    return out, taken

@@ -28,9 +28,9 @@ from ingestion.late_copies import (
     count_late_copies,
     late_copies_property,
     read_guard,
-    set_aside,
     strong_id,
 )
+from ingestion.late_copies_task import set_aside
 from ingestion.offsets import snapshot_properties
 from ingestion.ranges import OffsetRange
 from ingestion.run import run_pipeline
