@@ -47,7 +47,9 @@ def set_aside(
         if strong_id(raw.timestamps[i], raw.keys[i], digest) in strong:
             taken.skipped.append(raw.offsets[i])
             drop.add(i)
-    if not drop and keep_headers:
+    if not drop:  # the usual chunk: nothing to copy (each chunk is the reader's own)
+        if not keep_headers:
+            raw.headers = None
         return raw, taken
     keep = [i for i in range(len(raw.offsets)) if i not in drop]
     out = RawChunk(
