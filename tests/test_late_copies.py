@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -41,7 +42,7 @@ from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from resources.spark import SparkResource
 from tests.support.dagster_runs import materialize_pipeline
-from tests.support.failback_stack import StackFactory
+from tests.support.failback_stack import FailbackStack, StackFactory
 from tests.support.failover_stream import oracle, produce
 from tests.test_failback import ingest
 
@@ -98,16 +99,24 @@ def test_one_partitions_skips_over_several_tasks_are_recorded_once() -> None:
     assert count_late_copies(recorded) == 5
 
 
+def late_copy_stack(
+    factory: StackFactory, topic: str, name: str, **overrides: Any
+) -> FailbackStack:
+    """Three partitions, bad records quarantined, MM2's forward flow transactional with sparse
+    offset syncs; ``overrides`` change the spec."""
+    return factory(
+        topic, name, partitions=3, config=True, errors_tolerance="all",
+        forward={"sync_every": 9, "transactional": True}, **overrides,
+    )  # fmt: skip
+
+
 @pytest.mark.integration
 def test_late_copies_after_a_source_lost_failover_land_once(
     failback_stack: StackFactory,
     spark_resource: SparkResource,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    stack = failback_stack(
-        "orders", NAME, partitions=3, config=True, errors_tolerance="all",
-        forward={"sync_every": 9, "transactional": True},
-    )  # fmt: skip
+    stack = late_copy_stack(failback_stack, "orders", NAME)
     source, replica, spec, iceberg, kafka = (
         stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
     )  # fmt: skip
@@ -181,10 +190,8 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     dr back, late copies included, and the operator fails back: the guard follows the switch to
     the reverse copy, and they are skipped there."""
     name, topic = "dr_late_back", "payments"
-    stack = failback_stack(  # small tasks: one partition's late copies span several
-        topic, name, partitions=3, config=True, errors_tolerance="all", max_records_per_task=4,
-        forward={"sync_every": 9, "transactional": True},
-    )  # fmt: skip
+    # Small tasks: one partition's late copies span several.
+    stack = late_copy_stack(failback_stack, topic, name, max_records_per_task=4)
     source, replica, spec, iceberg, kafka = (
         stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
     )  # fmt: skip
