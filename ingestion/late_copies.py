@@ -27,25 +27,24 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ingestion.exceptions import LateCopyUnverifiedError, OperationRefusedError
-from ingestion.failover_align import RecordId, digest_record, key_digest
+from ingestion.exceptions import LateCopyUnverifiedError
+from ingestion.failover_align import RecordId, key_digest
 from ingestion.route_state import FAILOVER_TO, active_switch
 
 if TYPE_CHECKING:
-    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
     from ingestion.failover import PartitionPlan, Replica
-    from ingestion.spec import PipelineSpec
-    from ingestion.task_spec import RawChunk, TaskResult
+    from ingestion.task_spec import TaskResult
 
 UNCOPIED_PREFIX = "kafka.uncopied."  # table property, per group: JSON, see module docstring
 LATE_COPIES = "kafka.late-copies"  # on a run commit: {"topic:partition": [skipped offsets]}
+RELEASED = "kafka.late-copies-released"  # on the release's snapshot: records released
 
 WeakId = tuple[int, str | None]  # (Kafka timestamp ms, key digest)
 Key = tuple[str, int]  # (replica topic, partition)
@@ -125,21 +124,40 @@ class LateCopyGuard:
             if uncopied.source not in clusters:
                 clusters[uncopied.source] = self._open(uncopied.source, cluster_config)
             wanted = {offset: (stamp, kd) for offset, stamp, kd in uncopied.records}
-            source = clusters[uncopied.source]
-            # Retention may have taken the oldest since: MM2 cannot copy them any more (a copy
-            # it made before they went, while this platform could not reach the source, is not
-            # recognised: the one case left, see R54).
-            first = max(min(wanted), source.watermarks(uncopied.source_topic, key[1])[0])
-            last = max(wanted)
-            records: list[tuple[int, RecordId]] = []
-            if first <= last:
-                records, _ = source.read(uncopied.source_topic, key[1], first, last - first + 1)
+            records = self._read(clusters[uncopied.source], uncopied, key[1], wanted)
             found[key] = frozenset(
                 strong_id(r.timestamp_ms, r.key, r.value_digest or b"")
                 for offset, r in records
                 if wanted.get(offset) == (r.timestamp_ms, key_digest(r.key))
             )
         return found
+
+    def _read(
+        self, source: Replica, uncopied: Uncopied, partition: int, wanted: dict[int, Any]
+    ) -> list[tuple[int, RecordId]]:
+        """The source's records at the uncopied offsets that are still there."""
+        from confluent_kafka import KafkaException
+
+        from ingestion.exceptions import FailoverRefusedError, ReadError
+
+        where = f"{uncopied.source_topic}[{partition}] on {uncopied.source!r}"
+        try:
+            # Retention may have taken the oldest since: MM2 cannot copy them any more (a copy
+            # it made before they went, while this platform could not reach the source, is
+            # not recognised: the one case left, see R54).
+            first = max(min(wanted), source.watermarks(uncopied.source_topic, partition)[0])
+            last = max(wanted)
+            if first > last:
+                return []
+            records, _ = source.read(uncopied.source_topic, partition, first, last - first + 1)
+        except (KafkaException, ReadError, FailoverRefusedError) as exc:
+            raise LateCopyUnverifiedError(
+                f"pipeline {self.pipeline!r}: reading {where} to tell MirrorMaker 2's late "
+                f"copies failed ({exc}); if that cluster is lost for good, `platform "
+                f"release-late-copies {self.pipeline} --reason ...` makes runs ingest such "
+                "records. Nothing was committed"
+            ) from exc
+        return records
 
     def _open(self, source: str, cluster_config: Callable[[str], dict[str, Any]] | None) -> Replica:
         """The cluster ``source`` as a reader, once it answers."""
@@ -153,8 +171,8 @@ class LateCopyGuard:
                 f"2 had not copied it): it may be MM2's late copy, and {source!r} does not "
                 "answer, so it cannot be compared byte for byte. Make it reachable from the "
                 "platform (its kafka configuration), then run again; if it is lost for good, "
-                f"`platform release-late-copies {self.pipeline}` makes runs ingest such "
-                "records. Nothing was committed"
+                f"`platform release-late-copies {self.pipeline} --reason ...` makes runs "
+                "ingest such records. Nothing was committed"
             )
         return Replica(config)
 
@@ -179,46 +197,6 @@ def read_guard(table: Table, group_id: str, pipeline: str) -> LateCopyGuard | No
         for p in value["partitions"]
     }  # fmt: skip
     return LateCopyGuard(pipeline, partitions)
-
-
-def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reason: str) -> int:
-    """Stop recognising late copies on the route in force: the operator asserts the cluster
-    left is lost for good (MM2 will copy nothing more from it), so a record sharing a timestamp
-    and key with an uncopied one is another record, and runs that refuse because that cluster
-    does not answer (:class:`LateCopyUnverifiedError`) ingest it instead. Returns the number of
-    records released; who, why and that number stay in the property.
-
-    Delivery: a table property change, no snapshot; a run in flight skips only records equal
-    byte for byte to an uncopied one, so it races nothing. If the cluster left comes back and
-    MM2 copies them after all, those copies are read a second time.
-
-    Raises:
-        OperationRefusedError: no such record is in force on the route.
-    """
-    from pyiceberg.exceptions import CommitFailedException
-
-    key = UNCOPIED_PREFIX + spec.consumer_group_id
-    for _ in range(5):  # a run's commit moved the metadata: reload, apply again
-        table = catalog.load_table(spec.table)
-        guard = read_guard(table, spec.consumer_group_id, spec.name)
-        if guard is None:
-            raise OperationRefusedError(
-                f"pipeline {spec.name!r}: no record of uncopied records is in force on its route "
-                "(no --source-lost failover left any, or it was released); nothing changed"
-            )
-        value = orjson.loads(table.properties[key])
-        released = sum(len(u.records) for u in guard.partitions.values())
-        value["partitions"] = []
-        value["released"] = {"by": requested_by, "reason": reason, "records": released}
-        try:
-            with table.transaction() as transaction:
-                transaction.set_properties({key: orjson.dumps(value).decode()})
-        except CommitFailedException:
-            continue
-        return released
-    raise OperationRefusedError(
-        f"pipeline {spec.name!r}: the table kept changing; nothing changed, run it again"
-    )
 
 
 def late_copies_property(results: list[TaskResult]) -> str:
@@ -253,51 +231,3 @@ def skipped_late_copies(table: Table) -> set[tuple[str, int, int]]:
             topic, _, partition = where.rpartition(":")
             skipped.update((topic, int(partition), int(offset)) for offset in offsets)
     return skipped
-
-
-@dataclass
-class SetAside:
-    """What :func:`set_aside` took out of a chunk."""
-
-    candidates: int = 0
-    skipped: list[int] = field(default_factory=list)
-
-
-def set_aside(
-    raw: RawChunk, weak: frozenset[WeakId], strong: frozenset[bytes] | None, keep_headers: bool
-) -> tuple[RawChunk, SetAside]:
-    """``raw`` without its candidates (``strong`` None) or its late copies (``strong`` given:
-    the candidates equal byte for byte to an uncopied record), and what was taken."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    from ingestion.task_spec import RawChunk
-
-    taken = SetAside()
-    stamps = pa.array(sorted({stamp for stamp, _ in weak}), pa.int64())
-    hits = pc.is_in(pa.array(raw.timestamps, pa.int64()), value_set=stamps)
-    drop: set[int] = set()
-    for i in pc.indices_nonzero(hits).to_pylist():
-        if (raw.timestamps[i], key_digest(raw.keys[i])) not in weak:
-            continue
-        if strong is None:
-            taken.candidates += 1
-            drop.add(i)
-            continue
-        headers = raw.headers[i] if raw.headers is not None else None
-        digest = digest_record(raw.values[i], headers)
-        if strong_id(raw.timestamps[i], raw.keys[i], digest) in strong:
-            taken.skipped.append(raw.offsets[i])
-            drop.add(i)
-    if not drop and keep_headers:
-        return raw, taken
-    keep = [i for i in range(len(raw.offsets)) if i not in drop]
-    out = RawChunk(
-        headers=[raw.headers[i] for i in keep] if keep_headers and raw.headers is not None else None
-    )
-    out.offsets = [raw.offsets[i] for i in keep]
-    out.keys = [raw.keys[i] for i in keep]
-    out.values = [raw.values[i] for i in keep]
-    out.timestamps = [raw.timestamps[i] for i in keep]
-    out.value_bytes = sum(len(v) for v in out.values if v is not None)
-    return out, taken

@@ -101,9 +101,9 @@ def plan_sync(
         # data rows, so it keeps its dead letters too: no cut. Nor after a cluster switch.
         same = _same_cluster(cluster, commit)
         here = commit.cluster_id or cluster or ""
-        cuts = {
-            key: min(known.get((here, key), 0), end[key]) for key in bound if key in end and same
-        }
+        # A state from before clusters were recorded ("" cluster): assume the same cluster.
+        last = {key: known.get((here, key), known.get(("", key), 0)) for key in bound}
+        cuts = {key: min(last[key], end[key]) for key in bound if key in end and same}
         cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
         if commit.files or cuts:
             steps.append(Step(commit, cuts))

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ingestion.consumer import iter_batches, open_consumer
 from ingestion.engine_version import check_engine_version
-from ingestion.late_copies import set_aside
+from ingestion.late_copies_task import set_aside
 from ingestion.task_chunk import ChunkWriter
 from ingestion.task_spec import RawChunk, TaskResult, TaskSpec
 

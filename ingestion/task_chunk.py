@@ -107,11 +107,25 @@ def merge_rejections(keys: list[Rejection], values: list[Rejection]) -> list[Rej
 
 
 def _conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Order and cast columns to the table's Arrow schema (ms timestamps widen to us); columns
-    the schema lacks are dropped."""
-    return pa.Table.from_arrays(
-        [cast_nested(rows.column(f.name), f.type) for f in schema], schema=schema
-    )
+    """Order and cast columns to the table's Arrow schema (ms timestamps widen to us). An
+    optional Kafka metadata column the rows lack (one a later release adds; ``_kafka_cluster``
+    was one: docs/cluster-column.md) is written null, so rolling back over a table a later
+    release touched keeps ingesting.
+
+    Example:
+        >>> rows = pa.table({"_kafka_offset": pa.array([7], pa.int64())})
+        >>> later = pa.schema([("_kafka_offset", pa.int64()), ("_kafka_cluster", pa.string())])
+        >>> _conform(rows, later).to_pylist()
+        [{'_kafka_offset': 7, '_kafka_cluster': None}]
+    """
+    names = set(rows.column_names)
+    columns = [
+        cast_nested(rows.column(f.name), f.type)
+        if f.name in names or not (f.nullable and f.name.startswith("_kafka_"))
+        else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _decode_chunk(

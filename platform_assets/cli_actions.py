@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ingestion.late_copies import release_guard
+from ingestion.late_copies_release import release_guard
 from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.failover import complete_failback, failover_pipeline

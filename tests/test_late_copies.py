@@ -12,22 +12,27 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 from dagster import AssetSelection, DagsterInstance
 
 from ingestion.exceptions import LateCopyUnverifiedError
 from ingestion.failover_align import digest_record, key_digest
 from ingestion.late_copies import (
     LATE_COPIES,
+    RELEASED,
     UNCOPIED_PREFIX,
     count_late_copies,
     late_copies_property,
     read_guard,
-    set_aside,
     strong_id,
 )
+from ingestion.late_copies_task import set_aside
+from ingestion.offsets import snapshot_properties
 from ingestion.ranges import OffsetRange
 from ingestion.run import run_pipeline
 from ingestion.task_spec import RawChunk, TaskResult
@@ -37,7 +42,7 @@ from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from resources.spark import SparkResource
 from tests.support.dagster_runs import materialize_pipeline
-from tests.support.failback_stack import StackFactory
+from tests.support.failback_stack import FailbackStack, StackFactory
 from tests.support.failover_stream import oracle, produce
 from tests.test_failback import ingest
 
@@ -94,16 +99,24 @@ def test_one_partitions_skips_over_several_tasks_are_recorded_once() -> None:
     assert count_late_copies(recorded) == 5
 
 
+def late_copy_stack(
+    factory: StackFactory, topic: str, name: str, **overrides: Any
+) -> FailbackStack:
+    """Three partitions, bad records quarantined, MM2's forward flow transactional with sparse
+    offset syncs; ``overrides`` change the spec."""
+    return factory(
+        topic, name, partitions=3, config=True, errors_tolerance="all",
+        forward={"sync_every": 9, "transactional": True}, **overrides,
+    )  # fmt: skip
+
+
 @pytest.mark.integration
 def test_late_copies_after_a_source_lost_failover_land_once(
     failback_stack: StackFactory,
     spark_resource: SparkResource,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    stack = failback_stack(
-        "orders", NAME, partitions=3, config=True, errors_tolerance="all",
-        forward={"sync_every": 9, "transactional": True},
-    )  # fmt: skip
+    stack = late_copy_stack(failback_stack, "orders", NAME)
     source, replica, spec, iceberg, kafka = (
         stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
     )  # fmt: skip
@@ -182,10 +195,8 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     dr back, late copies included, and the operator fails back: the guard follows the switch to
     the reverse copy, and they are skipped there."""
     name, topic = "dr_late_back", "payments"
-    stack = failback_stack(  # small tasks: one partition's late copies span several
-        topic, name, partitions=3, config=True, errors_tolerance="all", max_records_per_task=4,
-        forward={"sync_every": 9, "transactional": True},
-    )  # fmt: skip
+    # Small tasks: one partition's late copies span several.
+    stack = late_copy_stack(failback_stack, topic, name, max_records_per_task=4)
     source, replica, spec, iceberg, kafka = (
         stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
     )  # fmt: skip
@@ -233,3 +244,45 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
                         "records": 20}  # fmt: skip
     with pytest.raises(SystemExit, match="no record of uncopied records is in force"):
         main(["release-late-copies", name, "--reason", "again"])
+
+
+@pytest.mark.integration
+def test_a_release_lets_runs_ingest_a_record_that_only_looks_like_a_late_copy(
+    failback_stack: StackFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The primary is lost for good; a producer on dr re-sends an order with its event time and
+    key but another value. Runs cannot compare it with the primary, so they refuse, committing
+    nothing, until the operator releases the record of uncopied records: then it lands."""
+    name, topic = "dr_late_release", "refunds"
+    stack = failback_stack(topic, name, partitions=2, config=True, errors_tolerance="all")
+    source, replica, spec, catalog = stack.source, stack.replica, stack.spec, stack.catalog
+    produce(source.bootstrap_servers, topic, 0, 6)  # partition 0: k0, k2, k4
+    stack.ingest_route()
+    stack.forward.step()
+    produce(source.bootstrap_servers, topic, 6, 2)  # k6: ingested, never copied
+    stack.ingest_route()
+    original = catalog.load_table(spec.table).scan(row_filter="_kafka_key = 'k6'").to_arrow()
+    stamp = original.column("_kafka_timestamp").cast(pa.int64()).to_pylist()[0] // 1000
+    os.kill(source.pid or 0, signal.SIGSTOP)
+    try:
+        assert main(["failover", name, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        resend = Producer({"bootstrap.servers": replica.bootstrap_servers})
+        value = (
+            b'{"id": 6, "name": "n6 (corrected)", "amount": "6.25", "ts": "2026-11-22T10:00:00Z"}'
+        )
+        resend.produce(stack.copy, key=b"k6", value=value, partition=0, timestamp=stamp)
+        resend.flush(10)
+        head = stack.head()
+        with pytest.raises(LateCopyUnverifiedError, match="release-late-copies dr_late_release"):
+            stack.ingest_route()  # no cluster_config: the primary cannot be read
+        assert stack.head() == head
+        assert main(["release-late-copies", name, "--reason", "primary lost"]) == 0
+        assert "released the 2 uncopied record(s)" in capsys.readouterr().out  # k6, k7
+        stack.ingest_route()
+    finally:
+        os.kill(source.pid or 0, signal.SIGCONT)
+    table = catalog.load_table(spec.table)
+    names = table.scan(row_filter="_kafka_key = 'k6'").to_arrow().column("name").to_pylist()
+    assert sorted(names) == ["n6", "n6 (corrected)"]  # the original and the re-sent, once each
+    (release,) = [s for s in table.snapshots() if RELEASED in snapshot_properties(s)]
+    assert snapshot_properties(release)[RELEASED] == "2"  # who and why too, in the history

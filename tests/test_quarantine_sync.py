@@ -180,3 +180,14 @@ def test_plan_sync_keeps_dead_letters_of_another_topic_with_the_same_name(
     the rows read on the replica (the k141 loss of the failback test)."""
     steps = plan_sync({P0: 90}, newer, {P0: 90}, head, "dr")
     assert [(s.commit.commit_id, s.cuts) for s in steps] == expected
+
+
+@pytest.mark.parametrize("synced_cluster", [None, ""], ids=["no-state", "empty"])
+@pytest.mark.parametrize("before", [{P0: 90}, None], ids=["before-known", "before-expired"])
+def test_a_state_without_a_cluster_cuts_nothing_on_a_forward_run(
+    synced_cluster: str | None, before: dict[tuple[str, int], int] | None
+) -> None:
+    """A quarantine state written before clusters were recorded, then a run that records one:
+    its offsets go forward, so every dead letter stays."""
+    steps = plan_sync({P0: 90}, [on(9, "run", "K", 100, files=1)], before, None, synced_cluster)
+    assert [(s.commit.commit_id, s.cuts) for s in steps] == [("run", {})]

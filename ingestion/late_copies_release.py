@@ -1,0 +1,73 @@
+"""The operator's release of a late-copy record (R54): the cluster a ``--source-lost`` failover
+left is lost for good (``platform release-late-copies``; design: ``ingestion.late_copies``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import orjson
+
+from ingestion.exceptions import OperationRefusedError
+from ingestion.late_copies import RELEASED, UNCOPIED_PREFIX, read_guard
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+
+    from ingestion.spec import PipelineSpec
+
+
+def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reason: str) -> int:
+    """Stop recognising late copies on the route in force: the operator asserts the cluster
+    left is lost for good (MM2 will copy nothing more from it), so a record sharing a timestamp
+    and key with an uncopied one is another record, and runs that refuse because that cluster
+    does not answer (:class:`LateCopyUnverifiedError`) ingest it instead. Returns the number of
+    records released.
+
+    Delivery: one snapshot (empty, recording who, why and how many) that sets the property, by
+    compare-and-set on the table's head: a switch committed meanwhile (a new record) makes it
+    refuse, never overwrite. A run in flight keeps the record it read, so it may still refuse
+    once. If the cluster left comes back and MM2 copies them after all, those copies are read a
+    second time.
+
+    Raises:
+        OperationRefusedError: no such record is in force, or it changed since it was read.
+    """
+    import uuid
+
+    from pyiceberg.exceptions import CommitFailedException
+
+    from ingestion.commit import commit_view
+    from ingestion.offsets import COMMIT_ID, PIPELINE, RESET_BY, RESET_REASON
+
+    key = UNCOPIED_PREFIX + spec.consumer_group_id
+    first: str | None = None
+    for _ in range(5):  # another commit moved the head: reload, check, apply again
+        table = catalog.load_table(spec.table)
+        guard = read_guard(table, spec.consumer_group_id, spec.name)
+        raw = table.properties.get(key, "")
+        if guard is None or (first is not None and raw != first):
+            raise OperationRefusedError(
+                f"pipeline {spec.name!r}: no record of uncopied records is in force on its route "
+                "(no --source-lost failover left any, it was released, or a switch replaced it "
+                "since); nothing changed"
+            )
+        first = raw
+        value = orjson.loads(raw)
+        released = sum(len(u.records) for u in guard.partitions.values())
+        value["partitions"] = []
+        value["released"] = {"by": requested_by, "reason": reason, "records": released}
+        summary = {
+            COMMIT_ID: uuid.uuid4().hex, PIPELINE: spec.name, RESET_BY: requested_by,
+            RESET_REASON: reason, RELEASED: str(released),
+        }  # fmt: skip
+        try:
+            with commit_view(table).transaction() as transaction:
+                transaction.set_properties({key: orjson.dumps(value).decode()})
+                with transaction.update_snapshot(snapshot_properties=summary).fast_append():
+                    pass
+        except CommitFailedException:
+            continue
+        return released
+    raise OperationRefusedError(
+        f"pipeline {spec.name!r}: the table kept changing; nothing changed, run it again"
+    )
