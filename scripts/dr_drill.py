@@ -1,26 +1,30 @@
 """A disaster-recovery drill on the real stack: the primary dies while ingestion runs.
 
     .venv/bin/python scripts/dr_drill.py [--rate 200] [--phase-seconds 40] [--partitions 8]
+        [--forward-resumes] [--naming identity]
 
 Run by hand, not in CI. Two embedded brokers (``primary`` and ``dr``) and a throw-away SQLite
 catalog. The MirrorMaker 2 stand-in of the tests (``tests/support/mm2_standin.py``: MM2's
 formats and conservative checkpoints, transactional copies) mirrors ``orders`` to dr's
-``primary.orders`` every second. The shipped ``orders`` pipeline is given replica ``dr`` and
-data as teams have it: 0.5 % malformed JSON, and ``created_at`` over 30 days, so each commit
-writes many table partitions. Runs go back to back through the route, as the Dagster asset runs
-them (``platform_assets.route.active_route`` -> ``run_pipeline``). The operator uses the
-``platform failover`` commands as the README gives them, racing the runs:
+``primary.orders`` every second (``--naming identity``: to dr's ``orders``, the README's
+recommended setup, with the reverse flow under default naming, dr's ``orders`` to the primary's
+``dr.orders``; rows record the cluster they were read on, ``_kafka_cluster``). The shipped
+``orders`` pipeline is given replica ``dr`` and data as teams have it: 0.5 % malformed JSON, and
+``created_at`` over 30 days, so each commit writes many table partitions. Runs go back to back
+through the route, as the Dagster asset runs them (``platform_assets.route.active_route`` ->
+``run_pipeline``). The operator uses the ``platform failover`` commands as the README gives
+them, racing the runs:
 
 1. steady ingestion from the primary;
 2. the disaster: MM2 falls behind (the RPO tail; the table is ahead of MM2's copy), producers
-   move to dr's ``primary.orders``, the primary is SIGSTOPped, the operator fails over to dr
-   with ``--source-lost``;
+   move to dr's copy (``primary.orders``, or ``orders`` under identity naming), the primary is
+   SIGSTOPped, the operator fails over to dr with ``--source-lost``;
 3. steady ingestion from dr;
 4. the primary is back (SIGCONT): the forward flow stays stopped (with ``--forward-resumes``
    it first copies for 10 s: its late copies of the records the table ingested without a
-   copy, which runs skip, R54), a reverse flow (identity naming) copies dr back, producers
-   return to ``orders``, the operator fails back (retrying every 5 s while the plan says to
-   wait for MM2);
+   copy, which runs skip, R54), a reverse flow (identity naming, or default under
+   ``--naming identity``) copies dr back, producers return to ``orders``, the operator fails
+   back (retrying every 5 s while the plan says to wait for MM2);
 5. the reverse copy drains, the reverse flow is stopped, the operator completes the failback
    (``platform complete-failback``) while producers keep writing;
 6. producers stop, the pipeline drains, and the oracle reads plain scans of the data and
@@ -231,12 +235,21 @@ def verdict(drill: Drill) -> bool:
     return not lost and not twice
 
 
-def write_config(workdir: Path, primary: str, dr: str, partitions: int) -> PipelineSpec:
+def write_config(
+    workdir: Path, primary: str, dr: str, partitions: int, naming: str
+) -> PipelineSpec:
     (orders,) = load_pipeline_specs(PIPELINES)
     raw = orders.model_dump(mode="json", by_alias=True, exclude_none=True)
     raw.pop("freshness_target_seconds", None)  # runs back to back below, no stream
     raw["in_process_max_records"] = 10_000_000
-    raw["replicas"] = [{"name": "dr", "source_alias": "primary", "target_alias": "dr"}]
+    raw["replicas"] = [
+        {"name": "dr", "source_alias": "primary", "target_alias": "dr"}
+        | (
+            {"replication_policy": "identity", "failback_replication_policy": "default"}
+            if naming == "identity"
+            else {}
+        )
+    ]
     spec = parse_pipeline_spec(raw)
     (workdir / "pipelines.yaml").write_text(yaml.safe_dump({"pipelines": [raw]}))
     config = {
@@ -261,6 +274,10 @@ def main() -> int:
         help="when the primary is back, MM2's forward flow resumes first (its late copies of "
         "the records the table ingested without a copy: R54), then stops before the failback",
     )  # fmt: skip
+    parser.add_argument(
+        "--naming", choices=("default", "identity"), default="default",
+        help="MM2's replication policy of the forward flow (the reverse flow takes the other)",
+    )  # fmt: skip
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="dr-drill-"))
     with (
@@ -272,7 +289,9 @@ def main() -> int:
         admin = AdminClient({"bootstrap.servers": p.bootstrap_servers})
         for future in admin.create_topics([NewTopic("orders", args.partitions, 1)]).values():
             future.result(15)
-        spec = write_config(workdir, p.bootstrap_servers, d.bootstrap_servers, args.partitions)
+        spec = write_config(
+            workdir, p.bootstrap_servers, d.bootstrap_servers, args.partitions, args.naming
+        )
         kafka = KafkaResource(
             bootstrap_servers=p.bootstrap_servers,
             replicas={"dr": {"bootstrap.servers": d.bootstrap_servers}},
@@ -283,6 +302,7 @@ def main() -> int:
         forward = MirrorStandIn(
             p.bootstrap_servers, d.bootstrap_servers, ["orders"], [group],
             target_alias="dr", sync_every=50, transactional=True,
+            identity=args.naming == "identity",
         ).setup()  # fmt: skip
         drill.mirrors.append(forward)
         threads = [
@@ -324,7 +344,8 @@ def run_drill(
     drill.producing.clear()
     time.sleep(0.5)
     seal(drill, args.partitions)
-    drill.target = (d.bootstrap_servers, "primary.orders")
+    copy = forward.remote("orders")  # dr's copy: primary.orders, or orders (identity)
+    drill.target = (d.bootstrap_servers, copy)
     drill.producing.set()
     os.kill(p.pid or 0, signal.SIGSTOP)
     say("2. disaster: primary SIGSTOPped; producers on dr; platform failover orders --to dr")
@@ -344,9 +365,9 @@ def run_drill(
         time.sleep(10)  # the route reads them
         say(f"   late copies skipped so far: {count_skipped(drill)}")
     reverse = MirrorStandIn(
-        d.bootstrap_servers, p.bootstrap_servers, ["primary.orders"], [group],
-        source_alias="dr", target_alias="primary", identity=True, sync_every=50,
-        transactional=True,
+        d.bootstrap_servers, p.bootstrap_servers, [copy], [group],
+        source_alias="dr", target_alias="primary", identity=not forward.identity,
+        sync_every=50, transactional=True,
     ).setup()  # fmt: skip
     drill.mirrors.append(reverse)
     time.sleep(5)  # the reverse flow copies and checkpoints
