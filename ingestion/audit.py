@@ -24,13 +24,14 @@ from ingestion.offsets import (
     RESET_BY,
     decode_offsets,
     decode_positions,
+    find_committed_state,
     flatten,
     iter_ancestry,
     snapshot_properties,
 )
 from ingestion.ranges import Coordinates, Key
 from ingestion.recovery import list_file_paths
-from ingestion.route_state import DROPPED_PREFIX
+from ingestion.route_state import DROPPED_PREFIX, PRIMARY, route_cluster
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -156,7 +157,18 @@ def audit_table(
     # Partitions an ended route dropped keep their rows, read up to there (R49).
     ended = decode_positions(table.properties.get(DROPPED_PREFIX + group_id, "{}"))
     watermark = {**ended, **_lineage_checks(table, group_id, result)}
-    result.beyond_watermark = sorted(c for c in counts if c[2] >= watermark.get((c[0], c[1]), 0))
+    # A row recording another cluster than the route's, at a (topic, partition) the route reads
+    # under the same name (MM2's identity naming), holds that cluster's offsets, unrelated to
+    # the route's watermark there: not held to it (R49; its duplicates are still counted).
+    reads, now = route_cluster(table, group_id), _route_partitions(table, group_id)
+    result.beyond_watermark = sorted(
+        {
+            c
+            for c, cluster in rows
+            if c[2] >= watermark.get((c[0], c[1]), 0)
+            and ((cluster or PRIMARY) == reads or (c[0], c[1]) not in now)
+        }
+    )
     if expected is not None:
         allowed_missing = (lost or set()) | skipped_late_copies(table)  # MM2's, R54
         within = {c for c in expected if c[2] < watermark.get((c[0], c[1]), 0)}
@@ -164,6 +176,12 @@ def audit_table(
         result.unexpected = sorted(set(counts) - expected)
         _check_commit_counts(table, group_id, expected, result)
     return result
+
+
+def _route_partitions(table: Table, group_id: str) -> set[Key]:
+    """The (topic, partition)s the group's committed offsets name now."""
+    committed = find_committed_state(table, group_id)
+    return set(flatten(committed.offsets)) if committed else set()
 
 
 def _check_commit_counts(

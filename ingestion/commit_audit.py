@@ -235,7 +235,8 @@ def audit_commits(
         elif RESET_BY in properties:
             current = _offsets(snapshot, key)
             if FAILOVER_TO not in properties:
-                check_rewind(table, snapshot, previous or {}, current, audit)
+                cluster = clusters.get(snapshot.snapshot_id, "primary")
+                check_rewind(table, snapshot, previous or {}, current, audit, cluster)
             previous = current
         else:
             current = _offsets(snapshot, key)

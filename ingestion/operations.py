@@ -26,6 +26,7 @@ from ingestion.actions import (
     read_group_before,
     refuse_active_runs,
 )
+from ingestion.cluster_rows import cluster_condition
 from ingestion.hooks import NO_HOOKS, FailureHooks
 from ingestion.mirror import MirrorOutcome, read_group_offsets
 from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state, flatten
@@ -34,6 +35,7 @@ from ingestion.quarantine import sync_quarantine
 from ingestion.ranges import Key
 from ingestion.rewind import find_retirement
 from ingestion.spec import PipelineSpec, StartingPosition
+from ingestion.tables import PRIMARY
 from ingestion.topics import describe_topic, list_pipeline_topics
 
 if TYPE_CHECKING:
@@ -144,14 +146,20 @@ def refuse_ambiguous_rewind(
         )
 
 
-def _rewound_filter(changes: dict[Key, tuple[int | None, int]]) -> str | None:
+def _rewound_filter(table: Table, changes: dict[Key, tuple[int | None, int]]) -> str | None:
+    """The rows a backward reset deletes: at or after each rewound offset, read on the
+    primary (a reset runs on the pipeline's own cluster only: it is refused on a moved route).
+    Rows recording another cluster (``_kafka_cluster``) at the same coordinates, read there under
+    MM2's identity naming, are other records and stay."""
     clauses = [
         f"(_kafka_topic = '{topic}' and _kafka_partition = {partition} "
         f"and _kafka_offset >= {after})"
         for (topic, partition), (before, after) in sorted(changes.items())
         if before is not None and after < before
     ]
-    return " or ".join(clauses) or None
+    if not clauses:
+        return None
+    return f"({' or '.join(clauses)}){cluster_condition(table, PRIMARY) or ''}"
 
 
 def apply_reset(
@@ -193,7 +201,7 @@ def apply_reset(
             f"pipeline {spec.name!r}: offsets or table changed since the reset was planned (by "
             f"the {mover}); plan it again"
         )
-    delete_filter = _rewound_filter(reset.changes)
+    delete_filter = _rewound_filter(table, reset.changes)
     properties = props.commit_properties(
         group_id=reset.group_id,
         offsets=reset.target,

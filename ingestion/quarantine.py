@@ -58,10 +58,12 @@ import time
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
+from ingestion.cluster_rows import cluster_condition
 from ingestion.commit import commit_view, load_table_with_retry
 from ingestion.offsets import (
     CLUSTER_ID,
     COMMIT_ID,
+    FAILOVER_TO,
     GROUP_ID,
     OFFSETS_PREFIX,
     PIPELINE,
@@ -80,6 +82,8 @@ from ingestion.quarantine_plan import (
     rows_at_or_after,
 )
 from ingestion.ranges import Key
+from ingestion.route_state import route_of
+from ingestion.tables import PRIMARY
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -139,6 +143,7 @@ def _source_commit(snapshot: Snapshot, location: str) -> SourceCommit | None:
         decode_offsets(properties[key]),
         decode_file_list(location, properties.get(QUARANTINE_FILES, "[]")),
         properties.get(CLUSTER_ID, ""),
+        (route_of(properties) or {}).get(FAILOVER_TO, PRIMARY),
     )
 
 
@@ -251,8 +256,11 @@ def apply_step(quarantine: Table, step: Step, follows: str, pipeline: str) -> No
         state[SYNCED_CLUSTER] = step.commit.cluster_id
     with commit_view(quarantine).transaction() as transaction, warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Delete operation did not match any records")
-        if step.cuts:
-            transaction.delete(rows_at_or_after(step.cuts), snapshot_properties=summary)
+        if step.cuts:  # of the rows read on the cluster the cuts refer to (identity naming)
+            where = cluster_condition(quarantine, step.commit.cluster or None) or ""
+            transaction.delete(
+                f"({rows_at_or_after(step.cuts)}){where}", snapshot_properties=summary
+            )
         # Always a snapshot: its assertion on the head is the compare-and-set of the state.
         with transaction.update_snapshot(snapshot_properties=summary).fast_append() as append:
             for data_file in files:

@@ -43,6 +43,7 @@ class SourceCommit:
     offsets: OffsetMap
     files: tuple[str, ...] = ()
     cluster_id: str = ""  # the Kafka cluster its offsets refer to ("": not recorded)
+    cluster: str = "primary"  # its name, as rows record it (``_kafka_cluster``; "": any)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def plan_sync(
             if end.get(key, 0) < bound[key] and (head is None or _same_cluster(cluster, head))
         }
         if cuts:
-            steps.append(Step(head or SourceCommit(0, "", {}), cuts))
+            steps.append(Step(head or SourceCommit(0, "", {}, cluster=""), cuts))
     return steps
 
 

@@ -218,6 +218,13 @@ def refuse_ended_topics(
         )
 
 
+def route_cluster(table: Table, group_id: str) -> str:
+    """The name of the cluster the table's route reads now: ``primary`` without a switch (or
+    after a failback's completion), else the switch's ``kafka.failover-to``."""
+    switch = active_switch(table, group_id)
+    return PRIMARY if switch is None else switch[FAILOVER_TO]
+
+
 def refuse_other_cluster(table: Table, group_id: str, cluster: str, pipeline: str) -> None:
     """Refuse a run told it reads ``cluster`` while the table's route names another: its rows
     would record the wrong cluster in ``_kafka_cluster``, which a failback under MM2's identity
@@ -225,8 +232,7 @@ def refuse_other_cluster(table: Table, group_id: str, cluster: str, pipeline: st
     :class:`~ingestion.exceptions.RouteClusterError` before anything is read (a switch
     committed since the caller read the route, or a caller that did not pass the route's
     cluster): nothing committed; the next run, on the route as it is now, reads again."""
-    switch = active_switch(table, group_id)
-    reads = PRIMARY if switch is None else switch[FAILOVER_TO]
+    reads = route_cluster(table, group_id)
     if reads != cluster:
         raise exceptions.RouteClusterError(
             f"pipeline {pipeline!r}: the run was told it reads cluster {cluster!r}, the table's "

@@ -197,8 +197,11 @@ def check_rewind(
     previous: dict[Key, int],
     current: dict[Key, int],
     audit: CommitAudit,
+    cluster: str = "primary",
 ) -> None:
-    """An operator's rewind leaves no row at or after a rewound offset (it is read again)."""
+    """An operator's rewind leaves no row at or after a rewound offset (it is read again), of
+    the rows read on ``cluster`` (``_kafka_cluster``; null is ``primary``): rows another cluster
+    holds at the same coordinates (MM2's identity naming) are other records and stay."""
     rewound = {k: o for k, o in current.items() if k in previous and o < previous[k]}
     if not rewound:
         return
@@ -206,13 +209,14 @@ def check_rewind(
         f"(_kafka_topic = '{t}' and _kafka_partition = {p} and _kafka_offset >= {o})"
         for (t, p), o in sorted(rewound.items())
     )
-    left = (
-        table.scan(
-            snapshot_id=snapshot.snapshot_id, row_filter=clauses, selected_fields=("_kafka_offset",)
-        )
-        .to_arrow()
-        .num_rows
-    )
+    schema = table.metadata.schema_by_id(snapshot.schema_id) if snapshot.schema_id else None
+    labelled = schema is not None and CLUSTER_COLUMN in {f.name for f in schema.fields}
+    fields = ("_kafka_offset", CLUSTER_COLUMN) if labelled else ("_kafka_offset",)
+    rows = table.scan(
+        snapshot_id=snapshot.snapshot_id, row_filter=clauses, selected_fields=fields
+    ).to_arrow()
+    names = rows.column(CLUSTER_COLUMN).to_pylist() if labelled else [None] * rows.num_rows
+    left = sum(1 for name in names if (name or "primary") == cluster)
     if left:
         audit.findings.append(
             f"snapshot {snapshot.snapshot_id} (an operator's rewind) left {left} rows at or "

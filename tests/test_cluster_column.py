@@ -253,7 +253,11 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     """MM2 copies ``orders`` to dr's ``orders`` (identity naming); the table ingested 20
     records MM2 never copied, then the primary died: ``--source-lost``, and dr's ``orders`` is
     read from the copies' end, at offsets the table also read on the primary. The rows record
-    their cluster, so the failback tells the two apart and lands every record once."""
+    their cluster, so the failback tells the two apart and lands every record once. Producers
+    on dr take its ``orders`` past the primary's position, so after the failback the two
+    clusters' rows share coordinates on both sides of the primary's offsets: the full audit
+    holds each row to its own cluster, and a rewind after completion (expired lineage)
+    deletes the primary's rows only."""
     stack = failback_stack(
         "orders", NAME, config=True, errors_tolerance="all",
         replica={"replication_policy": "identity", "failback_replication_policy": "default"},
@@ -271,7 +275,7 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     try:
         assert main(["failover", NAME, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
         assert "20 record(s) MirrorMaker 2 had not copied" in capsys.readouterr().out
-        produce(replica.bootstrap_servers, "orders", 120, 20)  # producers moved to dr's orders
+        produce(replica.bootstrap_servers, "orders", 120, 30)  # producers moved to dr's orders
         route = active_route(spec, stack.kafka, stack.iceberg)
         head = catalog.load_table(spec.table).current_snapshot()
         config, cluster_id = route.kafka.client_config(), route.kafka.get_cluster_id()
@@ -280,7 +284,7 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
             run_pipeline(route.spec, config, catalog, None, cluster_id)
         assert catalog.load_table(spec.table).current_snapshot() == head  # nothing committed
         assert stack.ingest_route() == {"orders"}  # dr's offsets 50.. of each partition
-        oracle(catalog, spec, 140)
+        oracle(catalog, spec, 150)
     finally:
         os.kill(source.pid or 0, signal.SIGCONT)  # the primary is back; MM2's forward flow
         # stays stopped (the --source-lost precondition)
@@ -289,7 +293,7 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     assert set(data) == {"primary", "dr"}  # every row records where it was read
     overlap = (data["primary"] | dead["primary"]) & data["dr"]  # one name, two clusters
     assert overlap == {(p, o) for p in (0, 1) for o in range(50, 60)}
-    produce(source.bootstrap_servers, "orders", 140, 6)  # a producer left on the primary
+    produce(source.bootstrap_servers, "orders", 150, 6)  # a producer left on the primary
     reverse = stack.start_reverse(identity=False)  # dr's orders -> the primary's dr.orders
     reverse.step()
 
@@ -297,12 +301,16 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     out = capsys.readouterr().out
     assert "origin orders[0] (at 60 before the failover) resumes at 60" in out
     assert stack.ingest_route() == {"dr.orders", "orders"}
-    oracle(catalog, spec, 146)  # the reverse copy skipped what dr's rows hold; the tail once
-    produce(source.bootstrap_servers, "orders", 146, 10)  # producers back on the primary
+    oracle(catalog, spec, 156)  # the reverse copy skipped what dr's rows hold; the tail once
+    # The primary's orders is at 63, dr's rows of orders reach 64: not beyond the watermark.
+    full = audit_finding(spec, stack.iceberg, stack.kafka, full=True)
+    assert full.passed, full.message
+    produce(source.bootstrap_servers, "orders", 156, 10)  # producers back on the primary
     stack.ingest_route()
-    oracle(catalog, spec, 156)
+    oracle(catalog, spec, 166)
     quarantine = cluster_offsets(catalog.load_table(spec.quarantine_table), labelled=True)
-    assert quarantine == {"primary": {(1, 28), (0, 52), (1, 52), (1, 60)}}  # k57 k104 k105 k141
+    primary_letters = {(1, 28), (0, 52), (1, 52)}  # k57 k104 k105
+    assert quarantine == {"primary": primary_letters, "dr": {(1, 60)}}  # k141, read on dr
     audit = audit_finding(spec, stack.iceberg, stack.kafka)
     assert audit.passed, audit.message
     full = audit_finding(spec, stack.iceberg, stack.kafka, full=True)
@@ -315,6 +323,18 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     assert allowed_copies(table.refresh(), stack.group)(("orders", 0, 55)) == 1
     full = audit_finding(spec, stack.iceberg, stack.kafka, full=True)
     assert full.passed, full.message  # the allowance alone would report 50..59 twice
+
+    # Completed, expired (the lineage forgets dr), then rewound on the primary: the rewind
+    # deletes the primary's rows and dead letters only; dr's, at the same coordinates, stay.
+    assert main(["complete-failback", NAME, "--reason", "reverse copy drained"]) == 0
+    expire_all(catalog.load_table(spec.table), stack.group)
+    assert main(["reset", NAME, "--to", "earliest", "--apply", "--reason", "re-read"]) == 0
+    quarantine = cluster_offsets(catalog.load_table(spec.quarantine_table), labelled=True)
+    assert quarantine == {"dr": {(1, 60)}}
+    assert stack.ingest_route() == {"orders"}
+    oracle(catalog, spec, 166)
+    full = audit_finding(spec, stack.iceberg, stack.kafka, full=True)
+    assert full.passed, full.message
 
 
 def cluster_offsets(table: Table, labelled: bool = False) -> dict[str, set[tuple[int, int]]]:
