@@ -58,7 +58,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
-from ingestion.cluster_rows import cluster_condition
+from ingestion.cluster_rows import cluster_condition, has_cluster_column
 from ingestion.commit import commit_view, load_table_with_retry
 from ingestion.offsets import (
     CLUSTER_ID,
@@ -161,7 +161,8 @@ def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
     after = int(state.get(SYNCED_SEQUENCE, "0"))
     synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
     newer, before, head = read_source_commits(table, after, location)
-    steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER))
+    labelled = has_cluster_column(quarantine)
+    steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER), labelled)
     if not steps or not newer:  # nothing to replay (a truncation needs the current snapshot)
         return set()
     first = steps[0].commit.sequence
@@ -209,7 +210,8 @@ def sync_quarantine(catalog: Catalog, spec: PipelineSpec, max_conflicts: int = 5
         synced = flatten(decode_offsets(state.get(SYNCED_OFFSETS, "{}")))
         after = int(state.get(SYNCED_SEQUENCE, "0"))
         newer, before, head = read_source_commits(table, after, quarantine.metadata.location)
-        steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER))
+        labelled = has_cluster_column(quarantine)
+        steps = plan_sync(synced, newer, before, head, state.get(SYNCED_CLUSTER), labelled)
         if not steps:
             return made
         try:

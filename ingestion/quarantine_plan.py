@@ -60,14 +60,19 @@ def plan_sync(
     before: dict[Key, int] | None,
     head: SourceCommit | None,
     synced_cluster: str | None = None,
+    labelled: bool = False,
 ) -> list[Step]:
     """The quarantine commits that bring the quarantine table up to the data table (pure).
 
-    A cut is a rewind: it applies only while the commit's offsets refer to the cluster the
-    synced rows were read on. A failover or failback switches the group to another cluster's
-    topic; under MM2's identity naming it has the same name (``primary.orders`` on the replica
-    and, copied back, on the primary) but unrelated offsets: its lower offsets are no rewind,
-    and the dead letters read on the other cluster must stay.
+    A cut is a rewind: a commit whose offset of a partition is below the last one committed on
+    the same cluster. A failover or failback switches the group to another cluster's topic;
+    under MM2's identity naming it has the same name (``orders`` on the replica and on the
+    primary) but unrelated offsets: its lower offsets are no rewind, and the dead letters read
+    on the other cluster must stay. Where the quarantine rows record their cluster
+    (``labelled``: ``_kafka_cluster``; the cut then deletes only the rows of the commit's
+    cluster, ``SourceCommit.cluster``), each cluster's rewinds cut its own rows, also after a
+    switch. Without the column a cut applies only while the commit's offsets refer to the
+    cluster the synced rows were read on (it would delete the other cluster's rows too).
 
     Args:
         synced: offsets of the last reflected commit: no quarantine row lies at or beyond them.
@@ -77,6 +82,7 @@ def plan_sync(
         head: the data table's newest commit (None: none in its lineage).
         synced_cluster: cluster id of the last reflected commit (None or "": unknown, every
             cut holds, as before clusters were compared).
+        labelled: the quarantine table has ``_kafka_cluster``.
 
     Example (a reset back to 5, then a run re-reading [5, 9) with dead letters):
         >>> from ingestion.offsets import TopicOffsets
@@ -103,9 +109,14 @@ def plan_sync(
         same = _same_cluster(cluster, commit)
         here = commit.cluster_id or cluster or ""
         # A state from before clusters were recorded ("" cluster): assume the same cluster.
-        last = {key: known.get((here, key), known.get(("", key), 0)) for key in bound}
-        cuts = {key: min(last[key], end[key]) for key in bound if key in end and same}
-        cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
+        last = {key: known.get((here, key), known.get(("", key))) for key in end}
+        if same:
+            cuts = {key: min(last[key] or 0, end[key]) for key in bound if key in end}
+            cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
+        elif labelled:  # rows record their cluster: a rewind on this one cuts its rows only
+            cuts = {k: end[k] for k, o in last.items() if o is not None and end[k] < o}
+        else:
+            cuts = {}
         if commit.files or cuts:
             steps.append(Step(commit, cuts))
             bound = end

@@ -209,7 +209,8 @@ def check_rewind(
         f"(_kafka_topic = '{t}' and _kafka_partition = {p} and _kafka_offset >= {o})"
         for (t, p), o in sorted(rewound.items())
     )
-    schema = table.metadata.schema_by_id(snapshot.schema_id) if snapshot.schema_id else None
+    at = snapshot.schema_id  # the scan reads the snapshot's schema (the current one if unset)
+    schema = table.schema() if at is None else table.metadata.schema_by_id(at)
     labelled = schema is not None and CLUSTER_COLUMN in {f.name for f in schema.fields}
     fields = ("_kafka_offset", CLUSTER_COLUMN) if labelled else ("_kafka_offset",)
     rows = table.scan(
