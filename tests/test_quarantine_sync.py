@@ -191,3 +191,34 @@ def test_a_state_without_a_cluster_cuts_nothing_on_a_forward_run(
     its offsets go forward, so every dead letter stays."""
     steps = plan_sync({P0: 90}, [on(9, "run", "K", 100, files=1)], before, None, synced_cluster)
     assert [(s.commit.commit_id, s.cuts) for s in steps] == [("run", {})]
+
+
+@pytest.mark.parametrize(
+    ("newer", "expected"),
+    [
+        pytest.param(
+            [on(9, "failback", "primary", 76), on(10, "run", "primary", 79)],
+            [],
+            id="switch-to-a-same-named-topic-is-still-no-rewind",
+        ),
+        pytest.param(
+            [on(9, "failback", "primary", 76), on(10, "reset", "primary", 70)],
+            [("reset", {P0: 70})],
+            id="a-rewind-on-the-new-cluster-cuts-its-own-rows",
+        ),
+        pytest.param(
+            [on(9, "failback", "primary", 76), on(10, "reset", "primary", 80)],
+            [],
+            id="a-forward-reset-on-the-new-cluster-cuts-nothing",
+        ),
+    ],
+)
+def test_labelled_rows_let_each_cluster_cut_its_own_rows(
+    newer: list[SourceCommit], expected: list[tuple[str, dict[tuple[str, int], int]]]
+) -> None:
+    """Rows that record their cluster (``_kafka_cluster``): a rewind on the cluster the
+    pipeline switched to cuts that cluster's dead letters, which it reads again, even while the
+    last synced commit was read on the other one (no dead letter since the failback); the cut
+    deletes only that cluster's rows (``ingestion.quarantine.apply_step``)."""
+    steps = plan_sync({P0: 90}, newer, {P0: 90}, None, "dr", labelled=True)
+    assert [(s.commit.commit_id, s.cuts) for s in steps] == expected
