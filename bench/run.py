@@ -118,7 +118,9 @@ def main() -> int:
     parser.add_argument(
         "--records", type=int, help="default 2,000,000; dirty/nested: 1,000,000 each"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="dirty: runs per workload")
+    parser.add_argument(
+        "--repeats", type=int, help="dirty/nested: runs per workload (3); late-copies: rounds (5)"
+    )
     parser.add_argument("--freshness-seconds", type=int, default=90)
     parser.add_argument(
         "--uncopied", type=int, nargs="+", default=[1000, 100_000], help="late-copies: RPO tails"
@@ -130,9 +132,10 @@ def main() -> int:
     json_path = Path(args.json or ROOT / ".platform" / "bench" / default_json)
     if args.suite == "late-copies":
         n = args.records or 200_000
-        return run_late_copies(n, args.repeats, json_path, args.uncopied, args.late_copies)
+        repeats = args.repeats or 5
+        return run_late_copies(n, repeats, json_path, args.uncopied, args.late_copies)
     if args.suite != "main":  # dirty, nested or both: one table of ratios to clean
-        return run_dirty(args.records or 1_000_000, args.repeats, json_path, args.suite)
+        return run_dirty(args.records or 1_000_000, args.repeats or 3, json_path, args.suite)
     n = args.records or 2_000_000
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
