@@ -24,6 +24,7 @@ from platform_assets.failover import failover_pipeline
 from platform_assets.route import Route, active_route
 
 HEAD_PER_PARTITION = 2  # records MM2 copied before the disaster (one offset sync each)
+SMALL = 10_000  # runs of at most this many offsets (the smoke test's) are prepared in-process
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,17 @@ class Routed:
     head: int
 
 
+def plain_spec(name: str, topic: str) -> PipelineSpec:
+    """The bench's orders pipeline (``spec_for``) on ``topic``; runs of at most ``SMALL``
+    offsets in-process, larger ones on Spark."""
+    return spec_for(name, topic, None).model_copy(update={"in_process_max_records": SMALL})
+
+
 def route_spec(name: str, topic: str) -> PipelineSpec:
-    """The bench's orders pipeline (``spec_for``) on ``topic`` with replica ``dr``."""
+    """:func:`plain_spec` with replica ``dr``."""
     raw = spec_for(name, topic, None).model_dump(by_alias=True)
-    return parse_pipeline_spec({**raw, "replicas": [{"name": "dr", "source_alias": "primary"}]})
+    replicas = [{"name": "dr", "source_alias": "primary"}]
+    return parse_pipeline_spec({**raw, "replicas": replicas, "in_process_max_records": SMALL})
 
 
 def guard_routes(
