@@ -11,19 +11,19 @@ with the tail. The primary stays up: runs on the route read the originals there 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from bench.workloads import order_record, produce, spec_for
-from ingestion.consumer import iter_range, open_consumer
+from ingestion.failover_align import key_digest
 from ingestion.late_copies import read_guard
-from ingestion.ranges import OffsetRange
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec, parse_pipeline_spec
 from platform_assets.failover import failover_pipeline
 from platform_assets.route import Route, active_route
 
-HEAD_PER_PARTITION = 2  # records MM2 copied before the disaster (one offset sync each)
+HEAD_PER_PARTITION = 1  # records MM2 copied before the disaster (each with an offset sync)
 SMALL = 10_000  # runs of at most this many offsets (the smoke test's) are prepared in-process
 
 
@@ -82,7 +82,7 @@ def guard_routes(
         future.result(15)
     forward = MirrorStandIn(
         primary["bootstrap.servers"], dr["bootstrap.servers"], topics,
-        [s.consumer_group_id for s in specs.values()], source_alias="primary", sync_every=1,
+        [s.consumer_group_id for s in specs.values()], source_alias="primary",
     ).setup()  # fmt: skip
     head = HEAD_PER_PARTITION * partitions
     cluster_id = kafka.get_cluster_id()
@@ -90,10 +90,12 @@ def guard_routes(
         produce(primary, spec.source_topics[0], head, partitions)
         run_pipeline(spec, primary, catalog, None, cluster_id)
     forward.step()  # the head copied; checkpoints at the table's offsets
+    stamp = int(time.time() * 1000) - max(tails.values())  # the tails end now, 1 record/ms
     routed = {}
     for name, spec in specs.items():
         topic = spec.source_topics[0]
-        produce(primary, topic, tails[name], partitions, make=_later(head))  # the RPO tail
+        tail = make_round(tails[name], partitions, 7, first=head, stamp_ms=stamp)
+        send(primary, topic, tail)  # the RPO tail, stamped (its originals are known)
         run_pipeline(spec, primary, catalog, None, cluster_id)  # ingested, never copied
         lines = failover_pipeline(
             spec, kafka, iceberg, "dr", dry_run=False, requested_by="bench",
@@ -103,33 +105,15 @@ def guard_routes(
         if not any(expected in line for line in lines):
             raise RuntimeError(f"{name}: the switch did not record the tail:\n" + "\n".join(lines))
         route = active_route(spec, kafka, iceberg)
-        table = catalog.load_table(spec.table)
-        guard = read_guard(table, spec.consumer_group_id, name)
-        recorded = sum(len(u.records) for u in guard.partitions.values()) if guard else 0
-        if route.cluster != "dr" or recorded != tails[name]:
-            raise RuntimeError(f"{name}: route {route.cluster}, {recorded} uncopied recorded")
-        routed[name] = Routed(spec, route, read_originals(primary, topic, guard), head)
+        guard = read_guard(catalog.load_table(spec.table), spec.consumer_group_id, name)
+        originals = [Original(p, t or 0, k, v, h) for p, k, v, t, h, _ in tail]
+        recorded = {w for u in guard.partitions.values() for w in u.weak_ids} if guard else set()
+        if route.cluster != "dr" or recorded != {
+            (o.timestamp_ms, key_digest(o.key)) for o in originals
+        }:
+            raise RuntimeError(f"{name}: route {route.cluster}, {len(recorded)} uncopied recorded")
+        routed[name] = Routed(spec, route, originals, head)
     return routed
-
-
-def _later(first: int) -> Any:
-    """Order records numbered from ``first`` (the tail follows the head's order ids)."""
-    return lambda rng, i: order_record(rng, first + i)
-
-
-def read_originals(primary: dict[str, Any], topic: str, guard: Any) -> list[Original]:
-    """The guard's uncopied records, read on the primary (offset order per partition)."""
-    found: list[Original] = []
-    with open_consumer(primary, "bench-originals") as consumer:
-        for (_, partition), uncopied in sorted(guard.partitions.items()):
-            offsets = sorted(o for o, _, _ in uncopied.records)
-            rng = OffsetRange(topic, partition, offsets[0], offsets[-1] + 1)
-            for message in iter_range(consumer, rng, 30, "bench originals"):
-                found.append(
-                    Original(partition, message.timestamp()[1], message.key(), message.value(),
-                             message.headers())
-                )  # fmt: skip
-    return found
 
 
 def near_miss(original: Original) -> Original:
@@ -145,13 +129,17 @@ Outgoing = tuple[int, bytes | None, bytes | None, int | None, Any, str]
 """(partition, key, value, timestamp ms or None for now, headers, tag: '' or what to note)."""
 
 
-def make_round(records: int, partitions: int, seed: int) -> list[Outgoing]:
-    """``records`` order events round-robin over ``partitions``, stamped when produced."""
+def make_round(
+    records: int, partitions: int, seed: int, first: int = 0, stamp_ms: int | None = None
+) -> list[Outgoing]:
+    """``records`` order events (ids from ``first``) round-robin over ``partitions``, stamped
+    when produced, or ``stamp_ms`` plus one per record."""
     rng = random.Random(seed)
     out: list[Outgoing] = []
     for i in range(records):
-        key, value = order_record(rng, i)
-        out.append((i % partitions, key, value, None, None, ""))
+        key, value = order_record(rng, first + i)
+        stamp = None if stamp_ms is None else stamp_ms + i
+        out.append((i % partitions, key, value, stamp, None, ""))
     return out
 
 

@@ -18,6 +18,7 @@ import json
 import pstats
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,10 @@ def run_late_copies(
             kafka, kafka.for_cluster("dr"), iceberg, records, repeats, uncopied, late
         )
         gc.collect()  # close the Kafka clients while the brokers are up
+        stopping = threading.Thread(target=primary.stop)  # each waits out its stop timeout
+        stopping.start()
+        dr.stop()
+        stopping.join()
     ok = print_late_copy_table(results)
     figures = {"records": records, "repeats": repeats, "started": time.time(), "cases": results}
     write_figures(figures, json_path)
