@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ingestion.cluster_rows import labelled_cluster
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_link import OriginLink
+from ingestion.failback_lost import LostReplica
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
 from ingestion.failover import Fallback, Replica, read_offset_syncs
 from ingestion.mm2 import offset_syncs_topic
@@ -74,6 +75,7 @@ def plan_failback_origin(
     spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
     names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
     labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
+    lost: LostReplica | None = None,
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
 
@@ -81,7 +83,9 @@ def plan_failback_origin(
     forward flow copied there arrive through the reverse copy; refused when it does not answer.
     An origin with the name of its reverse copy (MM2's identity policy both ways, a replication
     cycle MM2 cannot break) is left out: that topic is the reverse copy, read as before.
-    ``labelled`` and ``ambiguous``: :func:`failback_labels`.
+    ``labelled`` and ``ambiguous``: :func:`failback_labels`. ``lost``: the operator asserts
+    the replica is lost (``--source-lost``); it is not read, its records are what the table and
+    the reverse copy show (``ingestion.failback_lost``).
     """
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
@@ -97,7 +101,7 @@ def plan_failback_origin(
     if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
         tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
     reader = Replica(primary.client_config())
-    replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
+    replica = lost or Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
     alias = spec.replica(route.cluster).target_alias
     syncs = (
         read_offset_syncs(primary.client_config(), offset_syncs_topic(alias), SYNCS_TIMEOUT_S)
