@@ -36,9 +36,11 @@ def origin_links(
     names: dict[str, str],
     pipeline: str,
     labelled: str | None = None,
+    source_down: bool = False,
 ) -> dict[Key, Fallback]:
     """Per replica partition the failover moved, its link to the origin partition it copied
-    (``labelled``: see :func:`failback_labels`)."""
+    (``labelled``: see :func:`failback_labels`; ``source_down``: the replica is lost, the
+    reverse copy may end before the table's position: ``ingestion.failback_lost``)."""
     links: dict[Key, Fallback] = {}
     for entry in switch.plans:
         key = (str(entry["replica_topic"]), int(entry["partition"]))
@@ -46,7 +48,7 @@ def origin_links(
             links[key] = OriginLink(
                 key, offsets[key], names[key[0]], (str(entry["source_topic"]), key[1]),
                 int(entry["source_next"]), int(entry["replica_start"]), pipeline,
-                PRIMARY if labelled else None, labelled,
+                PRIMARY if labelled else None, labelled, source_down,
             )  # fmt: skip
     return links
 

@@ -199,7 +199,7 @@ def failover_pipeline(
     # Under MM2's identity naming the replica topic has its origin's name: the rows read on
     # each cluster are told apart by _kafka_cluster, when they record it (docs/cluster-column.md).
     labelled, ambiguous = failback_labels(route.spec, catalog, route, switch)
-    links = origin_links(switch, offsets, names, spec.name, labelled) if switch else None
+    links = origin_links(switch, offsets, names, spec.name, labelled, down) if switch else None
     on_cluster = labelled if to == PRIMARY else (PRIMARY if route.cluster == PRIMARY else None)
     try:
         plans = plan_failover(
