@@ -8,7 +8,8 @@ some of it back. Then 'dr' is lost (SIGSTOP: it does not answer). A failback wit
 origin after the records whose copies the table or the reverse copy holds. Producers write on
 the primary again. Oracle by record key (plain pyiceberg scans): every record that still exists
 once; missing exactly the 'dr' records the reverse flow had not copied (the operator's loss).
-Real brokers (two), a real catalog, real engine runs; nothing mocked.
+The identity-naming cases fail back through the Dagster ``failover`` job (``source_lost:
+true``). Real brokers (two), a real catalog, real engine runs; nothing mocked.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 
 import orjson
 import pytest
+from dagster import DagsterInstance
 
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_lost import FAILOVER_SOURCE_LOST
@@ -25,8 +27,15 @@ from ingestion.late_copies import LATE_COPIES, read_guard
 from ingestion.offsets import RESET_REASON, snapshot_properties
 from platform_assets.checks import audit_finding
 from platform_assets.failover import failover_pipeline
+from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.route import active_route
-from tests.support.failback_stack import STAMP, StackFactory, group_offsets, send
+from tests.support.failback_stack import (
+    STAMP,
+    FailbackStack,
+    StackFactory,
+    group_offsets,
+    send,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,6 +50,21 @@ CASES = [
 # identity (dr's copy is `t`, read at offsets the table also read on the primary: the rows'
 # _kafka_cluster tells them apart; the reverse copy is `dr.t`).
 NAMINGS = ["default", "identity"]
+
+
+def fail_back_with_the_job(stack: FailbackStack) -> str:
+    """The Dagster ``failover`` job: ``to: primary``, ``source_lost: true``, applied; its plan."""
+    config = {"pipeline": stack.spec.name, "to": "primary", "apply": True, "reason": "dr lost",
+              "source_lost": True}  # fmt: skip
+    with DagsterInstance.ephemeral() as instance:
+        result = build_ops_jobs([stack.spec])[3].execute_in_process(
+            run_config={"ops": {"failover_pipeline": {"config": config}}},
+            resources=stack.resources,
+            instance=instance,
+        )
+    assert result.success
+    (output,) = [e.step_output_data for e in result.all_events if e.is_successful_output]
+    return str(output.metadata["plan"].value)
 
 
 def keys(numbers: list[int] | range) -> list[str]:
@@ -106,11 +130,14 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         assert active_route(spec, kafka, iceberg).cluster == "dr"
         assert group_offsets(source.bootstrap_servers, group) == offsets_before
 
-        lines = failover_pipeline(
-            spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops",
-            reason="dr lost", source_lost=True,
-        )  # fmt: skip
-        shown = "\n".join(lines)
+        if identity:  # through the Dagster job (config source_lost: true)
+            shown = fail_back_with_the_job(stack)
+        else:
+            lines = failover_pipeline(
+                spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops",
+                reason="dr lost", source_lost=True,
+            )  # fmt: skip
+            shown = "\n".join(lines)
         assert "records written on 'dr' that MM2's reverse flow had not copied" in shown, shown
         assert "are not re-read before the commit ('dr' is lost)" in shown, shown
         ahead = {0: 1, 1: 1} if case == "behind" else {}  # k32 / k33 per partition
