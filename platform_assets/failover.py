@@ -150,9 +150,11 @@ def failover_pipeline(
     source_lost: bool = False,
 ) -> list[str]:
     """Plan the switch of ``spec`` to cluster ``to`` and (unless ``dry_run``) commit it; return
-    the lines describing it. ``source_lost``: the operator asserts the source is down and MM2's
-    forward flow will not copy more before the failback (``--source-lost``): a table ahead of
-    MM2's copy is then accepted (README, "A table ahead of MM2").
+    the lines describing it. ``source_lost``: the operator asserts the cluster the pipeline
+    reads is lost and MM2 copies nothing more from it (``--source-lost``): a table ahead of
+    MM2's copy is then accepted (README, "A table ahead of MM2"); with ``to`` primary, the
+    replica a failback leaves is not read at all, and its records MM2's reverse flow did not
+    copy back are lost by that assertion (``ingestion.failback_lost``, R55).
 
     Raises:
         FailoverRefusedError: the evidence does not single out a position (nothing changed).
@@ -232,14 +234,18 @@ def failover_pipeline(
     if to != PRIMARY:
         lines += describe_local_topics(spec, names, target)
     origin: list[OriginPlan] = []
-    lost = LostReplica.from_plans(route.cluster, Replica(target.kafka_config), plans)
+    lost = (
+        LostReplica.from_plans(route.cluster, Replica(target.kafka_config), plans)
+        if down and to == PRIMARY
+        else None
+    )  # the replica a failback leaves is lost: not read (ingestion.failback_lost)
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(
             spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous,
-            lost if down else None,
+            lost,
         )  # fmt: skip
         lines += describe_origin(origin, route.cluster)
-        lines += describe_lost(plans, route.cluster, spec.name) if down else []
+        lines += describe_lost(plans, route.cluster, spec.name) if lost else []
     if dry_run:
         return [*lines, "dry run: nothing committed"]
     if origin and not down:  # MM2's forward flow must not have copied tail records (R49)
@@ -260,7 +266,7 @@ def failover_pipeline(
         spec_topics={originals[t]: copy for t, copy in names.items()},
         origin=origin,
         source=route.cluster,
-        assertion=lost_summary(plans, route.cluster) if down and to == PRIMARY else None,
+        assertion=lost_summary(plans, route.cluster) if lost else None,
     )
     table = catalog.load_table(spec.table)
     mirrored = mirror_table_offsets(goal.kafka.get_admin_client(), table, spec.consumer_group_id)
