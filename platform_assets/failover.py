@@ -311,15 +311,16 @@ def complete_failback(
         for replica in spec.replicas
     }
     group = spec.consumer_group_id
-    check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
+    notes = check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
     if dry_run:
-        return [*plan.describe(spec.name), "dry run: nothing committed"]
+        return [*plan.describe(spec.name), *notes, "dry run: nothing committed"]
     plan, snapshot_id = apply_completion(
         catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs
     )
     mirrored = mirror_after(kafka.get_admin_client(), catalog, spec, spec.consumer_group_id)
     return [
         *plan.describe(spec.name),
+        *notes,
         f"completed in snapshot {snapshot_id} by {requested_by!r} (reason {reason!r}): the "
         f"pipeline reads {spec.source_topics} on the primary, as before the failover",
         *([mirrored.describe()] if mirrored else []),

@@ -26,7 +26,7 @@ from ingestion.failback_lost import FAILOVER_SOURCE_LOST
 from ingestion.late_copies import LATE_COPIES, read_guard
 from ingestion.offsets import RESET_REASON, snapshot_properties
 from platform_assets.checks import audit_finding
-from platform_assets.failover import failover_pipeline
+from platform_assets.failover import complete_failback, failover_pipeline
 from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.route import active_route
 from tests.support.failback_stack import (
@@ -182,6 +182,18 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         stack.ingest_route()
         still_there = [*range(24), 30, 31, 32, 33, *(c for c in copied if c > 33), 40, 41]
         assert stack.landed_keys() == keys(still_there)  # the lost ones: exactly `lost`
+        if case == "complete":  # the reverse copy is drained: end the route, dr still lost
+            completed = complete_failback(
+                spec, kafka, iceberg, dry_run=False, requested_by="ops", reason="drained"
+            )
+            assert any("replica 'dr' does not answer; the failback recorded it lost" in line
+                       for line in completed), completed  # fmt: skip
+            route = active_route(spec, kafka, iceberg)
+            assert (route.cluster, route.spec.source_topics) == ("primary", [topic])
+            send(source.bootstrap_servers, topic, [42, 43], STAMP + 20_000)
+            stack.ingest_route()
+            still_there += [42, 43]
+            assert stack.landed_keys() == keys(still_there)
     finally:
         os.kill(replica.pid or 0, signal.SIGCONT)
 
