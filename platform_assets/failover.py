@@ -188,6 +188,16 @@ def failover_pipeline(
     # failback with it leaves a lost replica: the same, through MM2's reverse flow, and the
     # origin topics are aligned without reading the replica (ingestion.failback_lost).
     down = source_lost
+    if down and to == PRIMARY and cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S):
+        # Not read, a replica that answers may hold MM2 copies the plan cannot see, which its
+        # reverse flow then delivers: read twice. Only a replica that does not answer is lost.
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: --source-lost (job config source_lost) says replica "
+            f"{route.cluster!r} is lost, but it answers: a failback that does not read it could "
+            "read records twice (copies MM2 made there that the plan cannot see). Fail back "
+            "without --source-lost; if the replica is lost for good, make sure it no longer "
+            "answers (stop or fence its brokers), then retry. Nothing was changed"
+        )
     syncs = (
         read_offset_syncs(route.kafka.client_config(), goal.syncs_topic, SYNCS_TIMEOUT_S)
         if goal.syncs_topic and not down
@@ -213,10 +223,14 @@ def failover_pipeline(
             raise
         answers = cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
         if to == PRIMARY:
+            if answers:
+                raise FailoverRefusedError(
+                    f"pipeline {spec.name!r}: {exc} The replica {route.cluster!r} answers: wait "
+                    "for MM2's reverse flow to copy it back"
+                ) from exc
             raise FailoverRefusedError(
-                f"pipeline {spec.name!r}: {exc} The replica {route.cluster!r} "
-                + ("answers: wait for MM2's reverse flow." if answers else "does not answer now.")
-                + " If it is lost (MM2 will copy nothing more from it), say so with "
+                f"pipeline {spec.name!r}: {exc} The replica {route.cluster!r} does not answer "
+                "now. If it is lost (MM2 will copy nothing more from it), say so with "
                 "--source-lost (job config source_lost): the primary then resumes after the "
                 "reverse copies, and the records written on the replica that MM2 did not copy "
                 "back are lost by that assertion"

@@ -117,6 +117,12 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         stack.ingest_route()  # k30..k33 on dr: the table is ahead of the reverse copy
     send(replica.bootstrap_servers, copy, lost, STAMP + 10_000)  # never copied back
     before, offsets_before = stack.head(), group_offsets(source.bootstrap_servers, group)
+    # While dr answers, the flag is refused: the plan would not see what MM2 copied there.
+    with pytest.raises(FailoverRefusedError, match=r"lost, but it answers(.|\n)*Nothing was"):
+        failover_pipeline(
+            spec, kafka, iceberg, "primary", dry_run=True, requested_by="ops", reason="x",
+            source_lost=True,
+        )  # fmt: skip
 
     os.kill(replica.pid or 0, signal.SIGSTOP)  # the second disaster: dr is lost
     try:
