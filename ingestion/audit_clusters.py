@@ -31,7 +31,7 @@ from ingestion.offsets import (
     snapshot_properties,
 )
 from ingestion.ranges import Coordinates, Key
-from ingestion.tables import CLUSTER_COLUMN
+from ingestion.tables import CLUSTER_COLUMN, PRIMARY, labels_cluster
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -49,7 +49,7 @@ def read_ranges(table: Table, group_id: str) -> dict[Key, dict[str, list[tuple[i
             continue
         current = flatten(decode_offsets(properties[key]))
         if RESET_BY not in properties:  # a reset or a switch reads nothing
-            cluster = clusters.get(snapshot.snapshot_id, "primary")
+            cluster = clusters.get(snapshot.snapshot_id, PRIMARY)
             for part, end in current.items():
                 start = previous.get(part, 0)
                 if end > start:
@@ -83,8 +83,7 @@ def allowed_copies(table: Table, group_id: str) -> Callable[[Coordinates], int]:
 def read_labelled(table: Table) -> list[tuple[Coordinates, str | None]]:
     """Every row's (topic, partition, offset) and ``_kafka_cluster`` (None: written before the
     column, or a table without it), as any reader sees the table (no filter)."""
-    names = {field.name for field in table.schema().fields}
-    labelled = CLUSTER_COLUMN in names
+    labelled = labels_cluster(table.schema())
     columns = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
     rows = table.scan(selected_fields=(*columns, CLUSTER_COLUMN) if labelled else columns)
     found = rows.to_arrow()

@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ingestion.tables import CLUSTER_COLUMN, PRIMARY
+from ingestion.tables import CLUSTER_COLUMN, PRIMARY, labels_cluster
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 def has_cluster_column(table: Table) -> bool:
     """Whether the table's schema has ``_kafka_cluster`` (a table created before it gains it on
     its next run)."""
-    return any(field.name == CLUSTER_COLUMN for field in table.schema().fields)
+    return labels_cluster(table.schema())
 
 
 def cluster_condition(table: Table, cluster: str | None) -> str | None:

@@ -57,6 +57,7 @@ from ingestion.snapshot_audit import (
     check_rewind,
     check_rows,
 )
+from ingestion.tables import PRIMARY
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -210,7 +211,7 @@ def audit_commits(
     clusters = clusters_by_snapshot(table, group_id)  # also what each commit's rows record
 
     def config_of(snapshot: Snapshot) -> dict[str, Any]:
-        name = clusters.get(snapshot.snapshot_id, "primary")
+        name = clusters.get(snapshot.snapshot_id, PRIMARY)
         return (cluster_configs or {}).get(name, kafka_config)
 
     # Per cluster: under MM2's identity naming a failback reads a topic with the same name on
@@ -235,7 +236,7 @@ def audit_commits(
         elif RESET_BY in properties:
             current = _offsets(snapshot, key)
             if FAILOVER_TO not in properties:
-                cluster = clusters.get(snapshot.snapshot_id, "primary")
+                cluster = clusters.get(snapshot.snapshot_id, PRIMARY)
                 check_rewind(table, snapshot, previous or {}, current, audit, cluster)
             previous = current
         else:
@@ -247,7 +248,7 @@ def audit_commits(
             if over and audit.recounted:  # the budget is spent: the rest is the backlog
                 _count_backlog(carriers[carriers.index(snapshot) :], previous, key, audit)
                 break
-            read_on = clusters.get(snapshot.snapshot_id, "primary")
+            read_on = clusters.get(snapshot.snapshot_id, PRIMARY)
             check_rows(table, snapshot, previous, current, properties, audit, read_on)
             config = config_of(snapshot)
             check_count(snapshot, properties, recount, config, pipeline, timeout_s, audit)

@@ -24,7 +24,7 @@ from ingestion.offsets import (
 )
 from ingestion.ranges import Key
 from ingestion.recount import Recount
-from ingestion.tables import CLUSTER_COLUMN
+from ingestion.tables import CLUSTER_COLUMN, PRIMARY, labels_cluster
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -79,7 +79,7 @@ def _added_coordinates(
     if not files:
         return [], []
     columns = ["_kafka_topic", "_kafka_partition", "_kafka_offset"]
-    labelled = any(field.name == CLUSTER_COLUMN for field in table.schema().fields)
+    labelled = labels_cluster(table.schema())
     schema = table.schema().select(*columns, *([CLUSTER_COLUMN] if labelled else []))
     rows = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table(
         [FileScanTask(f) for f in files]
@@ -197,7 +197,7 @@ def check_rewind(
     previous: dict[Key, int],
     current: dict[Key, int],
     audit: CommitAudit,
-    cluster: str = "primary",
+    cluster: str = PRIMARY,
 ) -> None:
     """An operator's rewind leaves no row at or after a rewound offset (it is read again), of
     the rows read on ``cluster`` (``_kafka_cluster``; null is ``primary``): rows another cluster
@@ -211,13 +211,13 @@ def check_rewind(
     )
     at = snapshot.schema_id  # the scan reads the snapshot's schema (the current one if unset)
     schema = table.schema() if at is None else table.metadata.schema_by_id(at)
-    labelled = schema is not None and CLUSTER_COLUMN in {f.name for f in schema.fields}
+    labelled = schema is not None and labels_cluster(schema)
     fields = ("_kafka_offset", CLUSTER_COLUMN) if labelled else ("_kafka_offset",)
     rows = table.scan(
         snapshot_id=snapshot.snapshot_id, row_filter=clauses, selected_fields=fields
     ).to_arrow()
     names = rows.column(CLUSTER_COLUMN).to_pylist() if labelled else [None] * rows.num_rows
-    left = sum(1 for name in names if (name or "primary") == cluster)
+    left = sum(1 for name in names if (name or PRIMARY) == cluster)
     if left:
         audit.findings.append(
             f"snapshot {snapshot.snapshot_id} (an operator's rewind) left {left} rows at or "

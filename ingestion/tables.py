@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 
 CLUSTER_COLUMN = "_kafka_cluster"
 PRIMARY = "primary"  # the pipeline's own cluster: what a null _kafka_cluster means
+
+
+def labels_cluster(schema: Schema) -> bool:
+    """Whether rows of ``schema`` record the cluster they were read on (``_kafka_cluster``; a
+    table created before the column gains it on its next run)."""
+    return any(field.name == CLUSTER_COLUMN for field in schema.fields)
+
+
 _CLUSTER_DOC = "Kafka cluster the record was read on (platform configuration name); null: primary"
 TABLE_PROPERTIES = {"format-version": "2", "write.parquet.compression-codec": "zstd"}
 
@@ -209,10 +217,9 @@ def add_cluster_column(table: Table, attempts: int = 3) -> Table:
     from pyiceberg.types import StringType
 
     for attempt in range(attempts):
-        names = [field.name for field in table.schema().fields]
-        if CLUSTER_COLUMN in names:
+        if labels_cluster(table.schema()):
             return table
-        last = [name for name in names if name.startswith("_kafka_")][-1]
+        last = [f.name for f in table.schema().fields if f.name.startswith("_kafka_")][-1]
         try:
             with table.update_schema() as update:
                 update.add_column(CLUSTER_COLUMN, StringType(), doc=_CLUSTER_DOC)
