@@ -235,24 +235,31 @@ class LateCopyGuard:
 
 def read_guard(table: Table, group_id: str, pipeline: str) -> LateCopyGuard | None:
     """The guard of the route in force, or None (no ``--source-lost`` switch with uncopied
-    records is in force). Reads both forms: several entries per partition, and the one entry
-    per partition of tables written before."""
+    records is in force)."""
     raw = table.properties.get(UNCOPIED_PREFIX + group_id)
-    if not raw:
+    parsed = parse_guard(raw, pipeline) if raw else None
+    if parsed is None:
         return None
+    route = active_switch(table, group_id)
+    if route is None or route.get(FAILOVER_TO) != parsed[0]:
+        return None  # the route ended (a completion, a reset elsewhere)
+    return parsed[1]
+
+
+def parse_guard(raw: str, pipeline: str) -> tuple[str, LateCopyGuard] | None:
+    """The switch target and guard a ``kafka.uncopied.<group>`` value records (None: no entry
+    left, e.g. released). Reads both forms: several entries per partition, and the one entry
+    per partition of tables written before."""
     value = orjson.loads(raw)
     if not value.get("partitions"):
         return None
-    route = active_switch(table, group_id)
-    if route is None or route.get(FAILOVER_TO) != value["to"]:
-        return None  # the route ended (a completion, a reset elsewhere)
     partitions: dict[Key, tuple[Uncopied, ...]] = {}
     for p in value["partitions"]:
         key = (str(p["topic"]), int(p["partition"]))
         records = tuple((int(o), int(t), k) for o, t, k in p["records"])
         entry = Uncopied(str(p["from"]), str(p["source_topic"]), records)
         partitions[key] = (*partitions.get(key, ()), entry)
-    return LateCopyGuard(pipeline, partitions)
+    return str(value["to"]), LateCopyGuard(pipeline, partitions)
 
 
 def late_copies_property(results: list[TaskResult]) -> str:
