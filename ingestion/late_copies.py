@@ -223,12 +223,12 @@ class LateCopyGuard:
         if config is None or not cluster_answers(config, timeout_s=SOURCE_TIMEOUT_S):
             raise LateCopyUnverifiedError(
                 f"pipeline {self.pipeline!r}: a record read now has the timestamp and key of one "
-                f"the table ingested from {source!r} before a --source-lost failover (MirrorMaker "
-                f"2 had not copied it): it may be MM2's late copy, and {source!r} does not "
-                "answer, so it cannot be compared byte for byte. Make it reachable from the "
-                "platform (its kafka configuration), then run again; if it is lost for good, "
-                f"`platform release-late-copies {self.pipeline} --reason ...` makes runs "
-                "ingest such records. Nothing was committed"
+                f"the table ingested from {source!r} that a --source-lost switch recorded "
+                f"(MirrorMaker 2 may copy it late): it may be MM2's late copy, and {source!r} "
+                "does not answer, so it cannot be compared byte for byte. Make it reachable "
+                "from the platform (its kafka configuration), then run again; if it is lost "
+                f"for good, `platform release-late-copies {self.pipeline} --reason ...` makes "
+                "runs ingest such records. Nothing was committed"
             )
         return Replica(config)
 
