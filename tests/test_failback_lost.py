@@ -240,8 +240,9 @@ def test_source_lost_on_a_pipeline_reading_the_primary_is_refused(
     assert stack.head() == before
 
 
+@pytest.mark.parametrize("anchor", ["before-start", "after-start"])
 def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
-    failback_stack: StackFactory,
+    failback_stack: StackFactory, anchor: str
 ) -> None:
     """R54 then R55 in one partition: a ``--source-lost`` failover leaves an uncopied tail
     (k20, k22: ingested on the primary, never copied), producers write k24, k26 there that the
@@ -251,10 +252,17 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
     copy (from dr), and the failback reads k24, k26 on the origin, blind to their copies on dr.
     The guard of that one reverse-copy partition keeps every entry: from the primary (the
     failover's k20, k22 and the failback's k24, k26) and from dr (k34, k36). dr comes back and
-    its reverse flow delivers all six late: each skipped byte for byte, every record once."""
-    topic, alias, name = "chain", "westchain", "dr_lost_chain"
+    its reverse flow delivers all six late: each skipped byte for byte, every record once.
+    ``anchor``: the reverse flow's checkpoint falls before the failover's start (it ran before
+    the table read dr: the failback aligns through the origin, whose k20, k22 dr never got,
+    ``ingestion.failback_link``) or after it."""
+    topic, alias = f"chain{anchor[0]}", f"westchain{anchor[0]}"
+    name = f"dr_lost_chain_{anchor[0]}"
     stack = failback_stack(
-        topic, name, partitions=1, replica={"source_alias": alias, "failback_source_alias": "home"}
+        topic,
+        name,
+        partitions=1,
+        replica={"source_alias": alias, "failback_source_alias": f"home{anchor[0]}"},
     )
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
     source, replica, group, copy = stack.source, stack.replica, stack.group, stack.copy
@@ -276,6 +284,8 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
         os.kill(source.pid or 0, signal.SIGCONT)
     reverse = stack.start_reverse(target_alias=alias)
     send(replica.bootstrap_servers, copy, [30, 32], STAMP + 10_000)
+    if anchor == "after-start":
+        stack.ingest_route()  # k30, k32 on dr: the reverse checkpoint names them
     reverse.step()  # k30, k32 back on the primary
     send(replica.bootstrap_servers, copy, [34, 36], STAMP + 10_000)
     stack.ingest_route()  # k30..k36 on dr: ahead of the reverse copy
