@@ -108,7 +108,7 @@ def guard_routes(
         guard = read_guard(catalog.load_table(spec.table), spec.consumer_group_id, name)
         originals = [Original(p, t or 0, k, v, h) for p, k, v, t, h, _ in tail]
         sent = {(o.timestamp_ms, key_digest(o.key)) for o in originals}
-        recorded = {w for u in guard.partitions.values() for w in u.weak_ids} if guard else set()
+        recorded = {w for ids in guard.weak_ids().values() for w in ids} if guard else set()
         if route.cluster != "dr" or recorded != sent:  # the switch recorded exactly the tail
             raise RuntimeError(f"{name}: route {route.cluster}, {len(recorded)} uncopied recorded")
         routed[name] = Routed(spec, route, originals, head)

@@ -14,7 +14,7 @@ from ingestion.commit import delete_files
 from ingestion.decode import merge_field_types
 from ingestion.engine_version import engine_fingerprint
 from ingestion.hooks import FailureHooks
-from ingestion.late_copies import UNCOPIED_PREFIX
+from ingestion.late_copies import UNCOPIED_PREFIX, Key, WeakId
 from ingestion.plan import Plan
 from ingestion.spec import PipelineSpec
 from ingestion.task import TaskResult, TaskSpec, run_task
@@ -182,11 +182,12 @@ def prepare_files(
     table: Table,
     spark: SparkSession | None,
     registry: Any | None = None,
-    late_copy_digests: Callable[[], dict[tuple[str, int], frozenset[bytes]]] | None = None,
+    late_copy_digests: Callable[[dict[Key, set[WeakId]]], dict[Key, frozenset[bytes]]]
+    | None = None,
 ) -> Prepared:
     """Run the tasks; rerun those that met new fields, unknown schema ids or candidates for
-    MM2's late copies once resolved (``late_copy_digests`` reads the source's uncopied records:
-    ``ingestion.late_copies``).
+    MM2's late copies once resolved (``late_copy_digests`` reads, on the clusters the guard's
+    entries name, the records matching the pairs the candidates met: ``ingestion.late_copies``).
 
     Delivery: a rerun task writes a new file set; the discarded set is deleted at once (it
     was never committed, and the coordinator alone decides to rerun).
@@ -222,8 +223,13 @@ def prepare_files(
             table.refresh()
         table_json = task_metadata_json(table)
         digests = {}
-        if late_copy_digests is not None and any(results[i].late_copy_candidates for i in rerun):
-            digests = late_copy_digests()
+        met: dict[Key, set[WeakId]] = {}
+        for index in rerun:  # a partition split into several tasks: one set
+            if results[index].late_copy_candidates:
+                where = (specs[index].range.topic, specs[index].range.partition)
+                met.setdefault(where, set()).update(results[index].late_copy_met)
+        if late_copy_digests is not None and met:
+            digests = late_copy_digests(met)
         specs = [
             replace(
                 s,

@@ -9,7 +9,8 @@ name and offsets (read on the primary before the failover), so looking them up u
 replica topic finds nothing and the failback would be refused.
 
 The replica records before ``D`` are copies, in order, of the origin's records before the
-pre-failover position ``N`` (the failover verified that). So from an anchor record ``A`` on the
+pre-failover position ``N`` (the failover verified that), less the last ones a ``--source-lost``
+failover found uncopied (R54: the replica never got them). So from an anchor record ``A`` on the
 reverse copy: find ``A``'s identity (Kafka timestamp and key) among the origin's rows below
 ``N``; the table's records after it, as the replica partition saw them, are the origin's rows
 after that one up to ``N`` followed by the rows read from the replica from ``D``; the reverse
@@ -54,6 +55,10 @@ class OriginLink:
     # The replica is lost (--source-lost): the reverse copy may end before the table's position
     # (align_exact's source_down); the records read on the replica beyond it are uncopied.
     source_down: bool = False
+    # The failover's uncopied records of this partition (a --source-lost failover, R54): the
+    # last ones the table read on the origin before ``committed_before``, with no copy on the
+    # replica, so not among the records the reverse copy continues with.
+    uncopied: int = 0
 
     def __call__(
         self, tables: list[Table], reader: Replica, anchor: tuple[int, RecordId]
@@ -72,6 +77,7 @@ class OriginLink:
             tail = ingested_tail(
                 tables, *self.origin, origin_offset + 1, self.committed_before, origin
             )
+            tail = tail[: max(0, len(tail) - self.uncopied)]  # never copied to the replica
             records = [r for _, r in tail + after]
             count = sys.maxsize if self.source_down else len(records) + 1
             copies, end = reader.read(self.reverse_topic, self.key[1], anchor[0] + 1, count)

@@ -23,11 +23,12 @@ offset among the rows; one beyond them is not used (its record cannot be read).
 
 What the operator accepts, and what stays exactly once: the replica's records that MM2's reverse
 flow had not copied to the primary are lost; every record that still exists (on the origin, in
-the reverse copy, in the table) is read once. Not covered, and said in the plan: an origin tail
-record MM2's forward flow copied to the replica after the table's position and the reverse flow
-did not copy back. The origin's original is read; if the replica comes back and the reverse flow
-copies that copy late, it is read a second time (its records the table ingested without a reverse
-copy are guarded: ``ingestion.late_copies``). Reads only; retrying is safe.
+the reverse copy, in the table) is read once. An origin tail record MM2's forward flow copied to
+the replica after the table's position, and the reverse flow did not copy back, is invisible
+here: the origin's original is read, and the switch guards it (``ingestion.late_copies_origin``).
+If the replica comes back and the reverse flow copies that copy late, runs skip it byte for byte,
+as they skip late copies of the records the table ingested on the replica without a reverse copy
+(``ingestion.late_copies``). Reads only; retrying is safe.
 """
 
 from __future__ import annotations
@@ -119,10 +120,10 @@ def describe_lost(plans: list[PartitionPlan], replica: str, pipeline: str) -> li
         f"{replica!r}; while it does not answer such a run refuses, until `platform "
         f"release-late-copies {pipeline} --reason ...`)",
         f"note: the copies on {replica!r} of the origin's tail are not re-read before the "
-        f"commit ({replica!r} is lost); MM2's forward flow must stay stopped. If {replica!r} "
-        "comes back, do not resume MM2's reverse flow from its old log without checking it: "
-        "a copy the forward flow made there of an origin record beyond the table's position "
-        "would be read a second time",
+        f"commit ({replica!r} is lost); MM2's forward flow must stay stopped. The switch "
+        "records the origin records the failback reads: if "
+        f"{replica!r} comes back and MM2's reverse flow copies a copy of one late, runs skip "
+        "it byte for byte (reading the primary)",
     ]
 
 

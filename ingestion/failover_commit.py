@@ -31,7 +31,7 @@ from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_lost import FAILOVER_SOURCE_LOST
 from ingestion.failback_origin import FAILOVER_PLAN, OriginPlan
 from ingestion.failover import PartitionPlan
-from ingestion.late_copies import read_guard, uncopied_property
+from ingestion.late_copies import Entries, read_guard, uncopied_property
 from ingestion.mm2 import replica_topic
 from ingestion.offsets import OffsetMap, TopicOffsets, find_committed_state
 from ingestion.replica_facts import ReplicaTarget
@@ -120,6 +120,7 @@ def apply_failover(
     origin: list[OriginPlan] | None = None,
     source: str = PRIMARY,
     assertion: dict[str, object] | None = None,
+    read: Entries | None = None,
 ) -> ActionOutcome:
     """Commit the switch to ``target`` with ``plans``; the table then reads there.
 
@@ -131,7 +132,8 @@ def apply_failover(
     transaction, for the runs on the new route (``ingestion.late_copies``). ``assertion``: what
     the operator accepted with ``--source-lost`` on a failback (``kafka.failover-source-lost``
     on the switch: the replica lost, and per partition how many records the table ingested
-    beyond the reverse copy; ``ingestion.failback_lost``).
+    beyond the reverse copy; ``ingestion.failback_lost``). ``read``: the guard's entries for the
+    origin records such a failback reads (``ingestion.late_copies_origin``).
 
     Raises:
         CommitConflictError: a run is in progress, or the offsets moved since the plan.
@@ -201,7 +203,7 @@ def apply_failover(
         str(table.metadata.table_uuid),
         {group: planned_from},
         properties,
-        table_properties=uncopied_property(group, target.name, source, plans, carried),
+        table_properties=uncopied_property(group, target.name, source, plans, carried, read),
     )
     snapshot_id = commit_action(catalog, commit)
     return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], None)

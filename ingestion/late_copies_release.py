@@ -16,12 +16,18 @@ if TYPE_CHECKING:
     from ingestion.spec import PipelineSpec
 
 
-def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reason: str) -> int:
-    """Stop recognising late copies on the route in force: the operator asserts the cluster
-    left is lost for good (MM2 will copy nothing more from it), so a record sharing a timestamp
-    and key with an uncopied one is another record, and runs that refuse because that cluster
-    does not answer (:class:`LateCopyUnverifiedError`) ingest it instead. Returns the number of
-    records released.
+def release_guard(
+    catalog: Catalog, spec: PipelineSpec, requested_by: str, reason: str
+) -> tuple[int, dict[str, int]]:
+    """Stop recognising late copies on the route in force: every entry of every partition, from
+    whichever cluster. The operator asserts the cluster left is lost for good (MM2 will copy
+    nothing more from it), so a record sharing a timestamp and key with an uncopied one is
+    another record, and runs that refuse because that cluster does not answer
+    (:class:`LateCopyUnverifiedError`) ingest it instead. All, not one cluster's entries: on a
+    route the late copies of every entry arrive through the one cluster the route reads copies
+    from (after a failback, the replica left, whose reverse flow copies them back), so when that
+    one is lost for good none can arrive any more. Returns the number of records released and
+    that number per cluster the entries name.
 
     Delivery: one snapshot (empty, recording who, why and how many) that sets the property, by
     compare-and-set on the table's head: a switch committed meanwhile (a new record) makes it
@@ -53,9 +59,15 @@ def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reaso
             )
         first = raw
         value = orjson.loads(raw)
-        released = sum(len(u.records) for u in guard.partitions.values())
+        clusters: dict[str, int] = {}
+        for entries in guard.partitions.values():
+            for entry in entries:
+                clusters[entry.source] = clusters.get(entry.source, 0) + len(entry.records)
+        released = sum(clusters.values())
         value["partitions"] = []
-        value["released"] = {"by": requested_by, "reason": reason, "records": released}
+        value["released"] = {
+            "by": requested_by, "reason": reason, "records": released, "clusters": clusters,
+        }  # fmt: skip
         summary = {
             COMMIT_ID: uuid.uuid4().hex, PIPELINE: spec.name, RESET_BY: requested_by,
             RESET_REASON: reason, RELEASED: str(released),
@@ -67,7 +79,7 @@ def release_guard(catalog: Catalog, spec: PipelineSpec, requested_by: str, reaso
                     pass
         except CommitFailedException:
             continue
-        return released
+        return released, clusters
     raise OperationRefusedError(
         f"pipeline {spec.name!r}: the table kept changing; nothing changed, run it again"
     )

@@ -19,13 +19,15 @@ class SetAside:
 
     candidates: int = 0
     skipped: list[int] = field(default_factory=list)
+    met: set[WeakId] = field(default_factory=set)  # the candidates' (timestamp, key digest)
 
 
 def set_aside(
     raw: RawChunk, weak: frozenset[WeakId], strong: frozenset[bytes] | None, keep_headers: bool
 ) -> tuple[RawChunk, SetAside]:
-    """``raw`` without its candidates (``strong`` None) or its late copies (``strong`` given:
-    the candidates equal byte for byte to an uncopied record), and what was taken."""
+    """``raw`` without its candidates (``strong`` None: counted, with the pairs they met, for
+    the coordinator to read) or its late copies (``strong`` given: the candidates equal byte for
+    byte to a record of one of the partition's entries), and what was taken."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -40,6 +42,7 @@ def set_aside(
             continue
         if strong is None:
             taken.candidates += 1
+            taken.met.add((raw.timestamps[i], key_digest(raw.keys[i])))
             drop.add(i)
             continue
         headers = raw.headers[i] if raw.headers is not None else None

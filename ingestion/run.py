@@ -177,7 +177,7 @@ def run_pipeline(
     if registry is not None:
         writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
     guard = read_guard(table, plan.group_id, spec.name) if spec.replicas else None
-    late_ids = {k: u.weak_ids for k, u in guard.partitions.items()} if guard else None
+    late_ids = guard.weak_ids() if guard else None
     specs = build_task_specs(
         spec,
         plan,
@@ -192,7 +192,7 @@ def run_pipeline(
     )
     session = _spark_for(spec, plan, spark)
     report.executed_in = "spark" if session is not None else "driver"
-    digests = (lambda: guard.digests(cluster_config)) if guard else None
+    digests = (lambda met: guard.digests(cluster_config, met)) if guard else None
     prepared = prepare_files(specs, table, session, registry, digests)
     results = prepared.results
     report.late_copies = sum(len(r.late_copies) for r in results)

@@ -67,6 +67,7 @@ def _set_aside_late_copies(spec: TaskSpec, raw: RawChunk, state: ChunkWriter) ->
     candidates (then nothing of this attempt is reported: the coordinator reruns it)."""
     raw, taken = set_aside(raw, spec.late_copy_ids, spec.late_copy_digests, spec.headers)
     state.result.late_copy_candidates += taken.candidates
+    state.result.late_copy_met |= taken.met
     state.result.late_copies += taken.skipped
     if taken.candidates and state.writing:
         state.abort()

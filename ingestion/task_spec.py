@@ -68,6 +68,7 @@ class TaskResult:
     decode_stats: DecodeStats = field(default_factory=DecodeStats)
     """How the task's values were decoded (bulk, alone, screened): the fast path's counters."""
     late_copy_candidates: int = 0  # records that may be MM2's late copies: verify, then rerun
+    late_copy_met: set[tuple[int, str | None]] = field(default_factory=set)  # their weak ids
     late_copies: list[int] = field(default_factory=list)  # offsets skipped as late copies
 
     @property

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     release = commands.add_parser(
         "release-late-copies",
         help="the cluster a --source-lost failover left is lost for good: stop waiting for it "
-        "to tell MM2's late copies (R54)",
+        "to tell MM2's late copies (R54; releases every entry of the route's guard)",
     )
     release.add_argument("pipeline")
     release.add_argument("--by", default=os.environ.get("USER", "operator"))

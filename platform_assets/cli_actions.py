@@ -111,11 +111,12 @@ def run_action(
             spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason
         )
     if args.command == "release-late-copies":
-        released = release_guard(iceberg.load_catalog(), spec, args.by, args.reason)
+        released, clusters = release_guard(iceberg.load_catalog(), spec, args.by, args.reason)
+        read_on = ", ".join(f"{n} read on {name!r}" for name, n in sorted(clusters.items()))
         return [
-            f"released the {released} uncopied record(s) of {spec.name!r}'s route (by "
-            f"{args.by!r}, reason {args.reason!r}): runs no longer skip or wait for their "
-            "late copies"
+            f"released the {released} uncopied record(s) of {spec.name!r}'s route ({read_on}; "
+            f"by {args.by!r}, reason {args.reason!r}): runs no longer skip or wait for the "
+            "late copies of any of them"
         ]
     if args.command == "reset" and not args.apply:
         position = parse_position(args.to)

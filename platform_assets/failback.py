@@ -49,6 +49,7 @@ def origin_links(
                 key, offsets[key], names[key[0]], (str(entry["source_topic"]), key[1]),
                 int(entry["source_next"]), int(entry["replica_start"]), pipeline,
                 PRIMARY if labelled else None, labelled, source_down,
+                int(entry.get("uncopied", 0)),
             )  # fmt: skip
     return links
 

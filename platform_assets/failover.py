@@ -31,6 +31,7 @@ from ingestion.failover import (
     read_offset_syncs,
 )
 from ingestion.failover_commit import apply_failover
+from ingestion.late_copies_origin import origin_entries
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
 from ingestion.offsets import find_committed_state, flatten
@@ -265,6 +266,8 @@ def failover_pipeline(
     if origin and not down:  # MM2's forward flow must not have copied tail records (R49)
         replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
         recheck_copies(origin, replica, Replica(goal.kafka.client_config()), spec.name)
+    # The origin records a failback from a lost replica reads: MM2 may have copied them there.
+    read = origin_entries(lost.reverse, origin, plans, spec.name) if lost else None
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     outcome = apply_failover(
         catalog,
@@ -281,6 +284,7 @@ def failover_pipeline(
         origin=origin,
         source=route.cluster,
         assertion=lost_summary(plans, route.cluster) if lost else None,
+        read=read,
     )
     table = catalog.load_table(spec.table)
     mirrored = mirror_table_offsets(goal.kafka.get_admin_client(), table, spec.consumer_group_id)

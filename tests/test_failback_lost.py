@@ -178,7 +178,10 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         guard = read_guard(catalog.load_table(spec.table), group, name)
         if case == "behind":  # R54 on the way back: the cluster left is dr
             assert guard is not None
-            assert {u.source for u in guard.partitions.values()} == {"dr"}
+            # ...and the origin records the failback reads (k20..k23), from the primary: MM2's
+            # forward flow could have copied them to dr (ingestion.late_copies_origin)
+            entries = {(u.source, u.source_topic) for e in guard.partitions.values() for u in e}
+            assert entries == {("dr", copy), ("primary", topic)}
             assert sorted(guard.partitions) == [(reverse_copy, 0), (reverse_copy, 1)]
         else:
             assert guard is None
@@ -235,3 +238,91 @@ def test_source_lost_on_a_pipeline_reading_the_primary_is_refused(
         )  # fmt: skip
     assert "nothing was changed" in str(refused.value)
     assert stack.head() == before
+
+
+@pytest.mark.parametrize("anchor", ["before-start", "after-start"])
+def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
+    failback_stack: StackFactory, anchor: str
+) -> None:
+    """R54 then R55 in one partition: a ``--source-lost`` failover leaves an uncopied tail
+    (k20, k22: ingested on the primary, never copied), producers write k24, k26 there that the
+    table never read (R49's tail); on dr the table reads k30..k36, the reverse flow copies back
+    k30, k32 only, and MM2's forward flow copies k20..k26 to dr after k36. Then dr is lost and
+    the pipeline fails back with ``--source-lost``: the table holds k34, k36 without a reverse
+    copy (from dr), and the failback reads k24, k26 on the origin, blind to their copies on dr.
+    The guard of that one reverse-copy partition keeps every entry: from the primary (the
+    failover's k20, k22 and the failback's k24, k26) and from dr (k34, k36). dr comes back and
+    its reverse flow delivers all six late: each skipped byte for byte, every record once.
+    ``anchor``: the reverse flow's checkpoint falls before the failover's start (it ran before
+    the table read dr: the failback aligns through the origin, whose k20, k22 dr never got,
+    ``ingestion.failback_link``) or after it."""
+    topic, alias = f"chain{anchor[0]}", f"westchain{anchor[0]}"
+    name = f"dr_lost_chain_{anchor[0]}"
+    stack = failback_stack(
+        topic,
+        name,
+        partitions=1,
+        replica={"source_alias": alias, "failback_source_alias": f"home{anchor[0]}"},
+    )
+    spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
+    source, replica, group, copy = stack.source, stack.replica, stack.group, stack.copy
+    even = range(0, 40, 2)  # `send` puts k<n> on partition n % 2: even numbers, partition 0
+    send(source.bootstrap_servers, topic, list(even[:10]), STAMP)
+    stack.ingest_route()
+    stack.forward.step()  # k0..k18 copied and checkpointed
+    send(source.bootstrap_servers, topic, [20, 22], STAMP)
+    stack.ingest_route()  # ingested, never copied: the failover's uncopied tail
+    send(source.bootstrap_servers, topic, [24, 26], STAMP)  # neither ingested nor copied
+
+    os.kill(source.pid or 0, signal.SIGSTOP)  # the first disaster
+    try:
+        failover_pipeline(
+            spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="primary lost",
+            source_lost=True,
+        )  # fmt: skip
+    finally:
+        os.kill(source.pid or 0, signal.SIGCONT)
+    reverse = stack.start_reverse(target_alias=alias)
+    send(replica.bootstrap_servers, copy, [30, 32], STAMP + 10_000)
+    if anchor == "after-start":
+        stack.ingest_route()  # k30, k32 on dr: the reverse checkpoint names them
+    reverse.step()  # k30, k32 back on the primary
+    send(replica.bootstrap_servers, copy, [34, 36], STAMP + 10_000)
+    stack.ingest_route()  # k30..k36 on dr: ahead of the reverse copy
+    assert stack.forward.replicate() == 4  # the primary is back: k20..k26 to dr, after k36
+
+    os.kill(replica.pid or 0, signal.SIGSTOP)  # the second disaster
+    try:
+        lines = failover_pipeline(
+            spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops",
+            reason="dr lost", source_lost=True,
+        )  # fmt: skip
+        shown = "\n".join(lines)
+        assert f"origin {topic}[0] (at 12 before the failover) resumes at 12" in shown, shown
+        assert "the switch records the origin records the failback reads" in shown.lower()
+        guard = read_guard(catalog.load_table(spec.table), group, name)
+        assert guard is not None
+        assert list(guard.partitions) == [(copy, 0)]  # the reverse copy, one partition
+        entries = {(e.source, e.source_topic): e.records for e in guard.partitions[(copy, 0)]}
+        assert {k: [r[0] for r in v] for k, v in entries.items()} == {
+            ("primary", topic): [10, 11, 12, 13],  # the failover's k20, k22; the origin's k24, k26
+            ("dr", copy): [12, 13],  # k34, k36 at their dr offsets
+        }
+        stack.ingest_route()  # the origin's k24, k26
+        assert stack.landed_keys() == keys([*even[:14], 30, 32, 34, 36])
+    finally:
+        os.kill(replica.pid or 0, signal.SIGCONT)
+
+    # dr was not lost for good: its reverse flow copies on, k34, k36 (read on dr), then the
+    # forward flow's copies of k20..k26. Each is a late copy of a record the table holds.
+    assert reverse.replicate() == 6
+    stack.ingest_route(other_clusters=True)  # compares on dr and on the primary
+    assert stack.landed_keys() == keys([*even[:14], 30, 32, 34, 36])
+    table = catalog.load_table(spec.table)
+    skipped = [orjson.loads(p[LATE_COPIES]) for s in table.snapshots()
+               if LATE_COPIES in (p := snapshot_properties(s))]  # fmt: skip
+    assert [sorted(found[f"{copy}:0"]) for found in skipped] == [[12, 13, 14, 15, 16, 17]]
+    audit = audit_finding(spec, iceberg, kafka)
+    assert audit.passed, audit.message
+    full = audit_finding(spec, iceberg, kafka, full=True)
+    assert full.passed, full.message

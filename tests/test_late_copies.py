@@ -22,15 +22,20 @@ from dagster import AssetSelection, DagsterInstance
 
 from ingestion.exceptions import LateCopyUnverifiedError
 from ingestion.execute import task_metadata_json
+from ingestion.failover import PartitionPlan
 from ingestion.failover_align import digest_record, key_digest
 from ingestion.late_copies import (
     LATE_COPIES,
     RELEASED,
     UNCOPIED_PREFIX,
+    LateCopyGuard,
+    Uncopied,
     count_late_copies,
     late_copies_property,
+    parse_guard,
     read_guard,
     strong_id,
+    uncopied_property,
 )
 from ingestion.late_copies_task import set_aside
 from ingestion.offsets import snapshot_properties
@@ -103,6 +108,55 @@ def test_one_partitions_skips_over_several_tasks_are_recorded_once() -> None:
     assert count_late_copies(recorded) == 5
 
 
+def test_a_guard_written_by_the_previous_version_is_read_as_one_entry_per_partition() -> None:
+    """Tables guarded before kept one entry per replica partition: still read, as is."""
+    old = (
+        '{"to":"dr","partitions":[{"topic":"primary.orders","partition":0,"from":"primary",'
+        '"source_topic":"orders","records":[[100,5,"ab"],[101,6,null]]},{"topic":'
+        '"primary.orders","partition":1,"from":"primary","source_topic":"orders","records":'
+        '[[40,5,"cd"]]}]}'
+    )
+    parsed = parse_guard(old, "p")
+    assert parsed is not None
+    target, guard = parsed
+    assert target == "dr"
+    assert guard.partitions == {
+        ("primary.orders", 0): (Uncopied("primary", "orders", ((100, 5, "ab"), (101, 6, None))),),
+        ("primary.orders", 1): (Uncopied("primary", "orders", ((40, 5, "cd"),)),),
+    }
+    assert guard.weak_ids() == {
+        ("primary.orders", 0): {(5, "ab"), (6, None)},
+        ("primary.orders", 1): {(5, "cd")},
+    }
+    released = '{"to":"dr","partitions":[],"released":{"by":"ops","reason":"x","records":3}}'
+    assert parse_guard(released, "p") is None
+
+
+def test_a_failback_keeps_every_entry_of_a_partition() -> None:
+    """A chain of both disasters in one partition (R55): the failback's own uncopied records
+    (from dr) join the failover's (from the primary, carried to the reverse copy's name) and the
+    origin records the failback reads (from the primary); none replaces another."""
+    plans = [
+        PartitionPlan("primary.orders", p, 14, "primary.orders", "id", 12, 12, "", len(mine), mine)
+        for p, mine in ((0, ((12, 9, "k34"), (13, 9, "k36"))), (1, ()))
+    ]
+    carried = LateCopyGuard("p", {("primary.orders", 0): (
+        Uncopied("primary", "orders", ((10, 5, "k20"), (11, 5, "k22"))),
+    )})  # fmt: skip
+    read = [(("primary.orders", 0), Uncopied("primary", "orders", ((12, 7, "k24"),)))]
+    value = uncopied_property("g", "primary", "dr", plans, carried, read)[UNCOPIED_PREFIX + "g"]
+    parsed = parse_guard(value, "p")
+    assert parsed is not None
+    assert parsed[0] == "primary"
+    assert parsed[1].partitions == {("primary.orders", 0): (
+        Uncopied("dr", "primary.orders", ((12, 9, "k34"), (13, 9, "k36"))),
+        Uncopied("primary", "orders", ((10, 5, "k20"), (11, 5, "k22"), (12, 7, "k24"))),
+    )}  # fmt: skip
+    assert parsed[1].weak_ids()[("primary.orders", 0)] == {
+        (9, "k34"), (9, "k36"), (5, "k20"), (5, "k22"), (7, "k24"),
+    }  # fmt: skip
+
+
 def late_copy_stack(
     factory: StackFactory, topic: str, name: str, **overrides: Any
 ) -> FailbackStack:
@@ -165,7 +219,7 @@ def test_late_copies_after_a_source_lost_failover_land_once(
     assert catalog.load_table(spec.table).current_snapshot() == head
     guard = read_guard(catalog.load_table(spec.table), spec.consumer_group_id, NAME)
     assert guard is not None
-    assert {u.source for u in guard.partitions.values()} == {"primary"}
+    assert {u.source for e in guard.partitions.values() for u in e} == {"primary"}
 
     selection = AssetSelection.assets(table_key(spec), quarantine_key(spec)).without_checks()
     with DagsterInstance.ephemeral() as instance:  # the asset reads the primary to compare
@@ -240,12 +294,15 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     assert full.passed, full.message
     # The primary could have been lost for good: the operator stops the wait for it.
     assert main(["release-late-copies", name, "--reason", "primary rebuilt"]) == 0
-    assert "released the 20 uncopied record(s)" in capsys.readouterr().out
+    assert (
+        "released the 20 uncopied record(s) of 'dr_late_back''s route (20 read on 'primary';"
+        in (capsys.readouterr().out)
+    )
     table = catalog.load_table(spec.table)
     assert read_guard(table, group, name) is None
     released = orjson.loads(table.properties[UNCOPIED_PREFIX + group])["released"]
     assert released == {"by": os.environ.get("USER", "operator"), "reason": "primary rebuilt",
-                        "records": 20}  # fmt: skip
+                        "records": 20, "clusters": {"primary": 20}}  # fmt: skip
     with pytest.raises(SystemExit, match="no record of uncopied records is in force"):
         main(["release-late-copies", name, "--reason", "again"])
 
