@@ -21,6 +21,12 @@ from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
+from tests.support.dev_stack import (
+    DevStack,
+    check_stopped_cleanly,
+    launch_shared_stack,
+    order_dev_stack_users,
+)
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
 from tests.support.webhook import WebhookReceiver, webhook_receiver
@@ -149,6 +155,24 @@ def webhook() -> Iterator[WebhookReceiver]:
     """A webhook receiver on a free loopback port for the test: ``url``, ``received``."""
     with webhook_receiver() as receiver:
         yield receiver
+
+
+@pytest.fixture(scope="session")
+def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """One `make dev` for the tests that need it (tests/support/dev_stack.py), run last; stopped
+    after its last user, checking that Ctrl-C left nothing running, unless a test stopped it."""
+    with webhook_receiver() as receiver:
+        stack = launch_shared_stack(tmp_path_factory.mktemp("dev-stack"), receiver)
+        try:
+            yield stack
+        finally:
+            if stack.output is None:  # no test stopped it
+                check_stopped_cleanly(stack)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The users of the shared `make dev` stack run together, last (``dev_stack``)."""
+    order_dev_stack_users(items)
 
 
 @pytest.fixture(scope="session")
