@@ -38,7 +38,7 @@ from bench.freshness import measure_freshness  # noqa: E402
 from bench.late_copies import print_late_copy_table, run_late_copy_suite  # noqa: E402
 from bench.nested import profile_nested, run_nested_suite  # noqa: E402
 from bench.rss import PeakRss  # noqa: E402
-from bench.workloads import baseline, limit, produce, spec_for  # noqa: E402
+from bench.workloads import BROKER_STOP_S, baseline, limit, produce, spec_for  # noqa: E402
 from ingestion.execute import build_task_specs, execute_locally  # noqa: E402
 from ingestion.hooks import NO_HOOKS  # noqa: E402
 from ingestion.plan import Plan  # noqa: E402
@@ -149,7 +149,7 @@ def main() -> int:
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
     figures: dict[str, Any] = {"records": n, "partitions": PARTITIONS, "started": time.time()}
-    with EmbeddedBroker(log_path=state / "tansu.log") as broker:
+    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         admin = kafka.get_admin_client()
         from confluent_kafka.admin import NewTopic
@@ -188,7 +188,7 @@ def run_dirty(records: int, repeats: int, json_path: Path, suite: str = "dirty")
     against clean, in one run and one table."""
     state = Path(tempfile.mkdtemp(prefix=f"bench-{suite}-"))
     profile: list[str] = []
-    with EmbeddedBroker(log_path=state / "tansu.log") as broker:
+    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         catalog = IcebergCatalogResource(state_dir=str(state)).load_catalog()
         results = []
@@ -212,8 +212,12 @@ def run_late_copies(
     """The late-copy guard suite (bench/late_copies.py) on two embedded brokers."""
     state = Path(tempfile.mkdtemp(prefix="bench-late-copies-"))
     with (
-        EmbeddedBroker(log_path=state / "primary.log", cluster_id="primary_cluster") as primary,
-        EmbeddedBroker(log_path=state / "dr.log", cluster_id="dr_cluster") as dr,
+        EmbeddedBroker(
+            state / "primary.log", cluster_id="primary_cluster", stop_timeout_s=BROKER_STOP_S
+        ) as primary,
+        EmbeddedBroker(
+            state / "dr.log", cluster_id="dr_cluster", stop_timeout_s=BROKER_STOP_S
+        ) as dr,
     ):
         kafka = KafkaResource(
             bootstrap_servers=primary.bootstrap_servers,

@@ -27,7 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.rss import PeakRss  # noqa: E402
-from bench.workloads import ONE_PARTITION, SPREAD_30_DAYS, Workload, produce, spec_for  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    BROKER_STOP_S,
+    ONE_PARTITION,
+    SPREAD_30_DAYS,
+    Workload,
+    produce,
+    spec_for,
+)
 from ingestion.run import run_pipeline  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
@@ -105,7 +112,7 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="bench-writer-"))
     workloads = [ONE_PARTITION, SPREAD_30_DAYS]
     figures: dict[str, Any] = {"records": args.records, "partitions": args.partitions}
-    with EmbeddedBroker(log_path=state / "tansu.log") as broker:
+    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
         from confluent_kafka.admin import NewTopic
 
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)

@@ -35,13 +35,17 @@ if TYPE_CHECKING:
     from tests.support.failback_stack import StackFactory
 
 ROOT = Path(__file__).resolve().parent.parent
+BROKER_STOP_S = 0.5
+"""How long a test broker gets to exit on SIGTERM before SIGKILL. Tansu waits for its clients
+to hang up (an admin client or a producer still open: the 5 s default, every stop); the tests'
+brokers keep data in memory only, so nothing is lost by not waiting."""
 
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """A Tansu broker on a free loopback port for the whole session."""
     log_path = tmp_path_factory.mktemp("tansu") / "tansu.log"
-    with EmbeddedBroker(log_path=log_path) as running:
+    with EmbeddedBroker(log_path=log_path, stop_timeout_s=BROKER_STOP_S) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 
@@ -50,7 +54,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """A second cluster, the MirrorMaker 2 replica (the session broker is the source)."""
     log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
-    with EmbeddedBroker(log_path=log_path, cluster_id="replica_cluster") as running:
+    with EmbeddedBroker(
+        log_path=log_path, cluster_id="replica_cluster", stop_timeout_s=BROKER_STOP_S
+    ) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 
@@ -60,8 +66,14 @@ def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
     """A source and a replica cluster of the module's own (a test may SIGSTOP the source)."""
     logs = tmp_path_factory.mktemp("dr")
     with (
-        EmbeddedBroker(log_path=logs / "source.log", cluster_id="source_cluster") as source,
-        EmbeddedBroker(log_path=logs / "replica.log", cluster_id="replica_cluster") as replica,
+        EmbeddedBroker(
+            log_path=logs / "source.log", cluster_id="source_cluster", stop_timeout_s=BROKER_STOP_S
+        ) as source,
+        EmbeddedBroker(
+            log_path=logs / "replica.log",
+            cluster_id="replica_cluster",
+            stop_timeout_s=BROKER_STOP_S,
+        ) as replica,
     ):
         yield source, replica
         for running in (source, replica):
