@@ -21,6 +21,7 @@ from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
+from tests.support.brokers import BROKER_STOP_S
 from tests.support.dev_stack import (
     DevStack,
     check_stopped_cleanly,
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
     from tests.support.failback_stack import StackFactory
 
 ROOT = Path(__file__).resolve().parent.parent
-BROKER_STOP_S = 0.5
-"""How long a test broker gets to exit on SIGTERM before SIGKILL. Tansu waits for its clients
-to hang up (an admin client or a producer still open: the 5 s default, every stop); the tests'
-brokers keep data in memory only, so nothing is lost by not waiting."""
 
 
 @pytest.fixture(scope="session")
