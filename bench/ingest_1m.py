@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka.admin import NewTopic  # noqa: E402
 
+from bench.workloads import BROKER_STOP_S  # noqa: E402
 from ingestion.audit import audit_table  # noqa: E402
 from ingestion.run import run_pipeline  # noqa: E402
 from ingestion.spec import load_pipeline_specs  # noqa: E402
@@ -39,7 +40,7 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="ingest-1m-"))
-    with EmbeddedBroker(log_path=state / "tansu.log") as broker:
+    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         admin = kafka.get_admin_client()
         for future in admin.create_topics([NewTopic("orders", args.partitions, 1)]).values():

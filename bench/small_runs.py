@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-from bench.workloads import produce, spec_for  # noqa: E402
+from bench.workloads import BROKER_STOP_S, produce, spec_for  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 
@@ -58,7 +58,7 @@ def main() -> int:
         return 0
     state = Path(tempfile.mkdtemp(prefix="small-runs-"))
     walls: dict[str, list[float]] = {"spark": [], "driver": []}
-    with EmbeddedBroker(log_path=state / "tansu.log") as broker:
+    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         from confluent_kafka.admin import NewTopic
 

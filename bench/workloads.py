@@ -21,6 +21,10 @@ from ingestion.spec import PipelineSpec, load_pipeline_specs
 from platform_assets.demo import encode_event, make_order_event
 
 PIPELINES_FILE = Path(__file__).resolve().parent.parent / "platform_assets" / "pipelines.yaml"
+BROKER_STOP_S = 0.5
+"""How long a bench's embedded broker gets to exit on SIGTERM before SIGKILL, once the figures
+are taken. Tansu waits for its clients to hang up (the 5 s default, every stop); the bench's
+brokers keep data in memory only and are thrown away."""
 KafkaRecord = tuple[bytes | None, bytes | None]
 """A record's key and value (None: no key, a tombstone)."""
 

@@ -1,13 +1,14 @@
 """The executor tasks' writer: events spread over 30 day-partitions vs one, and task memory.
 
     .venv/bin/python bench/writer.py [--records 500000] [--partitions 2]
-        [--small-task 12500] [--large-task 250000] [--json .platform/bench/writer.json]
+        [--small-task 12500] [--large-task 250000] [--rounds 2] [--json .platform/bench/writer.json]
 
 Starts its own embedded stack (Tansu, a throw-away SQLite catalog, local Spark) and prints
 ratios within this run (absolute rates on a shared machine are noise):
 
 - ``spread_30d / one_partition``: records/s of the same events (bench.workloads) spread over
-  30 day-partitions vs all on one day; local[2], one task per Kafka partition.
+  30 day-partitions vs all on one day; local[2], one task per Kafka partition; the best of
+  ``--rounds`` runs of each, alternating (the smoke test runs one).
 - worker peak RSS at ``--large-task`` vs ``--small-task`` records per task (the Python
   workers of a fresh Spark session per measurement), local[1] and local[2].
 """
@@ -26,7 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.rss import PeakRss  # noqa: E402
-from bench.workloads import ONE_PARTITION, SPREAD_30_DAYS, Workload, produce, spec_for  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    BROKER_STOP_S,
+    ONE_PARTITION,
+    SPREAD_30_DAYS,
+    Workload,
+    produce,
+    spec_for,
+)
 from ingestion.run import run_pipeline  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
@@ -53,15 +61,19 @@ def ingest(
 
 
 def compare_partitioning(
-    kafka: KafkaResource, catalog: Any, workloads: list[Workload], per_task: int
+    kafka: KafkaResource,
+    catalog: Any,
+    workloads: list[Workload],
+    per_task: int,
+    rounds: int = ROUNDS,
 ) -> dict[str, dict[str, Any]]:
-    """Best-of-ROUNDS records/s of each workload on one warm local[2] session."""
+    """Best-of-``rounds`` records/s of each workload on one warm local[2] session."""
     resource = SparkResource(master="local[2]")
     spark = resource.spark_session
     spark.range(8).collect()
     ingest(kafka, catalog, spark, "warmup", "warmup", per_task)  # imports on the workers
     best: dict[str, dict[str, Any]] = {}
-    for round_ in range(ROUNDS):
+    for round_ in range(rounds):
         for workload in workloads:
             run = ingest(
                 kafka, catalog, spark, f"{workload.name}_{round_}", workload.name, per_task
@@ -94,12 +106,13 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--small-task", type=int, default=12_500)
     parser.add_argument("--large-task", type=int, default=250_000)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="runs of each workload")
     parser.add_argument("--json", default=str(ROOT / ".platform" / "bench" / "writer.json"))
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="bench-writer-"))
     workloads = [ONE_PARTITION, SPREAD_30_DAYS]
     figures: dict[str, Any] = {"records": args.records, "partitions": args.partitions}
-    with EmbeddedBroker(log_path=state / "tansu.log") as broker:
+    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
         from confluent_kafka.admin import NewTopic
 
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
@@ -113,7 +126,9 @@ def main() -> int:
             produce(kafka.client_config(), workload.name, args.records, args.partitions, workload)
         produce(kafka.client_config(), "warmup", min(args.records, 20_000), args.partitions)
         catalog = IcebergCatalogResource(state_dir=str(state)).load_catalog()
-        figures["workloads"] = compare_partitioning(kafka, catalog, workloads, args.large_task)
+        figures["workloads"] = compare_partitioning(
+            kafka, catalog, workloads, args.large_task, args.rounds
+        )
         figures["rss"] = [
             measure_rss(kafka, catalog, ONE_PARTITION.name, slots, per_task)
             for slots in (1, 2)

@@ -21,6 +21,13 @@ from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
+from tests.support.brokers import BROKER_STOP_S
+from tests.support.dev_stack import (
+    DevStack,
+    check_stopped_cleanly,
+    launch_shared_stack,
+    order_dev_stack_users,
+)
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
 from tests.support.webhook import WebhookReceiver, webhook_receiver
@@ -35,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """A Tansu broker on a free loopback port for the whole session."""
     log_path = tmp_path_factory.mktemp("tansu") / "tansu.log"
-    with EmbeddedBroker(log_path=log_path) as running:
+    with EmbeddedBroker(log_path=log_path, stop_timeout_s=BROKER_STOP_S) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 
@@ -44,7 +51,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """A second cluster, the MirrorMaker 2 replica (the session broker is the source)."""
     log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
-    with EmbeddedBroker(log_path=log_path, cluster_id="replica_cluster") as running:
+    with EmbeddedBroker(
+        log_path=log_path, cluster_id="replica_cluster", stop_timeout_s=BROKER_STOP_S
+    ) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 
@@ -54,8 +63,14 @@ def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
     """A source and a replica cluster of the module's own (a test may SIGSTOP the source)."""
     logs = tmp_path_factory.mktemp("dr")
     with (
-        EmbeddedBroker(log_path=logs / "source.log", cluster_id="source_cluster") as source,
-        EmbeddedBroker(log_path=logs / "replica.log", cluster_id="replica_cluster") as replica,
+        EmbeddedBroker(
+            log_path=logs / "source.log", cluster_id="source_cluster", stop_timeout_s=BROKER_STOP_S
+        ) as source,
+        EmbeddedBroker(
+            log_path=logs / "replica.log",
+            cluster_id="replica_cluster",
+            stop_timeout_s=BROKER_STOP_S,
+        ) as replica,
     ):
         yield source, replica
         for running in (source, replica):
@@ -149,6 +164,24 @@ def webhook() -> Iterator[WebhookReceiver]:
     """A webhook receiver on a free loopback port for the test: ``url``, ``received``."""
     with webhook_receiver() as receiver:
         yield receiver
+
+
+@pytest.fixture(scope="session")
+def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """One `make dev` for the tests that need it (tests/support/dev_stack.py), run last; stopped
+    after its last user, checking that Ctrl-C left nothing running, unless a test stopped it."""
+    with webhook_receiver() as receiver:
+        stack = launch_shared_stack(tmp_path_factory.mktemp("dev-stack"), receiver)
+        try:
+            yield stack
+        finally:
+            if stack.output is None:  # no test stopped it
+                check_stopped_cleanly(stack)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The users of the shared `make dev` stack run together, last (``dev_stack``)."""
+    order_dev_stack_users(items)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,8 +32,9 @@ def test_ingest_1m_reports_the_oracle() -> None:
 def test_run_prints_and_writes_every_figure(tmp_path: Path) -> None:
     target = tmp_path / "figures.json"
     out = run_bench(
-        "bench/run.py", "--records", "3000", "--freshness-seconds", "5", "--json", str(target)
-    )
+        "bench/run.py", "--records", "3000", "--freshness-seconds", "5", "--sensor-interval",
+        "1", "--json", str(target),
+    )  # fmt: skip
     figures = json.loads(target.read_text())
     assert figures["records"] == 3000
     assert set(figures["limit_per_s"]) == {"1", "2"}
@@ -40,29 +42,33 @@ def test_run_prints_and_writes_every_figure(tmp_path: Path) -> None:
     assert [(r["slots"], r["records"]) for r in figures["ours"]] == [(1, 3000), (2, 3000)]
     assert all(r["records_per_s"] > 0 and r["files"] >= 1 for r in figures["ours"])
     assert figures["freshness"]["runs"] >= 1
+    assert figures["freshness"]["sensor_interval_s"] == 1
     assert figures["profile_top"]
     for line in ("limit local[2]", "baseline (1 process)", "ours local[2]", "freshness"):
         assert line in out
 
 
-def test_dirty_suite_prints_every_workload_against_clean(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def all_suite(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[str, Any]]]:
+    """One ``--suite all`` run (the dirty workloads, then the nested ones, one process, one
+    broker): its output and its rows, each read back by the bench."""
+    target = tmp_path_factory.mktemp("bench-all") / "all.json"
+    out = run_bench(
+        "bench/run.py", "--suite", "all", "--records", "600", "--repeats", "1",
+        "--json", str(target),
+    )  # fmt: skip
+    return out, json.loads(target.read_text())["dirty"]
+
+
+def test_dirty_suite_prints_every_workload_against_clean(
+    all_suite: tuple[str, list[dict[str, Any]]],
+) -> None:
     """Counts are exact for every workload (quarantined = bad records made, nothing lost); the
     ratios are printed, not judged, at this size."""
     from bench.dirty import WORKLOADS
 
-    target = tmp_path / "dirty.json"
-    out = run_bench(
-        "bench/run.py",
-        "--suite",
-        "dirty",
-        "--records",
-        "600",
-        "--repeats",
-        "1",
-        "--json",
-        str(target),
-    )
-    results = json.loads(target.read_text())["dirty"]
+    out, rows = all_suite
+    results = rows[: len(WORKLOADS)]
     assert [r["workload"] for r in results] == [w.name for w in WORKLOADS]
     for r in results:
         assert (r["records"], r["quarantined"]) == (600, r["expected_bad"]), r
@@ -73,27 +79,33 @@ def test_dirty_suite_prints_every_workload_against_clean(tmp_path: Path) -> None
     assert "malformed 10.0%" in out
 
 
-def test_nested_suite_prints_nested_and_headers_against_flat(tmp_path: Path) -> None:
+def test_nested_suite_prints_nested_and_headers_against_flat(
+    all_suite: tuple[str, list[dict[str, Any]]],
+) -> None:
     """Every nested and headers workload lands every record; the ratios and the profile of the
     nested path are printed (not judged at this size)."""
+    from bench.dirty import WORKLOADS as DIRTY
     from bench.nested import WORKLOADS
 
-    target = tmp_path / "nested.json"
-    out = run_bench(
-        "bench/run.py",
-        "--suite",
-        "nested",
-        "--records",
-        "600",
-        "--repeats",
-        "1",
-        "--json",
-        str(target),
-    )
-    results = json.loads(target.read_text())["dirty"]
+    out, rows = all_suite
+    results = rows[len(DIRTY) :]
     assert [r["workload"] for r in results] == [w.name for w in WORKLOADS]
     assert all((r["landed"], r["quarantined"]) == (600, 0) for r in results), results
+    assert all(r["read_back"] == [600, 0, True] for r in results), results
+    assert "COUNT-MISMATCH" not in out
     assert "in-process nested run: 600 records" in out
+
+
+def test_dirty_table_fails_on_a_wrong_count() -> None:
+    """The dirty and nested suites' exit status: a row whose counts or read back are off."""
+    from bench.dirty import print_dirty_table
+
+    row = {"workload": "clean", "produced": 10, "records": 10, "quarantined": 1,
+           "expected_bad": 1, "read_back": [9, 1, True], "seconds": 1.0, "records_per_s": 10,
+           "target": None}  # fmt: skip
+    assert print_dirty_table([row])
+    assert not print_dirty_table([row, {**row, "workload": "x", "quarantined": 0}])
+    assert not print_dirty_table([row, {**row, "workload": "x", "read_back": [9, 1, False]}])
 
 
 def test_late_copies_suite_skips_each_late_copy_and_lands_the_near_miss(tmp_path: Path) -> None:
@@ -135,7 +147,7 @@ def test_writer_compares_workloads_and_task_memory(tmp_path: Path) -> None:
     target = tmp_path / "writer.json"
     out = run_bench(
         "bench/writer.py", "--records", "2000", "--small-task", "500", "--large-task", "2000",
-        "--json", str(target),
+        "--rounds", "1", "--json", str(target),
     )  # fmt: skip
     figures = json.loads(target.read_text())
     assert set(figures["workloads"]) == {"one_partition", "spread_30d"}

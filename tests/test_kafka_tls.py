@@ -20,6 +20,7 @@ from platform_assets.cli import pipeline_status
 from resources.embedded import EmbeddedBroker, find_free_port
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+from tests.support.brokers import BROKER_STOP_S
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, make_spec, records
 from tests.support.tls_proxy import TlsProxy, make_self_signed_certificate
@@ -34,7 +35,11 @@ def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaR
     cert, key = make_self_signed_certificate(directory)
     proxy_port = find_free_port()
     with (
-        EmbeddedBroker(log_path=directory / "tansu.log", advertised_port=proxy_port) as broker,
+        EmbeddedBroker(
+            log_path=directory / "tansu.log",
+            advertised_port=proxy_port,
+            stop_timeout_s=BROKER_STOP_S,
+        ) as broker,
         TlsProxy(proxy_port, int(broker.port or 0), cert, key) as proxy,
     ):
         yield (

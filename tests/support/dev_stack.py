@@ -1,15 +1,38 @@
 """`make dev` (scripts/dev.py) as a child process, and how tests look at it: its process tree
-(read from /proc) and the UI's GraphQL endpoint."""
+(read from /proc) and the UI's GraphQL endpoint.
+
+The tests that need `make dev` share one stack (:class:`DevStack`, the session fixture
+``dev_stack`` in tests/conftest.py): starting it (broker, Spark Connect, ``dagster dev``, the
+first stream commit) costs about half a minute on a 2-core machine, each time. They run at the
+end of the session in :data:`DEV_STACK_ORDER` (:func:`order_dev_stack_users`): the freshness
+target on the fresh stack, the alert procedure (it breaks the pipelines file and restores it),
+then the test that stops the stack and checks that Ctrl-C leaves nothing. A test that changes
+the stack restores it before it ends.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import pytest
+
+from platform_assets.pipelines import PIPELINES_FILE
+from resources.embedded import find_free_port
+from tests.support.webhook import WebhookReceiver
 
 ROOT = Path(__file__).resolve().parent.parent.parent
+DEV_STACK_ORDER = ("test_freshness_target.py", "test_alert_noise.py", "test_dev_stack.py")
+"""The modules using the shared stack, in the order they run (the last one stops it)."""
 
 
 def start_dev_stack(
@@ -33,6 +56,104 @@ def start_dev_stack(
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+@dataclass
+class DevStack:
+    """A running `make dev`: the shipped pipelines file copied to ``pipelines``
+    (``PLATFORM_PIPELINES_FILE``), alerts to ``webhook``, the UI on ``port``.
+
+    ``banner``: the five lines dev.py prints once started; ``children``: its process tree once
+    the UI answered (broker, Spark Connect, dagster dev and its webserver and daemon).
+    """
+
+    process: subprocess.Popen[str]
+    state_dir: Path
+    port: int
+    pipelines: Path
+    webhook: WebhookReceiver
+    banner: str = ""
+    children: set[int] = field(default_factory=set)
+    output: str | None = None  # what dev.py printed after the banner, once stopped
+
+    def stop(self) -> str:
+        """Ctrl-C (SIGINT) and wait for dev.py to exit; return its remaining output."""
+        if self.output is None:
+            self.process.send_signal(signal.SIGINT)
+            self.output, _ = self.process.communicate(timeout=90)
+        return self.output
+
+
+def launch_shared_stack(state_dir: Path, webhook: WebhookReceiver) -> DevStack:
+    """Start `make dev` on a copy of the shipped pipelines file and wait for its UI."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    pipelines = state_dir / "pipelines.yaml"
+    pipelines.write_text(PIPELINES_FILE.read_text())
+    env = {
+        **os.environ,
+        "PLATFORM_PIPELINES_FILE": str(pipelines),
+        "PLATFORM_ALERT_WEBHOOK_URL": webhook.url,
+    }
+    env.pop("PLATFORM_UI_BASE_URL", None)  # scripts/dev.py points it at its UI
+    port = find_free_port()
+    stack = DevStack(start_dev_stack(state_dir, port, env), state_dir, port, pipelines, webhook)
+    try:
+        assert stack.process.stdout is not None
+        # The banner follows the demo catalog's reset and the start of every process.
+        stack.banner = "".join(stack.process.stdout.readline() for _ in range(5))
+        log = f"{state_dir}/logs/dagster.log"
+        wait_for(f"a GraphQL answer (log: {log})", lambda: answers(port), 180, every_s=1)
+        stack.children = descendants(stack.process.pid)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
+
+
+def check_stopped_cleanly(stack: DevStack, grace_s: float = 20.0) -> None:
+    """Stop the stack if it runs; assert that dev.py exited 0 and left no process running."""
+    output = stack.stop()
+    assert stack.process.returncode == 0, output
+    assert "Stopped." in output, output
+    left = wait_for_exit(stack.children, grace_s)
+    assert not left, f"processes left running after Ctrl-C: {left}"
+
+
+def order_dev_stack_users(items: list[pytest.Item]) -> None:
+    """Move the tests using the ``dev_stack`` fixture to the end, in :data:`DEV_STACK_ORDER`
+    (others first): the session fixture then stops the stack right after its last user."""
+    users = [item for item in items if "dev_stack" in getattr(item, "fixturenames", ())]
+    rank = {name: n for n, name in enumerate(DEV_STACK_ORDER)}
+    ordered = sorted(users, key=lambda item: rank.get(item.path.name, -1))
+    items[:] = [item for item in items if item not in users] + ordered
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, every_s: float = 2.0) -> Any:
+    """Poll ``probe`` until it returns something true; return it, or fail naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = probe()
+        if found:
+            return found
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def answers(port: int) -> bool:
+    """Whether the UI answers GraphQL yet."""
+    try:
+        graphql(port, "{ version }")
+    except OSError:
+        return False
+    return True
+
+
+def wait_for_exit(pids: set[int], timeout_s: float = 20.0) -> list[int]:
+    """The ``pids`` still running after up to ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while (left := [pid for pid in pids if is_running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
 
 
 def descendants(pid: int) -> set[int]:
