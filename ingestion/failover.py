@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ingestion.cluster_rows import cluster_condition
-from ingestion.consumer import iter_range, open_consumer
+from ingestion.consumer import iter_batches, iter_range, open_consumer
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failover_align import (
     Alignment,
@@ -106,21 +106,29 @@ class Replica:
 
     def read(self, topic: str, partition: int, start: int, count: int) -> tuple[Records, int]:
         """Up to ``count`` records from ``start`` as (offset, RecordId with a digest of the
-        value and headers), and the end offset."""
-        low, high = self.watermarks(topic, partition)
-        if start < low:
-            raise FailoverRefusedError(
-                f"{topic}[{partition}]: replica offset {start} is below the log start {low} "
-                "(retention deleted it): the alignment cannot be verified; nothing was changed"
-            )
+        value and headers), and the end offset. One consumer asks the ends and reads; the read
+        stops at ``count`` records (or the end), never waiting for more."""
+        from confluent_kafka import TopicPartition
+
         found: Records = []
         with open_consumer(self.kafka_config, "failover-reader") as consumer:
-            rng = OffsetRange(topic, partition, start, high)
-            for message in iter_range(consumer, rng, self.timeout_s, f"replica {topic}"):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self.timeout_s
+            )
+            if start < low:
+                raise FailoverRefusedError(
+                    f"{topic}[{partition}]: replica offset {start} is below the log start {low} "
+                    "(retention deleted it): the alignment cannot be verified; nothing was changed"
+                )
+            if count <= 0 or start >= high:
+                return found, int(high)
+            rng = OffsetRange(topic, partition, start, int(high))
+            where = f"replica {topic}"
+            for batch in iter_batches(consumer, rng, self.timeout_s, where, limit=count):
+                found.extend((int(m.offset() or 0), _identity(m)) for m in batch)
                 if len(found) >= count:
                     break
-                found.append((int(message.offset() or 0), _identity(message)))
-        return found, high
+        return found[:count], int(high)
 
     def last_record_before(
         self, topic: str, partition: int, offset: int
@@ -239,6 +247,25 @@ def live_syncs(syncs: list[OffsetSync]) -> list[OffsetSync]:
     return live
 
 
+def holds_rows(
+    tables: list[Table], key: tuple[str, int], condition: str, cluster: str | None = None
+) -> bool:
+    """Whether the data or quarantine table holds a row of one partition matching
+    ``condition`` (read on ``cluster``, if given): the first row found answers, not a read of
+    every match."""
+    row_filter = f"_kafka_topic = '{key[0]}' AND _kafka_partition = {key[1]} AND {condition}"
+    for table in tables:
+        on_cluster = cluster_condition(table, cluster)
+        if on_cluster is None:
+            continue  # no row of this table was read on that cluster
+        found = table.scan(
+            row_filter=row_filter + on_cluster, selected_fields=("_kafka_offset",), limit=1
+        ).to_arrow()
+        if found.num_rows:
+            return True
+    return False
+
+
 def locate(
     tables: list[Table],
     key: tuple[str, int],
@@ -322,8 +349,9 @@ def plan_partition(
         if anchor.upstream == source_next:
             return Alignment(anchor.downstream, 0), how
         pair = (anchor.upstream, anchor.downstream)
-        read = ingested_tail_where(tables, key, f"_kafka_offset <= {anchor.upstream}", cluster)
-        if fallback is not None and not read:  # the anchor is before the failover's start
+        up_to = f"_kafka_offset <= {anchor.upstream}"
+        if fallback is not None and not holds_rows(tables, key, up_to, cluster):
+            # the anchor is before the failover's start
             copy, _ = replica.read(replica_topic, partition, anchor.downstream, 1)
             if copy and copy[0][0] == anchor.downstream:
                 return fallback(tables, replica, copy[0]), f"{how}, read before the failover"
