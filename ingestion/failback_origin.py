@@ -45,7 +45,13 @@ import orjson
 
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_copies import copy_exists, replica_copies
-from ingestion.failover import Records, Replica, ingested_tail_where, live_syncs
+from ingestion.failover import (
+    Records,
+    Replica,
+    ingested_partitions,
+    ingested_tail_where,
+    live_syncs,
+)
 from ingestion.failover_align import split_tail
 from ingestion.mm2 import OffsetSync
 from ingestion.offsets import (
@@ -188,6 +194,7 @@ def plan_origin_partition(
     syncs: list[OffsetSync] | None = None,
     replica_cluster: str | None = None,
     ambiguous: list[int] | None = None,
+    copy_rows: Records | None = None,
 ) -> OriginPlan:
     """Where one origin partition resumes; ``entry`` is its line of the failover's plan (with
     ``"in_plan": False`` and no ``source_next`` for a partition the plan lacks),
@@ -196,7 +203,9 @@ def plan_origin_partition(
     offset syncs of this partition (on the primary). ``replica_cluster``: the replica's name
     when the rows tell the two clusters apart (``ingestion.cluster_rows.labelled_cluster``):
     the origin's rows are then the primary's, the copy's the replica's, even under one name;
-    ``ambiguous``: the offsets whose rows do not (written before ``_kafka_cluster``)."""
+    ``ambiguous``: the offsets whose rows do not (written before ``_kafka_cluster``);
+    ``copy_rows``: the table's rows of the replica copy's partition from the failover's start
+    on (:func:`~ingestion.failback_copies.replica_copies`), when already scanned."""
     topic, partition = str(entry["source_topic"]), int(entry["partition"])
     copy, start = str(entry["replica_topic"]), int(entry["replica_start"])
     planned = bool(entry.get("in_plan", True))
@@ -235,7 +244,9 @@ def plan_origin_partition(
     if planned or copy_exists(replica, key, where):
         if replica_next is None:  # nothing ingested there: the reverse copy reads it all
             replica_next = start if planned else replica.watermarks(*key)[0]
-        copies, end = replica_copies(tables, replica, key, start, replica_next, where, copy_cluster)
+        copies, end = replica_copies(
+            tables, replica, key, start, replica_next, where, copy_cluster, copy_rows
+        )
     else:
         copies, end, replica_next = [], 0, 0
     anchor = _anchor(syncs or [], before, high)
@@ -247,6 +258,18 @@ def plan_origin_partition(
         topic, partition, "", before, resume, len(matched) - pending, tail, copy, start,
         pending, end, how, planned,
     )  # fmt: skip
+
+
+def copy_partitions(
+    tables: list[Table], topic: str, copy: str, since: int, replica_cluster: str | None
+) -> dict[int, Records]:
+    """The table's rows of the replica ``copy`` of origin ``topic`` from offset ``since`` on
+    (the lowest start of its partitions), per partition: one scan per table for the whole
+    topic, where each partition's :func:`~ingestion.failback_copies.replica_copies` would scan
+    again; read on the replica when the copy has the origin's name and the rows tell the
+    clusters apart, as :func:`plan_origin_partition` reads them."""
+    cluster = replica_cluster if copy == topic and replica_cluster is not None else None
+    return ingested_partitions(tables, copy, f"_kafka_offset >= {since}", cluster)
 
 
 def plan_origin(
@@ -290,7 +313,11 @@ def plan_origin(
                 "owners what the table must hold, then fail back"
             )
         copy = str(next(iter(entries.values()))["replica_topic"])
-        for partition in sorted(set(partitions) | set(entries)):
+        every = sorted(set(partitions) | set(entries))
+        # a partition the failover's plan lacks starts at 0 (plan_origin_partition)
+        since = min(int(entries[p]["replica_start"]) if p in entries else 0 for p in every)
+        rows = copy_partitions(tables, topic, copy, since, replica_cluster)
+        for partition in every:
             entry = entries.get(partition) or {
                 "source_topic": topic, "partition": partition, "replica_topic": copy,
                 "replica_start": 0, "in_plan": False,
@@ -299,7 +326,7 @@ def plan_origin(
             plan = plan_origin_partition(
                 tables, reader, replica, entry, at, pipeline,
                 (syncs or {}).get((topic, partition)), replica_cluster,
-                (ambiguous or {}).get((topic, partition)),
+                (ambiguous or {}).get((topic, partition)), rows.get(partition, []),
             )  # fmt: skip
             plans.append(OriginPlan(**{**plan.__dict__, "topic_id": topic_id}))
     return plans

@@ -202,21 +202,34 @@ def ingested_tail_where(
     """The records of one partition matching ``condition``, from the data and quarantine
     tables, in offset order; with ``cluster``, only the rows read on that cluster
     (``ingestion.cluster_rows``: under MM2's identity naming one name is read on two)."""
+    where = f"_kafka_partition = {key[1]} AND {condition}"
+    return ingested_partitions(tables, key[0], where, cluster).get(key[1], [])
+
+
+def ingested_partitions(
+    tables: list[Table], topic: str, condition: str, cluster: str | None = None
+) -> dict[int, Records]:
+    """The records of ``topic`` matching ``condition`` per partition, from the data and
+    quarantine tables (one scan each), in offset order; ``cluster``: see
+    :func:`ingested_tail_where`."""
     import pyarrow as pa
 
-    rows: dict[int, RecordId] = {}
+    rows: dict[int, dict[int, RecordId]] = {}
     # Kafka topic names are [a-zA-Z0-9._-]: safe inside a quoted literal.
-    row_filter = f"_kafka_topic = '{key[0]}' AND _kafka_partition = {key[1]} AND {condition}"
-    fields = ("_kafka_offset", "_kafka_timestamp", "_kafka_key")
+    row_filter = f"_kafka_topic = '{topic}' AND {condition}"
+    fields = ("_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_kafka_key")
     for table in tables:
         on_cluster = cluster_condition(table, cluster)
         if on_cluster is None:
             continue  # no row of this table was read on that cluster
         scanned = table.scan(row_filter=row_filter + on_cluster, selected_fields=fields).to_arrow()
+        partitions = scanned.column("_kafka_partition").to_pylist()
         offsets = scanned.column("_kafka_offset").to_pylist()
         micros = scanned.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
         keys = scanned.column("_kafka_key").to_pylist()
-        for offset, stamp, record_key in zip(offsets, micros, keys, strict=True):
+        for partition, offset, stamp, record_key in zip(
+            partitions, offsets, micros, keys, strict=True
+        ):
             if isinstance(record_key, dict):
                 raise FailoverRefusedError(
                     f"{'.'.join(table.name())}: the table keeps the Kafka keys decoded "
@@ -226,8 +239,8 @@ def ingested_tail_where(
                     "replica explicitly instead); nothing was changed"
                 )
             raw = record_key.encode() if isinstance(record_key, str) else record_key
-            rows[int(offset)] = RecordId(int(stamp) // 1000, raw)
-    return sorted(rows.items())
+            rows.setdefault(int(partition), {})[int(offset)] = RecordId(int(stamp) // 1000, raw)
+    return {partition: sorted(found.items()) for partition, found in rows.items()}
 
 
 def live_syncs(syncs: list[OffsetSync]) -> list[OffsetSync]:
