@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Protocol
 from confluent_kafka import KafkaException
 
 from ingestion.exceptions import FailoverRefusedError, ReadError
-from ingestion.failover import Records, Replica, ingested_tail_where
+from ingestion.failover import Replica
 from ingestion.failover_align import by_identity
+from ingestion.failover_rows import Records, ingested_tail_where
 from ingestion.ranges import Key
 
 if TYPE_CHECKING:

@@ -45,14 +45,9 @@ import orjson
 
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_copies import copy_exists, replica_copies
-from ingestion.failover import (
-    Records,
-    Replica,
-    ingested_partitions,
-    ingested_tail_where,
-    live_syncs,
-)
+from ingestion.failover import Replica, live_syncs
 from ingestion.failover_align import split_tail
+from ingestion.failover_rows import Records, ingested_partitions, ingested_tail_where
 from ingestion.mm2 import OffsetSync
 from ingestion.offsets import (
     FAILOVER_TO,

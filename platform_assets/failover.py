@@ -20,7 +20,7 @@ from ingestion.actions import mirror_after
 from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
 from ingestion.failback_complete import apply_completion, plan_completion
 from ingestion.failback_copies import recheck_copies
-from ingestion.failback_origin import OriginPlan, find_switch
+from ingestion.failback_origin import OriginPlan, UndoneSwitch, find_switch
 from ingestion.failback_replica import check_replica_copied
 from ingestion.failover import (
     PartitionPlan,
@@ -135,6 +135,16 @@ def describe_local_topics(
     ]
 
 
+def scan_since(switch: UndoneSwitch | None) -> dict[str, int]:
+    """For a failback, per replica topic the failover's lowest start: the plan reads the
+    table's rows from there once (``ingestion.failover_rows``), not once per partition."""
+    starts: dict[str, int] = {}
+    for entry in switch.plans if switch else []:
+        topic, start = str(entry["replica_topic"]), int(entry["replica_start"])
+        starts[topic] = min(start, starts.get(topic, start))
+    return starts
+
+
 def failover_pipeline(
     spec: PipelineSpec,
     kafka: KafkaResource,
@@ -194,7 +204,7 @@ def failover_pipeline(
     try:
         plans = plan_failover(
             catalog, route.spec, offsets, target, checkpoints, syncs, names, links,
-            source_down=down, cluster=on_cluster,
+            source_down=down, cluster=on_cluster, scan_from=scan_since(switch),
         )  # fmt: skip
     except ReplicaBehindError as exc:
         if to == PRIMARY or down:
