@@ -47,7 +47,7 @@ from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_copies import copy_exists, replica_copies
 from ingestion.failover import Replica, live_syncs
 from ingestion.failover_align import split_tail
-from ingestion.failover_rows import Records, ingested_partitions, ingested_tail_where
+from ingestion.failover_rows import Records, Scans, ingested_tail_where, scan_rows
 from ingestion.mm2 import OffsetSync
 from ingestion.offsets import (
     FAILOVER_TO,
@@ -256,15 +256,21 @@ def plan_origin_partition(
 
 
 def copy_partitions(
-    tables: list[Table], topic: str, copy: str, since: int, replica_cluster: str | None
+    tables: list[Table],
+    topic: str,
+    copy: str,
+    since: int,
+    replica_cluster: str | None,
+    scans: Scans | None = None,
 ) -> dict[int, Records]:
     """The table's rows of the replica ``copy`` of origin ``topic`` from offset ``since`` on
     (the lowest start of its partitions), per partition: one scan per table for the whole
     topic, where each partition's :func:`~ingestion.failback_copies.replica_copies` would scan
     again; read on the replica when the copy has the origin's name and the rows tell the
-    clusters apart, as :func:`plan_origin_partition` reads them."""
+    clusters apart, as :func:`plan_origin_partition` reads them; ``scans``: the plan's scans
+    (the failback's alignment read the same rows)."""
     cluster = replica_cluster if copy == topic and replica_cluster is not None else None
-    return ingested_partitions(tables, copy, f"_kafka_offset >= {since}", cluster)
+    return scan_rows(tables, copy, since, cluster, scans).partitions
 
 
 def plan_origin(
@@ -278,6 +284,7 @@ def plan_origin(
     syncs: dict[Key, list[OffsetSync]] | None = None,
     replica_cluster: str | None = None,
     ambiguous: dict[Key, list[int]] | None = None,
+    scans: Scans | None = None,
 ) -> list[OriginPlan]:
     """A plan for every partition the ``origins`` topics have now (``reader`` reads the
     primary, ``replica`` the replica cluster the failback leaves; ``syncs``: MM2's forward
@@ -311,7 +318,7 @@ def plan_origin(
         every = sorted(set(partitions) | set(entries))
         # a partition the failover's plan lacks starts at 0 (plan_origin_partition)
         since = min(int(entries[p]["replica_start"]) if p in entries else 0 for p in every)
-        rows = copy_partitions(tables, topic, copy, since, replica_cluster)
+        rows = copy_partitions(tables, topic, copy, since, replica_cluster, scans)
         for partition in every:
             entry = entries.get(partition) or {
                 "source_topic": topic, "partition": partition, "replica_topic": copy,

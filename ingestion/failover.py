@@ -42,6 +42,7 @@ from ingestion.failover_align import (
 from ingestion.failover_rows import (
     Records,
     ScannedRows,
+    Scans,
     holds_rows,
     ingested_tail,
     ingested_tail_where,
@@ -371,6 +372,7 @@ def plan_failover(
     source_down: bool = False,
     cluster: str | None = None,
     scan_from: dict[str, int] | None = None,
+    scans: Scans | None = None,
 ) -> list[PartitionPlan]:
     """A plan for every partition in ``offsets`` (the table's next offsets of the group);
     ``fallbacks`` per partition: see :func:`plan_partition`. ``source_down``: the source
@@ -378,7 +380,8 @@ def plan_failover(
     of the replica is accepted (:func:`~ingestion.failover_align.align_exact`). ``cluster``:
     the source cluster's name, to read only its rows (None: every row of the topic names).
     ``scan_from``: per source topic, the offset from which the table's rows are read once for
-    the whole plan (a failback: the failover's start), instead of once per partition.
+    the whole plan (a failback: the failover's start), instead of once per partition, kept
+    in ``scans`` for the rest of the plan (``ingestion.failover_rows``).
 
     The quarantine table is synced first (no Kafka needed): its rows trail the data commits,
     and a record missing from the tail would be read again on the replica.
@@ -398,7 +401,9 @@ def plan_failover(
     replica = Replica(target.kafka_config)
     newest = newest_checkpoints(checkpoints, spec.consumer_group_id)
     ids = {topic: replica.topic_id(topic) for topic in set(replica_topics.values())}
-    scanned = {t: scan_rows(tables, t, since, cluster) for t, since in (scan_from or {}).items()}
+    scanned = {
+        t: scan_rows(tables, t, since, cluster, scans) for t, since in (scan_from or {}).items()
+    }
     plans = []
     for key in sorted(offsets):
         copy = replica_topics[key[0]]

@@ -139,10 +139,26 @@ class ScannedRows:
         return True if rows and rows[0][0] <= offset else None
 
 
+Scans = dict[tuple[str, int, str | None], ScannedRows]
+"""One plan's scans by (topic, since, cluster): the failback's two stages read them once."""
+
+
 def scan_rows(
-    tables: list[Table], topic: str, since: int, cluster: str | None = None
+    tables: list[Table],
+    topic: str,
+    since: int,
+    cluster: str | None = None,
+    scans: Scans | None = None,
 ) -> ScannedRows:
-    """:class:`ScannedRows` of ``topic`` from ``since``: one scan per table."""
-    return ScannedRows(
+    """:class:`ScannedRows` of ``topic`` from ``since``: one scan per table, or the one
+    ``scans`` holds (the same plan read it, after the same quarantine sync; rows committed in
+    between lie past the offsets the plan read, which every window stops before)."""
+    key = (topic, since, cluster)
+    if scans is not None and key in scans:
+        return scans[key]
+    found = ScannedRows(
         since, ingested_partitions(tables, topic, f"_kafka_offset >= {since}", cluster)
     )
+    if scans is not None:
+        scans[key] = found
+    return found

@@ -16,6 +16,7 @@ from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_link import OriginLink
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
 from ingestion.failover import Fallback, Replica, read_offset_syncs
+from ingestion.failover_rows import Scans
 from ingestion.mm2 import offset_syncs_topic
 from ingestion.ranges import Key
 from ingestion.spec import PipelineSpec
@@ -74,6 +75,7 @@ def plan_failback_origin(
     spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
     names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
     labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
+    scans: Scans | None = None,
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
 
@@ -81,7 +83,8 @@ def plan_failback_origin(
     forward flow copied there arrive through the reverse copy; refused when it does not answer.
     An origin with the name of its reverse copy (MM2's identity policy both ways, a replication
     cycle MM2 cannot break) is left out: that topic is the reverse copy, read as before.
-    ``labelled`` and ``ambiguous``: :func:`failback_labels`.
+    ``labelled`` and ``ambiguous``: :func:`failback_labels`; ``scans``: the plan's table scans
+    (``ingestion.failover_rows``).
     """
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
@@ -106,7 +109,7 @@ def plan_failback_origin(
     )
     return plan_origin(
         tables, reader, replica, switch, origins, replica_next, spec.name, syncs, labelled,
-        ambiguous,
+        ambiguous, scans,
     )  # fmt: skip
 
 

@@ -30,6 +30,7 @@ from ingestion.failover import (
     read_offset_syncs,
 )
 from ingestion.failover_commit import apply_failover
+from ingestion.failover_rows import Scans
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
 from ingestion.offsets import find_committed_state, flatten
@@ -201,10 +202,11 @@ def failover_pipeline(
     labelled, ambiguous = failback_labels(route.spec, catalog, route, switch)
     links = origin_links(switch, offsets, names, spec.name, labelled) if switch else None
     on_cluster = labelled if to == PRIMARY else (PRIMARY if route.cluster == PRIMARY else None)
+    scans: Scans = {}  # the table's rows since the failover, read once for both stages
     try:
         plans = plan_failover(
             catalog, route.spec, offsets, target, checkpoints, syncs, names, links,
-            source_down=down, cluster=on_cluster, scan_from=scan_since(switch),
+            source_down=down, cluster=on_cluster, scan_from=scan_since(switch), scans=scans,
         )  # fmt: skip
     except ReplicaBehindError as exc:
         if to == PRIMARY or down:
@@ -224,7 +226,7 @@ def failover_pipeline(
     origin: list[OriginPlan] = []
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(
-            spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous
+            spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous, scans
         )
         lines += describe_origin(origin, route.cluster)
     if dry_run:
