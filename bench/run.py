@@ -3,6 +3,7 @@
     .venv/bin/python bench/run.py [--records 2000000] [--json .platform/bench/latest.json]
     .venv/bin/python bench/run.py --suite dirty [--records 1000000]  # bad records, spread
     .venv/bin/python bench/run.py --suite nested   # nested JSON, headers (nested.py); all: both
+    .venv/bin/python bench/run.py --suite late-copies [--records 200000]  # R54's guard
 
 Everything runs against the embedded stack it starts (Tansu, a throw-away SQLite catalog,
 local Spark). Figures are ratios within this run; absolute times on shared machines are noise.
@@ -17,6 +18,7 @@ import json
 import pstats
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from confluent_kafka import TopicPartition  # noqa: E402
 
 from bench.dirty import WORKLOADS, print_dirty_table, run_suite  # noqa: E402
 from bench.freshness import measure_freshness  # noqa: E402
+from bench.late_copies import print_late_copy_table, run_late_copy_suite  # noqa: E402
 from bench.nested import profile_nested, run_nested_suite  # noqa: E402
 from bench.rss import PeakRss  # noqa: E402
 from bench.workloads import baseline, limit, produce, spec_for  # noqa: E402
@@ -111,18 +114,29 @@ def profile_engine(kafka: KafkaResource, catalog: Any, topic: str, records: int)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=("main", "dirty", "nested", "all"), default="main")
+    suites = ("main", "dirty", "nested", "all", "late-copies")
+    parser.add_argument("--suite", choices=suites, default="main")
     parser.add_argument(
         "--records", type=int, help="default 2,000,000; dirty/nested: 1,000,000 each"
     )
-    parser.add_argument("--repeats", type=int, default=3, help="dirty: runs per workload")
+    parser.add_argument(
+        "--repeats", type=int, help="dirty/nested: runs per workload (3); late-copies: rounds (5)"
+    )
     parser.add_argument("--freshness-seconds", type=int, default=90)
+    parser.add_argument(
+        "--uncopied", type=int, nargs="+", default=[1000, 100_000], help="late-copies: RPO tails"
+    )
+    parser.add_argument("--late-copies", type=int, help="late-copies: per run (default 0.1 %%)")
     parser.add_argument("--json", help="default .platform/bench/latest.json (dirty.json)")
     args = parser.parse_args()
     default_json = "latest.json" if args.suite == "main" else f"{args.suite}.json"
     json_path = Path(args.json or ROOT / ".platform" / "bench" / default_json)
+    if args.suite == "late-copies":
+        n = args.records or 200_000
+        repeats = args.repeats or 5
+        return run_late_copies(n, repeats, json_path, args.uncopied, args.late_copies)
     if args.suite != "main":  # dirty, nested or both: one table of ratios to clean
-        return run_dirty(args.records or 1_000_000, args.repeats, json_path, args.suite)
+        return run_dirty(args.records or 1_000_000, args.repeats or 3, json_path, args.suite)
     n = args.records or 2_000_000
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
@@ -178,6 +192,34 @@ def run_dirty(records: int, repeats: int, json_path: Path, suite: str = "dirty")
     for line in profile:
         print(line)
     figures = {"records": records, "repeats": repeats, "started": time.time(), "dirty": results}
+    write_figures(figures, json_path)
+    return 0 if ok else 1
+
+
+def run_late_copies(
+    records: int, repeats: int, json_path: Path, uncopied: list[int], late: int | None
+) -> int:
+    """The late-copy guard suite (bench/late_copies.py) on two embedded brokers."""
+    state = Path(tempfile.mkdtemp(prefix="bench-late-copies-"))
+    with (
+        EmbeddedBroker(log_path=state / "primary.log", cluster_id="primary_cluster") as primary,
+        EmbeddedBroker(log_path=state / "dr.log", cluster_id="dr_cluster") as dr,
+    ):
+        kafka = KafkaResource(
+            bootstrap_servers=primary.bootstrap_servers,
+            replicas={"dr": {"bootstrap.servers": dr.bootstrap_servers}},
+        )
+        iceberg = IcebergCatalogResource(state_dir=str(state))
+        results = run_late_copy_suite(
+            kafka, kafka.for_cluster("dr"), iceberg, records, repeats, uncopied, late
+        )
+        gc.collect()  # close the Kafka clients while the brokers are up
+        stopping = threading.Thread(target=primary.stop)  # each waits out its stop timeout
+        stopping.start()
+        dr.stop()
+        stopping.join()
+    ok = print_late_copy_table(results)
+    figures = {"records": records, "repeats": repeats, "started": time.time(), "cases": results}
     write_figures(figures, json_path)
     return 0 if ok else 1
 

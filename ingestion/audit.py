@@ -31,7 +31,7 @@ from ingestion.offsets import (
 )
 from ingestion.ranges import Coordinates, Key
 from ingestion.recovery import list_file_paths
-from ingestion.route_state import DROPPED_PREFIX, PRIMARY, route_cluster
+from ingestion.route_state import DROPPED_PREFIX, route_cluster
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -159,14 +159,15 @@ def audit_table(
     watermark = {**ended, **_lineage_checks(table, group_id, result)}
     # A row recording another cluster than the route's, at a (topic, partition) the route reads
     # under the same name (MM2's identity naming), holds that cluster's offsets, unrelated to
-    # the route's watermark there: not held to it (R49; its duplicates are still counted).
+    # the route's watermark there: not held to it (R49; its duplicates are still counted). A
+    # row written before the column (null) is held, as before it existed.
     reads, now = route_cluster(table, group_id), _route_partitions(table, group_id)
     result.beyond_watermark = sorted(
         {
             c
             for c, cluster in rows
             if c[2] >= watermark.get((c[0], c[1]), 0)
-            and ((cluster or PRIMARY) == reads or (c[0], c[1]) not in now)
+            and (cluster is None or cluster == reads or (c[0], c[1]) not in now)
         }
     )
     if expected is not None:

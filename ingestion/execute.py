@@ -14,6 +14,7 @@ from ingestion.commit import delete_files
 from ingestion.decode import merge_field_types
 from ingestion.engine_version import engine_fingerprint
 from ingestion.hooks import FailureHooks
+from ingestion.late_copies import UNCOPIED_PREFIX
 from ingestion.plan import Plan
 from ingestion.spec import PipelineSpec
 from ingestion.task import TaskResult, TaskSpec, run_task
@@ -82,6 +83,17 @@ def execute_locally(specs: list[TaskSpec]) -> list[TaskResult]:
     return [run_task(spec) for spec in specs]
 
 
+def task_metadata_json(table: Table) -> str:
+    """The table metadata every task receives, as JSON: without the late-copy guard's record
+    lists (``kafka.uncopied.*``: megabytes for a large RPO tail, parsed by every task; a task
+    gets its own partition's share in ``TaskSpec.late_copy_ids``)."""
+    metadata = table.metadata
+    kept = {k: v for k, v in metadata.properties.items() if not k.startswith(UNCOPIED_PREFIX)}
+    if len(kept) == len(metadata.properties):
+        return metadata.model_dump_json()
+    return metadata.model_copy(update={"properties": kept}).model_dump_json()
+
+
 def build_task_specs(
     spec: PipelineSpec,
     plan: Plan,
@@ -98,7 +110,7 @@ def build_task_specs(
     uncopied records of their partition: ``ingestion.late_copies``); ``cluster`` is the name of
     the cluster the ranges are read on, recorded in every row."""
     late_copy_ids = late_copy_ids or {}
-    table_json = table.metadata.model_dump_json()
+    table_json = task_metadata_json(table)
     quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
     return [
         TaskSpec(
@@ -208,7 +220,7 @@ def prepare_files(
         if new_fields or promotions:
             prepared.schema_changes += evolve_schema(table, new_fields, promotions)
             table.refresh()
-        table_json = table.metadata.model_dump_json()
+        table_json = task_metadata_json(table)
         digests = {}
         if late_copy_digests is not None and any(results[i].late_copy_candidates for i in rerun):
             digests = late_copy_digests()

@@ -14,7 +14,8 @@ replica's records where both exist. A partition the replica's copy does not have
 copies.
 
 The replica must answer: if it does not, copied and uncopied records cannot be told apart and
-the failback is refused (:class:`~ingestion.exceptions.FailoverRefusedError`, nothing changed).
+the failback is refused (:class:`~ingestion.exceptions.FailoverRefusedError`, nothing changed),
+unless the operator asserts it is lost (``--source-lost``: ``ingestion.failback_lost``).
 Copies the forward flow makes after the plan would arrive twice; MM2's forward flow must be
 stopped before failing back, and :func:`recheck_copies` refuses the switch when the replica
 got a copy of a planned tail record since the plan. Reads only; retrying is safe.
@@ -58,7 +59,9 @@ UNREACHABLE = (
     "the replica cluster does not answer ({error}), so the plan cannot tell the origin records "
     "MM2's forward flow copied there (they arrive through the reverse copy) from the "
     "unreplicated tail. Nothing was changed; the pipeline keeps reading the replica. Fail back "
-    "once the replica answers"
+    "once the replica answers; if it is lost (the second disaster), say so with --source-lost "
+    "(job config source_lost): the records written on it that MM2's reverse flow did not copy "
+    "back are then lost by that assertion (docs/reliability.md, R55)"
 )
 
 

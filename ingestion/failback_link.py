@@ -20,13 +20,15 @@ more than one continue like the reverse copy. Reads only.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failover import Replica, locate
-from ingestion.failover_align import Alignment, RecordId, align_exact
-from ingestion.failover_rows import ingested_tail
+from ingestion.failover_align import Alignment, RecordId, align_exact, uncopied_records
+from ingestion.failover_rows import Records, ingested_tail
 from ingestion.ranges import Key
 
 if TYPE_CHECKING:
@@ -50,6 +52,9 @@ class OriginLink:
     # its origin's name and the rows tell them apart (ingestion.cluster_rows); else None.
     origin_cluster: str | None = None
     replica_cluster: str | None = None
+    # The replica is lost (--source-lost): the reverse copy may end before the table's position
+    # (align_exact's source_down); the records read on the replica beyond it are uncopied.
+    source_down: bool = False
 
     def __call__(
         self, tables: list[Table], reader: Replica, anchor: tuple[int, RecordId]
@@ -69,10 +74,11 @@ class OriginLink:
                 tables, *self.origin, origin_offset + 1, self.committed_before, origin
             )
             records = [r for _, r in tail + after]
-            copies, end = reader.read(self.reverse_topic, self.key[1], anchor[0] + 1,
-                                      len(records) + 1)  # fmt: skip
+            count = sys.maxsize if self.source_down else len(records) + 1
+            copies, end = reader.read(self.reverse_topic, self.key[1], anchor[0] + 1, count)
             try:
-                found.append(align_exact(records, copies, end, where))
+                aligned = align_exact(records, copies, end, where, self.source_down)
+                found.append(self._uncopied(aligned, after, where))
             except FailoverRefusedError as exc:
                 refusal = exc
         if len(found) == 1:
@@ -86,3 +92,21 @@ class OriginLink:
             "repeat (same timestamp and key); nothing was changed, the pipeline keeps reading "
             "the replica"
         )
+
+    def _uncopied(self, aligned: Alignment, after: Records, where: str) -> Alignment:
+        """With the replica lost: the records read on it the reverse copy lacks, as the plan
+        records them (``ingestion.late_copies``); refused when they reach back before the
+        failover (records read on the primary have no copy to come late from the replica)."""
+        if not aligned.uncopied:
+            return aligned
+        if aligned.uncopied > len(after):
+            raise FailoverRefusedError(
+                f"{where}: the reverse copy ends before the records the table read on the "
+                f"replica since the failover ({len(after)}; {aligned.uncopied} have no copy on "
+                "the primary): MM2's reverse flow has not copied what the replica held before "
+                "it, so its position cannot be placed. Nothing was changed, the pipeline keeps "
+                "reading the replica. Inspect the reverse copy on the primary: MM2's "
+                "reverse flow must have copied the replica from before the failover's start"
+            )
+        tail = after[len(after) - aligned.uncopied :]
+        return dataclasses.replace(aligned, uncopied_records=uncopied_records(tail))

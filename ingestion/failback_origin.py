@@ -27,7 +27,8 @@ read from there exactly once. Never a guess: refused
 contradicts or does not single out the position: the origin topic was recreated or truncated
 below ``N`` by retention, its record before ``N`` is not the one the table holds, a record after
 the first uncopied one has a copy, a match by timestamp and key alone repeats, the sync is not
-borne out by the records, or the replica does not answer.
+borne out by the records, or the replica does not answer (unless the operator asserts it is
+lost: ``ingestion.failback_lost``).
 
 Under MM2's ``identity`` naming the replica copy has the origin's name, and after a
 ``--source-lost`` failover the table read offsets of it on both clusters: the origin's rows are
@@ -45,6 +46,7 @@ import orjson
 
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_copies import copy_exists, replica_copies
+from ingestion.failback_lost import LostReplica
 from ingestion.failover import Replica, live_syncs
 from ingestion.failover_align import split_tail
 from ingestion.failover_rows import Records, Scans, ingested_tail_where, scan_rows
@@ -182,7 +184,7 @@ def _anchor(syncs: list[OffsetSync], before: int, high: int) -> tuple[int, int] 
 def plan_origin_partition(
     tables: list[Table],
     reader: Replica,
-    replica: Replica,
+    replica: Replica | LostReplica,
     entry: dict[str, Any],
     replica_next: int | None,
     pipeline: str,
@@ -194,7 +196,8 @@ def plan_origin_partition(
     """Where one origin partition resumes; ``entry`` is its line of the failover's plan (with
     ``"in_plan": False`` and no ``source_next`` for a partition the plan lacks),
     ``replica_next`` the table's next offset of its replica copy now (None: it has none),
-    ``reader`` reads the primary, ``replica`` the replica cluster, ``syncs`` are MM2's forward
+    ``reader`` reads the primary, ``replica`` the replica cluster (a :class:`LostReplica`
+    after ``--source-lost``: ``ingestion.failback_lost``), ``syncs`` are MM2's forward
     offset syncs of this partition (on the primary). ``replica_cluster``: the replica's name
     when the rows tell the two clusters apart (``ingestion.cluster_rows.labelled_cluster``):
     the origin's rows are then the primary's, the copy's the replica's, even under one name;
@@ -236,7 +239,14 @@ def plan_origin_partition(
     )
     key = (copy, partition)
     copies: Records
-    if planned or copy_exists(replica, key, where):
+    anchor = _anchor(syncs or [], before, high)
+    if isinstance(replica, LostReplica):  # --source-lost: the table and the reverse copy
+        replica_next = start if replica_next is None else replica_next
+        copies, end = replica.copies(
+            tables, key, start, replica_next, where, copy_cluster, copy_rows
+        )
+        anchor = anchor if replica.usable_anchor(anchor, replica_next) else None
+    elif planned or copy_exists(replica, key, where):
         if replica_next is None:  # nothing ingested there: the reverse copy reads it all
             replica_next = start if planned else replica.watermarks(*key)[0]
         copies, end = replica_copies(
@@ -244,7 +254,6 @@ def plan_origin_partition(
         )
     else:
         copies, end, replica_next = [], 0, 0
-    anchor = _anchor(syncs or [], before, high)
     resume, matched = split_tail(origin, copies, high, where, anchor)
     tail = sum(1 for offset, _ in origin if offset >= resume)
     pending = sum(1 for offset in matched if offset >= replica_next)
@@ -276,7 +285,7 @@ def copy_partitions(
 def plan_origin(
     tables: list[Table],
     reader: Replica,
-    replica: Replica,
+    replica: Replica | LostReplica,
     switch: UndoneSwitch,
     origins: list[str],
     replica_next: dict[Key, int],

@@ -28,6 +28,7 @@ import orjson
 from ingestion import offsets as props
 from ingestion.actions import ActionCommit, ActionOutcome, commit_action, refuse_active_runs
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.failback_lost import FAILOVER_SOURCE_LOST
 from ingestion.failback_origin import FAILOVER_PLAN, OriginPlan
 from ingestion.failover import PartitionPlan
 from ingestion.late_copies import read_guard, uncopied_property
@@ -118,6 +119,7 @@ def apply_failover(
     spec_topics: dict[str, str] | None = None,
     origin: list[OriginPlan] | None = None,
     source: str = PRIMARY,
+    assertion: dict[str, object] | None = None,
 ) -> ActionOutcome:
     """Commit the switch to ``target`` with ``plans``; the table then reads there.
 
@@ -126,7 +128,10 @@ def apply_failover(
     to the pipeline's own cluster) adds the origin topics at their planned positions, recorded
     in ``kafka.failover-origin`` (:func:`active_origins`). The records the table ingested from
     ``source`` (the cluster left) that the plans found uncopied are recorded in the same
-    transaction, for the runs on the new route (``ingestion.late_copies``).
+    transaction, for the runs on the new route (``ingestion.late_copies``). ``assertion``: what
+    the operator accepted with ``--source-lost`` on a failback (``kafka.failover-source-lost``
+    on the switch: the replica lost, and per partition how many records the table ingested
+    beyond the reverse copy; ``ingestion.failback_lost``).
 
     Raises:
         CommitConflictError: a run is in progress, or the offsets moved since the plan.
@@ -185,6 +190,8 @@ def apply_failover(
     properties[FAILOVER_PLAN] = orjson.dumps(lines).decode()
     if spec_topics is not None:
         properties[FAILOVER_TOPICS] = orjson.dumps(spec_topics).decode()
+    if assertion is not None:
+        properties[FAILOVER_SOURCE_LOST] = orjson.dumps(assertion).decode()
     if origin:
         properties[FAILOVER_ORIGIN] = orjson.dumps([line.__dict__ for line in origin]).decode()
     commit = ActionCommit(

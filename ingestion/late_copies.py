@@ -20,7 +20,9 @@ Delivery: a record is skipped only when it is byte for byte one the table ingest
 source does not answer, the run refuses (:class:`LateCopyUnverifiedError`) and commits
 nothing: a stall with a message, never a guess. Both audits count the skipped records with the
 quarantined ones. Cost: nothing on a route without uncopied records; on one with them, a set
-lookup of each record's timestamp, and the rerun only in runs that meet a candidate.
+lookup of each record's timestamp, reading the table property once per run on the driver (tasks
+get only their partition's share), and, in runs that meet a candidate, a second read and decode
+of each task that met one (``bench/run.py --suite late-copies``).
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from ingestion.plan import resolve_starting_offsets
 from ingestion.quarantine import sync_quarantine
 from ingestion.ranges import Key
 from ingestion.rewind import find_retirement
+from ingestion.route_state import route_cluster
 from ingestion.spec import PipelineSpec, StartingPosition
 from ingestion.tables import PRIMARY
 from ingestion.topics import describe_topic, list_pipeline_topics
@@ -191,6 +192,12 @@ def apply_reset(
     """
     refuse_active_runs(spec, active_runs, "resetting offsets")
     table = catalog.load_table(spec.table)
+    if (reads := route_cluster(table, reset.group_id)) != PRIMARY:  # its delete is the primary's
+        raise exceptions.OperationRefusedError(
+            f"pipeline {spec.name!r} reads cluster {reads!r} since a failover: a reset is refused "
+            "on a moved route; fail back and complete the failback first (README, 'Disaster "
+            "recovery with MirrorMaker 2'); nothing was changed"
+        )
     current = find_committed_state(table, reset.group_id)
     if (
         str(table.metadata.table_uuid) != reset.table_uuid

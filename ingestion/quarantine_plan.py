@@ -109,12 +109,13 @@ def plan_sync(
         same = _same_cluster(cluster, commit)
         here = commit.cluster_id or cluster or ""
         # A state from before clusters were recorded ("" cluster): assume the same cluster.
-        last = {key: known.get((here, key), known.get(("", key))) for key in end}
         if same:
-            cuts = {key: min(last[key] or 0, end[key]) for key in bound if key in end}
+            last = {key: known.get((here, key), known.get(("", key), 0)) for key in bound}
+            cuts = {key: min(last[key], end[key]) for key in bound if key in end}
             cuts = {key: cut for key, cut in cuts.items() if cut < bound[key]}
         elif labelled:  # rows record their cluster: a rewind on this one cuts its rows only
-            cuts = {k: end[k] for k, o in last.items() if o is not None and end[k] < o}
+            mine = {key: known.get((here, key)) for key in end}  # this cluster's own, if known
+            cuts = {k: end[k] for k, o in mine.items() if o is not None and end[k] < o}
         else:
             cuts = {}
         if commit.files or cuts:

@@ -177,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     failover.add_argument(
         "--source-lost",
         action="store_true",
-        help="the source is down and MM2 copies nothing more before the failback: accept a "
-        "table ahead of MM2's copy",
+        help="the cluster the pipeline reads is lost and MM2 copies nothing more from it: "
+        "accept a table ahead of MM2's copy (--to a replica), or fail back from a lost replica "
+        "without reading it (--to primary; its records not copied back are lost)",
     )
     complete = commands.add_parser(
         "complete-failback", help="end a failback's route once its reverse copies are drained"

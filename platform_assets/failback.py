@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ingestion.cluster_rows import labelled_cluster
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_link import OriginLink
+from ingestion.failback_lost import LostReplica
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
 from ingestion.failover import Fallback, Replica, read_offset_syncs
 from ingestion.failover_rows import Scans
@@ -36,9 +37,11 @@ def origin_links(
     names: dict[str, str],
     pipeline: str,
     labelled: str | None = None,
+    source_down: bool = False,
 ) -> dict[Key, Fallback]:
     """Per replica partition the failover moved, its link to the origin partition it copied
-    (``labelled``: see :func:`failback_labels`)."""
+    (``labelled``: see :func:`failback_labels`; ``source_down``: the replica is lost, the
+    reverse copy may end before the table's position: ``ingestion.failback_lost``)."""
     links: dict[Key, Fallback] = {}
     for entry in switch.plans:
         key = (str(entry["replica_topic"]), int(entry["partition"]))
@@ -46,7 +49,7 @@ def origin_links(
             links[key] = OriginLink(
                 key, offsets[key], names[key[0]], (str(entry["source_topic"]), key[1]),
                 int(entry["source_next"]), int(entry["replica_start"]), pipeline,
-                PRIMARY if labelled else None, labelled,
+                PRIMARY if labelled else None, labelled, source_down,
             )  # fmt: skip
     return links
 
@@ -75,7 +78,7 @@ def plan_failback_origin(
     spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
     names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
     labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
-    scans: Scans | None = None,
+    lost: LostReplica | None = None, scans: Scans | None = None,
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
 
@@ -83,7 +86,9 @@ def plan_failback_origin(
     forward flow copied there arrive through the reverse copy; refused when it does not answer.
     An origin with the name of its reverse copy (MM2's identity policy both ways, a replication
     cycle MM2 cannot break) is left out: that topic is the reverse copy, read as before.
-    ``labelled`` and ``ambiguous``: :func:`failback_labels`; ``scans``: the plan's table scans
+    ``labelled`` and ``ambiguous``: :func:`failback_labels`. ``lost``: the operator asserts
+    the replica is lost (``--source-lost``); it is not read, its records are what the table and
+    the reverse copy show (``ingestion.failback_lost``). ``scans``: the plan's table scans
     (``ingestion.failover_rows``).
     """
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
@@ -100,7 +105,7 @@ def plan_failback_origin(
     if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
         tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
     reader = Replica(primary.client_config())
-    replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
+    replica = lost or Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
     alias = spec.replica(route.cluster).target_alias
     syncs = (
         read_offset_syncs(primary.client_config(), offset_syncs_topic(alias), SYNCS_TIMEOUT_S)
@@ -109,7 +114,7 @@ def plan_failback_origin(
     )
     return plan_origin(
         tables, reader, replica, switch, origins, replica_next, spec.name, syncs, labelled,
-        ambiguous, scans,
+        ambiguous, scans=scans,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from ingestion.actions import mirror_after
 from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
 from ingestion.failback_complete import apply_completion, plan_completion
 from ingestion.failback_copies import recheck_copies
+from ingestion.failback_lost import LostReplica, describe_lost, lost_summary
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, find_switch
 from ingestion.failback_replica import check_replica_copied
 from ingestion.failover import (
@@ -100,8 +101,9 @@ def failover_target(
     return FailoverTarget(target, resource, syncs)
 
 
-def describe_plan(plans: list[PartitionPlan]) -> list[str]:
-    """One line per partition: where it resumes on the target, and the evidence."""
+def describe_plan(plans: list[PartitionPlan], note: bool = True) -> list[str]:
+    """One line per partition: where it resumes on the target, and the evidence (``note``: and
+    what the switch records of uncopied records, for a failover; a failback says it itself)."""
     lines = [
         f"{p.source_topic}[{p.partition}] at {p.source_next} -> {p.replica_topic}"
         f"[{p.partition}] from {p.replica_start} ({p.skipped} copies already ingested; "
@@ -109,7 +111,7 @@ def describe_plan(plans: list[PartitionPlan]) -> list[str]:
         for p in plans
     ]
     uncopied = sum(p.uncopied for p in plans)
-    if uncopied:
+    if uncopied and note:
         lines.append(
             f"note: the table ingested {uncopied} record(s) MirrorMaker 2 had not copied when "
             "the source went down. The switch records them: if MM2's forward flow copies them "
@@ -159,15 +161,23 @@ def failover_pipeline(
     source_lost: bool = False,
 ) -> list[str]:
     """Plan the switch of ``spec`` to cluster ``to`` and (unless ``dry_run``) commit it; return
-    the lines describing it. ``source_lost``: the operator asserts the source is down and MM2's
-    forward flow will not copy more before the failback (``--source-lost``): a table ahead of
-    MM2's copy is then accepted (README, "A table ahead of MM2").
+    the lines describing it. ``source_lost``: the operator asserts the cluster the pipeline
+    reads is lost and MM2 copies nothing more from it (``--source-lost``): a table ahead of
+    MM2's copy is then accepted (README, "A table ahead of MM2"); with ``to`` primary, the
+    replica a failback leaves is not read at all, and its records MM2's reverse flow did not
+    copy back are lost by that assertion (``ingestion.failback_lost``, R55).
 
     Raises:
         FailoverRefusedError: the evidence does not single out a position (nothing changed).
         CommitConflictError: a run is active, or the offsets moved since the plan.
     """
     route = active_route(spec, kafka, iceberg)
+    if source_lost and to == PRIMARY and route.cluster == PRIMARY:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: --source-lost with --to primary asserts that the replica "
+            "the pipeline reads is lost, but it reads the primary (no failover is in force): "
+            "there is nothing to fail back; nothing was changed. Drop --source-lost"
+        )
     goal = failover_target(route, spec, kafka, to)
     catalog = iceberg.load_catalog()
     table = catalog.load_table(spec.table)
@@ -185,8 +195,20 @@ def failover_pipeline(
     # The disaster case, asserted by the operator (a probe cannot tell a lost source from a
     # partition that heals and lets MM2 copy on): a table ahead of the replica is accepted (its
     # last records have no copy; ingestion.failover_align), and the offset syncs, kept on the
-    # source, are not read. The probe only informs the refusal without the assertion.
-    down = to != PRIMARY and source_lost
+    # source, are not read. The probe only informs the refusal without the assertion. A
+    # failback with it leaves a lost replica: the same, through MM2's reverse flow, and the
+    # origin topics are aligned without reading the replica (ingestion.failback_lost).
+    down = source_lost
+    if down and to == PRIMARY and cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S):
+        # Not read, a replica that answers may hold MM2 copies the plan cannot see, which its
+        # reverse flow then delivers: read twice. Only a replica that does not answer is lost.
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: --source-lost (job config source_lost) says replica "
+            f"{route.cluster!r} is lost, but it answers: a failback that does not read it could "
+            "read records twice (copies MM2 made there that the plan cannot see). Fail back "
+            "without --source-lost; if the replica is lost for good, make sure it no longer "
+            "answers (stop or fence its brokers), then retry. Nothing was changed"
+        )
     syncs = (
         read_offset_syncs(route.kafka.client_config(), goal.syncs_topic, SYNCS_TIMEOUT_S)
         if goal.syncs_topic and not down
@@ -200,7 +222,7 @@ def failover_pipeline(
     # Under MM2's identity naming the replica topic has its origin's name: the rows read on
     # each cluster are told apart by _kafka_cluster, when they record it (docs/cluster-column.md).
     labelled, ambiguous = failback_labels(route.spec, catalog, route, switch)
-    links = origin_links(switch, offsets, names, spec.name, labelled) if switch else None
+    links = origin_links(switch, offsets, names, spec.name, labelled, down) if switch else None
     on_cluster = labelled if to == PRIMARY else (PRIMARY if route.cluster == PRIMARY else None)
     scans: Scans = {}  # the table's rows since the failover, read once for both stages
     try:
@@ -209,9 +231,22 @@ def failover_pipeline(
             source_down=down, cluster=on_cluster, scan_from=scan_since(switch), scans=scans,
         )  # fmt: skip
     except ReplicaBehindError as exc:
-        if to == PRIMARY or down:
+        if down:
             raise
         answers = cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
+        if to == PRIMARY:
+            if answers:
+                raise FailoverRefusedError(
+                    f"pipeline {spec.name!r}: {exc} The replica {route.cluster!r} answers: wait "
+                    "for MM2's reverse flow to copy it back"
+                ) from exc
+            raise FailoverRefusedError(
+                f"pipeline {spec.name!r}: {exc} The replica {route.cluster!r} does not answer "
+                "now. If it is lost (MM2 will copy nothing more from it), say so with "
+                "--source-lost (job config source_lost): the primary then resumes after the "
+                "reverse copies, and the records written on the replica that MM2 did not copy "
+                "back are lost by that assertion"
+            ) from exc
         raise FailoverRefusedError(
             f"pipeline {spec.name!r}: {exc} The source cluster "
             + ("answers: wait for MM2." if answers else "does not answer now.")
@@ -220,18 +255,26 @@ def failover_pipeline(
             "then resumes after MM2's copies, and the records the table ingested without a copy "
             "stay ingested once"
         ) from exc
-    lines = [f"failover of {spec.name!r}: {route.cluster} -> {to}", *describe_plan(plans)]
+    header = f"failover of {spec.name!r}: {route.cluster} -> {to}"
+    lines = [header, *describe_plan(plans, note=to != PRIMARY)]
     if to != PRIMARY:
         lines += describe_local_topics(spec, names, target)
     origin: list[OriginPlan] = []
+    lost = (
+        LostReplica.from_plans(route.cluster, Replica(target.kafka_config), plans)
+        if down and to == PRIMARY
+        else None
+    )  # the replica a failback leaves is lost: not read (ingestion.failback_lost)
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(
-            spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous, scans
-        )
+            spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous,
+            lost=lost, scans=scans,
+        )  # fmt: skip
         lines += describe_origin(origin, route.cluster)
+        lines += describe_lost(plans, route.cluster, spec.name) if lost else []
     if dry_run:
         return [*lines, "dry run: nothing committed"]
-    if origin:  # MM2's forward flow must not have copied tail records since the plan (R49)
+    if origin and not down:  # MM2's forward flow must not have copied tail records (R49)
         replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
         recheck_copies(origin, replica, Replica(goal.kafka.client_config()), spec.name)
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
@@ -249,6 +292,7 @@ def failover_pipeline(
         spec_topics={originals[t]: copy for t, copy in names.items()},
         origin=origin,
         source=route.cluster,
+        assertion=lost_summary(plans, route.cluster) if lost else None,
     )
     table = catalog.load_table(spec.table)
     mirrored = mirror_table_offsets(goal.kafka.get_admin_client(), table, spec.consumer_group_id)
@@ -293,15 +337,16 @@ def complete_failback(
         for replica in spec.replicas
     }
     group = spec.consumer_group_id
-    check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
+    notes = check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
     if dry_run:
-        return [*plan.describe(spec.name), "dry run: nothing committed"]
+        return [*plan.describe(spec.name), *notes, "dry run: nothing committed"]
     plan, snapshot_id = apply_completion(
         catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs
     )
     mirrored = mirror_after(kafka.get_admin_client(), catalog, spec, spec.consumer_group_id)
     return [
         *plan.describe(spec.name),
+        *notes,
         f"completed in snapshot {snapshot_id} by {requested_by!r} (reason {reason!r}): the "
         f"pipeline reads {spec.source_topics} on the primary, as before the failover",
         *([mirrored.describe()] if mirrored else []),

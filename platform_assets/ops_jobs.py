@@ -69,7 +69,8 @@ class FailoverConfig(Config):
     apply: bool = False
     reason: str = ""
     complete: bool = False
-    # The source is lost: MM2 copies nothing more before the failback (CLI --source-lost).
+    # The cluster the pipeline reads is lost: MM2 copies nothing more from it (CLI
+    # --source-lost; with to=primary: fail back from a lost replica, docs/reliability.md R55).
     source_lost: bool = False
 
 

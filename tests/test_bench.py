@@ -96,6 +96,35 @@ def test_nested_suite_prints_nested_and_headers_against_flat(tmp_path: Path) -> 
     assert "in-process nested run: 600 records" in out
 
 
+def test_late_copies_suite_skips_each_late_copy_and_lands_the_near_miss(tmp_path: Path) -> None:
+    """R54's guard, routes set up by a real ``--source-lost`` failover on two brokers: every run
+    is exact (the bench checks its counts and reads each table back), the late-copies case
+    skipped its two copies and landed its near miss; the ratios are not judged at this size."""
+    target = tmp_path / "late-copies.json"
+    out = run_bench(
+        "bench/run.py", "--suite", "late-copies", "--records", "300", "--repeats", "1",
+        "--uncopied", "20", "50", "--late-copies", "2", "--json", str(target),
+    )  # fmt: skip
+    cases = json.loads(target.read_text())["cases"]
+    assert [c["case"] for c in cases] == ["plain", "guarded 20", "guarded 50", "late copies"]
+    assert [c["uncopied"] for c in cases] == [0, 20, 50, 20]
+    assert all(c["runs_exact"] and c["read_back"] == "ok" for c in cases), cases
+    assert [(c["records"], c["late_copies"]) for c in cases] == [(300, 0)] * 3 + [(301, 2)]
+    assert "COUNT-MISMATCH" not in out
+    assert "x plain" in out
+
+
+def test_late_copies_table_fails_on_a_wrong_count() -> None:
+    """The suite's exit status: a case whose runs or table read back are off is a failure."""
+    from bench.late_copies import print_late_copy_table
+
+    row = {"case": "plain", "uncopied": 0, "records": 10, "late_copies": 0, "seconds": 1.0,
+           "records_per_s": 10, "ratio": 1.0, "runs_exact": True, "read_back": "ok"}  # fmt: skip
+    assert print_late_copy_table([row])
+    assert not print_late_copy_table([row, {**row, "case": "late copies", "runs_exact": False}])
+    assert not print_late_copy_table([row, {**row, "case": "guarded", "read_back": "9 rows"}])
+
+
 def test_small_runs_compares_both_modes() -> None:
     out = run_bench("bench/small_runs.py", "--runs", "1", "--records", "50")
     assert "in-process / spark wall time:" in out

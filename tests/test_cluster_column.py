@@ -25,8 +25,9 @@ from pyiceberg.table import Table
 from ingestion.audit import audit_pipeline, audit_table
 from ingestion.audit_clusters import allowed_copies
 from ingestion.cluster_rows import labelled_cluster
-from ingestion.exceptions import RouteClusterError
+from ingestion.exceptions import OperationRefusedError, RouteClusterError
 from ingestion.offsets import FAILOVER_TO, RESET_BY, TopicOffsets, commit_properties
+from ingestion.operations import OffsetReset, apply_reset
 from ingestion.route_state import PRIMARY, ROUTE
 from ingestion.run import run_pipeline
 from ingestion.tables import (
@@ -159,8 +160,17 @@ def test_the_full_audit_counts_labelled_rows_by_cluster_and_null_rows_by_the_all
     commit(primary, "primary", 60)
     commit([], "dr", 50, **{RESET_BY: "ops", FAILOVER_TO: "dr"})  # the failover
     commit(dr, "dr", 62, **{ROUTE: orjson.dumps({FAILOVER_TO: "dr"}).decode()})
+    # A reset deletes the primary's rows: refused on dr's route, also called directly.
+    reset = OffsetReset(spec.name, group, str(table.metadata.table_uuid), None, {})
+    with pytest.raises(OperationRefusedError, match="reads cluster 'dr' since a failover"):
+        apply_reset(catalog_resource.load_catalog(), spec, reset, "dr", "ops", "rewind")
     commit([], "primary", 60, **{RESET_BY: "ops", FAILOVER_TO: PRIMARY})  # the failback
     assert audit_table(table, group).duplicates == before
+    # dr's rows at 60, 61 hold dr's offsets: past the primary's 60, yet not beyond its
+    # watermark; a row written before the column (null) is held to it, as before.
+    held = [("orders", 0, r["_kafka_offset"]) for r in dr if r[CLUSTER_COLUMN] is None]
+    held = sorted({c for c in held if int(str(c[2])) >= 60})
+    assert audit_table(table, group).beyond_watermark == held
     # Expiry keeps the failback and the dr commit it replaced: the primary's range is gone.
     assert expire_all(table, group) == 2
     assert audit_table(table.refresh(), group).duplicates == after

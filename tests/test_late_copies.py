@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 from dagster import AssetSelection, DagsterInstance
 
 from ingestion.exceptions import LateCopyUnverifiedError
+from ingestion.execute import task_metadata_json
 from ingestion.failover_align import digest_record, key_digest
 from ingestion.late_copies import (
     LATE_COPIES,
@@ -35,15 +36,18 @@ from ingestion.late_copies_task import set_aside
 from ingestion.offsets import snapshot_properties
 from ingestion.ranges import OffsetRange
 from ingestion.run import run_pipeline
+from ingestion.tables import load_or_create_table
 from ingestion.task_spec import RawChunk, TaskResult
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
+from resources.iceberg import IcebergCatalogResource
 from resources.spark import SparkResource
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.failback_stack import FailbackStack, StackFactory
 from tests.support.failover_stream import oracle, produce
+from tests.support.pipelines import make_spec
 from tests.test_failback import ingest
 
 NAME = "dr_late"
@@ -286,3 +290,19 @@ def test_a_release_lets_runs_ingest_a_record_that_only_looks_like_a_late_copy(
     assert sorted(names) == ["n6", "n6 (corrected)"]  # the original and the re-sent, once each
     (release,) = [s for s in table.snapshots() if RELEASED in snapshot_properties(s)]
     assert snapshot_properties(release)[RELEASED] == "2"  # who and why too, in the history
+
+
+def test_tasks_get_the_table_metadata_without_the_uncopied_records(
+    catalog_resource: IcebergCatalogResource,
+) -> None:
+    """The guard's record list can be megabytes (``bench/run.py --suite late-copies``); every
+    task would parse it. Tasks get their partition's share in ``late_copy_ids`` instead."""
+    spec = make_spec("orders", "lc_task_metadata")
+    table = load_or_create_table(catalog_resource.load_catalog(), spec)
+    with table.transaction() as transaction:
+        transaction.set_properties({UNCOPIED_PREFIX + "g": "[" + "1," * 1000 + "1]", "x": "y"})
+    sent = orjson.loads(task_metadata_json(table))
+    assert UNCOPIED_PREFIX + "g" in table.properties
+    assert UNCOPIED_PREFIX + "g" not in sent["properties"]
+    assert sent["properties"]["x"] == "y"
+    assert sent["current-schema-id"] == table.metadata.current_schema_id

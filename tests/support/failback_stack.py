@@ -74,8 +74,10 @@ class FailbackStack:
         """The Dagster resources of the failover job (no Spark)."""
         return {"kafka": self.kafka, "iceberg": self.iceberg}
 
-    def ingest_route(self) -> set[str]:
-        """One engine run (in process) on the active route; the topics it planned.
+    def ingest_route(self, other_clusters: bool = False) -> set[str]:
+        """One engine run (in process) on the active route; the topics it planned. With
+        ``other_clusters`` the run can read the other clusters, as the ingestion asset does (to
+        tell MM2's late copies: ``ingestion.late_copies``).
 
         Delivery: the run commits its offsets with its rows; a failed run commits nothing and
         the next one reads the same records again.
@@ -83,9 +85,12 @@ class FailbackStack:
         route = active_route(self.spec, self.kafka, self.iceberg)
         cluster = route.kafka.get_cluster_id()
         config = route.kafka.client_config()
+        kafka = self.kafka
         report = run_pipeline(
-            route.spec, config, self.catalog, None, cluster, cluster=route.cluster
-        )
+            route.spec, config, self.catalog, None, cluster, cluster=route.cluster,
+            cluster_config=(lambda name: kafka.for_cluster(name).client_config())
+            if other_clusters else None,
+        )  # fmt: skip
         return {key[0] for key in report.end_offsets}
 
     def fail_over(self) -> list[str]:
