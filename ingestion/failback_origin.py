@@ -49,7 +49,7 @@ from ingestion.failback_copies import copy_exists, replica_copies
 from ingestion.failback_lost import LostReplica
 from ingestion.failover import Replica, live_syncs
 from ingestion.failover_align import split_tail
-from ingestion.failover_rows import Records, Scans, ingested_tail_where, scan_rows
+from ingestion.failover_rows import Records, ingested_tail_where
 from ingestion.mm2 import OffsetSync
 from ingestion.offsets import (
     FAILOVER_TO,
@@ -62,6 +62,7 @@ from ingestion.offsets import (
 )
 from ingestion.ranges import Key
 from ingestion.route_state import REPLACED_SNAPSHOT, SWITCH_SNAPSHOT, active_switch
+from ingestion.scanned_rows import Floors, ScannedRows, Scans, scan_rows
 from ingestion.tables import PRIMARY
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def plan_origin_partition(
     syncs: list[OffsetSync] | None = None,
     replica_cluster: str | None = None,
     ambiguous: list[int] | None = None,
-    copy_rows: Records | None = None,
+    copy_rows: ScannedRows | None = None,
 ) -> OriginPlan:
     """Where one origin partition resumes; ``entry`` is its line of the failover's plan (with
     ``"in_plan": False`` and no ``source_next`` for a partition the plan lacks),
@@ -202,8 +203,8 @@ def plan_origin_partition(
     when the rows tell the two clusters apart (``ingestion.cluster_rows.labelled_cluster``):
     the origin's rows are then the primary's, the copy's the replica's, even under one name;
     ``ambiguous``: the offsets whose rows do not (written before ``_kafka_cluster``);
-    ``copy_rows``: the table's rows of the replica copy's partition from the failover's start
-    on (:func:`~ingestion.failback_copies.replica_copies`), when already scanned."""
+    ``copy_rows``: the table's rows of the replica copy's topic, when already scanned
+    (:func:`copy_partitions`; a window they do not cover is scanned alone)."""
     topic, partition = str(entry["source_topic"]), int(entry["partition"])
     copy, start = str(entry["replica_topic"]), int(entry["replica_start"])
     planned = bool(entry.get("in_plan", True))
@@ -268,18 +269,19 @@ def copy_partitions(
     tables: list[Table],
     topic: str,
     copy: str,
-    since: int,
+    floors: Floors,
     replica_cluster: str | None,
     scans: Scans | None = None,
-) -> dict[int, Records]:
-    """The table's rows of the replica ``copy`` of origin ``topic`` from offset ``since`` on
-    (the lowest start of its partitions), per partition: one scan per table for the whole
+) -> ScannedRows:
+    """The table's rows of the replica ``copy`` of origin ``topic`` from ``floors`` on (per
+    partition in the failover's plan, its start there): one scan per table for the whole
     topic, where each partition's :func:`~ingestion.failback_copies.replica_copies` would scan
     again; read on the replica when the copy has the origin's name and the rows tell the
     clusters apart, as :func:`plan_origin_partition` reads them; ``scans``: the plan's scans
-    (the failback's alignment read the same rows)."""
+    (the failback's alignment read the same rows). A partition the failover's plan lacks is
+    not scanned here: it is read from offset 0, by itself (``ingestion.scanned_rows``)."""
     cluster = replica_cluster if copy == topic and replica_cluster is not None else None
-    return scan_rows(tables, copy, since, cluster, scans).partitions
+    return scan_rows(tables, copy, floors, cluster, scans)
 
 
 def plan_origin(
@@ -325,9 +327,8 @@ def plan_origin(
             )
         copy = str(next(iter(entries.values()))["replica_topic"])
         every = sorted(set(partitions) | set(entries))
-        # a partition the failover's plan lacks starts at 0 (plan_origin_partition)
-        since = min(int(entries[p]["replica_start"]) if p in entries else 0 for p in every)
-        rows = copy_partitions(tables, topic, copy, since, replica_cluster, scans)
+        floors = {p: int(e["replica_start"]) for p, e in entries.items()}
+        rows = copy_partitions(tables, topic, copy, floors, replica_cluster, scans)
         for partition in every:
             entry = entries.get(partition) or {
                 "source_topic": topic, "partition": partition, "replica_topic": copy,
@@ -337,7 +338,7 @@ def plan_origin(
             plan = plan_origin_partition(
                 tables, reader, replica, entry, at, pipeline,
                 (syncs or {}).get((topic, partition)), replica_cluster,
-                (ambiguous or {}).get((topic, partition)), rows.get(partition, []),
+                (ambiguous or {}).get((topic, partition)), rows,
             )  # fmt: skip
             plans.append(OriginPlan(**{**plan.__dict__, "topic_id": topic_id}))
     return plans

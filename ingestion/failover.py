@@ -39,18 +39,11 @@ from ingestion.failover_align import (
     digest_record,
     uncopied_records,
 )
-from ingestion.failover_rows import (
-    Records,
-    ScannedRows,
-    Scans,
-    holds_rows,
-    ingested_tail,
-    ingested_tail_where,
-    scan_rows,
-)
+from ingestion.failover_rows import Records, holds_rows, ingested_tail, ingested_tail_where
 from ingestion.mm2 import OffsetSync, decode_offset_sync
 from ingestion.ranges import OffsetRange
 from ingestion.replica_facts import ReplicaTarget, StampedCheckpoint, newest_checkpoints
+from ingestion.scanned_rows import Floors, ScannedRows, Scans, scan_rows
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -241,7 +234,7 @@ def _verified(
     """Align from a known pair: source offset ``after[0]`` was copied to replica ``after[1]``
     (``source_down``: see :func:`~ingestion.failover_align.align_exact`; ``cluster``: the
     source's rows only; ``scanned``: the topic's rows read once for the plan, if any)."""
-    tail = scanned.window(key[1], after[0] + 1, source_next) if scanned else None
+    tail = scanned.window(key[1], after[0] + 1, source_next) if scanned is not None else None
     if tail is None:
         tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next, cluster)
     count = sys.maxsize if source_down else len(tail) + 1  # to the end: later copies refuse
@@ -290,7 +283,7 @@ def plan_partition(
             return Alignment(anchor.downstream, 0), how
         pair = (anchor.upstream, anchor.downstream)
         up_to = f"_kafka_offset <= {anchor.upstream}"
-        held = scanned.holds_until(partition, anchor.upstream) if scanned else None
+        held = scanned.holds_until(partition, anchor.upstream) if scanned is not None else None
         if fallback is not None and not (held or holds_rows(tables, key, up_to, cluster)):
             # the anchor is before the failover's start
             copy, _ = replica.read(replica_topic, partition, anchor.downstream, 1)
@@ -371,7 +364,7 @@ def plan_failover(
     fallbacks: dict[tuple[str, int], Fallback] | None = None,
     source_down: bool = False,
     cluster: str | None = None,
-    scan_from: dict[str, int] | None = None,
+    scan_from: dict[str, Floors] | None = None,
     scans: Scans | None = None,
 ) -> list[PartitionPlan]:
     """A plan for every partition in ``offsets`` (the table's next offsets of the group);
@@ -379,9 +372,9 @@ def plan_failover(
     cluster does not answer, so MM2 copies nothing more while the plan holds, and a table ahead
     of the replica is accepted (:func:`~ingestion.failover_align.align_exact`). ``cluster``:
     the source cluster's name, to read only its rows (None: every row of the topic names).
-    ``scan_from``: per source topic, the offset from which the table's rows are read once for
-    the whole plan (a failback: the failover's start), instead of once per partition, kept
-    in ``scans`` for the rest of the plan (``ingestion.failover_rows``).
+    ``scan_from``: per source topic, the offsets per partition from which the table's rows are
+    read once for the whole plan (a failback: the failover's starts), instead of once per
+    partition, kept in ``scans`` for the rest of the plan (``ingestion.scanned_rows``).
 
     The quarantine table is synced first (no Kafka needed): its rows trail the data commits,
     and a record missing from the tail would be read again on the replica.
@@ -402,7 +395,7 @@ def plan_failover(
     newest = newest_checkpoints(checkpoints, spec.consumer_group_id)
     ids = {topic: replica.topic_id(topic) for topic in set(replica_topics.values())}
     scanned = {
-        t: scan_rows(tables, t, since, cluster, scans) for t, since in (scan_from or {}).items()
+        t: scan_rows(tables, t, floors, cluster, scans) for t, floors in (scan_from or {}).items()
     }
     plans = []
     for key in sorted(offsets):

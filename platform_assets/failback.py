@@ -17,9 +17,9 @@ from ingestion.failback_link import OriginLink
 from ingestion.failback_lost import LostReplica
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
 from ingestion.failover import Fallback, Replica, read_offset_syncs
-from ingestion.failover_rows import Scans
 from ingestion.mm2 import offset_syncs_topic
 from ingestion.ranges import Key
+from ingestion.scanned_rows import Scans
 from ingestion.spec import PipelineSpec
 from platform_assets.route import PRIMARY, Route
 from resources.kafka import KafkaResource
@@ -89,7 +89,7 @@ def plan_failback_origin(
     ``labelled`` and ``ambiguous``: :func:`failback_labels`. ``lost``: the operator asserts
     the replica is lost (``--source-lost``); it is not read, its records are what the table and
     the reverse copy show (``ingestion.failback_lost``). ``scans``: the plan's table scans
-    (``ingestion.failover_rows``).
+    (``ingestion.scanned_rows``).
     """
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     origins = [originals[t] for t, copy in names.items() if copy != originals[t]]

@@ -31,12 +31,12 @@ from ingestion.failover import (
     read_offset_syncs,
 )
 from ingestion.failover_commit import apply_failover
-from ingestion.failover_rows import Scans
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
 from ingestion.offsets import find_committed_state, flatten
 from ingestion.replica_facts import ReplicaTarget, count_records, read_checkpoints
 from ingestion.replica_spec import ReplicaSpec
+from ingestion.scanned_rows import Floors, Scans
 from ingestion.spec import PipelineSpec
 from ingestion.topics import TopicEnds, read_topic_ends
 from platform_assets.failback import (
@@ -138,13 +138,14 @@ def describe_local_topics(
     ]
 
 
-def scan_since(switch: UndoneSwitch | None) -> dict[str, int]:
-    """For a failback, per replica topic the failover's lowest start: the plan reads the
-    table's rows from there once (``ingestion.failover_rows``), not once per partition."""
-    starts: dict[str, int] = {}
+def scan_since(switch: UndoneSwitch | None) -> dict[str, Floors]:
+    """For a failback, per replica topic the failover's start of each partition: the plan
+    reads the table's rows from there once (``ingestion.scanned_rows``), not once per
+    partition and stage."""
+    starts: dict[str, Floors] = {}
     for entry in switch.plans if switch else []:
-        topic, start = str(entry["replica_topic"]), int(entry["replica_start"])
-        starts[topic] = min(start, starts.get(topic, start))
+        floors = starts.setdefault(str(entry["replica_topic"]), {})
+        floors[int(entry["partition"])] = int(entry["replica_start"])
     return starts
 
 
