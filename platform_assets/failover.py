@@ -273,6 +273,7 @@ def failover_pipeline(
         )  # fmt: skip
         lines += describe_origin(origin, route.cluster)
         lines += describe_lost(plans, route.cluster, spec.name) if lost else []
+    scans.clear()  # the plan's reads are done: the scanned rows are not held through the commit
     if dry_run:
         return [*lines, "dry run: nothing committed"]
     if origin and not down:  # MM2's forward flow must not have copied tail records (R49)
