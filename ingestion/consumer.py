@@ -65,10 +65,11 @@ def open_consumer(kafka_config: dict[str, Any], role: str) -> Iterator[Consumer]
 
 
 def iter_batches(
-    consumer: Consumer, rng: OffsetRange, timeout_s: float, where: str
+    consumer: Consumer, rng: OffsetRange, timeout_s: float, where: str, limit: int | None = None
 ) -> Iterator[list[Message]]:
     """Yield the visible records of ``[start, end)`` in batches; done when the position reaches
-    the end.
+    the end. ``limit``: the caller stops after that many records, so no poll asks for more (it
+    returns as soon as they are in, instead of waiting out its timeout for records past them).
 
     Offsets may have gaps (transaction markers, compaction): the loop never waits for offset
     end - 1 (R14, R15). Records at or after the end (produced after the plan) are not yielded.
@@ -79,11 +80,13 @@ def iter_batches(
     from confluent_kafka import Message, TopicPartition
 
     consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
-    position, last_progress = rng.start, time.monotonic()
+    position, last_progress, given = rng.start, time.monotonic(), 0
     while position < rng.end:
         # Ask for no more than the offsets left: consume() then returns as soon as they are
         # in, instead of waiting out its timeout at the end of every range.
         wanted = min(MAX_BATCH, rng.end - position)
+        if limit is not None:
+            wanted = max(1, min(wanted, limit - given))
         batch = consumer.consume(num_messages=wanted, timeout=0.5)
         failed = next(filter(None, map(Message.error, batch)), None)  # one C-level pass
         if failed is not None:
@@ -91,6 +94,7 @@ def iter_batches(
         if batch and int(batch[-1].offset() or 0) >= rng.end:  # only the last batch can
             batch = [m for m in batch if int(m.offset() or 0) < rng.end]
         if batch:
+            given += len(batch)
             yield batch
         (current,) = consumer.position([TopicPartition(rng.topic, rng.partition)])
         if current.offset > position:

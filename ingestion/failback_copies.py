@@ -30,9 +30,11 @@ from typing import TYPE_CHECKING, Protocol
 from confluent_kafka import KafkaException
 
 from ingestion.exceptions import FailoverRefusedError, ReadError
-from ingestion.failover import Records, Replica, ingested_tail_where
+from ingestion.failover import Replica
 from ingestion.failover_align import by_identity
+from ingestion.failover_rows import Records, ingested_tail_where
 from ingestion.ranges import Key
+from ingestion.scanned_rows import ScannedRows
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -93,20 +95,25 @@ def replica_copies(
     replica_next: int,
     where: str,
     cluster: str | None = None,
+    scanned: ScannedRows | None = None,
 ) -> tuple[Records, int]:
     """The replica partition ``key`` from the failover's ``start`` to its end now, as
     (offset, RecordId) in offset order, and the end: the records in Kafka from the log start
     (from ``replica_next``, the table's next offset there, if retention deleted records not
     ingested yet: refused), below that the table's rows (no value digest; read on ``cluster``,
-    the replica, when given: ``ingestion.cluster_rows``)."""
+    the replica, when given: ``ingestion.cluster_rows``). ``scanned``: the table's rows of ``key``'s
+    topic read on ``cluster``, when the caller scanned them already (one scan for every
+    partition: ``ingestion.scanned_rows``); a window it does not cover is scanned here."""
     try:
         low, _ = reader.watermarks(*key)
     except (KafkaException, ReadError) as exc:
         raise FailoverRefusedError(f"{where}: " + UNREACHABLE.format(error=exc)) from exc
     first = max(start, min(low, replica_next))
-    ingested = ingested_tail_where(
-        tables, key, f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}", cluster
-    )
+    ingested = scanned.window(key[1], start, replica_next) if scanned is not None else None
+    if ingested is None:
+        ingested = ingested_tail_where(
+            tables, key, f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}", cluster
+        )
     kept, end = read_replica(reader, key, first, where)
     held = {offset for offset, _ in kept}
     rows = dict(ingested)

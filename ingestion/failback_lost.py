@@ -40,8 +40,10 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaException
 
 from ingestion.exceptions import FailoverRefusedError, ReadError
-from ingestion.failover import Records, Replica, ingested_tail_where
+from ingestion.failover import Replica
+from ingestion.failover_rows import Records, ingested_tail_where
 from ingestion.ranges import Key
+from ingestion.scanned_rows import ScannedRows
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -79,13 +81,19 @@ class LostReplica:
         replica_next: int,
         where: str,
         cluster: str | None = None,
+        scanned: ScannedRows | None = None,
     ) -> tuple[Records, int]:
         """Replica partition ``key`` from the failover's ``start``, as the table's rows below
         ``replica_next`` (read on ``cluster``, if given) and then the reverse copy beyond the
-        table's position (stand-in offsets from ``replica_next``), and the stand-in end."""
-        rows = ingested_tail_where(
-            tables, key, f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}", cluster
-        )
+        table's position (stand-in offsets from ``replica_next``), and the stand-in end.
+        ``scanned``: the table's rows of ``key``'s topic read on ``cluster``, when the plan
+        scanned them already (``ingestion.scanned_rows``); a window it does not cover is scanned
+        here."""
+        rows = scanned.window(key[1], start, replica_next) if scanned is not None else None
+        if rows is None:
+            rows = ingested_tail_where(
+                tables, key, f"_kafka_offset >= {start} AND _kafka_offset < {replica_next}", cluster
+            )
         resume = self.resumes.get(key)
         if resume is None:
             return rows, replica_next

@@ -47,8 +47,9 @@ import orjson
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_copies import copy_exists, replica_copies
 from ingestion.failback_lost import LostReplica
-from ingestion.failover import Records, Replica, ingested_tail_where, live_syncs
+from ingestion.failover import Replica, live_syncs
 from ingestion.failover_align import split_tail
+from ingestion.failover_rows import Records, ingested_tail_where
 from ingestion.mm2 import OffsetSync
 from ingestion.offsets import (
     FAILOVER_TO,
@@ -61,6 +62,7 @@ from ingestion.offsets import (
 )
 from ingestion.ranges import Key
 from ingestion.route_state import REPLACED_SNAPSHOT, SWITCH_SNAPSHOT, active_switch
+from ingestion.scanned_rows import Floors, ScannedRows, Scans, scan_rows
 from ingestion.tables import PRIMARY
 
 if TYPE_CHECKING:
@@ -190,6 +192,7 @@ def plan_origin_partition(
     syncs: list[OffsetSync] | None = None,
     replica_cluster: str | None = None,
     ambiguous: list[int] | None = None,
+    copy_rows: ScannedRows | None = None,
 ) -> OriginPlan:
     """Where one origin partition resumes; ``entry`` is its line of the failover's plan (with
     ``"in_plan": False`` and no ``source_next`` for a partition the plan lacks),
@@ -199,7 +202,9 @@ def plan_origin_partition(
     offset syncs of this partition (on the primary). ``replica_cluster``: the replica's name
     when the rows tell the two clusters apart (``ingestion.cluster_rows.labelled_cluster``):
     the origin's rows are then the primary's, the copy's the replica's, even under one name;
-    ``ambiguous``: the offsets whose rows do not (written before ``_kafka_cluster``)."""
+    ``ambiguous``: the offsets whose rows do not (written before ``_kafka_cluster``);
+    ``copy_rows``: the table's rows of the replica copy's topic, when already scanned
+    (:func:`copy_partitions`; a window they do not cover is scanned alone)."""
     topic, partition = str(entry["source_topic"]), int(entry["partition"])
     copy, start = str(entry["replica_topic"]), int(entry["replica_start"])
     planned = bool(entry.get("in_plan", True))
@@ -238,12 +243,16 @@ def plan_origin_partition(
     anchor = _anchor(syncs or [], before, high)
     if isinstance(replica, LostReplica):  # --source-lost: the table and the reverse copy
         replica_next = start if replica_next is None else replica_next
-        copies, end = replica.copies(tables, key, start, replica_next, where, copy_cluster)
+        copies, end = replica.copies(
+            tables, key, start, replica_next, where, copy_cluster, copy_rows
+        )
         anchor = anchor if replica.usable_anchor(anchor, replica_next) else None
     elif planned or copy_exists(replica, key, where):
         if replica_next is None:  # nothing ingested there: the reverse copy reads it all
             replica_next = start if planned else replica.watermarks(*key)[0]
-        copies, end = replica_copies(tables, replica, key, start, replica_next, where, copy_cluster)
+        copies, end = replica_copies(
+            tables, replica, key, start, replica_next, where, copy_cluster, copy_rows
+        )
     else:
         copies, end, replica_next = [], 0, 0
     resume, matched = split_tail(origin, copies, high, where, anchor)
@@ -254,6 +263,25 @@ def plan_origin_partition(
         topic, partition, "", before, resume, len(matched) - pending, tail, copy, start,
         pending, end, how, planned,
     )  # fmt: skip
+
+
+def copy_partitions(
+    tables: list[Table],
+    topic: str,
+    copy: str,
+    floors: Floors,
+    replica_cluster: str | None,
+    scans: Scans | None = None,
+) -> ScannedRows:
+    """The table's rows of the replica ``copy`` of origin ``topic`` from ``floors`` on (per
+    partition in the failover's plan, its start there): one scan per table for the whole
+    topic, where each partition's :func:`~ingestion.failback_copies.replica_copies` would scan
+    again; read on the replica when the copy has the origin's name and the rows tell the
+    clusters apart, as :func:`plan_origin_partition` reads them; ``scans``: the plan's scans
+    (the failback's alignment read the same rows). A partition the failover's plan lacks is
+    not scanned here: it is read from offset 0, by itself (``ingestion.scanned_rows``)."""
+    cluster = replica_cluster if copy == topic and replica_cluster is not None else None
+    return scan_rows(tables, copy, floors, cluster, scans)
 
 
 def plan_origin(
@@ -267,6 +295,7 @@ def plan_origin(
     syncs: dict[Key, list[OffsetSync]] | None = None,
     replica_cluster: str | None = None,
     ambiguous: dict[Key, list[int]] | None = None,
+    scans: Scans | None = None,
 ) -> list[OriginPlan]:
     """A plan for every partition the ``origins`` topics have now (``reader`` reads the
     primary, ``replica`` the replica cluster the failback leaves; ``syncs``: MM2's forward
@@ -297,7 +326,10 @@ def plan_origin(
                 "owners what the table must hold, then fail back"
             )
         copy = str(next(iter(entries.values()))["replica_topic"])
-        for partition in sorted(set(partitions) | set(entries)):
+        every = sorted(set(partitions) | set(entries))
+        floors = {p: int(e["replica_start"]) for p, e in entries.items()}
+        rows = copy_partitions(tables, topic, copy, floors, replica_cluster, scans)
+        for partition in every:
             entry = entries.get(partition) or {
                 "source_topic": topic, "partition": partition, "replica_topic": copy,
                 "replica_start": 0, "in_plan": False,
@@ -306,7 +338,7 @@ def plan_origin(
             plan = plan_origin_partition(
                 tables, reader, replica, entry, at, pipeline,
                 (syncs or {}).get((topic, partition)), replica_cluster,
-                (ambiguous or {}).get((topic, partition)),
+                (ambiguous or {}).get((topic, partition)), rows,
             )  # fmt: skip
             plans.append(OriginPlan(**{**plan.__dict__, "topic_id": topic_id}))
     return plans

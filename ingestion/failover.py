@@ -30,8 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ingestion.cluster_rows import cluster_condition
-from ingestion.consumer import iter_range, open_consumer
+from ingestion.consumer import iter_batches, iter_range, open_consumer
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failover_align import (
     Alignment,
@@ -40,9 +39,11 @@ from ingestion.failover_align import (
     digest_record,
     uncopied_records,
 )
+from ingestion.failover_rows import Records, holds_rows, ingested_tail, ingested_tail_where
 from ingestion.mm2 import OffsetSync, decode_offset_sync
 from ingestion.ranges import OffsetRange
 from ingestion.replica_facts import ReplicaTarget, StampedCheckpoint, newest_checkpoints
+from ingestion.scanned_rows import Floors, ScannedRows, Scans, scan_rows
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 
     from ingestion.spec import PipelineSpec
 
-Records = list[tuple[int, RecordId]]
 # A failback's way to align from a copy of a record the table holds under the origin's name
 # (read before the failover): ingestion.failback_link.
 Fallback = Callable[[list["Table"], "Replica", tuple[int, RecordId]], Alignment]
@@ -106,21 +106,29 @@ class Replica:
 
     def read(self, topic: str, partition: int, start: int, count: int) -> tuple[Records, int]:
         """Up to ``count`` records from ``start`` as (offset, RecordId with a digest of the
-        value and headers), and the end offset."""
-        low, high = self.watermarks(topic, partition)
-        if start < low:
-            raise FailoverRefusedError(
-                f"{topic}[{partition}]: replica offset {start} is below the log start {low} "
-                "(retention deleted it): the alignment cannot be verified; nothing was changed"
-            )
+        value and headers), and the end offset. One consumer asks the ends and reads; the read
+        stops at ``count`` records (or the end), never waiting for more."""
+        from confluent_kafka import TopicPartition
+
         found: Records = []
         with open_consumer(self.kafka_config, "failover-reader") as consumer:
-            rng = OffsetRange(topic, partition, start, high)
-            for message in iter_range(consumer, rng, self.timeout_s, f"replica {topic}"):
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=self.timeout_s
+            )
+            if start < low:
+                raise FailoverRefusedError(
+                    f"{topic}[{partition}]: replica offset {start} is below the log start {low} "
+                    "(retention deleted it): the alignment cannot be verified; nothing was changed"
+                )
+            if count <= 0 or start >= high:
+                return found, int(high)
+            rng = OffsetRange(topic, partition, start, int(high))
+            where = f"replica {topic}"
+            for batch in iter_batches(consumer, rng, self.timeout_s, where, limit=count):
+                found.extend((int(m.offset() or 0), _identity(m)) for m in batch)
                 if len(found) >= count:
                     break
-                found.append((int(message.offset() or 0), _identity(message)))
-        return found, high
+        return found[:count], int(high)
 
     def last_record_before(
         self, topic: str, partition: int, offset: int
@@ -167,59 +175,6 @@ def read_offset_syncs(
     except KafkaException:
         return {}  # the source is down: fall back to checkpoints
     return syncs
-
-
-def ingested_tail(
-    tables: list[Table],
-    topic: str,
-    partition: int,
-    from_offset: int,
-    until: int,
-    cluster: str | None = None,
-) -> Records:
-    """Records of ``topic[partition]`` with ``from_offset <= offset < until`` that the data or
-    quarantine table holds (read on ``cluster``, if given), in offset order, as (offset,
-    RecordId)."""
-    return ingested_tail_where(
-        tables,
-        (topic, partition),
-        f"_kafka_offset >= {from_offset} AND _kafka_offset < {until}",
-        cluster,
-    )
-
-
-def ingested_tail_where(
-    tables: list[Table], key: tuple[str, int], condition: str, cluster: str | None = None
-) -> Records:
-    """The records of one partition matching ``condition``, from the data and quarantine
-    tables, in offset order; with ``cluster``, only the rows read on that cluster
-    (``ingestion.cluster_rows``: under MM2's identity naming one name is read on two)."""
-    import pyarrow as pa
-
-    rows: dict[int, RecordId] = {}
-    # Kafka topic names are [a-zA-Z0-9._-]: safe inside a quoted literal.
-    row_filter = f"_kafka_topic = '{key[0]}' AND _kafka_partition = {key[1]} AND {condition}"
-    fields = ("_kafka_offset", "_kafka_timestamp", "_kafka_key")
-    for table in tables:
-        on_cluster = cluster_condition(table, cluster)
-        if on_cluster is None:
-            continue  # no row of this table was read on that cluster
-        scanned = table.scan(row_filter=row_filter + on_cluster, selected_fields=fields).to_arrow()
-        offsets = scanned.column("_kafka_offset").to_pylist()
-        micros = scanned.column("_kafka_timestamp").cast(pa.int64()).to_pylist()
-        keys = scanned.column("_kafka_key").to_pylist()
-        for offset, stamp, record_key in zip(offsets, micros, keys, strict=True):
-            if isinstance(record_key, dict):
-                raise FailoverRefusedError(
-                    f"{'.'.join(table.name())}: the table keeps the Kafka keys decoded "
-                    "(key_format: json), not their bytes, so its records cannot be matched with "
-                    "the replica's; a "
-                    "failover of this pipeline is not supported (reset its offsets on the "
-                    "replica explicitly instead); nothing was changed"
-                )
-            raw = record_key.encode() if isinstance(record_key, str) else record_key
-            rows[int(offset)] = RecordId(int(stamp) // 1000, raw)
-    return sorted(rows.items())
 
 
 def live_syncs(syncs: list[OffsetSync]) -> list[OffsetSync]:
@@ -274,11 +229,14 @@ def _verified(
     where: str,
     source_down: bool = False,
     cluster: str | None = None,
+    scanned: ScannedRows | None = None,
 ) -> Alignment:
     """Align from a known pair: source offset ``after[0]`` was copied to replica ``after[1]``
     (``source_down``: see :func:`~ingestion.failover_align.align_exact`; ``cluster``: the
-    source's rows only)."""
-    tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next, cluster)
+    source's rows only; ``scanned``: the topic's rows read once for the plan, if any)."""
+    tail = scanned.window(key[1], after[0] + 1, source_next) if scanned is not None else None
+    if tail is None:
+        tail = ingested_tail(tables, key[0], key[1], after[0] + 1, source_next, cluster)
     count = sys.maxsize if source_down else len(tail) + 1  # to the end: later copies refuse
     copies, end = replica.read(replica_topic, key[1], after[1] + 1, count)
     aligned = align_exact([r for _, r in tail], copies, end, where, source_down)
@@ -299,17 +257,19 @@ def plan_partition(
     fallback: Fallback | None = None,
     source_down: bool = False,
     cluster: str | None = None,
+    scanned: ScannedRows | None = None,
 ) -> tuple[Alignment, str]:
     """Where ``key`` resumes on the replica, and how that was established (module docstring).
 
     ``fallback`` (a failback) aligns from an anchor whose record the table holds under the
     origin topic's name rather than ``key``'s (it was read before the failover). ``cluster``:
-    read only the table's rows of the source cluster (``ingestion.cluster_rows``)."""
+    read only the table's rows of the source cluster (``ingestion.cluster_rows``); ``scanned``:
+    the rows of ``key``'s topic read once for the plan (``ingestion.failover_rows``), if any."""
     topic, partition = key
     where = f"{topic}[{partition}] -> {replica_topic}[{partition}]"
 
     def verify(pair: tuple[int, int]) -> Alignment:
-        args = (source_next, replica_topic, where, source_down, cluster)
+        args = (source_next, replica_topic, where, source_down, cluster, scanned)
         return _verified(tables, replica, key, pair, *args)
 
     usable = [s for s in live_syncs(syncs) if s.upstream <= source_next]
@@ -322,8 +282,10 @@ def plan_partition(
         if anchor.upstream == source_next:
             return Alignment(anchor.downstream, 0), how
         pair = (anchor.upstream, anchor.downstream)
-        read = ingested_tail_where(tables, key, f"_kafka_offset <= {anchor.upstream}", cluster)
-        if fallback is not None and not read:  # the anchor is before the failover's start
+        up_to = f"_kafka_offset <= {anchor.upstream}"
+        held = scanned.holds_until(partition, anchor.upstream) if scanned is not None else None
+        if fallback is not None and not (held or holds_rows(tables, key, up_to, cluster)):
+            # the anchor is before the failover's start
             copy, _ = replica.read(replica_topic, partition, anchor.downstream, 1)
             if copy and copy[0][0] == anchor.downstream:
                 return fallback(tables, replica, copy[0]), f"{how}, read before the failover"
@@ -402,12 +364,17 @@ def plan_failover(
     fallbacks: dict[tuple[str, int], Fallback] | None = None,
     source_down: bool = False,
     cluster: str | None = None,
+    scan_from: dict[str, Floors] | None = None,
+    scans: Scans | None = None,
 ) -> list[PartitionPlan]:
     """A plan for every partition in ``offsets`` (the table's next offsets of the group);
     ``fallbacks`` per partition: see :func:`plan_partition`. ``source_down``: the source
     cluster does not answer, so MM2 copies nothing more while the plan holds, and a table ahead
     of the replica is accepted (:func:`~ingestion.failover_align.align_exact`). ``cluster``:
     the source cluster's name, to read only its rows (None: every row of the topic names).
+    ``scan_from``: per source topic, the offsets per partition from which the table's rows are
+    read once for the whole plan (a failback: the failover's starts), instead of once per
+    partition, kept in ``scans`` for the rest of the plan (``ingestion.scanned_rows``).
 
     The quarantine table is synced first (no Kafka needed): its rows trail the data commits,
     and a record missing from the tail would be read again on the replica.
@@ -427,12 +394,16 @@ def plan_failover(
     replica = Replica(target.kafka_config)
     newest = newest_checkpoints(checkpoints, spec.consumer_group_id)
     ids = {topic: replica.topic_id(topic) for topic in set(replica_topics.values())}
+    scanned = {
+        t: scan_rows(tables, t, floors, cluster, scans) for t, floors in (scan_from or {}).items()
+    }
     plans = []
     for key in sorted(offsets):
         copy = replica_topics[key[0]]
         aligned, how = plan_partition(
             tables, replica, key, offsets[key], copy, syncs.get(key, []),
             newest.get((copy, key[1])), (fallbacks or {}).get(key), source_down, cluster,
+            scanned.get(key[0]),
         )  # fmt: skip
         plans.append(
             PartitionPlan(key[0], key[1], offsets[key], copy, ids[copy], aligned.start,

@@ -19,6 +19,7 @@ from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
 from ingestion.failover import Fallback, Replica, read_offset_syncs
 from ingestion.mm2 import offset_syncs_topic
 from ingestion.ranges import Key
+from ingestion.scanned_rows import Scans
 from ingestion.spec import PipelineSpec
 from platform_assets.route import PRIMARY, Route
 from resources.kafka import KafkaResource
@@ -78,7 +79,7 @@ def plan_failback_origin(
     spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
     names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
     labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
-    lost: LostReplica | None = None,
+    lost: LostReplica | None = None, scans: Scans | None = None,
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.failback_origin``).
 
@@ -88,7 +89,8 @@ def plan_failback_origin(
     cycle MM2 cannot break) is left out: that topic is the reverse copy, read as before.
     ``labelled`` and ``ambiguous``: :func:`failback_labels`. ``lost``: the operator asserts
     the replica is lost (``--source-lost``); it is not read, its records are what the table and
-    the reverse copy show (``ingestion.failback_lost``).
+    the reverse copy show (``ingestion.failback_lost``). ``scans``: the plan's table scans
+    (``ingestion.scanned_rows``).
     """
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
@@ -113,7 +115,7 @@ def plan_failback_origin(
     )
     return plan_origin(
         tables, reader, replica, switch, origins, replica_next, spec.name, syncs, labelled,
-        ambiguous,
+        ambiguous, scans=scans,
     )  # fmt: skip
 
 

@@ -21,7 +21,7 @@ from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
 from ingestion.failback_complete import apply_completion, plan_completion
 from ingestion.failback_copies import recheck_copies
 from ingestion.failback_lost import LostReplica, describe_lost, lost_summary
-from ingestion.failback_origin import OriginPlan, find_switch
+from ingestion.failback_origin import OriginPlan, UndoneSwitch, find_switch
 from ingestion.failback_replica import check_replica_copied
 from ingestion.failover import (
     PartitionPlan,
@@ -37,6 +37,7 @@ from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
 from ingestion.offsets import find_committed_state, flatten
 from ingestion.replica_facts import ReplicaTarget, count_records, read_checkpoints
 from ingestion.replica_spec import ReplicaSpec
+from ingestion.scanned_rows import Floors, Scans
 from ingestion.spec import PipelineSpec
 from ingestion.topics import TopicEnds, read_topic_ends
 from platform_assets.failback import (
@@ -138,6 +139,17 @@ def describe_local_topics(
     ]
 
 
+def scan_since(switch: UndoneSwitch | None) -> dict[str, Floors]:
+    """For a failback, per replica topic the failover's start of each partition: the plan
+    reads the table's rows from there once (``ingestion.scanned_rows``), not once per
+    partition and stage."""
+    starts: dict[str, Floors] = {}
+    for entry in switch.plans if switch else []:
+        floors = starts.setdefault(str(entry["replica_topic"]), {})
+        floors[int(entry["partition"])] = int(entry["replica_start"])
+    return starts
+
+
 def failover_pipeline(
     spec: PipelineSpec,
     kafka: KafkaResource,
@@ -214,10 +226,11 @@ def failover_pipeline(
     labelled, ambiguous = failback_labels(route.spec, catalog, route, switch)
     links = origin_links(switch, offsets, names, spec.name, labelled, down) if switch else None
     on_cluster = labelled if to == PRIMARY else (PRIMARY if route.cluster == PRIMARY else None)
+    scans: Scans = {}  # the table's rows since the failover, read once for both stages
     try:
         plans = plan_failover(
             catalog, route.spec, offsets, target, checkpoints, syncs, names, links,
-            source_down=down, cluster=on_cluster,
+            source_down=down, cluster=on_cluster, scan_from=scan_since(switch), scans=scans,
         )  # fmt: skip
     except ReplicaBehindError as exc:
         if down:
@@ -257,10 +270,11 @@ def failover_pipeline(
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(
             spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous,
-            lost,
+            lost=lost, scans=scans,
         )  # fmt: skip
         lines += describe_origin(origin, route.cluster)
         lines += describe_lost(plans, route.cluster, spec.name) if lost else []
+    scans.clear()  # the plan's reads are done: the scanned rows are not held through the commit
     if dry_run:
         return [*lines, "dry run: nothing committed"]
     if origin and not down:  # MM2's forward flow must not have copied tail records (R49)

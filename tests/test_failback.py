@@ -365,8 +365,8 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
 
     planned = failover_module.plan_failback_origin
 
-    def plan_then_copy(*args: Any) -> Any:
-        plans = planned(*args)
+    def plan_then_copy(*args: Any, **kwargs: Any) -> Any:
+        plans = planned(*args, **kwargs)
         assert forward.replicate() == 4  # the forward flow copies the tail after the plan
         return plans
 
