@@ -32,6 +32,16 @@ if TYPE_CHECKING:
 
 FAILOVER_JOB = "failover"  # platform_assets.ops_jobs.build_ops_jobs
 FAILOVER_OP = "failover_pipeline"
+# The runs are threads of one process here (a deployment runs each in its own): Dagster's default
+# compute-log capture redirects the process's stdout and stderr during each run, so it is off,
+# and the console logger says only warnings (the asset's notes) and errors.
+NO_CAPTURE = {
+    "compute_logs": {
+        "module": "dagster._core.storage.noop_compute_log_manager",
+        "class": "NoOpComputeLogManager",
+    }
+}
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
 class Refused(Exception):
@@ -55,20 +65,30 @@ class DagsterPath:
         from platform_assets.definitions import defs
 
         home.mkdir(parents=True, exist_ok=True)
-        return cls(defs, DagsterInstance.local_temp(str(home)), spec)
+        return cls(defs, DagsterInstance.local_temp(str(home), overrides=NO_CAPTURE), spec)
 
     def ingest(self) -> tuple[str, int | None]:
-        """One run of the ingestion job: (its outcome, the snapshot it committed or None)."""
+        """One run of the ingestion job: (its outcome, the snapshot it committed or None; a
+        run can fail after its commit, in a check)."""
         job = self.defs.resolve_job_def(ingest_job_name(self.spec))
-        result = job.execute_in_process(instance=self.instance, raise_on_error=False)
-        if not result.success:
-            return f"dagster run failure: {self.note_failure(job.name, result)}", None
-        table = table_key(self.spec)
+        result = job.execute_in_process(
+            run_config=QUIET, instance=self.instance, raise_on_error=False
+        )
+        snapshot_id, table = None, table_key(self.spec)
         for event in result.get_asset_materialization_events():
             if event.asset_key == table:
                 metadata = event.step_materialization_data.materialization.metadata
-                return "dagster run success: committed", int(str(metadata["snapshot_id"].value))
-        return "dagster run success: nothing new", None
+                snapshot_id = int(str(metadata["snapshot_id"].value))
+        if result.success:
+            return (
+                f"dagster run success: {'committed' if snapshot_id else 'nothing new'}",
+                snapshot_id,
+            )
+        cls_name = self.note_failure(job.name, result)
+        return (
+            f"dagster run failure: {cls_name}{' (after a commit)' * bool(snapshot_id)}",
+            snapshot_id,
+        )
 
     def operate(self, config: dict[str, Any]) -> str:
         """One run of the failover job with ``config`` (``pipeline`` and ``apply`` are set
@@ -76,7 +96,7 @@ class DagsterPath:
         job = self.defs.resolve_job_def(FAILOVER_JOB)
         op_config = {"pipeline": self.spec.name, "apply": True} | config
         result = job.execute_in_process(
-            run_config={"ops": {FAILOVER_OP: {"config": op_config}}},
+            run_config={"ops": {FAILOVER_OP: {"config": op_config}}} | QUIET,
             instance=self.instance,
             raise_on_error=False,
         )
