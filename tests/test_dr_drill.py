@@ -83,3 +83,27 @@ def test_runs_counted_by_outcome_and_error_class(
             f"ingest_drdrill_missing_job: {outcome.removeprefix('dagster run failure: ')}",
         }
         assert all(text.startswith("run ") for text in failures.values())
+
+
+def test_describe_topic_timeout_names_the_topic() -> None:
+    """A cluster that does not answer (the drill's SIGSTOPped primary) fails the ingestion
+    asset's group check in describe_topic: the error names the topic, not a bare TimeoutError."""
+    import socket
+
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+
+    from ingestion.topics import describe_topic
+
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        bootstrap = f"127.0.0.1:{silent.getsockname()[1]}"
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "drill-timeout"})
+        try:
+            with pytest.raises(TimeoutError, match=r"^topic 'orders': the Kafka cluster did not"):
+                describe_topic(
+                    AdminClient({"bootstrap.servers": bootstrap}), consumer, "orders", 1.0
+                )
+        finally:
+            consumer.close()
