@@ -145,6 +145,8 @@ def describe_topic(
 
     Raises:
         TopicNotFoundError: the topic does not exist.
+        TimeoutError: the cluster did not answer within ``timeout_s`` (the message names the
+            topic; without it a Dagster run failure shows a bare ``TimeoutError``).
     """
     from confluent_kafka import KafkaException, TopicCollection, TopicPartition
 
@@ -152,6 +154,12 @@ def describe_topic(
         description = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout_s)
     except KafkaException as exc:
         raise TopicNotFoundError(f"topic {topic!r}: {exc.args[0]}") from exc
+    except TimeoutError as exc:
+        raise TimeoutError(
+            f"topic {topic!r}: the Kafka cluster did not describe it within {timeout_s:.0f} s: "
+            "its brokers are down or unreachable (check them, or fail the pipeline over); "
+            "nothing was read"
+        ) from exc
     partitions = []
     for info in sorted(description.partitions, key=lambda p: p.id):
         low, high = consumer.get_watermark_offsets(

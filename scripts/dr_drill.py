@@ -1,7 +1,7 @@
 """A disaster-recovery drill on the real stack: the primary dies while ingestion runs.
 
     .venv/bin/python scripts/dr_drill.py [--rate 200] [--phase-seconds 40] [--partitions 8]
-        [--forward-resumes] [--naming identity]
+        [--forward-resumes] [--naming identity] [--via dagster]
 
 Run by hand, not in CI. Two embedded brokers (``primary`` and ``dr``) and a throw-away SQLite
 catalog. The MirrorMaker 2 stand-in of the tests (``tests/support/mm2_standin.py``: MM2's
@@ -29,6 +29,14 @@ them, racing the runs:
    (``platform complete-failback``) while producers keep writing;
 6. producers stop, the pipeline drains, and the oracle reads plain scans of the data and
    quarantine tables by each record's own key: every acknowledged record once.
+
+With ``--via dagster`` it takes the user's path instead (``scripts/dr_dagster.py``): each
+ingestion run is a Dagster run of the pipeline's ingestion job from the code location's
+Definitions (loaded from the drill's ``$PLATFORM_CONFIG``: its brokers and catalog), and each
+operator action a run of the ``failover`` job (``to``, ``source_lost``, ``reason``; ``complete``),
+all on one temp-dir DagsterInstance, so the job is refused while an ingestion run is active, as
+in a deployment; runs are counted by outcome (failed: the error class of the run's failure
+event), and the first failed run per job and class is printed with its traceback.
 
 It prints, per operator action, its attempts and wall time; the seconds from the switch to the
 first commit on dr; the runs' and mirror steps' outcomes; and the oracle. The exit status is 1
@@ -59,6 +67,7 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 import yaml  # noqa: E402
+from dr_dagster import DagsterPath, Refused, job_config  # noqa: E402
 
 from ingestion.late_copies import count_late_copies  # noqa: E402
 from ingestion.offsets import CLUSTER_ID, RESET_BY, snapshot_properties  # noqa: E402
@@ -75,6 +84,7 @@ from resources.kafka import KafkaResource  # noqa: E402
 from tests.support.mm2_standin import MirrorStandIn  # noqa: E402
 
 PIPELINES = ROOT / "platform_assets" / "pipelines.yaml"
+CLUSTERS = {"primary_cluster": "primary", "dr_cluster": "dr"}  # the brokers' cluster ids
 
 
 @dataclass
@@ -92,6 +102,7 @@ class Drill:
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     producing: threading.Event = field(default_factory=threading.Event)
+    dagster: DagsterPath | None = None  # --via dagster: runs and operator actions are Dagster runs
 
 
 def produce(drill: Drill, rate: int) -> None:
@@ -157,9 +168,15 @@ def mirror(drill: Drill) -> None:
 
 
 def ingest(drill: Drill) -> None:
-    """Runs back to back through the route, as the Dagster ingestion asset runs them."""
+    """Runs back to back through the route, as the Dagster ingestion asset runs them (with
+    ``--via dagster``: Dagster runs of its job)."""
     catalog = drill.iceberg.load_catalog()
     while not drill.stop.wait(0.5):
+        if drill.dagster is not None:
+            outcome = ingest_by_dagster(drill.dagster, catalog, drill.spec.table)
+            with drill.lock:
+                drill.runs[outcome] += 1
+            continue
         try:
             route = active_route(drill.spec, drill.kafka, drill.iceberg)
             source = route.kafka
@@ -175,19 +192,42 @@ def ingest(drill: Drill) -> None:
             drill.runs[outcome] += 1
 
 
-def operate(args: list[str], attempts: int, pause_s: float) -> tuple[int, float, str]:
-    """``platform failover ...`` until it commits, ``pause_s`` apart (a refusal says why, e.g.
-    "wait for MirrorMaker 2"): (attempts, seconds, its output)."""
+def ingest_by_dagster(dagster: DagsterPath, catalog: Any, table: str) -> str:
+    """One Dagster run of the ingestion job; its outcome, with the cluster it committed on."""
+    try:
+        outcome, snapshot_id = dagster.ingest()
+    except Exception as exc:  # not a failed run: the run could not be executed at all
+        return f"dagster run not executed: {type(exc).__name__}: {exc}"
+    if snapshot_id is None:
+        return outcome
+    snapshot = catalog.load_table(table).snapshot_by_id(snapshot_id)
+    cluster = snapshot_properties(snapshot).get(CLUSTER_ID, "?") if snapshot else "?"
+    return f"{outcome} on {CLUSTERS.get(cluster, cluster)}"
+
+
+def operate(drill: Drill, args: list[str], attempts: int, pause_s: float) -> tuple[int, float, str]:
+    """``platform failover ...`` (``--via dagster``: a run of the ``failover`` job with the same
+    settings) until it commits, ``pause_s`` apart (a refusal says why, e.g. "wait for
+    MirrorMaker 2"): (attempts, seconds, its output)."""
     started = time.monotonic()
     for attempt in range(1, attempts + 1):
-        out = io.StringIO()
+        out, outcome = io.StringIO(), "error"
         try:
-            with contextlib.redirect_stdout(out):
-                platform(args)
+            if drill.dagster is not None:
+                out.write(drill.dagster.operate(job_config(args)))
+                outcome = "committed"
+            else:
+                with contextlib.redirect_stdout(out):
+                    platform(args)
             return attempt, time.monotonic() - started, out.getvalue()
-        except SystemExit as exc:  # refused: print why, plan again
+        except (SystemExit, Refused) as exc:  # refused: print why, plan again
+            outcome = "refused"
             print(f"    attempt {attempt}: {exc}", flush=True)
             time.sleep(pause_s)
+        finally:
+            if drill.dagster is not None:
+                with drill.lock:
+                    drill.runs[f"failover job {args[0]}: {outcome}"] += 1
     raise RuntimeError(f"platform {' '.join(args)} did not commit in {attempts} attempts")
 
 
@@ -275,6 +315,11 @@ def main() -> int:
         "the records the table ingested without a copy: R54), then stops before the failback",
     )  # fmt: skip
     parser.add_argument(
+        "--via", choices=("direct", "dagster"), default="direct",
+        help="direct: runs call the ingestion asset's code, the operator uses the platform CLI; "
+        "dagster: Dagster runs of the code location's ingestion and failover jobs",
+    )  # fmt: skip
+    parser.add_argument(
         "--naming", choices=("default", "identity"), default="default",
         help="MM2's replication policy of the forward flow (the reverse flow takes the other)",
     )  # fmt: skip
@@ -298,6 +343,8 @@ def main() -> int:
         )
         iceberg = IcebergCatalogResource(state_dir=str(workdir / "state"))
         drill = Drill(spec, kafka, iceberg, (p.bootstrap_servers, "orders"))
+        if args.via == "dagster":  # the code location loads from the drill's PLATFORM_CONFIG
+            drill.dagster = DagsterPath.open(workdir / "dagster_home", spec)
         group = spec.consumer_group_id
         forward = MirrorStandIn(
             p.bootstrap_servers, d.bootstrap_servers, ["orders"], [group],
@@ -332,6 +379,9 @@ def run_drill(
     group = spec.consumer_group_id
     drill.producing.set()
     phase = args.phase_seconds
+    # Through Dagster the failover job is also refused while an ingestion run is active
+    # (they run back to back here): the operator runs it again, more often.
+    patience = 6 if drill.dagster is not None else 1
 
     def say(text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -350,8 +400,9 @@ def run_drill(
     os.kill(p.pid or 0, signal.SIGSTOP)
     say("2. disaster: primary SIGSTOPped; producers on dr; platform failover orders --to dr")
     tries, seconds, _ = operate(
-        ["failover", "orders", "--to", "dr", "--source-lost", "--reason", "drill"], 5, 1.0
-    )
+        drill, ["failover", "orders", "--to", "dr", "--source-lost", "--reason", "drill"],
+        5 * patience, 1.0,
+    )  # fmt: skip
     to_dr = first_commit_on(drill, "dr_cluster")
     say(f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
         f"{to_dr:.1f} s later")  # fmt: skip
@@ -378,7 +429,7 @@ def run_drill(
     drill.producing.set()
     say("4. primary back, reverse flow on; producers on the primary; failback")
     back = ["failover", "orders", "--to", "primary", "--reason", "back"]
-    tries, seconds, _ = operate(back, 60, 5.0)
+    tries, seconds, _ = operate(drill, back, 60 * patience, 5.0)
     catalog = iceberg.load_catalog()
     table = catalog.load_table(spec.table)
     route = active_switch(table, group) or {}
@@ -394,7 +445,7 @@ def run_drill(
     drain(drill, skip="orders")
     drill.mirrors.remove(reverse)
     end = ["complete-failback", "orders", "--reason", "reverse copy drained"]
-    tries, seconds, _ = operate(end, 12, 5.0)
+    tries, seconds, _ = operate(drill, end, 12 * patience, 5.0)
     say(f"   completed after {tries} attempt(s), {seconds:.1f} s; producers keep writing")
     time.sleep(10)
     drill.producing.clear()
@@ -406,6 +457,8 @@ def run_drill(
     for thread in threads:
         thread.join()
     print(f"runs: {dict(drill.runs)}")
+    for failure in drill.dagster.describe_failures() if drill.dagster else []:
+        print(f"failed runs: {failure}")
     print(f"late copies skipped (kafka.late-copies over the commits): {count_skipped(drill)}")
     return 0 if verdict(drill) else 1
 
