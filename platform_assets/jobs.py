@@ -20,6 +20,7 @@ from ingestion.checks import AUDIT_CHECK, GROUP_CHECK
 from ingestion.spec import PipelineSpec
 from platform_assets.assets import observe_topic
 from platform_assets.pipelines import ingestion_keys, table_key, topic_asset_keys
+from platform_assets.replica_checks import replica_check_def
 from resources.kafka import KafkaResource
 
 if TYPE_CHECKING:
@@ -39,9 +40,21 @@ ACTIVE_RUN_STATUSES = [
 ]
 
 
+OPERATOR_TAG = "platform/operator-action"  # an operator job's run: the pipeline it acts on
+
+
 def count_active_runs(instance: DagsterInstance, job_name: str) -> int:
     """Runs of ``job_name`` queued or in progress."""
     return len(instance.get_runs(RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES)))
+
+
+def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[str]:
+    """Ids of the operator jobs' runs (reset, migrate, failover) acting on ``spec`` now: its
+    lag sensor launches no ingestion run while there is one."""
+    runs = instance.get_runs(
+        RunsFilter(tags={OPERATOR_TAG: spec.name}, statuses=ACTIVE_RUN_STATUSES)
+    )
+    return [run.run_id for run in runs]
 
 
 def ingest_job_name(spec: PipelineSpec) -> str:
@@ -51,15 +64,21 @@ def ingest_job_name(spec: PipelineSpec) -> str:
 
 def ingestion_selection(spec: PipelineSpec) -> AssetSelection:
     """What one ingestion run materializes and evaluates: the pipeline's assets and their
-    checks, but the exactly-once audit.
+    checks, but the exactly-once audit and the replica checks.
 
     The other checks read metadata only (snapshot summaries, offsets). The audit recounts
     every new commit's ranges in Kafka and reads its files, as costly as the ingestion itself:
     ``run_checks`` evaluates it on its schedule, from its cursor, so every commit is still
-    audited once (R47), off the path from produce to queryable.
+    audited once (R47), off the path from produce to queryable. So are the replica checks:
+    they read MirrorMaker 2's topics on both clusters, and while a failover's source is down
+    each waited out its timeout in every run (11 s runs instead of 1.5 s, DR drill through
+    Dagster runs).
     """
-    audit = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
-    return AssetSelection.assets(*ingestion_keys(spec)) - AssetSelection.checks(audit)
+    table = table_key(spec)
+    off_path = [AssetCheckKey(table, AUDIT_CHECK.name)] + [
+        AssetCheckKey(table, replica_check_def(replica).name) for replica in spec.replicas
+    ]
+    return AssetSelection.assets(*ingestion_keys(spec)) - AssetSelection.checks(*off_path)
 
 
 def build_ingest_job(spec: PipelineSpec) -> AssetJob:

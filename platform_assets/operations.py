@@ -4,6 +4,7 @@ Each returns the lines that describe what it did; the caller prints or records t
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from dagster import DagsterInstance
@@ -12,7 +13,7 @@ from ingestion.exceptions import OperationRefusedError
 from ingestion.maintenance import maintain_pipeline
 from ingestion.operations import apply_reset, migrate_group, plan_reset
 from ingestion.spec import PipelineSpec
-from platform_assets.jobs import count_active_runs, ingest_job_name
+from platform_assets.jobs import OPERATOR_TAG, count_active_runs, ingest_job_name
 from platform_assets.route import PRIMARY, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -25,6 +26,27 @@ def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:
     return count_active_runs(instance, ingest_job_name(spec)) + count_active_runs(
         instance, INGEST_ALL_JOB
     )
+
+
+def hold_ingestion(
+    instance: DagsterInstance, run_id: str, spec: PipelineSpec, wait_s: float, poll_s: float = 1.0
+) -> int:
+    """Mark operator run ``run_id`` as acting on ``spec`` (its lag sensor then launches no
+    ingestion run of it, ``platform_assets.sensors``) and wait up to ``wait_s`` for the
+    ingestion runs in progress to end; return how many are still active.
+
+    Runs back to back would otherwise refuse the action for ever (it refuses while a run is
+    active). A run that slips in after the wait (a request the sensor made before the mark)
+    meets the compare-and-set of the offsets: one of the two commits fails, nothing lands
+    twice (rule 1).
+    """
+    instance.add_run_tags(run_id, {OPERATOR_TAG: spec.name})
+    deadline = time.monotonic() + wait_s
+    active = count_ingestion_runs(instance, spec)
+    while active and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        active = count_ingestion_runs(instance, spec)
+    return active
 
 
 def refuse_off_route(

@@ -21,7 +21,7 @@ from ingestion.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec, StartingPosition
 from platform_assets.checks import previous_audit_memory
 from platform_assets.failover import complete_failback, failover_pipeline
-from platform_assets.operations import count_ingestion_runs, reset_offsets
+from platform_assets.operations import count_ingestion_runs, hold_ingestion, reset_offsets
 from platform_assets.pipelines import table_key
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -39,6 +39,9 @@ class ResetConfig(Config):
     timestamp_ms: int | None = None
     apply: bool = False
     reason: str = ""
+    # Seconds to wait for the pipeline's ingestion runs in progress to end (its lag sensor
+    # launches none meanwhile); the action is refused if one is still active after them.
+    wait_for_runs_seconds: float = 120.0
 
 
 class MigrateConfig(Config):
@@ -47,6 +50,9 @@ class MigrateConfig(Config):
     pipeline: str
     new_group_id: str
     reason: str
+    # Seconds to wait for the pipeline's ingestion runs in progress to end (its lag sensor
+    # launches none meanwhile); the action is refused if one is still active after them.
+    wait_for_runs_seconds: float = 120.0
 
 
 class MaintainConfig(Config):
@@ -72,6 +78,9 @@ class FailoverConfig(Config):
     # The cluster the pipeline reads is lost: MM2 copies nothing more from it (CLI
     # --source-lost; with to=primary: fail back from a lost replica, docs/reliability.md R55).
     source_lost: bool = False
+    # Seconds to wait for the pipeline's ingestion runs in progress to end (its lag sensor
+    # launches none meanwhile); the action is refused if one is still active after them.
+    wait_for_runs_seconds: float = 120.0
 
 
 def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
@@ -91,7 +100,11 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         iceberg: IcebergCatalogResource,
     ) -> None:
         spec = pick(config.pipeline)
-        active = count_ingestion_runs(context.instance, spec)
+        active = (  # a dry run commits nothing: no need to hold the pipeline
+            hold_ingestion(context.instance, context.run_id, spec, config.wait_for_runs_seconds)
+            if config.apply
+            else count_ingestion_runs(context.instance, spec)
+        )
         position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
         requested_by = f"dagster run {context.run_id}"
         lines = reset_offsets(
@@ -116,7 +129,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             kafka.get_admin_client(),
             f"dagster run {context.run_id}",
             config.reason,
-            count_ingestion_runs(context.instance, spec),
+            hold_ingestion(context.instance, context.run_id, spec, config.wait_for_runs_seconds),
         )
         context.log.info(
             f"{spec.consumer_group_id!r} is retired; now set consumer_group_id: "
@@ -181,6 +194,11 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             raise Failure(f"complete ends a failback to primary, not a failover to {config.to!r}")
         if not config.complete and config.to is None:
             raise Failure("a failover needs a target (config: to), or complete: true")
+        active = (  # a dry run commits nothing: no need to hold the pipeline
+            hold_ingestion(context.instance, context.run_id, spec, config.wait_for_runs_seconds)
+            if config.apply
+            else count_ingestion_runs(context.instance, spec)
+        )
         try:
             if config.complete:
                 lines = complete_failback(
@@ -190,7 +208,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
                     dry_run=not config.apply,
                     requested_by=f"dagster run {context.run_id}",
                     reason=config.reason,
-                    active_runs=count_ingestion_runs(context.instance, spec),
+                    active_runs=active,
                 )
             else:
                 assert config.to is not None
@@ -202,7 +220,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
                     dry_run=not config.apply,
                     requested_by=f"dagster run {context.run_id}",
                     reason=config.reason,
-                    active_runs=count_ingestion_runs(context.instance, spec),
+                    active_runs=active,
                     source_lost=config.source_lost,
                 )
         except IngestionError as exc:

@@ -35,7 +35,7 @@ from ingestion.checks import GROUP_CHECK, Finding, check_group_consistency
 from ingestion.lag import measure_with_sightings
 from ingestion.spec import PipelineSpec
 from ingestion.triggers import decide, decide_group_check, is_continuous
-from platform_assets.jobs import AssetJob, count_active_runs
+from platform_assets.jobs import AssetJob, active_operator_runs, count_active_runs
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
 from platform_assets.stream import active_stream_runs
@@ -113,6 +113,12 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
             launch, reason = False, f"{spec.name!r} streams: see {spec.name}_stream_sensor"
         else:
             launch, reason = decide(lag, age, spec, busy)
+        held = active_operator_runs(context.instance, spec) if launch or evaluate else []
+        if held:  # an operator job waits for a gap between runs (operations.hold_ingestion)
+            launch, evaluate = False, False
+            reason = (
+                f"{spec.name!r}: operator action in progress (run {held[0]}); no run until it ends"
+            )
         if launch or evaluate:  # an ingestion run evaluates the group check first
             requested = outcome.fingerprint
         context.update_cursor(

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import DagsterInstance, Definitions, ExecuteInProcessResult
 
 from ingestion.spec import PipelineSpec
-from platform_assets.jobs import ingest_job_name
+from platform_assets.jobs import active_operator_runs, ingest_job_name
 from platform_assets.pipelines import table_key
 
 if TYPE_CHECKING:
@@ -70,6 +70,9 @@ class DagsterPath:
     def ingest(self) -> tuple[str, int | None]:
         """One run of the ingestion job: (its outcome, the snapshot it committed or None; a
         run can fail after its commit, in a check)."""
+        held = active_operator_runs(self.instance, self.spec)
+        if held:  # what the lag sensor does while an operator job acts on the pipeline
+            return "held: operator action in progress", None
         job = self.defs.resolve_job_def(ingest_job_name(self.spec))
         result = job.execute_in_process(
             run_config=QUIET, instance=self.instance, raise_on_error=False

@@ -14,6 +14,7 @@ from dagster import AssetCheckKey, AssetSelection, DagsterInstance
 
 from ingestion.spec import PipelineSpec
 from platform_assets.checks import pipeline_check_keys
+from platform_assets.definitions import build_definitions
 from platform_assets.pipelines import table_key
 from platform_assets.replica_checks import replica_config_problems
 from resources.embedded import EmbeddedBroker
@@ -107,6 +108,19 @@ def test_the_check_is_one_of_the_pipelines_checks_and_alerts_like_them() -> None
         "pipeline 'rc_keys': replicas[0].name: replica 'dr' is not in the platform "
         "configuration: add replicas.dr (bootstrap_servers, properties) to it"
     ]
+
+
+def test_the_check_runs_in_run_checks_not_in_every_ingestion_run() -> None:
+    """It reads MM2's topics on both clusters: in an ingestion run it waited out its timeout
+    whenever the failover's source was down (``platform_assets.jobs.ingestion_selection``)."""
+    spec = make_spec("t", "rc_path", replicas=[{"name": "dr", "source_alias": "primary"}])
+    key = AssetCheckKey(table_key(spec), CHECK)
+    defs = build_definitions([spec])
+    ingest = defs.resolve_job_def("ingest_rc_path_job").asset_layer.asset_graph
+    assert key not in ingest.asset_check_keys
+    assert AssetCheckKey(table_key(spec), "commit_freshness") in ingest.asset_check_keys
+    run_checks = defs.resolve_job_def("run_checks").asset_layer.asset_graph
+    assert key in run_checks.asset_check_keys
 
 
 def test_a_group_that_never_committed_fails_then_passes_once_it_has(replicated: Setup) -> None:

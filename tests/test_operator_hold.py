@@ -1,0 +1,118 @@
+"""An operator job acting while the lag sensor keeps launching ingestion runs: the job marks
+its run, the sensor launches none of that pipeline meanwhile, and the job waits for the run in
+progress to end instead of refusing (``platform_assets.operations.hold_ingestion``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dagster import (
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    build_sensor_context,
+    instance_for_test,
+)
+
+from ingestion.run import run_pipeline
+from platform_assets.definitions import build_definitions
+from platform_assets.jobs import OPERATOR_TAG, active_operator_runs
+from platform_assets.ops_jobs import build_ops_jobs
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+from tests.conftest import NewPipeline
+from tests.support.ledger import LedgerProducer
+from tests.support.pipelines import records
+
+pytestmark = pytest.mark.integration
+
+
+def reset_to_latest(
+    job: Any, instance: DagsterInstance, resources: dict[str, Any], wait_s: float
+) -> Any:
+    config = {"pipeline": "held", "to": "latest", "apply": True, "reason": "test",
+              "wait_for_runs_seconds": wait_s}  # fmt: skip
+    return job.execute_in_process(
+        run_config={"ops": {"reset_pipeline_offsets": {"config": config}}},
+        resources=resources,
+        instance=instance,
+        raise_on_error=False,
+    )
+
+
+def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeline(
+    kafka: KafkaResource,
+    tmp_path: Path,
+    new_pipeline: NewPipeline,
+) -> None:
+    _, spec = new_pipeline("held_sensor", produce=5, max_lag_records=1)
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
+    sensor = build_definitions([spec]).resolve_sensor_def("held_sensor_lag_sensor")
+    resources = {"kafka": kafka, "iceberg": iceberg}
+    with instance_for_test() as instance:
+        acting = instance.add_run(
+            DagsterRun(job_name="failover", status=DagsterRunStatus.STARTED,
+                       tags={OPERATOR_TAG: "held_sensor"})
+        )  # fmt: skip
+        other = DagsterRun(job_name="failover", status=DagsterRunStatus.STARTED,
+                           tags={OPERATOR_TAG: "another_pipeline"})  # fmt: skip
+        instance.add_run(other)
+        held = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
+        assert not held.run_requests
+        assert f"operator action in progress (run {acting.run_id})" in (held.skip_message or "")
+        instance.delete_run(acting.run_id)  # the operator's run ended
+        free = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
+        assert free.run_requests, free.skip_message  # lag 5 >= 1: a run, as before the action
+
+
+def test_an_operator_job_waits_for_the_run_in_progress_instead_of_refusing(
+    kafka: KafkaResource,
+    tmp_path: Path,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+) -> None:
+    topic, spec = new_pipeline("held", produce=10)
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
+    run_pipeline(spec, kafka.client_config(), iceberg.load_catalog(), None, kafka.get_cluster_id())
+    ledger_producer.produce(topic, records(5, first=10))
+    reset_job = build_ops_jobs([spec])[0]
+    resources = {"kafka": kafka, "iceberg": iceberg}
+    with instance_for_test() as instance:
+        ingesting = instance.add_run(
+            DagsterRun(job_name="ingest_held_job", status=DagsterRunStatus.STARTED)
+        )
+
+        def end_the_run_once_held() -> None:
+            while not active_operator_runs(instance, spec):
+                time.sleep(0.1)
+            time.sleep(1.5)  # the job is waiting, not refused
+            instance.delete_run(ingesting.run_id)
+
+        ender = threading.Thread(target=end_the_run_once_held, daemon=True)
+        ender.start()
+        result = reset_to_latest(reset_job, instance, resources, wait_s=60)
+        ender.join(10)
+        assert result.success, [e.message for e in result.all_events if e.is_failure]
+        assert (instance.get_run_by_id(result.run_id) or result).tags[OPERATOR_TAG] == "held"
+        assert not active_operator_runs(instance, spec)  # ended: the sensor launches again
+        table = iceberg.load_catalog().load_table(spec.table)
+        assert table.scan().to_arrow().num_rows == 10  # reset to latest: the 5 new are skipped
+        assert (
+            run_pipeline(
+                spec, kafka.client_config(), iceberg.load_catalog(), None, kafka.get_cluster_id()
+            ).records
+            == 0
+        )
+
+        # A run that does not end within the wait still refuses the action, by name.
+        instance.add_run(DagsterRun(job_name="ingest_held_job", status=DagsterRunStatus.STARTED))
+        started = time.monotonic()
+        refused = reset_to_latest(reset_job, instance, resources, wait_s=2)
+        assert not refused.success
+        assert time.monotonic() - started >= 2
+        (failure,) = refused.get_step_failure_events()
+        assert "1 run(s) in progress" in str(failure.step_failure_data.error), failure
