@@ -23,19 +23,14 @@ from ingestion.failback_copies import recheck_copies
 from ingestion.failback_lost import LostReplica, describe_lost, lost_summary
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, find_switch
 from ingestion.failback_replica import check_replica_copied
-from ingestion.failover import (
-    PartitionPlan,
-    Replica,
-    cluster_answers,
-    plan_failover,
-    read_offset_syncs,
-)
+from ingestion.failover import PartitionPlan, plan_failover
 from ingestion.failover_commit import apply_failover
 from ingestion.late_copies_origin import origin_entries
 from ingestion.mirror import mirror_table_offsets
 from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
 from ingestion.offsets import find_committed_state, flatten
 from ingestion.replica_facts import ReplicaTarget, count_records, read_checkpoints
+from ingestion.replica_reader import Replica, cluster_answers, read_offset_syncs
 from ingestion.replica_spec import ReplicaSpec
 from ingestion.scanned_rows import Floors, Scans
 from ingestion.spec import PipelineSpec
