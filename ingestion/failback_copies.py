@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Protocol
 from confluent_kafka import KafkaException
 
 from ingestion.exceptions import FailoverRefusedError, ReadError
-from ingestion.failover import Replica
 from ingestion.failover_align import by_identity
 from ingestion.failover_rows import Records, ingested_tail_where
 from ingestion.ranges import Key
+from ingestion.replica_reader import Replica
 from ingestion.scanned_rows import ScannedRows
 
 if TYPE_CHECKING:

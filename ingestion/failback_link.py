@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failover import Replica, locate
+from ingestion.failover import locate
 from ingestion.failover_align import Alignment, RecordId, align_exact, uncopied_records
 from ingestion.failover_rows import Records, ingested_tail
 from ingestion.ranges import Key
+from ingestion.replica_reader import Replica
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

@@ -47,7 +47,7 @@ import orjson
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_copies import copy_exists, replica_copies
 from ingestion.failback_lost import LostReplica
-from ingestion.failover import Replica, live_syncs
+from ingestion.failover import live_syncs
 from ingestion.failover_align import split_tail
 from ingestion.failover_rows import Records, ingested_tail_where
 from ingestion.mm2 import OffsetSync
@@ -61,6 +61,7 @@ from ingestion.offsets import (
     snapshot_properties,
 )
 from ingestion.ranges import Key
+from ingestion.replica_reader import Replica
 from ingestion.route_state import REPLACED_SNAPSHOT, SWITCH_SNAPSHOT, active_switch
 from ingestion.scanned_rows import Floors, ScannedRows, Scans, scan_rows
 from ingestion.tables import PRIMARY

@@ -25,9 +25,9 @@ from confluent_kafka import KafkaException
 from ingestion.exceptions import FailoverRefusedError, ReadError
 from ingestion.failback_lost import FAILOVER_SOURCE_LOST
 from ingestion.failback_origin import FAILOVER_PLAN
-from ingestion.failover import Replica
 from ingestion.offsets import snapshot_properties
 from ingestion.ranges import Key
+from ingestion.replica_reader import Replica
 from ingestion.route_state import SWITCH_SNAPSHOT, active_switch
 
 if TYPE_CHECKING:

@@ -48,7 +48,8 @@ from ingestion.route_state import FAILOVER_TO, active_switch
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
-    from ingestion.failover import PartitionPlan, Replica
+    from ingestion.failover import PartitionPlan
+    from ingestion.replica_reader import Replica
     from ingestion.task_spec import TaskResult
 
 UNCOPIED_PREFIX = "kafka.uncopied."  # table property, per group: JSON, see module docstring
@@ -217,7 +218,7 @@ class LateCopyGuard:
 
     def _open(self, source: str, cluster_config: Callable[[str], dict[str, Any]] | None) -> Replica:
         """The cluster ``source`` as a reader, once it answers."""
-        from ingestion.failover import Replica, cluster_answers
+        from ingestion.replica_reader import Replica, cluster_answers
 
         config = cluster_config(source) if cluster_config is not None else None
         if config is None or not cluster_answers(config, timeout_s=SOURCE_TIMEOUT_S):

@@ -32,7 +32,8 @@ from ingestion.route_state import PRIMARY
 
 if TYPE_CHECKING:
     from ingestion.failback_origin import OriginPlan
-    from ingestion.failover import PartitionPlan, Replica
+    from ingestion.failover import PartitionPlan
+    from ingestion.replica_reader import Replica
 
 
 def origin_entries(

@@ -16,9 +16,10 @@ from ingestion.exceptions import FailoverRefusedError
 from ingestion.failback_link import OriginLink
 from ingestion.failback_lost import LostReplica
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, plan_origin
-from ingestion.failover import Fallback, Replica, read_offset_syncs
+from ingestion.failover import Fallback
 from ingestion.mm2 import offset_syncs_topic
 from ingestion.ranges import Key
+from ingestion.replica_reader import Replica, read_offset_syncs
 from ingestion.scanned_rows import Scans
 from ingestion.spec import PipelineSpec
 from platform_assets.route import PRIMARY, Route

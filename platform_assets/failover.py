@@ -7,14 +7,14 @@ committed offsets through the target's newest checkpoints (and the offset syncs 
 still answers) and aligns them with the table's tail (``ingestion.failover``); the switch is one
 compare-and-set commit recorded as an operator action, who and why
 (``ingestion.failover_commit``). Delivery: nothing is written by a dry run; the switch refuses
-while an ingestion run is active, and a run that slipped in aborts at its own commit; retrying
-a refused or failed switch is safe (nothing was changed, plan again). :func:`complete_failback`
-ends the route of a failback once its reverse copies are drained (``ingestion.failback_complete``).
+while an ingestion run is active (the Dagster job first waits for one to end:
+``platform_assets.operations.hold_ingestion``), and a run that slipped in aborts at its own
+commit; retrying a refused or failed switch is safe (nothing was changed, plan again).
+:func:`complete_failback` ends the route of a failback once its reverse copies are drained
+(``ingestion.failback_complete``).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from ingestion.actions import mirror_after
 from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
@@ -23,20 +23,14 @@ from ingestion.failback_copies import recheck_copies
 from ingestion.failback_lost import LostReplica, describe_lost, lost_summary
 from ingestion.failback_origin import OriginPlan, UndoneSwitch, find_switch
 from ingestion.failback_replica import check_replica_copied
-from ingestion.failover import (
-    PartitionPlan,
-    Replica,
-    cluster_answers,
-    plan_failover,
-    read_offset_syncs,
-)
+from ingestion.failover import plan_failover
 from ingestion.failover_commit import apply_failover
 from ingestion.late_copies_origin import origin_entries
 from ingestion.mirror import mirror_table_offsets
-from ingestion.mm2 import checkpoints_topic, offset_syncs_topic, replica_topic
+from ingestion.mm2 import checkpoints_topic, replica_topic
 from ingestion.offsets import find_committed_state, flatten
-from ingestion.replica_facts import ReplicaTarget, count_records, read_checkpoints
-from ingestion.replica_spec import ReplicaSpec
+from ingestion.replica_facts import read_checkpoints
+from ingestion.replica_reader import Replica, cluster_answers, read_offset_syncs
 from ingestion.scanned_rows import Floors, Scans
 from ingestion.spec import PipelineSpec
 from ingestion.topics import TopicEnds, read_topic_ends
@@ -47,96 +41,15 @@ from platform_assets.failback import (
     origin_links,
     plan_failback_origin,
 )
-from platform_assets.route import PRIMARY, Route, active_route
+from platform_assets.failover_target import (
+    SYNCS_TIMEOUT_S,
+    describe_local_topics,
+    describe_plan,
+    failover_target,
+)
+from platform_assets.route import PRIMARY, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-
-SYNCS_TIMEOUT_S = 5.0
-
-
-@dataclass(frozen=True)
-class FailoverTarget:
-    """Where a switch goes: the cluster's resource and MM2's naming of the flow into it."""
-
-    target: ReplicaTarget
-    kafka: KafkaResource
-    syncs_topic: str | None
-
-
-def failover_target(
-    route: Route, spec: PipelineSpec, kafka: KafkaResource, to: str
-) -> FailoverTarget:
-    """The target ``to`` as seen from ``route`` (a failback reads the reverse flow)."""
-    if to == route.cluster:
-        failed_back = to == PRIMARY and route.spec.source_topics != spec.source_topics
-        raise FailoverRefusedError(
-            f"pipeline {spec.name!r} already reads from {to!r}; nothing to do"
-            + (f" (to end the failback: platform complete-failback {spec.name})" * failed_back)
-        )
-    if to == PRIMARY:
-        replica: ReplicaSpec = spec.replica(route.cluster)
-        alias, policy = replica.failback_alias, replica.failback_replication_policy
-        syncs: str | None = offset_syncs_topic(replica.source_alias)  # on the replica
-    else:
-        if route.cluster != PRIMARY:
-            raise FailoverRefusedError(
-                f"pipeline {spec.name!r} reads from replica {route.cluster!r}: fail back to "
-                f"primary first (platform failover {spec.name} --to primary)"
-            )
-        if route.spec.source_topics != spec.source_topics:
-            raise FailoverRefusedError(
-                f"pipeline {spec.name!r} reads {route.spec.source_topics} on the primary since "
-                f"its failback (reverse copies next to {spec.source_topics}); MM2 does not copy "
-                "a reverse copy back to the replica, so a failover from this route is not "
-                f"supported; nothing was changed. Complete the failback first (platform "
-                f"complete-failback {spec.name} --reason ...), once its reverse copies are drained"
-            )
-        replica = spec.replica(to)
-        alias, policy = replica.source_alias, replica.replication_policy
-        syncs = offset_syncs_topic(replica.target_alias) if replica.target_alias else None
-    try:
-        resource = kafka.for_cluster(to)
-    except ValueError as exc:
-        raise FailoverRefusedError(f"pipeline {spec.name!r}: {exc}") from None
-    target = ReplicaTarget(to, resource.client_config(), alias, policy)
-    return FailoverTarget(target, resource, syncs)
-
-
-def describe_plan(plans: list[PartitionPlan], note: bool = True) -> list[str]:
-    """One line per partition: where it resumes on the target, and the evidence (``note``: and
-    what the switch records of uncopied records, for a failover; a failback says it itself)."""
-    lines = [
-        f"{p.source_topic}[{p.partition}] at {p.source_next} -> {p.replica_topic}"
-        f"[{p.partition}] from {p.replica_start} ({p.skipped} copies already ingested; "
-        f"{p.anchor})" + (f"; {p.uncopied} ingested record(s) have no copy" if p.uncopied else "")
-        for p in plans
-    ]
-    uncopied = sum(p.uncopied for p in plans)
-    if uncopied and note:
-        lines.append(
-            f"note: the table ingested {uncopied} record(s) MirrorMaker 2 had not copied when "
-            "the source went down. The switch records them: if MM2's forward flow copies them "
-            "when the source comes back, runs skip each copy that is byte for byte one of "
-            "them, reading the original on the source to compare (a run that meets one while "
-            "the source does not answer refuses, committing nothing)"
-        )
-    return lines
-
-
-def describe_local_topics(
-    spec: PipelineSpec, names: dict[str, str], target: ReplicaTarget
-) -> list[str]:
-    """A note per topic the target has under a spec topic's own name while the route reads
-    MM2's copy (``default`` naming) and it holds records: the route does not read it, and the
-    replica check fails while producers write there (``ingestion.replica_check``)."""
-    local = [topic for topic in spec.source_topics if names.get(topic, topic) != topic]
-    counts = count_records(target.kafka_config, local, SYNCS_TIMEOUT_S) if local else {}
-    return [
-        f"note: {target.name!r} also has its own topic {topic!r} (about {count} record(s)); the "
-        f"route reads MM2's copy {names[topic]!r}, not it: producers that fail over must write "
-        f"to {names[topic]!r} (or use replication_policy: identity)"
-        for topic, count in sorted(counts.items())
-    ]
 
 
 def scan_since(switch: UndoneSwitch | None) -> dict[str, Floors]:

@@ -182,7 +182,7 @@ def test_an_origin_partition_without_a_copy_on_the_replica_is_all_tail(
     and the recheck before the commit passes over it."""
     from ingestion.failback_copies import recheck_copies
     from ingestion.failback_origin import plan_origin_partition
-    from ingestion.failover import Replica
+    from ingestion.replica_reader import Replica
 
     source, replica = dr_clusters
     for cluster, name, count in ((source, "sparse", 3), (replica, "westp.sparse", 2)):

@@ -52,7 +52,7 @@ from ingestion.topics import TopicEnds
 from platform_assets.checks import audit_finding
 from platform_assets.cli import main
 from platform_assets.cli_actions import parse_position
-from platform_assets.failover import failover_target
+from platform_assets.failover_target import failover_target
 from platform_assets.operations import reset_offsets
 from platform_assets.ops_jobs import build_ops_jobs
 from platform_assets.replica_checks import replica_finding

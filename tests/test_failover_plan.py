@@ -10,9 +10,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failover import plan_failover, read_offset_syncs
+from ingestion.failover import plan_failover
 from ingestion.offsets import find_committed_state
 from ingestion.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.replica_reader import read_offset_syncs
 from ingestion.run import run_pipeline
 from ingestion.spec import PipelineSpec
 from resources.embedded import EmbeddedBroker
