@@ -1,5 +1,6 @@
 """Jobs: ingest one pipeline / all pipelines, observe topics, run all checks."""
 
+import datetime as dt
 from typing import TYPE_CHECKING, TypeAlias
 
 from dagster import (
@@ -48,11 +49,21 @@ def count_active_runs(instance: DagsterInstance, job_name: str) -> int:
     return len(instance.get_runs(RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES)))
 
 
+OPERATOR_HOLD_LIMIT = dt.timedelta(minutes=20)  # above the wait (2 min) plus a failback's plan
+
+
 def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[str]:
     """Ids of the operator jobs' runs (reset, migrate, failover) acting on ``spec`` now: its
-    lag sensor launches no ingestion run while there is one."""
+    lag sensor and fallback schedule launch no ingestion run while there is one.
+
+    Only runs created within ``OPERATOR_HOLD_LIMIT`` hold: a run whose process died stays
+    STARTED for ever without Dagster's run monitoring, and must not stop ingestion for good
+    (past the limit the compare-and-set alone decides, as without the hold)."""
+    since = dt.datetime.now(dt.UTC) - OPERATOR_HOLD_LIMIT
     runs = instance.get_runs(
-        RunsFilter(tags={OPERATOR_TAG: spec.name}, statuses=ACTIVE_RUN_STATUSES)
+        RunsFilter(
+            tags={OPERATOR_TAG: spec.name}, statuses=ACTIVE_RUN_STATUSES, created_after=since
+        )
     )
     return [run.run_id for run in runs]
 

@@ -33,7 +33,8 @@ def hold_ingestion(
 ) -> int:
     """Mark operator run ``run_id`` as acting on ``spec`` (its lag sensor then launches no
     ingestion run of it, ``platform_assets.sensors``) and wait up to ``wait_s`` for the
-    ingestion runs in progress to end; return how many are still active.
+    ingestion runs in progress to end; return 0, or refuse (``OperationRefusedError``, nothing
+    changed) when one is still active after it.
 
     Runs back to back would otherwise refuse the action for ever (it refuses while a run is
     active). A run that slips in after the wait (a request the sensor made before the mark)
@@ -46,6 +47,12 @@ def hold_ingestion(
     while active and time.monotonic() < deadline:
         time.sleep(poll_s)
         active = count_ingestion_runs(instance, spec)
+    if active:
+        raise OperationRefusedError(
+            f"pipeline {spec.name!r}: {active} ingestion run(s) still in progress after waiting "
+            f"{wait_s:g} s (config wait_for_runs_seconds); nothing was changed. Wait for them or "
+            "stop them (a stream run: stop its stream sensor first), then run the action again"
+        )
     return active
 
 

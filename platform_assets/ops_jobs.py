@@ -92,6 +92,18 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             raise Failure(f"unknown pipeline {name!r}; known: {sorted(by_name)}")
         return by_name[name]
 
+    def hold(
+        context: OpExecutionContext, spec: PipelineSpec, wait_s: float, apply: bool = True
+    ) -> int:
+        """The pipeline's ingestion runs in progress once an applied action may go on
+        (``hold_ingestion``; a dry run commits nothing and only counts them)."""
+        if not apply:
+            return count_ingestion_runs(context.instance, spec)
+        try:
+            return hold_ingestion(context.instance, context.run_id, spec, wait_s)
+        except IngestionError as exc:
+            raise Failure(str(exc)) from None
+
     @op(name="reset_pipeline_offsets")
     def _reset(
         context: OpExecutionContext,
@@ -100,11 +112,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         iceberg: IcebergCatalogResource,
     ) -> None:
         spec = pick(config.pipeline)
-        active = (  # a dry run commits nothing: no need to hold the pipeline
-            hold_ingestion(context.instance, context.run_id, spec, config.wait_for_runs_seconds)
-            if config.apply
-            else count_ingestion_runs(context.instance, spec)
-        )
+        active = hold(context, spec, config.wait_for_runs_seconds, config.apply)
         position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
         requested_by = f"dagster run {context.run_id}"
         lines = reset_offsets(
@@ -129,7 +137,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             kafka.get_admin_client(),
             f"dagster run {context.run_id}",
             config.reason,
-            hold_ingestion(context.instance, context.run_id, spec, config.wait_for_runs_seconds),
+            hold(context, spec, config.wait_for_runs_seconds),
         )
         context.log.info(
             f"{spec.consumer_group_id!r} is retired; now set consumer_group_id: "
@@ -194,11 +202,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             raise Failure(f"complete ends a failback to primary, not a failover to {config.to!r}")
         if not config.complete and config.to is None:
             raise Failure("a failover needs a target (config: to), or complete: true")
-        active = (  # a dry run commits nothing: no need to hold the pipeline
-            hold_ingestion(context.instance, context.run_id, spec, config.wait_for_runs_seconds)
-            if config.apply
-            else count_ingestion_runs(context.instance, spec)
-        )
+        active = hold(context, spec, config.wait_for_runs_seconds, config.apply)
         try:
             if config.complete:
                 lines = complete_failback(

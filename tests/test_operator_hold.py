@@ -1,9 +1,11 @@
 """An operator job acting while the lag sensor keeps launching ingestion runs: the job marks
-its run, the sensor launches none of that pipeline meanwhile, and the job waits for the run in
-progress to end instead of refusing (``platform_assets.operations.hold_ingestion``)."""
+its run, the lag sensor and the fallback schedule launch none of that pipeline meanwhile (for
+at most ``OPERATOR_HOLD_LIMIT``), and the job waits for the run in progress to end instead of
+refusing (``platform_assets.operations.hold_ingestion``)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from pathlib import Path
@@ -14,11 +16,13 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    build_schedule_context,
     build_sensor_context,
     instance_for_test,
 )
 
 from ingestion.run import run_pipeline
+from platform_assets import jobs
 from platform_assets.definitions import build_definitions
 from platform_assets.jobs import OPERATOR_TAG, active_operator_runs
 from platform_assets.ops_jobs import build_ops_jobs
@@ -48,10 +52,13 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
     kafka: KafkaResource,
     tmp_path: Path,
     new_pipeline: NewPipeline,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     _, spec = new_pipeline("held_sensor", produce=5, max_lag_records=1)
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
-    sensor = build_definitions([spec]).resolve_sensor_def("held_sensor_lag_sensor")
+    defs = build_definitions([spec])
+    sensor = defs.resolve_sensor_def("held_sensor_lag_sensor")
+    fallback = defs.resolve_schedule_def("held_sensor_fallback_schedule")
     resources = {"kafka": kafka, "iceberg": iceberg}
     with instance_for_test() as instance:
         acting = instance.add_run(
@@ -64,9 +71,22 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
         held = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
         assert not held.run_requests
         assert f"operator action in progress (run {acting.run_id})" in (held.skip_message or "")
-        instance.delete_run(acting.run_id)  # the operator's run ended
+        context = build_schedule_context(instance=instance, resources=resources)
+        tick = fallback.evaluate_tick(context)
+        assert not tick.run_requests
+        assert f"operator action in progress (run {acting.run_id})" in (tick.skip_message or "")
+
+        # A run whose process died stays STARTED without run monitoring: past the limit it
+        # no longer holds the pipeline.
+        monkeypatch.setattr(jobs, "OPERATOR_HOLD_LIMIT", dt.timedelta(seconds=1))
+        time.sleep(1.5)
         free = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
         assert free.run_requests, free.skip_message  # lag 5 >= 1: a run, as before the action
+        assert fallback.evaluate_tick(context).run_requests
+        monkeypatch.undo()
+        instance.delete_run(acting.run_id)  # the operator's run ended
+        free = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
+        assert free.run_requests, free.skip_message
 
 
 def test_an_operator_job_waits_for_the_run_in_progress_instead_of_refusing(
@@ -115,4 +135,6 @@ def test_an_operator_job_waits_for_the_run_in_progress_instead_of_refusing(
         assert not refused.success
         assert time.monotonic() - started >= 2
         (failure,) = refused.get_step_failure_events()
-        assert "1 run(s) in progress" in str(failure.step_failure_data.error), failure
+        message = str(failure.step_failure_data.error)
+        assert "1 ingestion run(s) still in progress after waiting 2 s" in message, message
+        assert "wait_for_runs_seconds" in message
