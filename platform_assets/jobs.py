@@ -54,7 +54,7 @@ OPERATOR_HOLD_LIMIT = dt.timedelta(minutes=20)  # above the wait (2 min) plus a 
 
 def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[str]:
     """Ids of the operator jobs' runs (reset, migrate, failover) acting on ``spec`` now: its
-    lag sensor and fallback schedule launch no ingestion run while there is one.
+    lag sensor launches no ingestion run while there is one.
 
     Only runs created within ``OPERATOR_HOLD_LIMIT`` hold: a run whose process died stays
     STARTED for ever without Dagster's run monitoring, and must not stop ingestion for good

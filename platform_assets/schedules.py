@@ -16,7 +16,7 @@ from ingestion.checks import check_group_consistency
 from ingestion.retention import maintenance_cron, orphan_window_hours, snapshot_retention_hours
 from ingestion.spec import PipelineSpec
 from ingestion.triggers import is_continuous
-from platform_assets.jobs import ACTIVE_RUN_STATUSES, AssetJob, active_operator_runs
+from platform_assets.jobs import ACTIVE_RUN_STATUSES, AssetJob
 from platform_assets.ops_jobs import MAINTAIN_JOB, MAINTAIN_OP
 from platform_assets.sensors import blocked_reason
 from platform_assets.state import read_pipeline_state
@@ -51,9 +51,6 @@ def build_fallback_schedule(spec: PipelineSpec, job: AssetJob) -> ScheduleDefini
     ) -> RunRequest | SkipReason:
         if is_continuous(spec) and active_stream_runs(context.instance, spec):
             return SkipReason(f"{spec.name!r} streams: its stream run is ingesting")
-        held = active_operator_runs(context.instance, spec)
-        if held:  # an operator job waits for a gap between runs (operations.hold_ingestion)
-            return SkipReason(f"{spec.name!r}: operator action in progress (run {held[0]})")
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if finding.blocks:
             return SkipReason(blocked_reason(spec, finding))

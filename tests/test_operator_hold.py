@@ -1,5 +1,5 @@
 """An operator job acting while the lag sensor keeps launching ingestion runs: the job marks
-its run, the lag sensor and the fallback schedule launch none of that pipeline meanwhile (for
+its run, the lag sensor launches none of that pipeline meanwhile (for
 at most ``OPERATOR_HOLD_LIMIT``), and the job waits for the run in progress to end instead of
 refusing (``platform_assets.operations.hold_ingestion``)."""
 
@@ -16,7 +16,6 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
-    build_schedule_context,
     build_sensor_context,
     instance_for_test,
 )
@@ -58,7 +57,6 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
     defs = build_definitions([spec])
     sensor = defs.resolve_sensor_def("held_sensor_lag_sensor")
-    fallback = defs.resolve_schedule_def("held_sensor_fallback_schedule")
     resources = {"kafka": kafka, "iceberg": iceberg}
     with instance_for_test() as instance:
         acting = instance.add_run(
@@ -71,10 +69,6 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
         held = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
         assert not held.run_requests
         assert f"operator action in progress (run {acting.run_id})" in (held.skip_message or "")
-        context = build_schedule_context(instance=instance, resources=resources)
-        tick = fallback.evaluate_tick(context)
-        assert not tick.run_requests
-        assert f"operator action in progress (run {acting.run_id})" in (tick.skip_message or "")
 
         # A run whose process died stays STARTED without run monitoring: past the limit it
         # no longer holds the pipeline.
@@ -82,7 +76,6 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
         time.sleep(1.5)
         free = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
         assert free.run_requests, free.skip_message  # lag 5 >= 1: a run, as before the action
-        assert fallback.evaluate_tick(context).run_requests
         monkeypatch.undo()
         instance.delete_run(acting.run_id)  # the operator's run ended
         free = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
