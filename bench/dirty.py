@@ -120,7 +120,7 @@ def run_suite(
     """Produce and ingest every workload in turn; return one result per workload."""
     from confluent_kafka.admin import NewTopic
 
-    from ingestion.run import run_pipeline
+    from ingestion.pipeline.run import run_pipeline
     from resources.spark import SparkResource
 
     topics = [f"dirty-{i}" for i in range(len(workloads))]

@@ -17,10 +17,10 @@ from typing import Any
 from confluent_kafka.admin import NewTopic
 
 from bench.workloads import spec_for
-from ingestion.lag import measure_lag_age
-from ingestion.run import run_pipeline
-from ingestion.state import commits_of, read_state
-from ingestion.triggers import decide
+from ingestion.health.lag import measure_lag_age
+from ingestion.health.state import commits_of, read_state
+from ingestion.health.triggers import decide
+from ingestion.pipeline.run import run_pipeline
 from platform_assets.demo import encode_event, make_order_event
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource

@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka.admin import NewTopic  # noqa: E402
 
 from bench.workloads import BROKER_STOP_S  # noqa: E402
-from ingestion.audit import audit_table  # noqa: E402
-from ingestion.run import run_pipeline  # noqa: E402
-from ingestion.spec import load_pipeline_specs  # noqa: E402
+from ingestion.audit.oracle import audit_table  # noqa: E402
+from ingestion.pipeline.run import run_pipeline  # noqa: E402
+from ingestion.spec.pipeline import load_pipeline_specs  # noqa: E402
 from platform_assets.demo import encode_event, make_order_event  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402

@@ -6,7 +6,7 @@
 Two embedded brokers, ``primary`` and ``dr``. The guarded routes are set up the way production
 gets them (bench/late_copies_setup.py): an RPO tail of ``--uncopied`` records ingested from the
 primary, never copied by MM2 (the stand-in), then a real ``failover --to dr --source-lost``
-(``platform_assets.failover.failover_pipeline``), which writes ``kafka.uncopied.<group>``; the
+(``platform_assets.dr.failover.failover_pipeline``), which writes ``kafka.uncopied.<group>``; the
 table property is not written by hand. Cases, each its own pipeline and table:
 
 - ``plain``: a pipeline without replicas on a topic of ``dr`` (the baseline);
@@ -55,7 +55,7 @@ def run_late_copy_suite(
     """Set up every case, run ``repeats`` rounds, check; one result per case."""
     from confluent_kafka.admin import NewTopic
 
-    from ingestion.run import run_pipeline
+    from ingestion.pipeline.run import run_pipeline
     from resources.spark import SparkResource
 
     late = max(1, records // 1000) if late is None else late
@@ -125,7 +125,7 @@ def run_case(
     name: str, case: Routed | None, kafka: Any, catalog: Any, spark: Any, dr_kafka: Any
 ) -> Any:
     """One engine run of a case: the plain pipeline on dr, or a pipeline on its route."""
-    from ingestion.run import run_pipeline
+    from ingestion.pipeline.run import run_pipeline
 
     if case is None:
         spec, config = plain_spec("lc_plain", "plain"), dr_kafka.client_config()
@@ -143,7 +143,7 @@ def check_table(
     noted: list[tuple[str, int, int]],
 ) -> str:  # fmt: skip
     """'ok', or what the table read back shows wrong."""
-    from ingestion.late_copies import skipped_late_copies
+    from ingestion.dr.late_copies.guard import skipped_late_copies
 
     if case is None:
         table = catalog.load_table(plain_spec("lc_plain", "plain").table)

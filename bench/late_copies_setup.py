@@ -4,7 +4,7 @@ A pipeline with replica ``dr`` reads its topic on the primary; MirrorMaker 2's f
 (the stand-in of tests/support/mm2_standin.py, MM2's formats) copies a head of records to
 ``dr`` and checkpoints the group; the table then ingests an RPO tail MM2 never copies; and the
 operator's ``platform failover <pipeline> --to dr --source-lost`` is applied
-(``platform_assets.failover.failover_pipeline``): the switch writes ``kafka.uncopied.<group>``
+(``platform_assets.dr.failover.failover_pipeline``): the switch writes ``kafka.uncopied.<group>``
 with the tail. The primary stays up: runs on the route read the originals there to compare.
 """
 
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.workloads import order_record, produce, spec_for
-from ingestion.failover_align import key_digest
-from ingestion.late_copies import read_guard
-from ingestion.run import run_pipeline
-from ingestion.spec import PipelineSpec, parse_pipeline_spec
-from platform_assets.failover import failover_pipeline
+from ingestion.dr.align import key_digest
+from ingestion.dr.late_copies.guard import read_guard
+from ingestion.pipeline.run import run_pipeline
+from ingestion.spec.pipeline import PipelineSpec, parse_pipeline_spec
+from platform_assets.dr.failover import failover_pipeline
 from platform_assets.route import Route, active_route
 
 HEAD_PER_PARTITION = 1  # records MM2 copied before the disaster (each with an offset sync)

@@ -148,8 +148,8 @@ def run_nested_suite(
     """Produce and ingest every workload; one result per workload (bench/dirty.py's shape)."""
     from confluent_kafka.admin import NewTopic
 
-    from ingestion.run import run_pipeline
-    from ingestion.spec import parse_pipeline_spec
+    from ingestion.pipeline.run import run_pipeline
+    from ingestion.spec.pipeline import parse_pipeline_spec
     from resources.spark import SparkResource
 
     topics = [w.topic or f"nested-{i}" for i, w in enumerate(workloads)]
@@ -201,8 +201,8 @@ def run_nested_suite(
 
 def profile_nested(kafka: Any, catalog: Any, topic: str, top: int = 12) -> list[str]:
     """Self time of the top functions in one in-process run of the nested workload."""
-    from ingestion.run import run_pipeline
-    from ingestion.spec import parse_pipeline_spec
+    from ingestion.pipeline.run import run_pipeline
+    from ingestion.spec.pipeline import parse_pipeline_spec
 
     spec = spec_for("nested_profile", topic, None)
     raw = {**spec.model_dump(by_alias=True), **NESTED_OVERRIDES}

@@ -4,7 +4,7 @@
 
 Starts an embedded broker, produces the demo events, then times ``count_visible`` over all
 of them: the read_committed read the audit's recount makes (``iter_batches``, as in
-``ingestion.snapshot_audit.check_count``). The audit's budget per evaluation (the pipeline's
+``ingestion.audit.snapshots.check_count``). The audit's budget per evaluation (the pipeline's
 ``audit_recount_offsets``) is sized from this rate (README "The exactly-once audit's budget
 and backlog").
 """
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.workloads import produce  # noqa: E402
-from ingestion.consumer import count_visible  # noqa: E402
-from ingestion.ranges import OffsetRange  # noqa: E402
+from ingestion.kafka.consumer import count_visible  # noqa: E402
+from ingestion.kafka.ranges import OffsetRange  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 

@@ -39,12 +39,12 @@ from bench.late_copies import print_late_copy_table, run_late_copy_suite  # noqa
 from bench.nested import profile_nested, run_nested_suite  # noqa: E402
 from bench.rss import PeakRss  # noqa: E402
 from bench.workloads import BROKER_STOP_S, baseline, limit, produce, spec_for  # noqa: E402
-from ingestion.execute import build_task_specs, execute_locally  # noqa: E402
-from ingestion.hooks import NO_HOOKS  # noqa: E402
-from ingestion.plan import Plan  # noqa: E402
-from ingestion.ranges import OffsetRange  # noqa: E402
-from ingestion.run import run_pipeline  # noqa: E402
-from ingestion.tables import load_or_create_table  # noqa: E402
+from ingestion.kafka.ranges import OffsetRange  # noqa: E402
+from ingestion.pipeline.execute import build_task_specs, execute_locally  # noqa: E402
+from ingestion.pipeline.hooks import NO_HOOKS  # noqa: E402
+from ingestion.pipeline.plan import Plan  # noqa: E402
+from ingestion.pipeline.run import run_pipeline  # noqa: E402
+from ingestion.table.schema import load_or_create_table  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402

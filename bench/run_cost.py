@@ -64,10 +64,10 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
     """One Dagster run in this (fresh) process; what it saw."""
     from dagster import AssetSelection, DagsterEventType, DagsterInstance, materialize
 
-    from ingestion.spec import PipelineSpec
-    from platform_assets.assets import build_pipeline_assets
-    from platform_assets.checks import build_pipeline_checks
-    from platform_assets.jobs import ingestion_selection
+    from ingestion.spec.pipeline import PipelineSpec
+    from platform_assets.ingest.assets import build_pipeline_assets
+    from platform_assets.ingest.checks import build_pipeline_checks
+    from platform_assets.ingest.jobs import ingestion_selection
     from platform_assets.pipelines import ingestion_keys
     from resources.iceberg import IcebergCatalogResource
     from resources.spark import SparkResource
@@ -129,7 +129,7 @@ def launch_cli(config: dict[str, Any]) -> dict[str, Any]:
     import yaml
     from dagster import DagsterEventType, DagsterInstance
 
-    from ingestion.spec import PipelineSpec
+    from ingestion.spec.pipeline import PipelineSpec
     from platform_assets.pipelines import table_key
 
     spec = spec_for("cost_cli", config["topic"], None)
@@ -244,8 +244,8 @@ def main() -> int:
 
     from confluent_kafka.admin import NewTopic
 
-    from ingestion.ranges import OffsetRange
-    from ingestion.topics import describe_topic
+    from ingestion.kafka.ranges import OffsetRange
+    from ingestion.kafka.topics import describe_topic
 
     work = Path(tempfile.mkdtemp(prefix="run-cost-"))
     rows: list[tuple[int, str, list[dict[str, Any]]]] = []

@@ -29,7 +29,7 @@ from resources.kafka import KafkaResource  # noqa: E402
 
 def child(bootstrap: str, state_dir: str, mode: str) -> None:
     """One run, as a Dagster run process would do it (lazy Spark)."""
-    from ingestion.run import run_pipeline
+    from ingestion.pipeline.run import run_pipeline
     from resources.iceberg import IcebergCatalogResource
     from resources.spark import SparkResource
 

@@ -4,7 +4,8 @@
 
 Path: pyiceberg directly on a throw-away SQL catalog (SQLite, local warehouse), no Kafka: each
 commit is ``load_table`` then a one-row ``fast_append`` carrying the properties of a stream
-commit of an 8-partition topic (``ingestion.offsets.commit_properties``), as a stream iteration
+commit of an 8-partition topic (``ingestion.table.offsets.commit_properties``), as a stream
+iteration
 commits. Printed at each history size: the median of the last 20 commits and the size of the
 metadata file every commit rewrites. Nothing is expired, so the history is the commit count.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
 
-from ingestion.offsets import TopicOffsets, commit_properties
+from ingestion.table.offsets import TopicOffsets, commit_properties
 
 
 def measure(sizes: list[int], partitions: int = 8) -> list[tuple[int, float, int]]:

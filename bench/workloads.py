@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from ingestion.consumer import consumer_config, iter_batches, iter_range, open_consumer
-from ingestion.ranges import OffsetRange
-from ingestion.spec import PipelineSpec, load_pipeline_specs
+from ingestion.kafka.consumer import consumer_config, iter_batches, iter_range, open_consumer
+from ingestion.kafka.ranges import OffsetRange
+from ingestion.spec.pipeline import PipelineSpec, load_pipeline_specs
 from platform_assets.demo import encode_event, make_order_event
 
 PIPELINES_FILE = Path(__file__).resolve().parent.parent / "platform_assets" / "pipelines.yaml"

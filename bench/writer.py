@@ -35,7 +35,7 @@ from bench.workloads import (  # noqa: E402
     produce,
     spec_for,
 )
-from ingestion.run import run_pipeline  # noqa: E402
+from ingestion.pipeline.run import run_pipeline  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402

@@ -7,7 +7,7 @@ because executors write files and only the coordinator commits (two-phase).
   it bins rows into target-sized files, splits them by the partition spec and names each file
   from ``write_uuid`` and a counter. A fresh ``write_uuid`` per call keeps every file name
   globally unique (reusing one overwrote files in a probe and lost 41,594 of 200,000 rows).
-- :func:`parquet_writer_kwargs` (the executor tasks' rolling writer, ingestion.writer) uses
+- :func:`parquet_writer_kwargs` (the executor tasks' rolling writer, ingestion.task.writer) uses
   ``pyiceberg.io.pyarrow._get_parquet_writer_kwargs``: the Parquet settings pyiceberg derives
   from the table properties (codec, level, page and dictionary sizes), so that our files are
   written exactly as pyiceberg's own would be. The rest of that writer is public API.

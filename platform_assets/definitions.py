@@ -4,42 +4,42 @@ import time
 
 from dagster import Definitions, JobDefinition
 
-from ingestion.spec import PipelineSpec
-from ingestion.triggers import is_continuous
-from platform_assets.alert_sensors import build_check_alert_sensor, run_failure_alert_sensor
-from platform_assets.assets import build_pipeline_assets
-from platform_assets.checks import build_pipeline_checks, pipeline_check_keys
-from platform_assets.dbt import (
+from ingestion.health.triggers import is_continuous
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.alerts.sensors import build_check_alert_sensor, run_failure_alert_sensor
+from platform_assets.dbt.assets import (
     build_dbt_assets,
     build_dbt_automation_sensor,
     dbt_resource,
     load_dbt_project,
 )
-from platform_assets.jobs import (
+from platform_assets.ingest.assets import build_pipeline_assets
+from platform_assets.ingest.checks import build_pipeline_checks, pipeline_check_keys
+from platform_assets.ingest.jobs import (
     AssetJob,
     build_ingest_all_job,
     build_ingest_job,
     build_observe_topics_job,
     build_run_checks_job,
 )
-from platform_assets.ops_jobs import build_ops_jobs
-from platform_assets.pipelines import load_pipelines, table_key
-from platform_assets.resources import build_resources
-from platform_assets.schedules import (
+from platform_assets.ingest.schedules import (
     build_checks_schedule,
     build_fallback_schedule,
     build_maintenance_schedule,
     build_observe_topics_schedule,
 )
-from platform_assets.sensors import build_lag_sensor
-from platform_assets.stream import build_stream_job, stream_generation
-from platform_assets.stream_sensor import build_retired_streams_sensor, build_stream_sensor
+from platform_assets.ingest.sensors import build_lag_sensor
+from platform_assets.operations.jobs import build_ops_jobs
+from platform_assets.pipelines import load_pipelines, table_key
+from platform_assets.resources import build_resources
+from platform_assets.streaming.jobs import build_stream_job, stream_generation
+from platform_assets.streaming.sensors import build_retired_streams_sensor, build_stream_sensor
 
 
 def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
     """Build the Definitions for ``specs`` (default: every pipeline in ``pipelines.yaml``)."""
     specs = load_pipelines() if specs is None else specs
-    loaded_at = time.time()  # a reload restarts the streams (platform_assets/stream.py)
+    loaded_at = time.time()  # a reload restarts the streams (platform_assets/streaming/jobs.py)
     assets, checks, sensors, schedules = [], [], [], []
     jobs: list[JobDefinition | AssetJob] = []
     for spec in specs:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dagster import AssetKey
 
-from ingestion.spec import PipelineSpec, load_pipeline_specs
+from ingestion.spec.pipeline import PipelineSpec, load_pipeline_specs
 
 PIPELINES_FILE = Path(__file__).with_name("pipelines.yaml")
 PIPELINES_FILE_ENV = "PLATFORM_PIPELINES_FILE"

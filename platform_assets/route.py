@@ -1,7 +1,7 @@
 """Which cluster a pipeline reads now, and under which topic names: the table says.
 
 After a failover (``platform failover``) the table's newest switch names the cluster
-(:func:`~ingestion.failover_commit.active_cluster`) and the topics read there (after a failback,
+(:func:`~ingestion.dr.switch.active_cluster`) and the topics read there (after a failback,
 the reverse copies and the origin topics); the ingestion asset, the lag sensor, the checks and
 the CLI all read through :func:`active_route`, so they follow the switch without a
 configuration change; after a failback's completion (``platform complete-failback``) they read
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingestion.failover_commit import active_cluster, active_origins, active_topics
-from ingestion.spec import PipelineSpec
+from ingestion.dr.switch import active_cluster, active_origins, active_topics
+from ingestion.spec.pipeline import PipelineSpec
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -36,7 +36,7 @@ def active_route(
     """The route the table records for ``spec`` (``primary`` before any switch).
 
     Example:
-        >>> from ingestion.spec import parse_pipeline_spec
+        >>> from ingestion.spec.pipeline import parse_pipeline_spec
         >>> spec = parse_pipeline_spec({"name": "p", "topic": "orders", "table": "n.t",
         ...     "consumer_group_id": "g", "value_format": "raw"})
         >>> kafka = KafkaResource(bootstrap_servers="b:9092")
@@ -55,7 +55,7 @@ def active_route(
     names = active_topics(table, spec.consumer_group_id) or {}
     topics = [names.get(topic, topic) for topic in spec.source_topics]
     # A failback to the primary reads the origin topics again (their unreplicated tail and what
-    # producers write there since), next to the reverse copies: ingestion.failback_origin.
+    # producers write there since), next to the reverse copies: ingestion.dr.failback.origin.
     topics += [t for t in active_origins(table, spec.consumer_group_id) if t not in topics]
     moved = spec.model_copy(update={"topic": None, "topics": topics})
     return Route(cluster, moved, kafka.for_cluster(cluster))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ingestion.spec import PipelineSpec
-from ingestion.state import PipelineState, read_state
+from ingestion.health.state import PipelineState, read_state
+from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource

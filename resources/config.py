@@ -79,7 +79,7 @@ class KafkaConfig(Section):
     @field_validator("properties")
     @classmethod
     def _secrets(cls, value: dict[str, str]) -> dict[str, str]:
-        from ingestion.consumer import ENGINE_OWNED_PROPERTIES
+        from ingestion.kafka.consumer import ENGINE_OWNED_PROPERTIES
 
         owned = sorted(ENGINE_OWNED_PROPERTIES & value.keys())
         if owned:

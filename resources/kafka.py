@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field, field_validator
 
-from ingestion.consumer import ENGINE_OWNED_PROPERTIES, consumer_config
+from ingestion.kafka.consumer import ENGINE_OWNED_PROPERTIES, consumer_config
 from resources.secrets import resolve, resolve_all
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class KafkaResource(ConfigurableResource):
 
     def get_consumer(self, **overrides: Any) -> Consumer:
         """Return a consumer for ``assign()`` reads with the engine's settings
-        (:func:`ingestion.consumer.consumer_config`: no group membership, no commit,
+        (:func:`ingestion.kafka.consumer.consumer_config`: no group membership, no commit,
         ``read_committed``, ``auto.offset.reset=error``); ``overrides`` win (tests only)."""
         from confluent_kafka import Consumer
 

@@ -55,7 +55,7 @@ class SparkResource(ConfigurableResource):
     With ``remote`` (``sc://host:port``) the run attaches a Spark Connect session to a
     long-lived server instead of starting a JVM (about 1 s instead of 10 s on 2 cores); the
     server owns master and executors, and ``spark_config`` must hold runtime (SQL) settings
-    only. The engine's tasks are the same on both (``ingestion.execute``).
+    only. The engine's tasks are the same on both (``ingestion.pipeline.execute``).
 
     Executors must be able to import the ``ingestion`` package. In local mode they use this
     interpreter, where the project is installed. On a cluster either install the project's wheel

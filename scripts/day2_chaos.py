@@ -34,13 +34,13 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 
-from ingestion.checks import check_group_consistency  # noqa: E402
 from ingestion.exceptions import IngestionError  # noqa: E402
-from ingestion.maintenance import maintain_pipeline  # noqa: E402
-from ingestion.operations import apply_reset, migrate_group, plan_reset  # noqa: E402
-from ingestion.run import run_pipeline  # noqa: E402
-from ingestion.spec import PipelineSpec, StartingPosition, parse_pipeline_spec  # noqa: E402
-from ingestion.state import PipelineState, read_state  # noqa: E402
+from ingestion.health.checks import check_group_consistency  # noqa: E402
+from ingestion.health.state import PipelineState, read_state  # noqa: E402
+from ingestion.ops.maintenance import maintain_pipeline  # noqa: E402
+from ingestion.ops.reset import apply_reset, migrate_group, plan_reset  # noqa: E402
+from ingestion.pipeline.run import run_pipeline  # noqa: E402
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition, parse_pipeline_spec  # noqa: E402
 from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402

@@ -1,11 +1,11 @@
 """The DR drill's Dagster path (``scripts/dr_drill.py --via dagster``): the runs a user launches.
 
 Each ingestion run is a real Dagster run of the pipeline's ingestion job (``ingest_<p>_job``:
-the ingestion asset and its checks but the audit, ``platform_assets.jobs``) from the code
+the ingestion asset and its checks but the audit, ``platform_assets.ingest.jobs``) from the code
 location's Definitions (``platform_assets.definitions``, loaded after the drill wrote
 ``$PLATFORM_CONFIG``, so its resources are built from the drill's configuration: its brokers and
 catalog). The operator's failover, failback and completion are runs of the ``failover`` job
-(``platform_assets.ops_jobs``). All run on one persistent temp-dir DagsterInstance, as in a
+(``platform_assets.operations.jobs``). All run on one persistent temp-dir DagsterInstance, as in a
 deployment: the failover job counts the ingestion runs in flight there and is refused while one
 is active (README, "Where producers write after a failover").
 
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 from dagster import DagsterInstance, Definitions, ExecuteInProcessResult
 
-from ingestion.spec import PipelineSpec
-from platform_assets.jobs import active_operator_runs, ingest_job_name
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.ingest.jobs import active_operator_runs, ingest_job_name
 from platform_assets.pipelines import table_key
 
 if TYPE_CHECKING:
     from dagster_shared.error import SerializableErrorInfo  # dagster's own error record
 
-FAILOVER_JOB = "failover"  # platform_assets.ops_jobs.build_ops_jobs
+FAILOVER_JOB = "failover"  # platform_assets.operations.jobs.build_ops_jobs
 FAILOVER_OP = "failover_pipeline"
 # The runs are threads of one process here (a deployment runs each in its own): Dagster's default
 # compute-log capture redirects the process's stdout and stderr during each run, so it is off,

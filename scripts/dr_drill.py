@@ -69,12 +69,12 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 from dr_dagster import DagsterPath, Refused, job_config  # noqa: E402
 
-from ingestion.late_copies import count_late_copies  # noqa: E402
-from ingestion.offsets import CLUSTER_ID, RESET_BY, snapshot_properties  # noqa: E402
-from ingestion.route_state import SWITCH_SNAPSHOT, active_switch  # noqa: E402
-from ingestion.run import run_pipeline  # noqa: E402
-from ingestion.spec import PipelineSpec, load_pipeline_specs, parse_pipeline_spec  # noqa: E402
-from platform_assets.cli import main as platform  # noqa: E402
+from ingestion.dr.late_copies.guard import count_late_copies  # noqa: E402
+from ingestion.dr.route import SWITCH_SNAPSHOT, active_switch  # noqa: E402
+from ingestion.pipeline.run import run_pipeline  # noqa: E402
+from ingestion.spec.pipeline import PipelineSpec, load_pipeline_specs, parse_pipeline_spec  # noqa: E402
+from ingestion.table.offsets import CLUSTER_ID, RESET_BY, snapshot_properties  # noqa: E402
+from platform_assets.cli.main import main as platform  # noqa: E402
 from platform_assets.demo import encode_event, make_order_event  # noqa: E402
 from platform_assets.route import active_route  # noqa: E402
 from platform_assets.state import read_pipeline_state  # noqa: E402

@@ -11,7 +11,7 @@ With ``--target SECONDS`` the started stack runs the shipped ``orders`` pipeline
 commit (lag sensor -> Dagster run -> commit), which is how the floor is measured.
 
 Latency per record = commit time of the first snapshot whose offsets cover it minus its Kafka
-timestamp (ingestion/latency.py); nothing else of the stack is changed for the measurement.
+timestamp (ingestion/health/latency.py); nothing else of the stack is changed for the measurement.
 
     python scripts/freshness.py --rate 20 --minutes 3
 """
@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ingestion.latency import measure_latency  # noqa: E402
-from ingestion.state import commits_of  # noqa: E402
+from ingestion.health.latency import measure_latency  # noqa: E402
+from ingestion.health.state import commits_of  # noqa: E402
 from resources.embedded import find_free_port  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from ingestion.spec import load_pipeline_specs
-from ingestion.state import commits_of
+from ingestion.health.state import commits_of
+from ingestion.spec.pipeline import load_pipeline_specs
 from resources.iceberg import IcebergCatalogResource
 from tests.support.dev_stack import DevStack, graphql, wait_for
 

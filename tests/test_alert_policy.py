@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.checks import Finding, check_group_consistency, failed, passed
-from ingestion.state import PipelineState
-from ingestion.triggers import decide_group_check
-from platform_assets.alert_policy import (
+from ingestion.health.checks import Finding, check_group_consistency, failed, passed
+from ingestion.health.state import PipelineState
+from ingestion.health.triggers import decide_group_check
+from platform_assets.alerts.policy import (
     Evaluation,
     apply_evaluations,
     cause_key,

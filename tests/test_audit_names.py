@@ -1,4 +1,4 @@
-"""The audit of one record held under two topic names (ingestion/audit_names.py), on a real
+"""The audit of one record held under two topic names (ingestion/dr/audit_names.py), on a real
 pyiceberg table: rows written with the table's own schema, as the engine writes them."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-from ingestion.audit import audit_table
-from ingestion.audit_names import find_cross_name_twins, name_families
-from ingestion.tables import load_or_create_table
+from ingestion.audit.oracle import audit_table
+from ingestion.dr.audit_names import find_cross_name_twins, name_families
+from ingestion.table.schema import load_or_create_table
 from resources.iceberg import IcebergCatalogResource
 from tests.support.pipelines import make_spec
 

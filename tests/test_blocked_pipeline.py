@@ -21,13 +21,13 @@ from dagster import (
     build_sensor_context,
 )
 
-from ingestion.spec import PipelineSpec
-from platform_assets.alert_sensors import run_failure_alert_sensor
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.alerts.sensors import run_failure_alert_sensor
 from platform_assets.definitions import build_definitions
-from platform_assets.jobs import build_observe_topics_job
+from platform_assets.ingest.jobs import build_observe_topics_job
+from platform_assets.ingest.schedules import build_fallback_schedule
+from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.pipelines import table_key
-from platform_assets.schedules import build_fallback_schedule
-from platform_assets.sensors import build_lag_sensor
 from resources.alerts import AlertResource
 from resources.kafka import KafkaResource
 from tests.support.dagster_runs import materialize_pipeline

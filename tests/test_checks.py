@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from ingestion.audit import AuditResult, PipelineAudit
-from ingestion.audit_check import check_exactly_once
-from ingestion.checks import (
+from ingestion.audit.incremental import AuditMemory, CommitAudit
+from ingestion.audit.oracle import AuditResult, PipelineAudit
+from ingestion.audit.verdict import check_exactly_once
+from ingestion.health.checks import (
     AUDIT_CHECK,
     GROUP_CHECK,
     STATE_CHECKS,
@@ -19,11 +20,10 @@ from ingestion.checks import (
     check_watermark_reachable,
     evaluate_state_checks,
 )
-from ingestion.commit_audit import AuditMemory, CommitAudit
-from ingestion.offsets import VALID_THROUGH_MS, CommittedState, TopicOffsets
-from ingestion.state import Commit, PipelineState
-from ingestion.status import build_status
-from ingestion.topics import PartitionState, TopicState
+from ingestion.health.state import Commit, PipelineState
+from ingestion.health.status import build_status
+from ingestion.kafka.topics import PartitionState, TopicState
+from ingestion.table.offsets import VALID_THROUGH_MS, CommittedState, TopicOffsets
 from tests.support.pipelines import make_spec
 
 SPEC = make_spec("orders", "health", retention_margin_records=100, freshness_bound_seconds=60)
@@ -294,7 +294,8 @@ def test_a_future_producer_timestamp_is_not_trusted(
 
 
 def test_a_small_clock_skew_is_trusted() -> None:
-    """A timestamp within the skew allowance (ingestion.lag.FUTURE_SKEW_MS) is the record's."""
+    """A timestamp within the skew allowance (ingestion.health.lag.FUTURE_SKEW_MS) is the
+    record's."""
     current = state({0: 4}, commits=[commit(120)], oldest_uncommitted_ms={("orders", 0): 1_002_000})
     finding = check_commit_freshness(current, now_ms=1_000_000)
     assert finding.passed
@@ -303,8 +304,8 @@ def test_a_small_clock_skew_is_trusted() -> None:
 
 def test_status_and_sensor_share_the_lag_in_seconds() -> None:
     """``platform status`` shows the same bounded age as commit_freshness and the sensor
-    (one function, ingestion.lag.measure_lag_age), per partition and overall."""
-    from ingestion.lag import measure_with_sightings
+    (one function, ingestion.health.lag.measure_lag_age), per partition and overall."""
+    from ingestion.health.lag import measure_with_sightings
 
     current = state(
         {0: 4, 1: 7},

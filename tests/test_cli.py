@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from pyiceberg.catalog import Catalog
 
-from ingestion.run import RunReport, run_pipeline
-from platform_assets.cli import main
+from ingestion.pipeline.run import RunReport, run_pipeline
+from platform_assets.cli.main import main
 from platform_assets.demo import encode_event, make_order_event
 from platform_assets.pipelines import load_pipelines
 from resources.iceberg import IcebergCatalogResource
@@ -140,7 +140,7 @@ def test_operator_jobs_in_dagster(
     """The reset (dry run, then applied), migration and maintenance jobs with typed config."""
     from dagster import DagsterInstance
 
-    from platform_assets.ops_jobs import build_ops_jobs
+    from platform_assets.operations.jobs import build_ops_jobs
 
     _, spec = new_pipeline("ops_jobs", produce=10)
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
@@ -173,7 +173,7 @@ def test_operator_jobs_in_dagster(
 
 def test_unreachable_kafka_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """No traceback: the command says which address did not answer and what to check."""
-    from platform_assets import cli
+    from platform_assets.cli import main as cli
     from resources.embedded import find_free_port
 
     address = f"127.0.0.1:{find_free_port()}"  # nothing listens there

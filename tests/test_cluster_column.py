@@ -22,23 +22,23 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
-from ingestion.audit import audit_pipeline, audit_table
-from ingestion.audit_clusters import allowed_copies
-from ingestion.cluster_rows import labelled_cluster
+from ingestion.audit.oracle import audit_pipeline, audit_table
+from ingestion.dr.audit_clusters import allowed_copies
+from ingestion.dr.cluster_rows import labelled_cluster
+from ingestion.dr.route import PRIMARY, ROUTE
 from ingestion.exceptions import OperationRefusedError, RouteClusterError
-from ingestion.offsets import FAILOVER_TO, RESET_BY, TopicOffsets, commit_properties
-from ingestion.operations import OffsetReset, apply_reset
-from ingestion.route_state import PRIMARY, ROUTE
-from ingestion.run import run_pipeline
-from ingestion.tables import (
+from ingestion.ops.reset import OffsetReset, apply_reset
+from ingestion.pipeline.run import run_pipeline
+from ingestion.table.offsets import FAILOVER_TO, RESET_BY, TopicOffsets, commit_properties
+from ingestion.table.schema import (
     CLUSTER_COLUMN,
     TABLE_PROPERTIES,
     build_quarantine_schema,
     build_schema,
     load_or_create_table,
 )
-from platform_assets.checks import audit_finding
-from platform_assets.cli import main
+from platform_assets.cli.main import main
+from platform_assets.ingest.checks import audit_finding
 from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource

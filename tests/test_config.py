@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from platform_assets.cli import main
+from platform_assets.cli.main import main
 from platform_assets.resources import build_resources
 from resources.config import ConfigError, PlatformConfig, load_config
 from resources.factory import iceberg_resource, kafka_resource, spark_resource, unresolved

@@ -16,14 +16,14 @@ from dagster import (
     build_sensor_context,
 )
 
-from ingestion.retention import maintenance_cron
-from ingestion.spec import PipelineSpec
-from platform_assets.alert_sensors import build_check_alert_sensor
-from platform_assets.checks import pipeline_check_keys
+from ingestion.ops.retention import maintenance_cron
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.alerts.sensors import build_check_alert_sensor
 from platform_assets.definitions import build_definitions
-from platform_assets.jobs import ingestion_selection
+from platform_assets.ingest.checks import pipeline_check_keys
+from platform_assets.ingest.jobs import ingestion_selection
+from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
-from platform_assets.sensors import build_lag_sensor
 from resources.alerts import AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -309,7 +309,7 @@ def test_run_failure_alert_leaves_a_blocked_run_to_the_check(
     run alerts: tests/test_blocked_pipeline.py)."""
     from dagster import build_run_status_sensor_context
 
-    from platform_assets.alert_sensors import run_failure_alert_sensor
+    from platform_assets.alerts.sensors import run_failure_alert_sensor
 
     topic = create_topic(partitions=1)
     ledger_producer.produce(topic, records(5))

@@ -13,14 +13,14 @@ import pyarrow as pa
 import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
-from ingestion.audit import PipelineAudit
-from ingestion.audit_check import check_exactly_once
-from ingestion.checks import Finding
-from ingestion.commit_audit import audit_commits
-from ingestion.offsets import TopicOffsets, commit_properties, find_committed_state
-from ingestion.spec import PipelineSpec
-from platform_assets.assets import build_pipeline_assets
-from platform_assets.checks import audit_finding, build_pipeline_checks
+from ingestion.audit.incremental import audit_commits
+from ingestion.audit.oracle import PipelineAudit
+from ingestion.audit.verdict import check_exactly_once
+from ingestion.health.checks import Finding
+from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import TopicOffsets, commit_properties, find_committed_state
+from platform_assets.ingest.assets import build_pipeline_assets
+from platform_assets.ingest.checks import audit_finding, build_pipeline_checks
 from platform_assets.pipelines import table_key
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -185,7 +185,7 @@ def test_full_audit_on_demand_recounts_every_commit_and_scans_every_row(
     ledger_producer: LedgerProducer,
 ) -> None:
     """R47: ``platform status --full-audit`` audits every commit and every row's coordinates."""
-    from platform_assets.cli import pipeline_status
+    from platform_assets.cli.main import pipeline_status
 
     topic, spec = new_pipeline("audit_full", partitions=2)
     for batch in range(2):

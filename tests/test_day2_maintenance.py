@@ -16,12 +16,12 @@ from pyiceberg.table import Table
 from pyiceberg.table.update import SetLocationUpdate
 
 from ingestion import exceptions
-from ingestion.hooks import FailureHooks
-from ingestion.maintenance import maintain_table
-from ingestion.offsets import find_committed_state
-from ingestion.operations import apply_reset, migrate_group
-from ingestion.recovery import list_file_paths, list_orphan_files, remove_orphan_files
-from ingestion.spec import PipelineSpec, StartingPosition
+from ingestion.ops.maintenance import maintain_table
+from ingestion.ops.reset import apply_reset, migrate_group
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.recovery import list_file_paths, list_orphan_files, remove_orphan_files
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from ingestion.table.offsets import find_committed_state
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, crash, make_spec, records
 
@@ -263,8 +263,8 @@ def test_expiry_keeps_the_commits_the_audit_has_not_recounted(
 ) -> None:
     """R47: expiry never removes the commits after the audit's cursor; when they were expired
     anyway (a manual expiry without the cursor), the audit says so instead of passing."""
-    from ingestion.commit_audit import audit_commits
-    from ingestion.maintenance import expire_snapshots
+    from ingestion.audit.incremental import audit_commits
+    from ingestion.ops.maintenance import expire_snapshots
 
     topic, spec = new_pipeline("audit_keep", produce=10)
     ingest(harness, spec)

@@ -16,16 +16,16 @@ import pytest
 from dagster import AssetSelection, DagsterInstance, DagsterRun, DagsterRunStatus
 
 from ingestion import exceptions
-from ingestion.audit import audit_table
-from ingestion.checks import Finding, check_group_consistency
-from ingestion.hooks import FailureHooks
-from ingestion.mirror import read_group_offsets
-from ingestion.offsets import find_committed_state, flatten
-from ingestion.operations import apply_reset, migrate_group
-from ingestion.run import run_pipeline
-from ingestion.spec import PipelineSpec, StartingPosition
-from ingestion.state import read_state
-from platform_assets.cli import main
+from ingestion.audit.oracle import audit_table
+from ingestion.health.checks import Finding, check_group_consistency
+from ingestion.health.state import read_state
+from ingestion.ops.reset import apply_reset, migrate_group
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.mirror import read_group_offsets
+from ingestion.pipeline.run import run_pipeline
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from ingestion.table.offsets import find_committed_state, flatten
+from platform_assets.cli.main import main
 from platform_assets.demo import encode_event, make_order_event
 from platform_assets.pipelines import load_pipelines, table_key
 from resources.iceberg import IcebergCatalogResource

@@ -17,21 +17,21 @@ from typing import Any
 import pytest
 
 from ingestion import exceptions
-from ingestion.audit import read_coordinates
-from ingestion.commit import commit_data
-from ingestion.hooks import FailureHooks
-from ingestion.maintenance import expire_snapshots
-from ingestion.offsets import find_committed_state, flatten
-from ingestion.operations import apply_reset
-from ingestion.quarantine import (
+from ingestion.audit.oracle import read_coordinates
+from ingestion.ops.maintenance import expire_snapshots
+from ingestion.ops.reset import apply_reset
+from ingestion.pipeline.commit import commit_data
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.recovery import list_orphan_files
+from ingestion.quarantine.plan import plan_sync
+from ingestion.quarantine.sync import (
     apply_step,
     read_source_commits,
     sync_quarantine,
     unsynced_snapshot_ids,
 )
-from ingestion.quarantine_plan import plan_sync
-from ingestion.recovery import list_orphan_files
-from ingestion.spec import PipelineSpec, StartingPosition
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from ingestion.table.offsets import find_committed_state, flatten
 from tests.support.ledger import Coordinates, Ledger, LedgerEntry, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, crash, make_spec, records
 
@@ -366,7 +366,7 @@ def test_maintenance_expiry_keeps_what_the_quarantine_has_not_followed(
     """Expiry with retention 0 on a table whose quarantine table is behind: the snapshots that
     alone name the unsynced dead letters' files survive it (maintain_table), and a pipeline's
     maintenance syncs first (maintain_pipeline); each dead letter ends up once."""
-    from ingestion.maintenance import maintain_pipeline, maintain_table
+    from ingestion.ops.maintenance import maintain_pipeline, maintain_table
 
     pipeline = quarantining("q_expiry_maintain")
     spec = pipeline.spec

@@ -16,9 +16,9 @@ import orjson
 import pytest
 from dagster import AssetKey, materialize
 
-from ingestion.run import run_pipeline
-from ingestion.spec import PipelineSpec, load_pipeline_specs
-from platform_assets.dbt import build_dbt_assets, dbt_resource, load_dbt_project
+from ingestion.pipeline.run import run_pipeline
+from ingestion.spec.pipeline import PipelineSpec, load_pipeline_specs
+from platform_assets.dbt.assets import build_dbt_assets, dbt_resource, load_dbt_project
 from platform_assets.demo import encode_event, make_order_event
 from platform_assets.pipelines import PIPELINES_FILE
 from resources.iceberg import IcebergCatalogResource

@@ -8,10 +8,10 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from ingestion.avro import _rows_to_arrow
-from ingestion.decode import Decoded, decode_json
-from ingestion.isolate import bisect_bulk
-from ingestion.screen import find_invalid_utf8, find_suspect_shapes, screen_json
+from ingestion.formats.avro import _rows_to_arrow
+from ingestion.formats.decode import Decoded, decode_json
+from ingestion.formats.isolate import bisect_bulk
+from ingestion.formats.screen import find_invalid_utf8, find_suspect_shapes, screen_json
 
 SCHEMA = pa.schema(
     [

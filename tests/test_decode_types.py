@@ -7,7 +7,7 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from ingestion.decode import decode_json
+from ingestion.formats.decode import decode_json
 
 SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("at", pa.time64("us"))])
 

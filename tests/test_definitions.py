@@ -72,7 +72,7 @@ def test_jobs_schedules_and_resources() -> None:
 def test_observe_topics_reports_end_offsets(
     kafka: KafkaResource, demo_topic: str, ledger_producer: LedgerProducer
 ) -> None:
-    from ingestion.topics import describe_topic
+    from ingestion.kafka.topics import describe_topic
 
     consumer = kafka.get_consumer()
     try:

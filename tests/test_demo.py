@@ -11,7 +11,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from ingestion.spec import load_pipeline_specs
+from ingestion.spec.pipeline import load_pipeline_specs
 from platform_assets.demo import (
     DemoProducerStats,
     encode_event,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ingestion.topics import describe_topic
+from ingestion.kafka.topics import describe_topic
 from resources.kafka import KafkaResource
 from tests.support.dev_stack import DevStack, graphql, is_running
 

@@ -84,8 +84,8 @@ README = ROOT / "README.md"
 def test_readme_pipeline_examples_validate_and_build_their_tables(
     block: str, tmp_path: Path
 ) -> None:
-    from ingestion.spec import load_pipeline_specs
-    from ingestion.tables import build_schema
+    from ingestion.spec.pipeline import load_pipeline_specs
+    from ingestion.table.schema import build_schema
 
     path = tmp_path / "pipelines.yaml"
     path.write_text(block)

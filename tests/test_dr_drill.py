@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, Definitions
 
-from platform_assets.assets import build_pipeline_assets
-from platform_assets.checks import build_pipeline_checks
-from platform_assets.jobs import build_ingest_job
-from platform_assets.ops_jobs import build_ops_jobs
+from platform_assets.ingest.assets import build_pipeline_assets
+from platform_assets.ingest.checks import build_pipeline_checks
+from platform_assets.ingest.jobs import build_ingest_job
+from platform_assets.operations.jobs import build_ops_jobs
 from resources.iceberg import IcebergCatalogResource
 from tests.support.pipelines import NewPipeline, make_spec
 
@@ -93,7 +93,7 @@ def test_describe_topic_timeout_names_the_topic() -> None:
     from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
 
-    from ingestion.topics import describe_topic
+    from ingestion.kafka.topics import describe_topic
 
     with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))

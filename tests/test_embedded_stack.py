@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import TopicPartition
 
-from ingestion.consumer import open_consumer
 from ingestion.exceptions import TopicNotFoundError
-from ingestion.topics import (
+from ingestion.kafka.consumer import open_consumer
+from ingestion.kafka.topics import (
     TopicState,
     describe_topic,
     list_matching_topics,
@@ -191,14 +191,17 @@ def test_spark_executors_import_the_engine(spark_resource: SparkResource) -> Non
     spark = spark_resource.spark_session
 
     def where_is_engine(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import ingestion.spec
+        import ingestion.spec.pipeline
 
         for batch in batches:
             yield pa.RecordBatch.from_pydict(
-                {"id": batch.column(0), "module": [ingestion.spec.__file__] * batch.num_rows}
+                {
+                    "id": batch.column(0),
+                    "module": [ingestion.spec.pipeline.__file__] * batch.num_rows,
+                }
             )
 
     frame = spark.range(0, 8, numPartitions=2).mapInArrow(where_is_engine, "id long, module string")
     rows = frame.collect()
     assert len(rows) == 8
-    assert all(row.module.endswith("ingestion/spec.py") for row in rows)
+    assert all(row.module.endswith("ingestion/spec/pipeline.py") for row in rows)

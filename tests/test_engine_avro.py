@@ -13,7 +13,7 @@ from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from ingestion.avro import fetch_schemas_by_id
+from ingestion.formats.avro import fetch_schemas_by_id
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, make_spec
 from tests.support.registry import make_registry

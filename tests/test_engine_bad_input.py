@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ingestion import exceptions
-from ingestion.audit import read_coordinates
-from ingestion.hooks import FailureHooks
+from ingestion.audit.oracle import read_coordinates
+from ingestion.pipeline.hooks import FailureHooks
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 

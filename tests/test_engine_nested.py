@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema
 from dbt.cli.main import dbtRunner
 
-from ingestion.run import run_pipeline
+from ingestion.pipeline.run import run_pipeline
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource

@@ -1,7 +1,7 @@
 """The exactly-once engine end to end on the real stack (Tansu, SQLite catalog, local Spark).
 
 Every test names its docs/reliability.md scenario and is judged by the same oracle
-(``Harness.assert_exactly_once``: ingestion.audit against the producer's ledger).
+(``Harness.assert_exactly_once``: ingestion.audit.oracle against the producer's ledger).
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 
 from ingestion import exceptions
-from ingestion.commit import commit_data
-from ingestion.hooks import RUN_HOOK_POINTS, FailureHooks
-from ingestion.mirror import read_group_offsets
-from ingestion.offsets import (
+from ingestion.pipeline.commit import commit_data
+from ingestion.pipeline.hooks import RUN_HOOK_POINTS, FailureHooks
+from ingestion.pipeline.mirror import read_group_offsets
+from ingestion.pipeline.recovery import list_orphan_files, remove_orphan_files
+from ingestion.pipeline.run import run_pipeline
+from ingestion.table.offsets import (
     OFFSETS_PREFIX,
     iter_ancestry,
     snapshot_properties,
 )
-from ingestion.recovery import list_orphan_files, remove_orphan_files
-from ingestion.run import run_pipeline
 from tests.support.ledger import Ledger, LedgerEntry, LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 
@@ -233,7 +233,7 @@ def test_dropped_table_fails_and_nothing_advances(
     _, spec = new_pipeline("dropped", produce=20)
 
     def drop_and_recreate(point: str, **context: Any) -> None:
-        from ingestion.tables import load_or_create_table
+        from ingestion.table.schema import load_or_create_table
 
         harness.catalog.drop_table(spec.table)
         load_or_create_table(harness.catalog, spec)
@@ -320,8 +320,8 @@ def test_boundaries_single_record_and_impossible_end(
     harness: Harness, new_pipeline: NewPipeline, ledger: Ledger
 ) -> None:
     """R17: exactly one record; a planned end past the real end fails the task, no commit."""
-    from ingestion.ranges import OffsetRange
-    from ingestion.task import TaskSpec, read_chunks
+    from ingestion.kafka.ranges import OffsetRange
+    from ingestion.task.prepare import TaskSpec, read_chunks
 
     topic, spec = new_pipeline("one_record", produce=1)
     assert harness.run(spec).records == 1
@@ -411,7 +411,7 @@ def test_unavailable_catalog_is_retried_then_fails(
     harness: Harness, new_pipeline: NewPipeline
 ) -> None:
     """R28: bounded retry with backoff, then fail with nothing committed."""
-    from ingestion.commit import load_table_with_retry
+    from ingestion.pipeline.commit import load_table_with_retry
 
     _, spec = new_pipeline("flaky_catalog")
     harness.run(spec)  # creates the table
@@ -473,7 +473,7 @@ def test_production_oracle_counts_the_newest_commit_in_kafka(
 ) -> None:
     """The audit's independent read_committed count catches a commit that advanced offsets
     past records it did not add (a simulated lost-data bug in a real run)."""
-    from ingestion.commit_audit import audit_commits
+    from ingestion.audit.incremental import audit_commits
 
     topic, spec = new_pipeline("prod_oracle", partitions=2, produce=40)
     harness.run(spec)
@@ -548,7 +548,7 @@ def test_default_threshold_keeps_small_runs_off_spark(
     """A spec that does not set ``in_process_max_records`` prepares runs up to
     ``IN_PROCESS_MAX_RECORDS`` offsets in the run process: Spark is neither started nor
     attached, and the commit is the same exactly-once commit (the spec's other settings too)."""
-    from ingestion.spec import IN_PROCESS_MAX_RECORDS, parse_pipeline_spec
+    from ingestion.spec.pipeline import IN_PROCESS_MAX_RECORDS, parse_pipeline_spec
 
     topic, tested = new_pipeline("default_small", partitions=2)
     raw = tested.model_dump(mode="json", by_alias=True, exclude={"in_process_max_records"})

@@ -11,8 +11,10 @@ import sys
 
 import pytest
 
-from ingestion import engine_version, exceptions, execute
-from ingestion.state import commits_of
+from ingestion import exceptions
+from ingestion.health.state import commits_of
+from ingestion.pipeline import execute
+from ingestion.task import engine_version
 from resources.spark import zip_engine_package
 from tests.support.ledger import Ledger
 from tests.support.pipelines import Harness, NewPipeline
@@ -45,7 +47,9 @@ def test_the_shipped_zip_carries_the_fingerprint_of_the_source() -> None:
     """``spark.ship_engine`` sends a zip; a process importing the engine only from it computes
     the same fingerprint as this one (which imports the directory)."""
     archive = zip_engine_package()
-    code = "from ingestion.engine_version import engine_fingerprint; print(engine_fingerprint())"
+    code = (
+        "from ingestion.task.engine_version import engine_fingerprint; print(engine_fingerprint())"
+    )
     found = subprocess.run(
         [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {archive!r}); {code}"],
         capture_output=True,

@@ -18,8 +18,10 @@ import pytest
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from ingestion import exceptions, execute, task
-from ingestion.recovery import list_orphan_files
+from ingestion import exceptions
+from ingestion.pipeline import execute
+from ingestion.pipeline.recovery import list_orphan_files
+from ingestion.task import prepare as task
 from tests.support.ledger import Ledger, Record
 from tests.support.pipelines import Harness, NewPipeline
 

@@ -24,17 +24,17 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetSelection, DagsterInstance
 
+from ingestion.dr.route import FAILOVER_ORIGIN
 from ingestion.exceptions import FailoverRefusedError, OperationRefusedError
-from ingestion.offsets import RESET_BY, RESET_REASON
-from ingestion.route_state import FAILOVER_ORIGIN
-from ingestion.spec import PipelineSpec
-from platform_assets.checks import audit_finding
-from platform_assets.cli import main
-from platform_assets.cli_actions import parse_position
-from platform_assets.operations import reset_offsets
-from platform_assets.ops_jobs import build_ops_jobs
+from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import RESET_BY, RESET_REASON
+from platform_assets.cli.actions import parse_position
+from platform_assets.cli.main import main
+from platform_assets.dr.checks import replica_finding
+from platform_assets.ingest.checks import audit_finding
+from platform_assets.operations.actions import reset_offsets
+from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.pipelines import quarantine_key, table_key
-from platform_assets.replica_checks import replica_finding
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from resources.spark import SparkResource
@@ -222,7 +222,7 @@ def test_a_rewind_of_a_topic_name_read_on_two_clusters_is_refused_loudly() -> No
     "rows at or after X" would take rows read on the other cluster: refused, naming the
     pipeline and what to do. A forward reset, or a name read on one cluster, goes ahead."""
     from ingestion.exceptions import AmbiguousRewindError
-    from ingestion.operations import refuse_ambiguous_rewind
+    from ingestion.ops.reset import refuse_ambiguous_rewind
 
     both = {"primary.orders": {"dr-cluster", "primary-cluster"}}
     with pytest.raises(AmbiguousRewindError) as refused:
@@ -336,7 +336,7 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
     resumes after them; nothing of the tail is read from the origin. A failback while the
     replica does not answer, or while the forward flow copies between the plan and the commit,
     is refused with nothing changed. Oracle: every record once, and the audits pass."""
-    import platform_assets.failover as failover_module
+    import platform_assets.dr.failover as failover_module
 
     topic, alias, name = "fwdres", "eastf", "dr_fwdres"
     aliases = {"source_alias": alias, "failback_source_alias": "homef"}

@@ -16,8 +16,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.catalog import Catalog
 
-from ingestion.spec import PipelineSpec
-from platform_assets.checks import audit_finding
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.ingest.checks import audit_finding
 from resources.embedded import EmbeddedBroker
 from tests.support.failback_stack import STAMP, StackFactory
 from tests.support.pipelines import records
@@ -117,8 +117,8 @@ def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_recor
     embedded broker cannot add partitions, so the plan the failback reads is the switch's minus
     partition 2). The failback plans it from its log start: it resumes after the copies
     (before, it was not planned and read from its log start: 50 and 51 twice)."""
-    import platform_assets.failover as failover_module
-    from ingestion.failback_origin import UndoneSwitch
+    import platform_assets.dr.failover as failover_module
+    from ingestion.dr.failback.origin import UndoneSwitch
 
     topic, alias = "grown", "westg"
     stack = failback_stack(
@@ -180,9 +180,9 @@ def test_an_origin_partition_without_a_copy_on_the_replica_is_all_tail(
     """The origin's partition 2 has no copy partition on the replica (MM2 has not added it to
     the copy yet): nothing of it was copied, it resumes at its log start with all of it as tail,
     and the recheck before the commit passes over it."""
-    from ingestion.failback_copies import recheck_copies
-    from ingestion.failback_origin import plan_origin_partition
-    from ingestion.replica_reader import Replica
+    from ingestion.dr.failback.copies import recheck_copies
+    from ingestion.dr.failback.origin import plan_origin_partition
+    from ingestion.dr.replica_reader import Replica
 
     source, replica = dr_clusters
     for cluster, name, count in ((source, "sparse", 3), (replica, "westp.sparse", 2)):

@@ -5,7 +5,7 @@ End to end on two real clusters (Tansu), a real SQL catalog and the engine: fail
 the reverse copy drained, then the completion; runs read the origin topic only, commits carry
 no route, expiry keeps nothing for it, a reset is accepted, every record once and the audits
 pass. Refused, nothing changed: on a failover to the replica, while the reverse copy has unread
-records. Unit level: the route's end in ``ingestion.route_state`` on real Iceberg snapshots.
+records. Unit level: the route's end in ``ingestion.dr.route`` on real Iceberg snapshots.
 """
 
 from __future__ import annotations
@@ -20,10 +20,24 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField
 
+from ingestion.dr.failback.complete import apply_completion, plan_completion
+from ingestion.dr.route import (
+    DROPPED_PREFIX,
+    FAILOVER_TOPICS,
+    ROUTE,
+    ROUTE_ENDED,
+    active_switch,
+    carried_route,
+    ended_topics,
+    refuse_ended_topics,
+    route_snapshots,
+)
 from ingestion.exceptions import CommitConflictError, FailoverRefusedError
-from ingestion.failback_complete import apply_completion, plan_completion
-from ingestion.hooks import FailureHooks
-from ingestion.offsets import (
+from ingestion.kafka.topics import TopicEnds
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.stream import stream_pipeline
+from ingestion.spec.pipeline import PipelineSpec, parse_pipeline_spec
+from ingestion.table.offsets import (
     CLUSTER_ID,
     FAILOVER_TO,
     GROUP_ID,
@@ -35,27 +49,13 @@ from ingestion.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
-from ingestion.route_state import (
-    DROPPED_PREFIX,
-    FAILOVER_TOPICS,
-    ROUTE,
-    ROUTE_ENDED,
-    active_switch,
-    carried_route,
-    ended_topics,
-    refuse_ended_topics,
-    route_snapshots,
-)
-from ingestion.spec import PipelineSpec, parse_pipeline_spec
-from ingestion.stream import stream_pipeline
-from ingestion.topics import TopicEnds
-from platform_assets.checks import audit_finding
-from platform_assets.cli import main
-from platform_assets.cli_actions import parse_position
-from platform_assets.failover_target import failover_target
-from platform_assets.operations import reset_offsets
-from platform_assets.ops_jobs import build_ops_jobs
-from platform_assets.replica_checks import replica_finding
+from platform_assets.cli.actions import parse_position
+from platform_assets.cli.main import main
+from platform_assets.dr.checks import replica_finding
+from platform_assets.dr.target import failover_target
+from platform_assets.ingest.checks import audit_finding
+from platform_assets.operations.actions import reset_offsets
+from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send

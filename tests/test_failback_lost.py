@@ -21,13 +21,13 @@ import orjson
 import pytest
 from dagster import DagsterInstance
 
+from ingestion.dr.failback.lost import FAILOVER_SOURCE_LOST
+from ingestion.dr.late_copies.guard import LATE_COPIES, read_guard
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failback_lost import FAILOVER_SOURCE_LOST
-from ingestion.late_copies import LATE_COPIES, read_guard
-from ingestion.offsets import RESET_REASON, snapshot_properties
-from platform_assets.checks import audit_finding
-from platform_assets.failover import complete_failback, failover_pipeline
-from platform_assets.ops_jobs import build_ops_jobs
+from ingestion.table.offsets import RESET_REASON, snapshot_properties
+from platform_assets.dr.failover import complete_failback, failover_pipeline
+from platform_assets.ingest.checks import audit_finding
+from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.route import active_route
 from tests.support.failback_stack import (
     STAMP,
@@ -179,7 +179,7 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         if case == "behind":  # R54 on the way back: the cluster left is dr
             assert guard is not None
             # ...and the origin records the failback reads (k20..k23), from the primary: MM2's
-            # forward flow could have copied them to dr (ingestion.late_copies_origin)
+            # forward flow could have copied them to dr (ingestion.dr.late_copies.origin)
             entries = {(u.source, u.source_topic) for e in guard.partitions.values() for u in e}
             assert entries == {("dr", copy), ("primary", topic)}
             assert sorted(guard.partitions) == [(reverse_copy, 0), (reverse_copy, 1)]
@@ -255,7 +255,7 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
     its reverse flow delivers all six late: each skipped byte for byte, every record once.
     ``anchor``: the reverse flow's checkpoint falls before the failover's start (it ran before
     the table read dr: the failback aligns through the origin, whose k20, k22 dr never got,
-    ``ingestion.failback_link``) or after it."""
+    ``ingestion.dr.failback.link``) or after it."""
     topic, alias = f"chain{anchor[0]}", f"westchain{anchor[0]}"
     name = f"dr_lost_chain_{anchor[0]}"
     stack = failback_stack(

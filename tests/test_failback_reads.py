@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from ingestion.failover_rows import holds_rows, ingested_partitions, ingested_tail_where
-from ingestion.replica_reader import Replica
+from ingestion.dr.replica_reader import Replica
+from ingestion.dr.rows import holds_rows, ingested_partitions, ingested_tail_where
 from tests.support.failback_stack import STAMP, StackFactory, send
 
 pytestmark = pytest.mark.integration

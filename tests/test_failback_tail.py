@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from ingestion.dr.align import RecordId, digest_record, split_tail
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failover_align import RecordId, digest_record, split_tail
 
 
 def kafka(value: str, key: bytes | None = None, stamp: int = 1) -> RecordId:

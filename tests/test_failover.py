@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ingestion.failover import plan_failover
-from ingestion.failover_commit import FAILOVER_TO, active_cluster, apply_failover, spec_on_replica
-from ingestion.offsets import find_committed_state
-from ingestion.replica_facts import ReplicaTarget, read_checkpoints
-from ingestion.replica_reader import read_offset_syncs
-from ingestion.run import run_pipeline
+from ingestion.dr.failover import plan_failover
+from ingestion.dr.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.dr.replica_reader import read_offset_syncs
+from ingestion.dr.switch import FAILOVER_TO, active_cluster, apply_failover, spec_on_replica
+from ingestion.pipeline.run import run_pipeline
+from ingestion.table.offsets import find_committed_state
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from tests.support.failover_stream import oracle, produce

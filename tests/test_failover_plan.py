@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from ingestion.dr.failover import plan_failover
+from ingestion.dr.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.dr.replica_reader import read_offset_syncs
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.failover import plan_failover
-from ingestion.offsets import find_committed_state
-from ingestion.replica_facts import ReplicaTarget, read_checkpoints
-from ingestion.replica_reader import read_offset_syncs
-from ingestion.run import run_pipeline
-from ingestion.spec import PipelineSpec
+from ingestion.pipeline.run import run_pipeline
+from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import find_committed_state
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource

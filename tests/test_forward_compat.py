@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from pyiceberg.types import IntegerType
 
-from ingestion.run import run_pipeline
-from ingestion.tables import load_or_create_quarantine_table
+from ingestion.pipeline.run import run_pipeline
+from ingestion.table.schema import load_or_create_quarantine_table
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer

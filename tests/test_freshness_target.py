@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from ingestion.latency import measure_latency
-from ingestion.offsets import RUN_ID
-from ingestion.spec import load_pipeline_specs
-from ingestion.state import commits_of
-from ingestion.topics import describe_topic
-from ingestion.triggers import is_continuous
+from ingestion.health.latency import measure_latency
+from ingestion.health.state import commits_of
+from ingestion.health.triggers import is_continuous
+from ingestion.kafka.topics import describe_topic
+from ingestion.spec.pipeline import load_pipeline_specs
+from ingestion.table.offsets import RUN_ID
 from platform_assets.pipelines import PIPELINES_FILE
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from ingestion import exceptions
-from ingestion.hooks import FailureHooks
-from ingestion.offsets import find_committed_state
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.table.offsets import find_committed_state
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from tests.support.ledger import Ledger, LedgerProducer

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from platform_assets.cli import pipeline_status
+from platform_assets.cli.main import pipeline_status
 from resources.embedded import EmbeddedBroker, find_free_port
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from dagster import AssetSelection, DagsterInstance, RunRequest, build_sensor_context
 
-from platform_assets.checks import pipeline_check_keys
-from platform_assets.cli import pipeline_status
+from platform_assets.cli.main import pipeline_status
 from platform_assets.definitions import build_definitions
-from platform_assets.jobs import ingestion_selection
+from platform_assets.ingest.checks import pipeline_check_keys
+from platform_assets.ingest.jobs import ingestion_selection
+from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.pipelines import table_key
-from platform_assets.sensors import build_lag_sensor
 from resources.kafka import KafkaResource
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import LedgerProducer

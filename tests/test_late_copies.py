@@ -20,11 +20,9 @@ import pytest
 from confluent_kafka import Producer
 from dagster import AssetSelection, DagsterInstance
 
-from ingestion.exceptions import LateCopyUnverifiedError
-from ingestion.execute import task_metadata_json
-from ingestion.failover import PartitionPlan
-from ingestion.failover_align import digest_record, key_digest
-from ingestion.late_copies import (
+from ingestion.dr.align import digest_record, key_digest
+from ingestion.dr.failover import PartitionPlan
+from ingestion.dr.late_copies.guard import (
     LATE_COPIES,
     RELEASED,
     UNCOPIED_PREFIX,
@@ -37,14 +35,16 @@ from ingestion.late_copies import (
     strong_id,
     uncopied_property,
 )
-from ingestion.late_copies_task import set_aside
-from ingestion.offsets import snapshot_properties
-from ingestion.ranges import OffsetRange
-from ingestion.run import run_pipeline
-from ingestion.tables import load_or_create_table
-from ingestion.task_spec import RawChunk, TaskResult
-from platform_assets.checks import audit_finding
-from platform_assets.cli import main
+from ingestion.dr.late_copies.task import set_aside
+from ingestion.exceptions import LateCopyUnverifiedError
+from ingestion.kafka.ranges import OffsetRange
+from ingestion.pipeline.execute import task_metadata_json
+from ingestion.pipeline.run import run_pipeline
+from ingestion.table.offsets import snapshot_properties
+from ingestion.table.schema import load_or_create_table
+from ingestion.task.spec import RawChunk, TaskResult
+from platform_assets.cli.main import main
+from platform_assets.ingest.checks import audit_finding
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource

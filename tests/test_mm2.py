@@ -6,10 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from ingestion.exceptions import FailoverRefusedError, ReplicaFormatError
-from ingestion.failover_align import RecordId, align_exact
-from ingestion.flow_loop import LoopedRecord
-from ingestion.mm2 import (
+from ingestion.dr.align import RecordId, align_exact
+from ingestion.dr.failback.flow_loop import LoopedRecord
+from ingestion.dr.mm2 import (
     Checkpoint,
     OffsetSync,
     checkpoints_topic,
@@ -21,7 +20,8 @@ from ingestion.mm2 import (
     replica_topic,
     translate_downstream,
 )
-from ingestion.replica_check import ReplicaFacts, check_replica
+from ingestion.dr.replica_check import ReplicaFacts, check_replica
+from ingestion.exceptions import FailoverRefusedError, ReplicaFormatError
 
 # A checkpoint record written out by hand from Kafka's format definition (Checkpoint.java:
 # KEY_SCHEMA = group STRING, topic STRING, partition INT32; HEADER_SCHEMA = version INT16;

@@ -13,11 +13,11 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.types import NestedField
 
-from ingestion.decode import decode_json
 from ingestion.exceptions import PipelineSpecError
-from ingestion.spec import parse_pipeline_spec
-from ingestion.tables import build_schema, parse_type
-from ingestion.typestrings import TypeStringError, format_type, parse_type_string
+from ingestion.formats.decode import decode_json
+from ingestion.spec.pipeline import parse_pipeline_spec
+from ingestion.spec.types import TypeStringError, format_type, parse_type_string
+from ingestion.table.schema import build_schema, parse_type
 
 
 @pytest.mark.parametrize(

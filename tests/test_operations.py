@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from ingestion import exceptions
-from ingestion.checks import check_group_consistency
-from ingestion.hooks import FailureHooks
-from ingestion.mirror import read_group_offsets
-from ingestion.operations import apply_reset, migrate_group
-from ingestion.spec import StartingPosition
-from ingestion.state import read_state
+from ingestion.health.checks import check_group_consistency
+from ingestion.health.state import read_state
+from ingestion.ops.reset import apply_reset, migrate_group
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.mirror import read_group_offsets
+from ingestion.spec.pipeline import StartingPosition
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 
@@ -92,8 +92,8 @@ def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
     harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R31 by construction: compact + expire + orphan removal, then ingest again: clean."""
-    from ingestion.maintenance import longest_run_s, maintain_table, orphan_window
-    from ingestion.offsets import find_committed_state
+    from ingestion.ops.maintenance import longest_run_s, maintain_table, orphan_window
+    from ingestion.table.offsets import find_committed_state
 
     topic, spec = new_pipeline("maintained", partitions=2, max_records_per_task=15)
     for batch in range(3):

@@ -1,7 +1,7 @@
 """An operator job acting while the lag sensor keeps launching ingestion runs: the job marks
 its run, the lag sensor launches none of that pipeline meanwhile (for
 at most ``OPERATOR_HOLD_LIMIT``), and the job waits for the run in progress to end instead of
-refusing (``platform_assets.operations.hold_ingestion``)."""
+refusing (``platform_assets.operations.actions.hold_ingestion``)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,11 @@ from dagster import (
     instance_for_test,
 )
 
-from ingestion.run import run_pipeline
-from platform_assets import jobs
+from ingestion.pipeline.run import run_pipeline
 from platform_assets.definitions import build_definitions
-from platform_assets.jobs import OPERATOR_TAG, active_operator_runs
-from platform_assets.ops_jobs import build_ops_jobs
+from platform_assets.ingest import jobs
+from platform_assets.ingest.jobs import OPERATOR_TAG, active_operator_runs
+from platform_assets.operations.jobs import build_ops_jobs
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.conftest import NewPipeline

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from ingestion import exceptions
-from ingestion.hooks import FailureHooks
-from ingestion.offsets import CommittedState, TopicOffsets
-from ingestion.plan import Plan, plan_partitions
-from ingestion.ranges import cap_ends, split_tasks
-from ingestion.topics import PartitionState, TopicState
+from ingestion.kafka.ranges import cap_ends, split_tasks
+from ingestion.kafka.topics import PartitionState, TopicState
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.plan import Plan, plan_partitions
+from ingestion.table.offsets import CommittedState, TopicOffsets
 from resources.kafka import KafkaResource
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, make_spec, records
@@ -115,7 +115,7 @@ def test_new_partition_starts_at_earliest_and_flags_possible_loss() -> None:
 
 def test_regressing_commit_is_refused() -> None:
     """R11: a plan whose end is below the committed offset never commits."""
-    from ingestion.commit import commit_data
+    from ingestion.pipeline.commit import commit_data
 
     regressing = Plan(
         pipeline="unit",

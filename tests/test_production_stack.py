@@ -25,10 +25,10 @@ import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, materialize
 
-from ingestion.recovery import remove_orphan_files
-from ingestion.spec import PipelineSpec
-from platform_assets.cli import main
-from platform_assets.dbt import build_dbt_assets, dbt_resource, load_dbt_project
+from ingestion.pipeline.recovery import remove_orphan_files
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.cli.main import main
+from platform_assets.dbt.assets import build_dbt_assets, dbt_resource, load_dbt_project
 from platform_assets.pipelines import PIPELINES_FILE, load_pipelines
 from platform_assets.resources import build_resources
 from resources.config import load_config
@@ -174,7 +174,7 @@ def ingest_through_dagster(spec: PipelineSpec, production: Production) -> str:
 def run_cli(production: Production, *args: str) -> str:
     """``platform ARGS`` in a subprocess whose environment holds only the configuration."""
     done = subprocess.run(
-        [sys.executable, "-m", "platform_assets.cli", *args],
+        [sys.executable, "-m", "platform_assets.cli.main", *args],
         env=production.shell_env(),
         cwd=production.dbt_dir,
         capture_output=True,

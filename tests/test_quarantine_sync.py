@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.offsets import TopicOffsets
-from ingestion.quarantine_plan import SourceCommit, plan_sync
+from ingestion.quarantine.plan import SourceCommit, plan_sync
+from ingestion.table.offsets import TopicOffsets
 
 P0, P1 = ("t", 0), ("t", 1)
 
@@ -219,6 +219,6 @@ def test_labelled_rows_let_each_cluster_cut_its_own_rows(
     """Rows that record their cluster (``_kafka_cluster``): a rewind on the cluster the
     pipeline switched to cuts that cluster's dead letters, which it reads again, even while the
     last synced commit was read on the other one (no dead letter since the failback); the cut
-    deletes only that cluster's rows (``ingestion.quarantine.apply_step``)."""
+    deletes only that cluster's rows (``ingestion.quarantine.sync.apply_step``)."""
     steps = plan_sync({P0: 90}, newer, {P0: 90}, None, "dr", labelled=True)
     assert [(s.commit.commit_id, s.cuts) for s in steps] == expected

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance
 
-from ingestion.spec import PipelineSpec
-from platform_assets.checks import pipeline_check_keys
+from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.definitions import build_definitions
+from platform_assets.dr.checks import replica_config_problems
+from platform_assets.ingest.checks import pipeline_check_keys
 from platform_assets.pipelines import table_key
-from platform_assets.replica_checks import replica_config_problems
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -112,7 +112,8 @@ def test_the_check_is_one_of_the_pipelines_checks_and_alerts_like_them() -> None
 
 def test_the_check_runs_in_run_checks_not_in_every_ingestion_run() -> None:
     """It reads MM2's topics on both clusters: in an ingestion run it waited out its timeout
-    whenever the failover's source was down (``platform_assets.jobs.ingestion_selection``)."""
+    whenever the failover's source was down
+    (``platform_assets.ingest.jobs.ingestion_selection``)."""
     spec = make_spec("t", "rc_path", replicas=[{"name": "dr", "source_alias": "primary"}])
     key = AssetCheckKey(table_key(spec), CHECK)
     defs = build_definitions([spec])

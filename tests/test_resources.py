@@ -113,4 +113,4 @@ def test_engine_zip_contains_the_package() -> None:
     with zipfile.ZipFile(zip_engine_package()) as archive:
         names = archive.namelist()
     assert "ingestion/__init__.py" in names
-    assert "ingestion/spec.py" in names
+    assert "ingestion/spec/pipeline.py" in names

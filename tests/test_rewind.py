@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ingestion.checks import check_group_consistency
-from ingestion.offsets import CommittedState, TopicOffsets
-from ingestion.rewind import Retirement, RewindSource, plan_mirror
-from ingestion.state import PipelineState
-from ingestion.topics import PartitionState, TopicState
+from ingestion.health.checks import check_group_consistency
+from ingestion.health.state import PipelineState
+from ingestion.kafka.topics import PartitionState, TopicState
+from ingestion.table.offsets import CommittedState, TopicOffsets
+from ingestion.table.rewind import Retirement, RewindSource, plan_mirror
 from tests.support.pipelines import make_spec
 
 A, B = ("orders", 0), ("orders", 1)

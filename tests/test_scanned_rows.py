@@ -1,4 +1,4 @@
-"""The failback plan's one scan per topic, held as columns (``ingestion.scanned_rows``), answers
+"""The failback plan's one scan per topic, held as columns (``ingestion.dr.scanned_rows``), answers
 every window exactly as a fresh scan of that partition does: inside what it keeps, at its
 edges (the floor, the last row, gaps, duplicates between the data and the quarantine table),
 and refuses (None) below a floor or on a partition it did not scan. A real pyiceberg SQL
@@ -23,8 +23,8 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from ingestion.failover_rows import holds_rows, ingested_tail
-from ingestion.scanned_rows import Scans, scan_rows
+from ingestion.dr.rows import holds_rows, ingested_tail
+from ingestion.dr.scanned_rows import Scans, scan_rows
 
 TOPIC = "orders"
 FLOORS = {0: 20, 1: 25, 2: 21, 4: 0}  # 3 has rows but is not scanned; 4 is scanned, empty

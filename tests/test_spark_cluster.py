@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ingestion.spec import parse_pipeline_spec
+from ingestion.spec.pipeline import parse_pipeline_spec
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import Ledger

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ingestion.exceptions import PipelineSpecError
-from ingestion.spec import load_pipeline_specs, parse_pipeline_spec
+from ingestion.spec.pipeline import load_pipeline_specs, parse_pipeline_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,5 @@
-"""Continuous mode (ingestion/stream.py) keeps run-per-commit's guarantees, judged by the oracle:
+"""Continuous mode (ingestion/pipeline/stream.py) keeps run-per-commit's guarantees, judged by the
+oracle:
 a stream SIGKILLed mid-commit loses and duplicates nothing; a commit that lands first (a run,
 an operator's action: all compare-and-set) makes the stream re-plan, never overwrite."""
 
@@ -15,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from ingestion.hooks import FailureHooks
-from ingestion.run import RunReport
-from ingestion.state import commits_of
-from ingestion.stream import stream_pipeline
+from ingestion.health.state import commits_of
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.run import RunReport
+from ingestion.pipeline.stream import stream_pipeline
 from resources.iceberg import IcebergCatalogResource
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, records

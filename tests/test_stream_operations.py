@@ -23,15 +23,15 @@ from dagster import (
     instance_for_test,
 )
 
-from ingestion.offsets import find_committed_state
-from ingestion.run import RunReport
-from ingestion.spec import PipelineSpec
-from ingestion.state import commits_of
-from ingestion.stream import stream_pipeline
-from ingestion.triggers import commit_interval_seconds
+from ingestion.health.state import commits_of
+from ingestion.health.triggers import commit_interval_seconds
+from ingestion.pipeline.run import RunReport
+from ingestion.pipeline.stream import stream_pipeline
+from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import find_committed_state
 from platform_assets.definitions import build_definitions
-from platform_assets.ops_jobs import MAINTAIN_JOB, build_ops_jobs
-from platform_assets.stream import (
+from platform_assets.operations.jobs import MAINTAIN_JOB, build_ops_jobs
+from platform_assets.streaming.jobs import (
     GENERATION_TAG,
     HEARTBEAT_TAG,
     STOP_TAG,

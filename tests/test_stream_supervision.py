@@ -9,9 +9,9 @@ import time
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, build_sensor_context
 
-from ingestion.spec import parse_pipeline_spec
+from ingestion.spec.pipeline import parse_pipeline_spec
 from platform_assets.definitions import build_definitions
-from platform_assets.stream import (
+from platform_assets.streaming.jobs import (
     GENERATION_TAG,
     HEARTBEAT_TAG,
     STOP_TAG,
@@ -20,7 +20,7 @@ from platform_assets.stream import (
     stream_job_name_of,
     supervise_streams,
 )
-from platform_assets.stream_sensor import stop_retired_streams
+from platform_assets.streaming.sensors import stop_retired_streams
 from tests.support.pipelines import make_spec
 
 SPEC = parse_pipeline_spec(

@@ -12,8 +12,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from ingestion.decode import merge_field_types
-from ingestion.writer import FanoutWriter
+from ingestion.formats.decode import merge_field_types
+from ingestion.task.writer import FanoutWriter
 
 
 def test_a_partition_column_whose_name_parquet_sanitises_splits_and_reads_back(

@@ -18,8 +18,8 @@ from typing import Any
 
 from dagster import materialize
 
-from ingestion.spec import parse_pipeline_spec
-from platform_assets.assets import build_pipeline_assets
+from ingestion.spec.pipeline import parse_pipeline_spec
+from platform_assets.ingest.assets import build_pipeline_assets
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource

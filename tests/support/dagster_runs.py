@@ -6,9 +6,9 @@ from typing import Any
 
 from dagster import AssetSelection, DagsterInstance, ExecuteInProcessResult, materialize
 
-from ingestion.spec import PipelineSpec
-from platform_assets.assets import build_pipeline_assets
-from platform_assets.checks import build_pipeline_checks
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.ingest.assets import build_pipeline_assets
+from platform_assets.ingest.checks import build_pipeline_checks
 
 
 def materialize_pipeline(

@@ -28,11 +28,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from ingestion.maintenance import expire_snapshots
-from ingestion.mm2 import replica_topic
-from ingestion.run import run_pipeline
-from ingestion.spec import PipelineSpec
-from platform_assets.failover import failover_pipeline
+from ingestion.dr.mm2 import replica_topic
+from ingestion.ops.maintenance import expire_snapshots
+from ingestion.pipeline.run import run_pipeline
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.dr.failover import failover_pipeline
 from platform_assets.route import active_route
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
@@ -77,7 +77,7 @@ class FailbackStack:
     def ingest_route(self, other_clusters: bool = False) -> set[str]:
         """One engine run (in process) on the active route; the topics it planned. With
         ``other_clusters`` the run can read the other clusters, as the ingestion asset does (to
-        tell MM2's late copies: ``ingestion.late_copies``).
+        tell MM2's late copies: ``ingestion.dr.late_copies.guard``).
 
         Delivery: the run commits its offsets with its rows; a failed run commits nothing and
         the next one reads the same records again.

@@ -1,7 +1,8 @@
 """A driver that dies hard: runs one pipeline (tasks in-process) and SIGKILLs itself at a point.
 
 Run as ``python -m tests.support.killed_driver CONFIG.json``; CONFIG holds ``spec`` (a spec's
-JSON), ``bootstrap_servers``, ``state_dir`` and ``point`` (a :data:`ingestion.hooks.HookPoint`).
+JSON), ``bootstrap_servers``, ``state_dir`` and ``point`` (a
+:data:`ingestion.pipeline.hooks.HookPoint`).
 No ``finally`` block, ``atexit`` handler or buffered write of the driver runs after the kill.
 """
 
@@ -14,9 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ingestion.hooks import FailureHooks
-from ingestion.run import run_pipeline
-from ingestion.spec import PipelineSpec
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.run import run_pipeline
+from ingestion.spec.pipeline import PipelineSpec
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 

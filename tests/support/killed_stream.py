@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ingestion.hooks import FailureHooks
-from ingestion.spec import PipelineSpec
-from ingestion.stream import stream_pipeline
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.pipeline.stream import stream_pipeline
+from ingestion.spec.pipeline import PipelineSpec
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 

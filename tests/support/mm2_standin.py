@@ -32,9 +32,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ingestion.consumer import iter_range, open_consumer
-from ingestion.mm2 import Checkpoint, OffsetSync, encode_checkpoint, encode_offset_sync
-from ingestion.ranges import OffsetRange
+from ingestion.dr.mm2 import Checkpoint, OffsetSync, encode_checkpoint, encode_offset_sync
+from ingestion.kafka.consumer import iter_range, open_consumer
+from ingestion.kafka.ranges import OffsetRange
 
 
 @dataclass

@@ -11,14 +11,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 from pyspark.sql import SparkSession
 
-from ingestion.audit import AuditResult, audit_table
+from ingestion.audit.oracle import AuditResult, audit_table
 from ingestion.exceptions import InjectedFailure
-from ingestion.hooks import NO_HOOKS, FailureHooks
-from ingestion.mirror import read_group_offsets
-from ingestion.offsets import find_committed_state, flatten
-from ingestion.operations import plan_reset
-from ingestion.run import RunReport, run_pipeline
-from ingestion.spec import PipelineSpec, StartingPosition, parse_pipeline_spec
+from ingestion.ops.reset import plan_reset
+from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
+from ingestion.pipeline.mirror import read_group_offsets
+from ingestion.pipeline.run import RunReport, run_pipeline
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition, parse_pipeline_spec
+from ingestion.table.offsets import find_committed_state, flatten
 from resources.kafka import KafkaResource
 from tests.support.ledger import Coordinates, Ledger, Record
 

@@ -1,0 +1,116 @@
+"""A pipeline's status for operators: offsets, lag and its age, commits, and every check.
+
+Pure assembly of what :func:`ingestion.health.state.read_state` read and what the checks of
+:mod:`ingestion.health.checks` found (named as the Dagster asset checks are, so ``platform status``
+and
+the Dagster UI never disagree on what a check means).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ingestion.health.checks import Finding
+from ingestion.health.lag import measure_lag_age
+from ingestion.health.state import PipelineState
+from ingestion.table.offsets import VALID_THROUGH_MS
+
+
+@dataclass
+class PartitionStatus:
+    """One partition: the table's offset, Kafka's end, the Kafka group's mirror, the lag."""
+
+    partition: str
+    committed: int | None
+    end: int
+    mirrored: int | None
+    lag: int
+    oldest_uncommitted_age_s: float | None = None
+
+
+@dataclass
+class PipelineStatus:
+    """What ``platform status`` shows for one pipeline (``--json`` prints it as it is)."""
+
+    pipeline: str
+    table: str
+    group_id: str
+    lag_records: int
+    oldest_uncommitted_age_s: float | None
+    last_commit_age_s: float | None
+    valid_through: str | None
+    future_timestamps: str | None = None  # untrusted producer timestamps (ingestion.health.lag)
+    partitions: list[PartitionStatus] = field(default_factory=list)
+    checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def failing(self) -> dict[str, str]:
+        """Check name -> message, for the checks that fail (not those skipped)."""
+        return {
+            n: c["message"]
+            for n, c in self.checks.items()
+            if not c["passed"] and not c.get("skipped")
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--json``."""
+        return {**asdict(self), "failing_checks": self.failing}
+
+
+def build_status(
+    state: PipelineState, findings: dict[str, Finding], now_ms: int | None = None
+) -> PipelineStatus:
+    """Assemble the status from the state (read with its oldest uncommitted timestamps) and
+    the checks' findings. Ages of waiting records are :func:`ingestion.health.lag.measure_lag_age`'s
+    (a future producer timestamp is bounded by the last commit, and named)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    committed, lag = state.committed_offsets, state.lag()
+    waited = measure_lag_age(state, now_ms)  # the lag sensor's and commit_freshness's figure
+    last = state.commits[0] if state.commits else None
+    valid_through = int(last.properties.get(VALID_THROUGH_MS, 0)) if last else 0
+
+    def age(timestamp_ms: int | None) -> float | None:
+        return None if timestamp_ms is None else round(max(0, now_ms - timestamp_ms) / 1000, 1)
+
+    def rounded(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds, 1)
+
+    partitions = [
+        PartitionStatus(
+            partition=f"{t}:{p}",
+            committed=committed.get((t, p)),
+            end=end,
+            mirrored=state.group_offsets.get((t, p)),
+            lag=lag.get((t, p), 0),
+            oldest_uncommitted_age_s=rounded(waited.partitions.get((t, p))),
+        )
+        for (t, p), end in sorted(state.end_offsets.items())
+    ]
+    spec = state.spec
+    return PipelineStatus(
+        pipeline=spec.name,
+        table=spec.table,
+        group_id=spec.consumer_group_id,
+        lag_records=sum(lag.values()),
+        oldest_uncommitted_age_s=rounded(waited.seconds),
+        future_timestamps=waited.describe_future() or None,
+        last_commit_age_s=age(last.timestamp_ms) if last else None,
+        valid_through=(
+            datetime.fromtimestamp(valid_through / 1000, UTC).isoformat(timespec="seconds")
+            if valid_through
+            else None
+        ),
+        partitions=partitions,
+        checks={
+            name: {
+                "passed": f.passed,
+                "skipped": f.skipped,
+                "severity": f.severity,
+                "message": f.message,
+            }
+            for name, f in findings.items()
+        },
+    )

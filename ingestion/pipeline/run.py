@@ -1,0 +1,323 @@
+"""The one entry point: ``run_pipeline`` = plan -> prepare (Spark) -> commit -> mirror."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ingestion import exceptions
+from ingestion.dr.late_copies.guard import LATE_COPIES, late_copies_property, read_guard
+from ingestion.dr.route import carried_route, refuse_ended_topics, refuse_other_cluster
+from ingestion.formats.avro import avro_to_iceberg_schema, fetch_writer_schemas
+from ingestion.formats.isolate import DecodeStats
+from ingestion.kafka.consumer import open_consumer
+from ingestion.kafka.ranges import Key
+from ingestion.pipeline.commit import commit_data, delete_files
+from ingestion.pipeline.execute import build_task_specs, prepare_files
+from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
+from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
+from ingestion.pipeline.plan import Plan, build_plan
+from ingestion.quarantine.dead_letters import (
+    count_copies,
+    publish_dead_letters,
+    unpublished_commits,
+)
+from ingestion.quarantine.sync import quarantine_properties, sync_quarantine
+from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import commit_properties, flatten
+from ingestion.table.schema import load_or_create_quarantine_table, load_or_create_table
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+    from pyspark.sql import SparkSession
+
+
+@dataclass
+class RunReport:
+    """Everything a run did, for the Dagster surface and for logs (no secrets)."""
+
+    pipeline: str
+    commit_id: str
+    offsets_before: dict[Key, int]
+    offsets_after: dict[Key, int]
+    end_offsets: dict[Key, int]
+    records: int = 0
+    quarantined: int = 0
+    bytes_written: int = 0
+    files: int = 0
+    snapshot_id: int | None = None
+    committed: bool = False
+    replayed: bool = False
+    schema_changes: list[str] = field(default_factory=list)
+    lost_ranges: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    mirror: MirrorOutcome | None = None
+    dead_letter_copies: int = 0
+    late_copies: int = 0  # MM2's late copies read and skipped (ingestion.dr.late_copies.guard)
+    dead_letter_error: str | None = None
+    valid_through_ms: int | None = None
+    timings_s: dict[str, float] = field(default_factory=dict)
+    decode_stats: DecodeStats = field(default_factory=DecodeStats)
+    executed_in: str = ""
+
+    @property
+    def lag_after(self) -> int:
+        """Offsets between what is committed and the end offsets seen at plan time."""
+        return sum(
+            max(0, self.end_offsets[k] - self.offsets_after.get(k, 0)) for k in self.end_offsets
+        )
+
+    @property
+    def records_per_s(self) -> float:
+        """Records committed per second of the whole run."""
+        total = self.timings_s.get("total", 0.0)
+        return self.records / total if total > 0 else 0.0
+
+
+def _spark_for(
+    spec: PipelineSpec, plan: Plan, spark: SparkSession | Callable[[], SparkSession] | None
+) -> SparkSession | None:
+    """The session for this run's tasks; None prepares them in this process."""
+    if spark is None or plan.planned_offsets <= spec.in_process_max_records:
+        return None
+    return spark() if callable(spark) else spark
+
+
+def run_pipeline(
+    spec: PipelineSpec,
+    kafka_config: dict[str, Any],
+    catalog: Catalog,
+    spark: SparkSession | Callable[[], SparkSession] | None,
+    cluster_id: str,
+    run_id: str | None = None,
+    io_properties: dict[str, str] | None = None,
+    hooks: FailureHooks = NO_HOOKS,
+    schema_registry: Any | None = None,
+    cluster_config: Callable[[str], dict[str, Any]] | None = None,
+    cluster: str = "primary",
+) -> RunReport:
+    """Ingest what is new in the pipeline's topics into its table, exactly once.
+
+    Args:
+        spec: the pipeline.
+        kafka_config: librdkafka properties (bootstrap servers, security); the engine adds the
+            read settings it owns.
+        catalog: the Iceberg catalog holding the table.
+        spark: the session whose executors prepare the files, or a function returning it
+            (called only when the run needs Spark); None runs tasks in-process. Runs planning
+            at most ``spec.in_process_max_records`` offsets also run them in-process: the same
+            task code, without paying Spark's start-up for a trickle.
+        cluster_id: the Kafka cluster id, stored with the offsets.
+        run_id: the orchestrator's run id, stored in the snapshot.
+        io_properties: FileIO properties for executors (defaults to the catalog's).
+        hooks: failure points for tests.
+        schema_registry: a Schema Registry client for Avro values; by default one for the
+            spec's ``schema_registry_url``.
+        cluster_config: librdkafka properties of another cluster by name: after a failover
+            with ``--source-lost``, the cluster left, read to tell MM2's late copies
+            (``ingestion.dr.late_copies.guard``); without it such a run refuses.
+        cluster: the name of the cluster read (``primary`` or a replica's name in the platform
+            configuration: ``platform_assets.route.Route.cluster``), recorded in every row's
+            ``_kafka_cluster``.
+
+    Delivery: exactly once. A crash before the commit leaves only unreferenced files; the next
+    run re-plans the same start offsets. A retried or replayed commit is idempotent. Running
+    the same pipeline twice at once commits one run; the other aborts (R7) and deletes its
+    files. Bad records reach the quarantine table after the data commit that names their
+    files, once (ingestion.quarantine.sync); every run, an idle one too, first catches up on what
+    a crashed run left.
+
+    Raises:
+        IngestionError: any named failure (see ingestion.exceptions); nothing was committed unless
+            the report of a previous call says so, or it is a ``QuarantineSyncError`` (the data
+            commit stands; the next run syncs the quarantine table).
+    """
+    from confluent_kafka.admin import AdminClient
+
+    started = time.monotonic()
+    timings: dict[str, float] = {}
+    registry = _registry(spec, schema_registry)
+    table = _open_table(catalog, spec, registry)
+    admin = AdminClient(dict(kafka_config))
+    # read_committed: the planned end offsets are the last stable offsets (R16).
+    with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
+        plan = build_plan(spec, table, admin, consumer, cluster_id)
+    if spec.replicas:  # planned on a route a failback's completion ended since (R49)
+        unplanned = [t for t in spec.source_topics if t not in (plan.committed or {})]
+        refuse_ended_topics(table, plan.group_id, spec.source_topics, unplanned, spec.name)
+        refuse_other_cluster(table, plan.group_id, cluster, spec.name)  # rows record it
+    timings["plan"] = time.monotonic() - started
+    hooks.fire("after_plan", plan=plan)
+    report = RunReport(
+        pipeline=spec.name,
+        commit_id=plan.commit_id,
+        offsets_before=dict(plan.start),
+        offsets_after=dict(plan.start),
+        end_offsets=dict(plan.end),
+        lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
+        notes=list(plan.notes),
+        valid_through_ms=plan.planned_at_ms,
+    )
+    # A first run from "latest", a timestamp or explicit offsets pins its start offsets in a
+    # snapshot even when there is nothing to read yet; otherwise the next run would resolve
+    # "latest" again and skip what arrived in between.
+    pin_start = plan.committed is None and spec.starting_position.mode != "earliest"
+    if plan.is_empty and not pin_start:  # R10: no snapshot; still repair a stale mirror (R4)
+        if plan.committed is not None:
+            hooks.fire("before_mirror", plan=plan)
+            _publish(spec, catalog, admin, kafka_config, report)
+        report.timings_s = {**timings, "total": time.monotonic() - started}
+        return report
+    quarantine = (
+        load_or_create_quarantine_table(catalog, spec) if spec.errors_tolerance == "all" else None
+    )
+    io_properties = io_properties if io_properties is not None else dict(catalog.properties)
+    writers = {}
+    if registry is not None:
+        writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
+    guard = read_guard(table, plan.group_id, spec.name) if spec.replicas else None
+    late_ids = guard.weak_ids() if guard else None
+    specs = build_task_specs(
+        spec,
+        plan,
+        table,
+        quarantine,
+        kafka_config,
+        io_properties,
+        hooks,
+        writers,
+        late_ids,
+        cluster,
+    )
+    session = _spark_for(spec, plan, spark)
+    report.executed_in = "spark" if session is not None else "driver"
+    digests = (lambda met: guard.digests(cluster_config, met)) if guard else None
+    prepared = prepare_files(specs, table, session, registry, digests)
+    results = prepared.results
+    report.late_copies = sum(len(r.late_copies) for r in results)
+    report.schema_changes = prepared.schema_changes
+    timings["prepare"] = time.monotonic() - started - timings["plan"]
+    data_files = [f for r in results for f in r.data_files]
+    quarantine_files = [f for r in results for f in r.quarantine_files]
+    report.records = sum(r.records for r in results)
+    report.quarantined = sum(r.quarantined for r in results)
+    for result in results:
+        report.decode_stats.add(result.decode_stats)
+    report.bytes_written = sum(r.bytes_written for r in results)
+    report.files = len(data_files)
+    hooks.fire("before_commit", plan=plan)
+    stamps = [r.max_timestamp_ms for r in results if r.max_timestamp_ms is not None]
+    # Every record produced before the plan is in, unless the run was capped.
+    report.valid_through_ms = max(stamps) if plan.capped and stamps else plan.planned_at_ms
+    committed_before = flatten(plan.committed or {})  # partitions new in this commit: R46
+    properties = commit_properties(
+        group_id=plan.group_id,
+        offsets=plan.next_offsets(),
+        commit_id=plan.commit_id,
+        cluster_id=plan.cluster_id,
+        pipeline=plan.pipeline,
+        records=report.records,
+        quarantined=report.quarantined,
+        run_id=run_id or f"adhoc-{uuid.uuid4().hex[:12]}",
+        valid_through_ms=report.valid_through_ms,
+        lost_ranges=report.lost_ranges,
+        run_duration_ms=int((time.monotonic() - started) * 1000),
+        range_starts={k: o for k, o in plan.start.items() if k not in committed_before},
+    )
+    if report.late_copies:  # records read and skipped: the audits count them
+        properties[LATE_COPIES] = late_copies_property(results)
+    if (
+        quarantine is not None
+    ):  # the commit names its dead letters' files (ingestion.quarantine.sync)
+        properties.update(quarantine_properties(quarantine, quarantine_files))
+    if spec.replicas:  # a moved route outlives the expiry of its switch (R49)
+        properties.update(carried_route(table, plan.group_id))
+    try:
+        outcome = commit_data(catalog, plan, data_files, properties, hooks)
+    except exceptions.CommitConflictError:
+        if quarantine is not None:  # no commit names them: no reader will ever see them
+            delete_files(quarantine, quarantine_files)
+        raise
+    report.snapshot_id, report.replayed, report.committed = (
+        outcome.snapshot_id,
+        outcome.replayed,
+        True,
+    )
+    report.offsets_after = dict(plan.end)
+    timings["commit"] = time.monotonic() - started - timings["plan"] - timings["prepare"]
+    hooks.fire("after_commit", plan=plan, snapshot_id=outcome.snapshot_id)
+    hooks.fire("before_mirror", plan=plan)
+    _publish(spec, catalog, admin, kafka_config, report)
+    report.timings_s = {**timings, "total": time.monotonic() - started}
+    return report
+
+
+def _publish(
+    spec: PipelineSpec,
+    catalog: Catalog,
+    admin: AdminClient,
+    kafka_config: dict[str, Any],
+    report: RunReport,
+) -> None:
+    """Step 4: bring the quarantine table up to the table's commits, copy dead letters not yet
+    copied, then mirror the offsets (the copy and the mirror best effort).
+
+    The quarantine sync raises :class:`QuarantineSyncError` when it fails (the data commit
+    stands; the next run, an idle one too, syncs again). The mirror moves only once the copies
+    are out: a failed copy leaves the mirror behind, so the next run copies again (at least
+    once) and repairs the mirror (R4). It mirrors the table's offsets as they are now, not this
+    run's plan: a run that wakes late can only set the group to where the table is, and after a
+    recorded rewind the group is moved back (R8, R48).
+    """
+    sync_quarantine(catalog, spec)
+    group = spec.consumer_group_id
+    if spec.dead_letter_topic and catalog.table_exists(spec.quarantine_table):
+        try:
+            pending = unpublished_commits(
+                catalog.load_table(spec.table), group, read_group_offsets(admin, group)
+            )
+            copied = count_copies(kafka_config, spec.dead_letter_topic, pending, spec.name)
+            report.dead_letter_copies = publish_dead_letters(
+                kafka_config,
+                spec.dead_letter_topic,
+                catalog.load_table(spec.quarantine_table),
+                [p.commit_id for p in pending if copied[p.commit_id] < p.records],
+            )
+        except Exception as exc:
+            report.dead_letter_error = (
+                f"copying dead letters to {spec.dead_letter_topic!r} failed ({exc}); the Kafka "
+                f"group {group!r} mirror was left behind so the next run copies them again"
+            )
+            return
+    try:
+        table = catalog.load_table(spec.table)
+    except Exception as exc:  # best effort, as the mirror itself: the next run repairs it
+        report.mirror = MirrorOutcome(group, error=f"reading {spec.table} failed ({exc})")
+        return
+    report.mirror = mirror_table_offsets(admin, table, group)
+
+
+def _registry(spec: PipelineSpec, client: Any | None) -> Any | None:
+    """The Schema Registry client of an Avro pipeline (None for other formats)."""
+    if spec.value_format != "avro":
+        return None
+    if client is not None:
+        return client
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": spec.schema_registry_url})
+
+
+def _open_table(catalog: Catalog, spec: PipelineSpec, registry: Any | None) -> Table:
+    """Load the table; create it from the declared schema, or the subject's latest Avro one."""
+    derived = None
+    if registry is not None and not spec.schema_fields and not catalog.table_exists(spec.table):
+        subject = spec.value_subjects(spec.source_topics or ["<pattern>"])[0]
+        latest = registry.get_latest_version(subject)
+        derived = avro_to_iceberg_schema(latest.schema.schema_str)
+    return load_or_create_table(catalog, spec, derived)

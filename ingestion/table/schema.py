@@ -1,0 +1,231 @@
+"""Target and quarantine tables: schemas, partition specs, create-if-absent.
+
+User columns come first, then the Kafka metadata columns every row carries (the oracle's
+coordinates): ``_kafka_topic, _kafka_partition, _kafka_offset, _kafka_timestamp, _kafka_key``,
+``_kafka_headers`` when asked, and ``_kafka_cluster``: the name in the platform configuration
+of the cluster the row was read on (``primary`` or a replica's name; docs/cluster-column.md).
+A table created before that column gains it on its first run (:func:`add_cluster_column`, a
+metadata-only schema change); its older rows read null, which every reader takes for
+``primary``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ingestion.spec.pipeline import FieldSpec, PipelineSpec
+from ingestion.spec.types import parse_type_string, to_iceberg
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table
+    from pyiceberg.types import IcebergType
+
+CLUSTER_COLUMN = "_kafka_cluster"
+PRIMARY = "primary"  # the pipeline's own cluster: what a null _kafka_cluster means
+
+
+def labels_cluster(schema: Schema) -> bool:
+    """Whether rows of ``schema`` record the cluster they were read on (``_kafka_cluster``; a
+    table created before the column gains it on its next run)."""
+    return any(field.name == CLUSTER_COLUMN for field in schema.fields)
+
+
+_CLUSTER_DOC = "Kafka cluster the record was read on (platform configuration name); null: primary"
+TABLE_PROPERTIES = {"format-version": "2", "write.parquet.compression-codec": "zstd"}
+
+
+def parse_type(name: str, ids: Iterator[int] | None = None) -> IcebergType:
+    """Return the Iceberg type for a spec type name such as ``long``, ``decimal(12,2)`` or
+    ``struct<id:long,tags:list<string>>`` (nested field ids drawn from ``ids``).
+
+    Example:
+        >>> parse_type("decimal(12, 2)")
+        DecimalType(precision=12, scale=2)
+        >>> parse_type("list<long not null>", itertools.count(5))
+        ListType(type='list', element_id=5, element_type=LongType(), element_required=True)
+    """
+    return to_iceberg(parse_type_string(name), ids if ids is not None else itertools.count(1))
+
+
+def coordinate_columns(key_type: IcebergType) -> list[tuple[str, IcebergType, bool]]:
+    """(name, type, required) of the Kafka metadata columns every row carries."""
+    from pyiceberg.types import IntegerType, LongType, StringType, TimestamptzType
+
+    return [
+        ("_kafka_topic", StringType(), True),
+        ("_kafka_partition", IntegerType(), True),
+        ("_kafka_offset", LongType(), True),
+        ("_kafka_timestamp", TimestamptzType(), False),
+        ("_kafka_key", key_type, False),
+    ]
+
+
+def cluster_column() -> tuple[str, IcebergType, bool]:
+    """(name, type, required) of ``_kafka_cluster``, the last Kafka column of a row."""
+    from pyiceberg.types import StringType
+
+    return (CLUSTER_COLUMN, StringType(), False)
+
+
+def key_type(spec: PipelineSpec, ids: Iterator[int]) -> IcebergType:
+    """The ``_kafka_key`` column's type: binary, string, or a struct of ``key_schema``."""
+    from pyiceberg.types import BinaryType, NestedField, StringType, StructType
+
+    if spec.key_format == "json":
+        fields: list[FieldSpec] = spec.key_schema or []
+        return StructType(
+            *(NestedField(next(ids), f.name, parse_type(f.type, ids), f.required) for f in fields)
+        )
+    return StringType() if spec.key_format == "string" else BinaryType()
+
+
+def headers_type(ids: Iterator[int]) -> IcebergType:
+    """``list<struct<key:string not null, value:binary>>``: Kafka headers are ordered and may
+    repeat a key, so a list of pairs, not a map."""
+    return parse_type("list<struct<key:string not null, value:binary> not null>", ids)
+
+
+def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
+    """Return the table schema: declared (or ``derived``, e.g. from Avro) fields, metadata last.
+
+    A ``raw`` pipeline without a declared schema stores the value bytes in a ``value`` column.
+    """
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import (
+        BinaryType,
+        NestedField,
+    )
+
+    ids = itertools.count(len(spec.schema_fields or []) + 1)  # nested ids after the columns
+    if spec.schema_fields:
+        fields = [
+            NestedField(i, f.name, parse_type(f.type, ids), required=f.required, doc=f.doc)
+            for i, f in enumerate(spec.schema_fields, start=1)
+        ]
+    elif derived is not None:
+        fields = list(derived.fields)
+    elif spec.value_format == "raw":
+        fields = [NestedField(1, "value", BinaryType(), required=False)]
+    else:
+        raise ValueError(f"pipeline {spec.name!r}: no declared or derived schema")
+    first = max(Schema(*fields).highest_field_id, len(fields)) + 1
+    ids = itertools.count(first + 16)  # ids of the metadata columns' nested fields
+    metadata = coordinate_columns(key_type(spec, ids))
+    if spec.headers:
+        metadata.append(("_kafka_headers", headers_type(ids), False))
+    metadata.append(cluster_column())
+    fields += [
+        NestedField(first + i, name, kind, required=required)
+        for i, (name, kind, required) in enumerate(metadata)
+    ]
+    return Schema(*fields)
+
+
+def build_partition_spec(spec: PipelineSpec, schema: Schema) -> PartitionSpec:
+    """Return the partition spec declared by ``partition_by``."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import parse_transform
+
+    fields = []
+    for i, part in enumerate(spec.partition_by):
+        transform = parse_transform(part.transform)
+        source = schema.find_field(part.source)
+        suffix = "" if part.transform == "identity" else "_" + re.sub(r"\W", "", part.transform)
+        name = part.name or f"{part.source}{suffix}"
+        fields.append(PartitionField(source.field_id, 1000 + i, transform, name))
+    return PartitionSpec(*fields)
+
+
+def load_or_create_table(
+    catalog: Catalog, spec: PipelineSpec, derived: Schema | None = None
+) -> Table:
+    """Load the pipeline's table, creating it (and its namespace) from the spec if absent."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        return add_cluster_column(catalog.load_table(spec.table))
+    except NoSuchTableError:
+        pass
+    schema = build_schema(spec, derived)
+    namespace = spec.table.rsplit(".", 1)[0]
+    catalog.create_namespace_if_not_exists(namespace)
+    properties = {
+        **TABLE_PROPERTIES,
+        "write.target-file-size-bytes": str(spec.target_file_size_bytes),
+    }
+    return catalog.create_table_if_not_exists(
+        spec.table,
+        schema=schema,
+        partition_spec=build_partition_spec(spec, schema),
+        properties=properties,
+    )
+
+
+def build_quarantine_schema(spec: PipelineSpec) -> Schema:
+    """The quarantine table: source coordinates, key and raw bytes, and the error."""
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import (
+        BinaryType,
+        NestedField,
+        StringType,
+    )
+
+    columns = [
+        *coordinate_columns(BinaryType()),
+        cluster_column(),
+        ("value", BinaryType(), False),
+        ("error_class", StringType(), True),
+        ("error_message", StringType(), True),
+        ("pipeline", StringType(), True),
+        ("commit_id", StringType(), True),
+    ]
+    return Schema(
+        *(NestedField(i, n, t, required=r) for i, (n, t, r) in enumerate(columns, start=1))
+    )
+
+
+def load_or_create_quarantine_table(catalog: Catalog, spec: PipelineSpec) -> Table:
+    """Load the pipeline's quarantine (dead-letter) table, creating it if absent."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    identifier = spec.quarantine_table
+    try:
+        return add_cluster_column(catalog.load_table(identifier))
+    except NoSuchTableError:
+        pass
+    catalog.create_namespace_if_not_exists(identifier.rsplit(".", 1)[0])
+    return catalog.create_table_if_not_exists(
+        identifier, schema=build_quarantine_schema(spec), properties=TABLE_PROPERTIES
+    )
+
+
+def add_cluster_column(table: Table, attempts: int = 3) -> Table:
+    """Give a table created before ``_kafka_cluster`` the column, after its other Kafka
+    columns; return the table, refreshed.
+
+    Delivery: one metadata-only schema change (no file rewritten, no snapshot, so no run's
+    compare-and-set of the offsets is disturbed); its older rows read null (``primary``). Two
+    runs racing to add it: one commits, the other finds the column on refresh. Safe to retry.
+    """
+    from pyiceberg.exceptions import CommitFailedException
+    from pyiceberg.types import StringType
+
+    for attempt in range(attempts):
+        if labels_cluster(table.schema()):
+            return table
+        last = [f.name for f in table.schema().fields if f.name.startswith("_kafka_")][-1]
+        try:
+            with table.update_schema() as update:
+                update.add_column(CLUSTER_COLUMN, StringType(), doc=_CLUSTER_DOC)
+                update.move_after(CLUSTER_COLUMN, last)
+        except CommitFailedException:
+            if attempt == attempts - 1:
+                raise
+            table.refresh()
+    return table

@@ -1,0 +1,156 @@
+"""The operator actions of the ``platform`` CLI: reset, migrate-group, maintain, failover,
+complete-failback.
+
+Each commit of an action first counts the pipeline's active Dagster runs (see
+:func:`count_active_ingestion_runs`) and refuses while there are any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ingestion.dr.late_copies.release import release_guard
+from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from platform_assets.dr.failover import complete_failback, failover_pipeline
+from platform_assets.operations.actions import (
+    count_ingestion_runs,
+    maintain_pipeline_table,
+    migrate_group_offsets,
+    reset_offsets,
+)
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+
+def dagster_home(iceberg: IcebergCatalogResource) -> str:
+    """``$DAGSTER_HOME``, else the embedded stack's instance (``make dev``), else ''."""
+    home = os.environ.get("DAGSTER_HOME") or ""
+    if not home:
+        default = iceberg.embedded_state_dir() / "dagster_home"
+        embedded = iceberg.source() == "embedded" and (default / "dagster.yaml").is_file()
+        home = str(default) if embedded else ""
+    return home
+
+
+def audit_cursor(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> tuple[int | None, str]:
+    """The exactly-once audit's cursor from the Dagster instance (expiry keeps the commits
+    after it, R47), and a line saying where it was read."""
+    from dagster import AssetCheckKey, DagsterInstance
+
+    from ingestion.health.checks import AUDIT_CHECK
+    from platform_assets.ingest.checks import previous_audit_memory
+    from platform_assets.pipelines import table_key
+
+    home = dagster_home(iceberg)
+    if not home:
+        return None, (
+            "the audit's cursor is unknown (no Dagster instance: DAGSTER_HOME is unset): "
+            "commits it has not recounted yet may be expired"
+        )
+    with DagsterInstance.from_config(home) as instance:
+        key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+        memory = previous_audit_memory(instance, key)
+    cursor = memory.cursor if memory else None
+    return cursor, f"kept the commits after the audit's cursor ({cursor or 'none yet'})"
+
+
+def count_active_ingestion_runs(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource
+) -> tuple[int, str]:
+    """The pipeline's active ingestion runs in the Dagster instance, and a line saying where
+    they were counted (0 without an instance: the action's compare-and-set is then the guard)."""
+    from dagster import DagsterInstance
+
+    home = dagster_home(iceberg)
+    if not home:
+        return 0, (
+            "active runs not counted (no Dagster instance: DAGSTER_HOME is unset); a run in "
+            "flight aborts at its own commit instead (compare-and-set)"
+        )
+    with DagsterInstance.from_config(home) as instance:
+        count = count_ingestion_runs(instance, spec)
+    return count, f"{count} active ingestion run(s) of {spec.name!r} in the Dagster instance {home}"
+
+
+def parse_position(text: str) -> StartingPosition:
+    """``earliest``, ``latest`` or ``timestamp:<ms>``."""
+    if text.startswith("timestamp:"):
+        return StartingPosition(mode="timestamp", timestamp_ms=int(text.split(":", 1)[1]))
+    return StartingPosition(mode=text)  # type: ignore[arg-type]
+
+
+def run_action(
+    args: argparse.Namespace,
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+) -> list[str]:
+    """Run ``reset``, ``migrate-group``, ``maintain``, ``failover``, ``complete-failback`` or
+    ``release-late-copies``; return the lines to print."""
+    if args.command == "maintain":
+        retention = args.retention_hours
+        window = args.orphan_window_hours
+        cursor, where = audit_cursor(spec, iceberg)
+        lines = maintain_pipeline_table(
+            spec,
+            iceberg,
+            (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
+            (orphan_window_hours(spec) if window is None else window) * 3600,
+            keep_after=cursor,
+        )
+        return [where, *lines]
+    if args.command == "failover" and args.dry_run:
+        return failover_pipeline(
+            spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by,
+            reason=args.reason, source_lost=args.source_lost,
+        )  # fmt: skip
+    if args.command == "complete-failback" and args.dry_run:
+        return complete_failback(
+            spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason
+        )
+    if args.command == "release-late-copies":
+        released, clusters = release_guard(iceberg.load_catalog(), spec, args.by, args.reason)
+        read_on = ", ".join(f"{n} read on {name!r}" for name, n in sorted(clusters.items()))
+        return [
+            f"released the {released} uncopied record(s) of {spec.name!r}'s route ({read_on}; "
+            f"by {args.by!r}, reason {args.reason!r}): runs no longer skip or wait for the "
+            "late copies of any of them"
+        ]
+    if args.command == "reset" and not args.apply:
+        position = parse_position(args.to)
+        return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
+    active, counted = count_active_ingestion_runs(spec, iceberg)
+    if args.command == "reset":
+        position = parse_position(args.to)
+        lines = reset_offsets(
+            spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
+        )
+    elif args.command == "failover":
+        lines = failover_pipeline(
+            spec,
+            kafka,
+            iceberg,
+            args.to,
+            dry_run=False,
+            requested_by=args.by,
+            reason=args.reason,
+            active_runs=active,
+            source_lost=args.source_lost,
+        )
+    elif args.command == "complete-failback":
+        lines = complete_failback(
+            spec,
+            kafka,
+            iceberg,
+            dry_run=False,
+            requested_by=args.by,
+            reason=args.reason,
+            active_runs=active,
+        )
+    else:
+        lines = migrate_group_offsets(
+            spec, kafka, iceberg, args.new_group, args.by, args.reason, active_runs=active
+        )
+    return [counted, *lines]

@@ -1,0 +1,243 @@
+"""``platform``: the operator's command line, on the same code as the Dagster jobs.
+
+    platform status [--json] [--skip-audit | --full-audit]   offsets, lag, last commit, checks
+    platform validate                   specs + Kafka + catalog + group-id consistency
+    platform reset PIPELINE --to earliest|latest|timestamp:MS [--apply --by WHO --reason WHY]
+    platform migrate-group PIPELINE NEW_GROUP --by WHO --reason WHY
+    platform maintain PIPELINE [--retention-hours H] [--orphan-window-hours H]
+    platform failover PIPELINE --to REPLICA|primary [--dry-run] --reason WHY [--by WHO]
+    platform complete-failback PIPELINE [--dry-run] --reason WHY [--by WHO]
+    platform release-late-copies PIPELINE --reason WHY [--by WHO]
+
+Connection settings come from the same configuration as the code location's
+(``resources.config``: the file named by ``$PLATFORM_CONFIG``, else the embedded stack's
+defaults), read when the command runs; ``validate`` names a wrong key first. A reset (applied)
+and a migration first count the pipeline's active Dagster runs in the instance of
+``DAGSTER_HOME`` (or the embedded ``state_dir/dagster_home``, where ``make dev`` keeps it) and
+refuse
+while there are any; without an instance they rely on their compare-and-set commit alone (a run
+in flight then aborts at its own commit, naming the action).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ingestion.exceptions import IngestionError
+from ingestion.health.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks, not_evaluated
+from ingestion.health.status import PipelineStatus, build_status
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.cli.actions import run_action
+from platform_assets.dr.checks import (
+    replica_check_def,
+    replica_config_problems,
+    replica_finding,
+)
+from platform_assets.ingest.checks import audit_finding
+from platform_assets.pipelines import load_pipelines
+from platform_assets.state import read_pipeline_state
+from resources.config import ConfigError, PlatformConfig, config_path, load_config
+from resources.factory import iceberg_resource, kafka_resource, redact, unresolved
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+CONNECT_TIMEOUT_S = 10.0
+
+
+def load_platform_config() -> PlatformConfig:
+    """The configuration, every reference resolvable; a clear exit naming the key otherwise."""
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        raise SystemExit(f"platform: invalid configuration:\n{exc}") from None
+    missing = unresolved(config, dict(os.environ))
+    if missing:
+        raise SystemExit(
+            "platform: configuration refers to unset environment variables (set them, or give "
+            "a default as ${NAME:-value}):\n  " + "\n  ".join(missing)
+        )
+    return config
+
+
+def connect(
+    config: PlatformConfig, check_kafka: bool = True
+) -> tuple[KafkaResource, IcebergCatalogResource]:
+    """The resources of ``config``; Kafka must answer (unless not ``check_kafka``: a failover
+    runs while the primary is down) and the catalog load."""
+    from confluent_kafka import KafkaException
+
+    kafka, iceberg = kafka_resource(config), iceberg_resource(config)
+    try:
+        if check_kafka:
+            kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
+    except KafkaException as exc:
+        raise SystemExit(
+            f"platform: no Kafka broker answered at {kafka.client_config()['bootstrap.servers']} "
+            f"within {CONNECT_TIMEOUT_S:.0f} s ({exc.args[0].str()}). Check "
+            "kafka.bootstrap_servers and kafka.properties in the configuration, and that the "
+            "broker is up."
+        ) from None
+    try:
+        iceberg.load_catalog()
+    except Exception as exc:  # any catalog backend's own error types
+        raise SystemExit(
+            f"platform: the Iceberg catalog {config.catalog.name!r} ({iceberg.source()}) did not "
+            f"load: {type(exc).__name__}: {redact(str(exc)[:300], config)}. Check "
+            "catalog.properties and "
+            "file_io in the configuration."
+        ) from None
+    return kafka, iceberg
+
+
+def pipeline_status(
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+    audit: bool = True,
+    full_audit: bool = False,
+) -> PipelineStatus:
+    """One pipeline's status, every check included. The audit recounts the newest commits in
+    Kafka within a budget (``audit=False`` skips it); ``full_audit`` recounts every commit and
+    scans every row's coordinates."""
+    state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
+    findings = evaluate_state_checks(state)
+    if audit and findings[GROUP_CHECK.name].blocks:
+        findings[AUDIT_CHECK.name] = not_evaluated(state)
+    elif audit:
+        findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, full=full_audit)
+    for replica in spec.replicas:
+        findings[replica_check_def(replica).name] = replica_finding(spec, replica, kafka, iceberg)
+    return build_status(state, findings)
+
+
+def print_status(status: PipelineStatus) -> None:
+    """The status as a terminal table."""
+    oldest = status.oldest_uncommitted_age_s
+    print(f"{status.pipeline}  table={status.table}  group={status.group_id}")
+    print(
+        f"  lag: {status.lag_records} records"
+        + (f" (oldest uncommitted {oldest} s old)" if oldest is not None else "")
+        + f"   last commit: {status.last_commit_age_s} s ago"
+        + f"   valid through: {status.valid_through}"
+    )
+    if status.future_timestamps:
+        print(f"  untrusted (future) timestamps: {status.future_timestamps}")
+    print(f"  {'partition':<20} {'committed':>10} {'end':>10} {'mirror':>10} {'lag':>8}  oldest")
+    for p in status.partitions:
+        age = f"{p.oldest_uncommitted_age_s} s" if p.oldest_uncommitted_age_s is not None else "-"
+        print(
+            f"  {p.partition:<20} {p.committed!s:>10} {p.end:>10} {p.mirrored!s:>10} {p.lag:>8}"
+            f"  {age}"
+        )
+    for name, message in status.failing.items():
+        print(f"  FAILING {name}: {message}")
+    skipped = {n: c["message"] for n, c in status.checks.items() if c["skipped"]}
+    for name, message in skipped.items():
+        print(f"  skipped {name}: {message}")
+    if not status.failing:
+        ran = [name for name in status.checks if name not in skipped]
+        print(f"  checks: all {len(ran)} pass ({', '.join(ran)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="platform", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser("status")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--skip-audit", action="store_true", help="skip the exactly-once audit")
+    status.add_argument(
+        "--full-audit", action="store_true", help="recount every commit, scan every row"
+    )
+    commands.add_parser("validate")
+    reset = commands.add_parser("reset")
+    reset.add_argument("pipeline")
+    reset.add_argument("--to", required=True)
+    reset.add_argument("--apply", action="store_true", help="commit it (default: dry run)")
+    reset.add_argument("--by", default=os.environ.get("USER", "operator"))
+    reset.add_argument("--reason", default="")
+    migrate = commands.add_parser("migrate-group")
+    migrate.add_argument("pipeline")
+    migrate.add_argument("new_group")
+    migrate.add_argument("--by", default=os.environ.get("USER", "operator"))
+    migrate.add_argument("--reason", required=True)
+    maintain = commands.add_parser("maintain")
+    maintain.add_argument("pipeline")
+    # Defaults: the pipeline's own (snapshot_retention_hours), as its maintenance schedule uses.
+    maintain.add_argument("--retention-hours", type=float, default=None)
+    maintain.add_argument("--orphan-window-hours", type=float, default=None)
+    failover = commands.add_parser("failover")
+    failover.add_argument("pipeline")
+    failover.add_argument("--to", required=True, help="a replica's name, or primary (failback)")
+    failover.add_argument("--dry-run", action="store_true", help="print the plan only")
+    failover.add_argument("--by", default=os.environ.get("USER", "operator"))
+    failover.add_argument("--reason", required=True)
+    failover.add_argument(
+        "--source-lost",
+        action="store_true",
+        help="the cluster the pipeline reads is lost and MM2 copies nothing more from it: "
+        "accept a table ahead of MM2's copy (--to a replica), or fail back from a lost replica "
+        "without reading it (--to primary; its records not copied back are lost)",
+    )
+    complete = commands.add_parser(
+        "complete-failback", help="end a failback's route once its reverse copies are drained"
+    )
+    complete.add_argument("pipeline")
+    complete.add_argument("--dry-run", action="store_true", help="print the plan only")
+    complete.add_argument("--by", default=os.environ.get("USER", "operator"))
+    complete.add_argument("--reason", required=True)
+    release = commands.add_parser(
+        "release-late-copies",
+        help="the cluster a --source-lost failover left is lost for good: stop waiting for it "
+        "to tell MM2's late copies (R54; releases every entry of the route's guard)",
+    )
+    release.add_argument("pipeline")
+    release.add_argument("--by", default=os.environ.get("USER", "operator"))
+    release.add_argument("--reason", required=True)
+    args = parser.parse_args(argv)
+    config = load_platform_config()
+    specs = {spec.name: spec for spec in load_pipelines()}
+    kafka, iceberg = connect(
+        config, check_kafka=args.command not in ("failover", "release-late-copies")
+    )
+    if args.command in ("status", "validate"):
+        audit = args.command == "status" and not args.skip_audit
+        full = args.command == "status" and args.full_audit
+        statuses = [pipeline_status(spec, kafka, iceberg, audit, full) for spec in specs.values()]
+        if args.command == "status" and args.json:
+            print(json.dumps([item.to_dict() for item in statuses], indent=2))
+        elif args.command == "status":
+            for item in statuses:
+                print_status(item)
+        blocking = [s for s in statuses if GROUP_CHECK.name in s.failing]
+        for item in blocking if args.command == "validate" else []:
+            print(f"{item.pipeline}: {item.failing[GROUP_CHECK.name]}")
+        replicas = (
+            replica_config_problems(list(specs.values()), kafka)
+            if args.command == "validate"
+            else []
+        )
+        for problem in replicas if args.command == "validate" else []:
+            print(problem)
+        invalid = args.command == "validate" and bool(blocking or replicas)
+        if args.command == "validate" and not invalid:
+            source = config_path() or "defaults (the embedded stack)"
+            catalog = f"{config.catalog.name!r} ({iceberg.source()})"
+            print(f"configuration {source}: valid; catalog {catalog}")
+            print(f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree")
+        return 1 if invalid else 0
+    if args.pipeline not in specs:
+        raise SystemExit(f"platform: unknown pipeline {args.pipeline!r}; known: {sorted(specs)}")
+    spec = specs[args.pipeline]
+    try:
+        lines = run_action(args, spec, kafka, iceberg)
+    except IngestionError as exc:
+        raise SystemExit(f"platform: {exc}") from None
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

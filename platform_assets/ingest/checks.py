@@ -1,0 +1,156 @@
+"""The table's asset checks: the engine's checks (:mod:`ingestion.health.checks`), as Dagster
+results.
+
+Nothing is evaluated here: this module reads through the resources, asks the engine's check
+functions, and translates each finding into an ``AssetCheckResult``. The blocking
+``group_id_consistency`` check is declared on the ingestion multi-asset (it must run before
+ingestion, see assets.py); the others are here.
+"""
+
+from collections.abc import Iterator
+
+from dagster import (
+    AssetCheckExecutionContext,
+    AssetCheckKey,
+    AssetCheckResult,
+    AssetChecksDefinition,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    DagsterInstance,
+    multi_asset_check,
+)
+
+from ingestion.audit.incremental import AuditMemory
+from ingestion.audit.oracle import audit_pipeline
+from ingestion.audit.verdict import check_exactly_once
+from ingestion.health.checks import (
+    ALL_CHECKS,
+    AUDIT_CHECK,
+    GROUP_CHECK,
+    STATE_CHECKS,
+    CheckDef,
+    Finding,
+    evaluate_state_checks,
+    not_evaluated,
+)
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.dr.checks import replica_check_def, replica_finding
+from platform_assets.pipelines import table_key
+from platform_assets.state import read_pipeline_state
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+
+def audit_finding(
+    spec: PipelineSpec,
+    iceberg: IcebergCatalogResource,
+    kafka: KafkaResource,
+    *,
+    previous: AuditMemory | None = None,
+    full: bool = False,
+) -> Finding:
+    """The exactly-once audit of the pipeline's table: the commits after the ``previous``
+    evaluation's cursor recounted in Kafka (a commit it could not recount is retried, counted
+    on from ``previous``), or (``full``) every commit and every row's coordinates."""
+    clusters = {"primary": kafka.client_config()}
+    for replica in spec.replicas:  # each commit is recounted on the cluster it read
+        clusters[replica.name] = kafka.for_cluster(replica.name).client_config()
+    audit = audit_pipeline(
+        spec,
+        iceberg.load_catalog(),
+        kafka.client_config(),
+        after_snapshot_id=previous.cursor if previous else None,
+        full=full,
+        cluster_configs=clusters if spec.replicas else None,
+    )
+    return check_exactly_once(spec.table, audit, previous)
+
+
+def previous_audit_memory(instance: DagsterInstance, key: AssetCheckKey) -> AuditMemory | None:
+    """What the check's last completed evaluation left: its ``audit_cursor``, and the commit it
+    could not recount with ``recount_attempts`` (None: audit afresh).
+
+    The memory lives in the check's own results, so it follows the check wherever Dagster
+    stores its history; a lost cursor costs one evaluation of the newest commits only.
+    """
+    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=10):
+        event = record.event.dagster_event if record.event else None
+        metadata = getattr(event.event_specific_data, "metadata", None) if event else None
+        if metadata and "audit_cursor" in metadata:  # an evaluation (not a planned one)
+            break
+    else:
+        return None
+
+    def number(name: str) -> int | None:
+        text = str(metadata[name].value) if name in metadata else ""
+        return int(text) if text.isdigit() else None
+
+    return AuditMemory(
+        cursor=number("audit_cursor"),
+        unrecounted_snapshot=number("unrecounted_snapshot"),
+        attempts=number("recount_attempts") or 0,
+    )
+
+
+def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
+    """A check result from a finding. A check skipped because ingestion is blocked is shown as
+    a WARN failure that says why (Dagster records no reason for a skipped check); its
+    ``blocked_by`` metadata keeps it out of the alerts."""
+    return AssetCheckResult(
+        asset_key=table_key(spec),
+        check_name=name,
+        passed=finding.passed,
+        severity=AssetCheckSeverity("WARN" if finding.skipped else finding.severity),
+        description=finding.message,
+        metadata=finding.metadata,
+    )
+
+
+def check_spec(spec: PipelineSpec, check: CheckDef, blocking: bool = False) -> AssetCheckSpec:
+    """The Dagster spec of one of the engine's checks on the pipeline's table."""
+    return AssetCheckSpec(
+        check.name, asset=table_key(spec), description=check.description, blocking=blocking
+    )
+
+
+def pipeline_check_keys(spec: PipelineSpec) -> list[AssetCheckKey]:
+    """Every check of the pipeline's table, the blocking group check included."""
+    checks = [*ALL_CHECKS, *(replica_check_def(r) for r in spec.replicas)]
+    return [AssetCheckKey(table_key(spec), check.name) for check in checks]
+
+
+def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
+    """The table asset's checks (all but the blocking group check).
+
+    A check that cannot be evaluated (the audit before the table exists) yields no result: the
+    run logs why and Dagster records the check as skipped.
+    """
+    replicas = {replica_check_def(r).name: r for r in spec.replicas}
+    defs = (*STATE_CHECKS, AUDIT_CHECK, *(replica_check_def(r) for r in spec.replicas))
+    specs = [check_spec(spec, check) for check in defs]
+
+    @multi_asset_check(name=f"{spec.name}_checks", specs=specs, can_subset=True)
+    def _checks(
+        context: AssetCheckExecutionContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
+    ) -> Iterator[AssetCheckResult]:
+        selected = {key.name for key in context.selected_asset_check_keys}
+        state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
+        evaluated = evaluate_state_checks(state)
+        findings = {name: f for name, f in evaluated.items() if name in selected}
+        if AUDIT_CHECK.name in selected:
+            if evaluated[GROUP_CHECK.name].blocks:
+                findings[AUDIT_CHECK.name] = not_evaluated(state)
+            else:
+                key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+                previous = previous_audit_memory(context.instance, key)
+                findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, previous=previous)
+        for name, replica in replicas.items():
+            if name in selected:
+                findings[name] = replica_finding(spec, replica, kafka, iceberg)
+        for name, finding in findings.items():
+            if finding.skipped and "blocked_by" not in finding.metadata:
+                context.log.info(f"{name} skipped: {finding.message}")  # e.g. no table yet
+            else:
+                yield to_result(spec, name, finding)
+
+    return _checks

@@ -1,0 +1,159 @@
+"""Operator actions shared by the CLI and the Dagster operation jobs: reset, migrate, maintain.
+
+Each returns the lines that describe what it did; the caller prints or records them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dagster import DagsterInstance
+
+from ingestion.exceptions import OperationRefusedError
+from ingestion.ops.maintenance import maintain_pipeline
+from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
+from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.ingest.jobs import OPERATOR_TAG, count_active_runs, ingest_job_name
+from platform_assets.route import PRIMARY, active_route
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+INGEST_ALL_JOB = "ingest_all"  # platform_assets.ingest.jobs.build_ingest_all_job: every pipeline
+
+
+def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:
+    """Runs queued or in progress that may ingest ``spec``: its own job and ``ingest_all``."""
+    return count_active_runs(instance, ingest_job_name(spec)) + count_active_runs(
+        instance, INGEST_ALL_JOB
+    )
+
+
+def hold_ingestion(
+    instance: DagsterInstance, run_id: str, spec: PipelineSpec, wait_s: float, poll_s: float = 1.0
+) -> int:
+    """Mark operator run ``run_id`` as acting on ``spec`` (its lag sensor then launches no
+    ingestion run of it, ``platform_assets.ingest.sensors``) and wait up to ``wait_s`` for the
+    ingestion runs in progress to end; return 0, or refuse (``OperationRefusedError``, nothing
+    changed) when one is still active after it.
+
+    Runs back to back would otherwise refuse the action for ever (it refuses while a run is
+    active). A run that slips in after the wait (a request the sensor made before the mark)
+    meets the compare-and-set of the offsets: one of the two commits fails, nothing lands
+    twice (rule 1).
+    """
+    instance.add_run_tags(run_id, {OPERATOR_TAG: spec.name})
+    deadline = time.monotonic() + wait_s
+    active = count_ingestion_runs(instance, spec)
+    while active and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        active = count_ingestion_runs(instance, spec)
+    if active:
+        raise OperationRefusedError(
+            f"pipeline {spec.name!r}: {active} ingestion run(s) still in progress after waiting "
+            f"{wait_s:g} s (config wait_for_runs_seconds); nothing was changed. Wait for them or "
+            "stop them (a stream run: stop its stream sensor first), then run the action again"
+        )
+    return active
+
+
+def refuse_off_route(
+    spec: PipelineSpec, kafka: KafkaResource, iceberg: IcebergCatalogResource, action: str
+) -> None:
+    """Refuse ``action`` on a pipeline that a failover moved off its configured cluster or
+    topics: reset and migration address the spec's own topics on the primary, so on a moved
+    route they would silently switch it back without a failback plan (records produced only on
+    the replica skipped) or stall on topics the route no longer reads."""
+    route = active_route(spec, kafka, iceberg)
+    if route.cluster != PRIMARY or route.spec.source_topics != spec.source_topics:
+        way_back = (
+            f"`platform complete-failback {spec.name} --reason ...` once its reverse copies are "
+            "drained to end the route"
+            if route.cluster == PRIMARY
+            else f"`platform failover {spec.name} --to ...` to move it"
+        )
+        raise OperationRefusedError(
+            f"pipeline {spec.name!r} reads {route.spec.source_topics} on {route.cluster!r} since "
+            f"a failover; {action} is not supported on a moved route. Use {way_back}, then "
+            f"{action}."
+        )
+
+
+def reset_offsets(
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+    position: Any,
+    apply: bool,
+    requested_by: str,
+    reason: str,
+    active_runs: int = 0,
+) -> list[str]:
+    """Plan (and with ``apply``, commit) a reset, then move the Kafka group to the table's
+    offsets; return the lines describing it."""
+    refuse_off_route(spec, kafka, iceberg, "reset")
+    catalog = iceberg.load_catalog()
+    consumer = kafka.get_consumer()
+    admin = kafka.get_admin_client()
+    try:
+        reset = plan_reset(spec, catalog.load_table(spec.table), admin, consumer, position)
+    finally:
+        consumer.close()
+    lines = reset.describe()
+    if not apply:
+        return [*lines, "dry run: nothing committed (add --apply)"]
+    outcome = apply_reset(
+        catalog,
+        spec,
+        reset,
+        kafka.get_cluster_id(),
+        requested_by,
+        reason,
+        active_runs,
+        admin=admin,
+    )
+    assert outcome.mirror is not None
+    return [*lines, f"committed in snapshot {outcome.snapshot_id}", outcome.mirror.describe()]
+
+
+def migrate_group_offsets(
+    spec: PipelineSpec,
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+    new_group: str,
+    requested_by: str,
+    reason: str,
+    active_runs: int = 0,
+) -> list[str]:
+    """Carry the offsets to ``new_group`` (one commit); return the lines describing it."""
+    refuse_off_route(spec, kafka, iceberg, "migrate-group")
+    migration = migrate_group(
+        iceberg.load_catalog(),
+        spec,
+        new_group,
+        kafka.get_admin_client(),
+        requested_by,
+        reason,
+        active_runs,
+    )
+    return [
+        f"offsets carried to {new_group!r} in snapshot {migration.snapshot_id}; "
+        f"{spec.consumer_group_id!r} is retired (runs under it are refused)",
+        migration.mirror.describe(),
+        f"old Kafka group {spec.consumer_group_id!r} left as is: {migration.old_group_offsets}",
+        f"now set consumer_group_id: {new_group} for pipeline {spec.name!r}",
+    ]
+
+
+def maintain_pipeline_table(
+    spec: PipelineSpec,
+    iceberg: IcebergCatalogResource,
+    retention_s: float,
+    orphan_window_s: float,
+    keep_after: int | None = None,
+) -> list[str]:
+    """Compact, expire and remove orphans on the pipeline's table (keeping the current group's
+    watermark and the commits after the audit's cursor ``keep_after``); return the lines
+    describing what was done and what failed."""
+    catalog = iceberg.load_catalog()
+    report = maintain_pipeline(catalog, spec, retention_s, orphan_window_s, keep_after=keep_after)
+    return report.describe()

@@ -1,0 +1,253 @@
+"""Operator jobs in the Dagster UI, with typed run config, on the same code as the CLI."""
+
+from typing import Literal
+
+from dagster import (
+    AssetCheckKey,
+    Config,
+    Failure,
+    JobDefinition,
+    MetadataValue,
+    OpExecutionContext,
+    job,
+    op,
+)
+
+from ingestion.exceptions import IngestionError
+from ingestion.health.checks import AUDIT_CHECK
+from ingestion.ops.maintenance import maintain_pipeline
+from ingestion.ops.reset import migrate_group
+from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from platform_assets.dr.failover import complete_failback, failover_pipeline
+from platform_assets.ingest.checks import previous_audit_memory
+from platform_assets.operations.actions import count_ingestion_runs, hold_ingestion, reset_offsets
+from platform_assets.pipelines import table_key
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+# The maintenance job and its op, named by the per-pipeline maintenance schedules.
+MAINTAIN_JOB = "maintain_tables"
+MAINTAIN_OP = "maintain_pipeline_tables"
+
+
+class ResetConfig(Config):
+    """Where to move the pipeline's offsets; a dry run unless ``apply``."""
+
+    pipeline: str
+    to: Literal["earliest", "latest", "timestamp"]
+    timestamp_ms: int | None = None
+    apply: bool = False
+    reason: str = ""
+    # Seconds to wait for the pipeline's ingestion runs in progress to end (its lag sensor
+    # launches none meanwhile); the action is refused if one is still active after them.
+    wait_for_runs_seconds: float = 120.0
+
+
+class MigrateConfig(Config):
+    """The new group id for a pipeline, and why."""
+
+    pipeline: str
+    new_group_id: str
+    reason: str
+    # Seconds to wait for the pipeline's ingestion runs in progress to end (its lag sensor
+    # launches none meanwhile); the action is refused if one is still active after them.
+    wait_for_runs_seconds: float = 120.0
+
+
+class MaintainConfig(Config):
+    """Retention of snapshots and the orphan safety window, in hours (unset: the pipeline's
+    own, ``ingestion.ops.retention``, as its maintenance schedule uses)."""
+
+    pipeline: str
+    snapshot_retention_hours: float | None = None
+    orphan_window_hours: float | None = None
+    compact: bool = True
+
+
+class FailoverConfig(Config):
+    """Switch a pipeline to a replica (or ``primary``: failback); a dry run unless ``apply``.
+    With ``complete``, end a failback's route once its reverse copies are drained instead
+    (``to`` unset or ``primary``)."""
+
+    pipeline: str
+    to: str | None = None
+    apply: bool = False
+    reason: str = ""
+    complete: bool = False
+    # The cluster the pipeline reads is lost: MM2 copies nothing more from it (CLI
+    # --source-lost; with to=primary: fail back from a lost replica, docs/reliability.md R55).
+    source_lost: bool = False
+    # Seconds to wait for the pipeline's ingestion runs in progress to end (its lag sensor
+    # launches none meanwhile); the action is refused if one is still active after them.
+    wait_for_runs_seconds: float = 120.0
+
+
+def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
+    """reset_offsets, migrate_group, maintain_tables and failover jobs for the given pipelines."""
+    by_name = {spec.name: spec for spec in specs}
+
+    def pick(name: str) -> PipelineSpec:
+        if name not in by_name:
+            raise Failure(f"unknown pipeline {name!r}; known: {sorted(by_name)}")
+        return by_name[name]
+
+    def hold(
+        context: OpExecutionContext, spec: PipelineSpec, wait_s: float, apply: bool = True
+    ) -> int:
+        """The pipeline's ingestion runs in progress once an applied action may go on
+        (``hold_ingestion``; a dry run commits nothing and only counts them)."""
+        if not apply:
+            return count_ingestion_runs(context.instance, spec)
+        try:
+            return hold_ingestion(context.instance, context.run_id, spec, wait_s)
+        except IngestionError as exc:
+            raise Failure(str(exc)) from None
+
+    @op(name="reset_pipeline_offsets")
+    def _reset(
+        context: OpExecutionContext,
+        config: ResetConfig,
+        kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
+    ) -> None:
+        spec = pick(config.pipeline)
+        active = hold(context, spec, config.wait_for_runs_seconds, config.apply)
+        position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
+        requested_by = f"dagster run {context.run_id}"
+        lines = reset_offsets(
+            spec, kafka, iceberg, position, config.apply, requested_by, config.reason, active
+        )
+        context.add_output_metadata(
+            {"changes": MetadataValue.md("\n".join(f"- {x}" for x in lines))}
+        )
+
+    @op(name="migrate_pipeline_group")
+    def _migrate(
+        context: OpExecutionContext,
+        config: MigrateConfig,
+        kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
+    ) -> None:
+        spec = pick(config.pipeline)
+        migration = migrate_group(
+            iceberg.load_catalog(),
+            spec,
+            config.new_group_id,
+            kafka.get_admin_client(),
+            f"dagster run {context.run_id}",
+            config.reason,
+            hold(context, spec, config.wait_for_runs_seconds),
+        )
+        context.log.info(
+            f"{spec.consumer_group_id!r} is retired; now set consumer_group_id: "
+            f"{config.new_group_id} for {spec.name!r}"
+        )
+        context.add_output_metadata(
+            {
+                "snapshot_id": MetadataValue.text(str(migration.snapshot_id)),
+                "new_group_mirror": MetadataValue.text(migration.mirror.describe()),
+            }
+        )
+
+    # No pool: a stream holds its pipeline's pool ``ingest_<p>`` for as long as it lives, so
+    # maintenance in that pool would never run. It needs none: every step is a compare-and-set
+    # or provably safe against a concurrent commit (R41, R43, R44).
+    @op(name=MAINTAIN_OP)
+    def _maintain(
+        context: OpExecutionContext, config: MaintainConfig, iceberg: IcebergCatalogResource
+    ) -> None:
+        """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``)."""
+        spec = pick(config.pipeline)
+        retention, window = config.snapshot_retention_hours, config.orphan_window_hours
+        # The commits after the audit's cursor are kept until it has recounted them (R47).
+        memory = previous_audit_memory(
+            context.instance, AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+        )
+        report = maintain_pipeline(
+            iceberg.load_catalog(),
+            spec,
+            (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
+            (orphan_window_hours(spec) if window is None else window) * 3600,
+            config.compact,
+            keep_after=memory.cursor if memory else None,
+        )
+        context.add_output_metadata(
+            {
+                "summary": MetadataValue.md("\n".join(f"- {x}" for x in report.describe())),
+                "files_compacted": report.files_compacted,
+                "files_written": report.files_written,
+                "rows_rewritten": report.rows_rewritten,
+                "compaction_commits_retried": report.groups_retried,
+                "snapshots_expired": report.expired_snapshots,
+                "snapshots_kept_for_watermark": report.kept_for_watermark,
+                "orphan_window_hours": round(report.orphan_window_s / 3600, 3),
+                "orphans_removed": len(report.orphans_removed),
+            }
+        )
+        if report.errors:  # every step ran; the run still fails so that it alerts
+            raise Failure(f"maintenance of {spec.table}: " + "; ".join(report.errors))
+
+    @op(name="failover_pipeline")
+    def _failover(
+        context: OpExecutionContext,
+        config: FailoverConfig,
+        kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
+    ) -> None:
+        spec = pick(config.pipeline)
+        if config.apply and not config.reason:
+            raise Failure("a failover needs a reason (config: reason)")
+        if config.complete and config.to not in (None, "primary"):
+            raise Failure(f"complete ends a failback to primary, not a failover to {config.to!r}")
+        if not config.complete and config.to is None:
+            raise Failure("a failover needs a target (config: to), or complete: true")
+        active = hold(context, spec, config.wait_for_runs_seconds, config.apply)
+        try:
+            if config.complete:
+                lines = complete_failback(
+                    spec,
+                    kafka,
+                    iceberg,
+                    dry_run=not config.apply,
+                    requested_by=f"dagster run {context.run_id}",
+                    reason=config.reason,
+                    active_runs=active,
+                )
+            else:
+                assert config.to is not None
+                lines = failover_pipeline(
+                    spec,
+                    kafka,
+                    iceberg,
+                    config.to,
+                    dry_run=not config.apply,
+                    requested_by=f"dagster run {context.run_id}",
+                    reason=config.reason,
+                    active_runs=active,
+                    source_lost=config.source_lost,
+                )
+        except IngestionError as exc:
+            raise Failure(str(exc)) from None
+        context.add_output_metadata({"plan": MetadataValue.md("\n".join(f"- {x}" for x in lines))})
+
+    @job(name="reset_offsets", description="Reset a pipeline's offsets (dry run by default).")
+    def reset_job() -> None:
+        _reset()
+
+    @job(name="migrate_group", description="Carry a pipeline's offsets to a new group id.")
+    def migrate_job() -> None:
+        _migrate()
+
+    @job(name=MAINTAIN_JOB, description="Compact, expire (keeping offsets), drop orphans.")
+    def maintain_job() -> None:
+        _maintain()
+
+    @job(
+        name="failover",
+        description="Switch a pipeline to a replica or back, or end a failback (dry run default).",
+    )
+    def failover_job() -> None:
+        _failover()
+
+    return [reset_job, migrate_job, maintain_job, failover_job]
