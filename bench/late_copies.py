@@ -100,9 +100,9 @@ def run_late_copy_suite(
                 "case": label,
                 "uncopied": tails.get(name, 0),
                 "records": report.records,
-                "late_copies": report.late_copies,
+                "late_copies": report.skipped,
                 "expected": expected[0],
-                "runs_exact": [(r.records, r.late_copies) for r in runs[name]] == expected,
+                "runs_exact": [(r.records, r.skipped) for r in runs[name]] == expected,
                 "read_back": check_table(catalog, name, routed.get(name), records, repeats, noted),
                 "seconds": round(report.timings_s["total"], 2),
                 "all_seconds": [round(r.timings_s["total"], 2) for r in runs[name]],
@@ -118,7 +118,7 @@ def run_late_copy_suite(
 
 def rate(report: Any) -> float:
     """Offsets consumed per second of a run: rows landed and late copies skipped."""
-    return float(report.records + report.late_copies) / report.timings_s["total"]
+    return float(report.records + report.skipped) / report.timings_s["total"]
 
 
 def run_case(
@@ -143,7 +143,7 @@ def check_table(
     noted: list[tuple[str, int, int]],
 ) -> str:  # fmt: skip
     """'ok', or what the table read back shows wrong."""
-    from ingestion.dr.late_copies.guard import skipped_late_copies
+    from ingestion.table.offsets import skipped_offsets
 
     if case is None:
         table = catalog.load_table(plain_spec("lc_plain", "plain").table)
@@ -163,8 +163,8 @@ def check_table(
         problems.append(f"{arrow.num_rows} rows ({len(landed)} distinct), {expected} expected")
     if late & landed or not near <= landed:
         problems.append(f"{len(late & landed)} late copies landed, near misses {near - landed}")
-    if skipped_late_copies(table) != late:
-        problems.append(f"{len(skipped_late_copies(table))} skips recorded, {len(late)} made")
+    if skipped_offsets(table) != late:
+        problems.append(f"{len(skipped_offsets(table))} skips recorded, {len(late)} made")
     return "; ".join(problems) or "ok"
 
 

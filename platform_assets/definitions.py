@@ -58,7 +58,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
     return Definitions(
         assets=[*assets, build_dbt_assets(dbt_project)],
         asset_checks=checks,
-        jobs=[*jobs, build_ingest_all_job(specs), observe, run_checks, *build_ops_jobs(specs)],
+        jobs=[*jobs, build_ingest_all_job(specs), observe, run_checks, *operator_jobs(specs)],
         schedules=[
             *schedules,
             build_observe_topics_schedule(observe),
@@ -73,6 +73,17 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
         ],
         resources={**build_resources(), "dbt": dbt_resource(dbt_project)},
     )
+
+
+def operator_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
+    """Reset, migrate and maintain; the failover job too once a pipeline declares replicas
+    (disaster recovery is an add-on: without replicas none of it is loaded)."""
+    jobs = build_ops_jobs(specs)
+    if any(spec.replicas for spec in specs):
+        from platform_assets.dr.jobs import build_failover_job
+
+        jobs.append(build_failover_job(specs))
+    return jobs
 
 
 defs = build_definitions()

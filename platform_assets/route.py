@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ingestion.dr.switch import active_cluster, active_origins, active_topics
 from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.route import active_cluster, active_origins, active_topics
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 

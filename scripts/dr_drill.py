@@ -69,11 +69,15 @@ import orjson  # noqa: E402
 import yaml  # noqa: E402
 from dr_dagster import DagsterPath, Refused, job_config  # noqa: E402
 
-from ingestion.dr.late_copies.guard import count_late_copies  # noqa: E402
-from ingestion.dr.route import SWITCH_SNAPSHOT, active_switch  # noqa: E402
 from ingestion.pipeline.run import run_pipeline  # noqa: E402
 from ingestion.spec.pipeline import PipelineSpec, load_pipeline_specs, parse_pipeline_spec  # noqa: E402
-from ingestion.table.offsets import CLUSTER_ID, RESET_BY, snapshot_properties  # noqa: E402
+from ingestion.table.offsets import (  # noqa: E402
+    CLUSTER_ID,
+    RESET_BY,
+    snapshot_properties,
+)
+from ingestion.table.offsets import count_skipped as count_commit_skipped  # noqa: E402
+from ingestion.table.route import SWITCH_SNAPSHOT, active_switch  # noqa: E402
 from platform_assets.cli.main import main as platform  # noqa: E402
 from platform_assets.demo import encode_event, make_order_event  # noqa: E402
 from platform_assets.route import active_route  # noqa: E402
@@ -466,7 +470,7 @@ def run_drill(
 def count_skipped(drill: Drill) -> int:
     """MM2's late copies the table's commits skipped (R54)."""
     table = drill.iceberg.load_catalog().load_table(drill.spec.table)
-    return sum(count_late_copies(snapshot_properties(s)) for s in table.snapshots())
+    return sum(count_commit_skipped(snapshot_properties(s)) for s in table.snapshots())
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 
+from ingestion.audit.names import find_cross_name_twins
 from ingestion.audit.oracle import audit_table
-from ingestion.dr.audit_names import find_cross_name_twins, name_families
+from ingestion.dr.audit_names import name_families
 from ingestion.table.schema import load_or_create_table
 from resources.iceberg import IcebergCatalogResource
 from tests.support.pipelines import make_spec

@@ -22,14 +22,14 @@ from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
+from ingestion.audit.clusters import allowed_copies
 from ingestion.audit.oracle import audit_pipeline, audit_table
-from ingestion.dr.audit_clusters import allowed_copies
 from ingestion.dr.cluster_rows import labelled_cluster
-from ingestion.dr.route import PRIMARY, ROUTE
 from ingestion.exceptions import OperationRefusedError, RouteClusterError
 from ingestion.ops.reset import OffsetReset, apply_reset
 from ingestion.pipeline.run import run_pipeline
 from ingestion.table.offsets import FAILOVER_TO, RESET_BY, TopicOffsets, commit_properties
+from ingestion.table.route import PRIMARY, ROUTE
 from ingestion.table.schema import (
     CLUSTER_COLUMN,
     TABLE_PROPERTIES,

@@ -24,10 +24,10 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetSelection, DagsterInstance
 
-from ingestion.dr.route import FAILOVER_ORIGIN
 from ingestion.exceptions import FailoverRefusedError, OperationRefusedError
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import RESET_BY, RESET_REASON
+from ingestion.table.route import FAILOVER_ORIGIN
 from platform_assets.cli.actions import parse_position
 from platform_assets.cli.main import main
 from platform_assets.dr.checks import replica_finding

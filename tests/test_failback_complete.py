@@ -21,17 +21,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField
 
 from ingestion.dr.failback.complete import apply_completion, plan_completion
-from ingestion.dr.route import (
-    DROPPED_PREFIX,
-    FAILOVER_TOPICS,
-    ROUTE,
-    ROUTE_ENDED,
-    active_switch,
-    carried_route,
-    ended_topics,
-    refuse_ended_topics,
-    route_snapshots,
-)
+from ingestion.dr.route import carried_route, refuse_ended_topics
 from ingestion.exceptions import CommitConflictError, FailoverRefusedError
 from ingestion.kafka.topics import TopicEnds
 from ingestion.pipeline.hooks import FailureHooks
@@ -48,6 +38,15 @@ from ingestion.table.offsets import (
     encode_offsets,
     iter_ancestry,
     snapshot_properties,
+)
+from ingestion.table.route import (
+    DROPPED_PREFIX,
+    FAILOVER_TOPICS,
+    ROUTE,
+    ROUTE_ENDED,
+    active_switch,
+    ended_topics,
+    route_snapshots,
 )
 from platform_assets.cli.actions import parse_position
 from platform_assets.cli.main import main

@@ -22,9 +22,9 @@ import pytest
 from dagster import DagsterInstance
 
 from ingestion.dr.failback.lost import FAILOVER_SOURCE_LOST
-from ingestion.dr.late_copies.guard import LATE_COPIES, read_guard
+from ingestion.dr.late_copies.guard import read_guard
 from ingestion.exceptions import FailoverRefusedError
-from ingestion.table.offsets import RESET_REASON, snapshot_properties
+from ingestion.table.offsets import RESET_REASON, SKIPPED, snapshot_properties
 from platform_assets.dr.failover import complete_failback, failover_pipeline
 from platform_assets.ingest.checks import audit_finding
 from platform_assets.operations.jobs import build_ops_jobs
@@ -213,8 +213,8 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         stack.ingest_route(other_clusters=True)  # reads dr to compare
         assert stack.landed_keys() == keys([*range(24), *range(30, 36), 40, 41])
         table = catalog.load_table(spec.table)
-        skipped = [orjson.loads(p[LATE_COPIES]) for s in table.snapshots()
-                   if LATE_COPIES in (p := snapshot_properties(s))]  # fmt: skip
+        skipped = [orjson.loads(p[SKIPPED]) for s in table.snapshots()
+                   if SKIPPED in (p := snapshot_properties(s))]  # fmt: skip
         assert sum(len(o) for found in skipped for o in found.values()) == 2
     audit = audit_finding(spec, iceberg, kafka)  # each commit recounted on the cluster it read
     assert audit.passed, audit.message
@@ -319,8 +319,8 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
     stack.ingest_route(other_clusters=True)  # compares on dr and on the primary
     assert stack.landed_keys() == keys([*even[:14], 30, 32, 34, 36])
     table = catalog.load_table(spec.table)
-    skipped = [orjson.loads(p[LATE_COPIES]) for s in table.snapshots()
-               if LATE_COPIES in (p := snapshot_properties(s))]  # fmt: skip
+    skipped = [orjson.loads(p[SKIPPED]) for s in table.snapshots()
+               if SKIPPED in (p := snapshot_properties(s))]  # fmt: skip
     assert [sorted(found[f"{copy}:0"]) for found in skipped] == [[12, 13, 14, 15, 16, 17]]
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message

@@ -17,9 +17,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ingestion.dr.failover import plan_failover
 from ingestion.dr.replica_facts import ReplicaTarget, read_checkpoints
 from ingestion.dr.replica_reader import read_offset_syncs
-from ingestion.dr.switch import FAILOVER_TO, active_cluster, apply_failover, spec_on_replica
+from ingestion.dr.switch import FAILOVER_TO, apply_failover, spec_on_replica
 from ingestion.pipeline.run import run_pipeline
 from ingestion.table.offsets import find_committed_state
+from ingestion.table.route import active_cluster
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from tests.support.failover_stream import oracle, produce

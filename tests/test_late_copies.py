@@ -23,13 +23,10 @@ from dagster import AssetSelection, DagsterInstance
 from ingestion.dr.align import digest_record, key_digest
 from ingestion.dr.failover import PartitionPlan
 from ingestion.dr.late_copies.guard import (
-    LATE_COPIES,
     RELEASED,
     UNCOPIED_PREFIX,
     LateCopyGuard,
     Uncopied,
-    count_late_copies,
-    late_copies_property,
     parse_guard,
     read_guard,
     strong_id,
@@ -40,7 +37,7 @@ from ingestion.exceptions import LateCopyUnverifiedError
 from ingestion.kafka.ranges import OffsetRange
 from ingestion.pipeline.execute import task_metadata_json
 from ingestion.pipeline.run import run_pipeline
-from ingestion.table.offsets import snapshot_properties
+from ingestion.table.offsets import SKIPPED, count_skipped, skipped_property, snapshot_properties
 from ingestion.table.schema import load_or_create_table
 from ingestion.task.spec import RawChunk, TaskResult
 from platform_assets.cli.main import main
@@ -102,10 +99,10 @@ def test_set_aside_skips_only_byte_for_byte_copies(
 
 def test_one_partitions_skips_over_several_tasks_are_recorded_once() -> None:
     results = [TaskResult(OffsetRange("dr.t", 0, start, start + 4)) for start in (0, 4)]
-    results[0].late_copies, results[1].late_copies = [1, 2, 3], [5, 6]
-    recorded = {LATE_COPIES: late_copies_property(results)}
-    assert orjson.loads(recorded[LATE_COPIES]) == {"dr.t:0": [1, 2, 3, 5, 6]}
-    assert count_late_copies(recorded) == 5
+    results[0].skipped, results[1].skipped = [1, 2, 3], [5, 6]
+    recorded = {SKIPPED: skipped_property(results)}
+    assert orjson.loads(recorded[SKIPPED]) == {"dr.t:0": [1, 2, 3, 5, 6]}
+    assert count_skipped(recorded) == 5
 
 
 def test_a_guard_written_by_the_previous_version_is_read_as_one_entry_per_partition() -> None:
@@ -226,12 +223,12 @@ def test_late_copies_after_a_source_lost_failover_land_once(
         result = materialize_pipeline(spec, resources, selection, instance)
     assert result.success
     (materialized,) = result.asset_materializations_for_node(f"ingest_{NAME}")[:1]
-    assert materialized.metadata["late_copies_skipped"].value == 20  # shown in the Dagster UI
+    assert materialized.metadata["skipped_records"].value == 20  # shown in the Dagster UI
     oracle(catalog, spec, 150)
     skipping = catalog.load_table(spec.table).current_snapshot()
     assert skipping is not None
     assert skipping.summary is not None
-    skipped = orjson.loads(skipping.summary.additional_properties[LATE_COPIES])
+    skipped = orjson.loads(skipping.summary.additional_properties[SKIPPED])
     assert sorted(skipped) == ["primary.orders:0", "primary.orders:1"]
     assert sum(len(offsets) for offsets in skipped.values()) == 20
     produce(replica.bootstrap_servers, "primary.orders", 150, 10)
@@ -353,7 +350,7 @@ def test_tasks_get_the_table_metadata_without_the_uncopied_records(
     catalog_resource: IcebergCatalogResource,
 ) -> None:
     """The guard's record list can be megabytes (``bench/run.py --suite late-copies``); every
-    task would parse it. Tasks get their partition's share in ``late_copy_ids`` instead."""
+    task would parse it. Tasks get their partition's share in ``TaskSpec.guard`` instead."""
     spec = make_spec("orders", "lc_task_metadata")
     table = load_or_create_table(catalog_resource.load_catalog(), spec)
     with table.transaction() as transaction:

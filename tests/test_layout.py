@@ -4,7 +4,11 @@ function-level import (every ``import`` statement counts, wherever it is)."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,3 +121,103 @@ def test_engine_imports_no_dagster() -> None:
             if any(name.split(".")[0] == "dagster" for name in names):
                 offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def imports_with_level(path: Path) -> list[tuple[str, bool]]:
+    """Every ``import``/``from`` of ``path`` as (module, at module level), relative ones
+    skipped (the project uses none)."""
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    top |= {  # imports under a module-level ``if TYPE_CHECKING:`` or ``try:`` count as top too
+        id(child)
+        for node in tree.body
+        if isinstance(node, ast.If | ast.Try)
+        for child in ast.walk(node)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, id(node) in top))
+    return found
+
+
+def is_dr(module: str) -> bool:
+    return module.startswith(("ingestion.dr.", "platform_assets.dr.")) or module in {
+        "ingestion.dr",
+        "platform_assets.dr",
+    }
+
+
+def test_disaster_recovery_is_reached_only_through_its_seam() -> None:
+    """Disaster recovery is an add-on (docs/architecture.md): outside ``ingestion/dr/`` the
+    engine reaches it only through ``ingestion/replicas.py``; outside ``platform_assets/dr/``
+    the Dagster side imports no ``ingestion.dr`` module and loads ``platform_assets.dr`` only
+    on demand (inside a function, for a pipeline with replicas), never at import."""
+    offenders = []
+    for package in ("ingestion", "platform_assets", "resources"):
+        for path in (ROOT / package).rglob("*.py"):
+            relative = path.relative_to(ROOT).as_posix()
+            if relative.startswith(("ingestion/dr/", "platform_assets/dr/")):
+                continue
+            for module, top_level in imports_with_level(path):
+                if not is_dr(module) or relative == "ingestion/replicas.py":
+                    continue
+                if module.startswith("platform_assets.dr") and not top_level:
+                    continue  # the Dagster add-on, loaded when a pipeline has replicas
+                offenders.append(f"{relative} imports {module}")
+    assert offenders == []
+
+
+NO_REPLICAS = """
+import json, sys
+from ingestion.audit.oracle import audit_pipeline
+from ingestion.pipeline.run import run_pipeline
+from ingestion.spec.pipeline import parse_pipeline_spec
+import platform_assets.definitions  # the code location, as dagster loads it
+from platform_assets.state import read_pipeline_state
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
+
+spec = parse_pipeline_spec(json.loads(sys.argv[1]))
+kafka = KafkaResource(bootstrap_servers=sys.argv[2])
+iceberg = IcebergCatalogResource(state_dir=sys.argv[3])
+catalog = iceberg.load_catalog()
+config = kafka.client_config()
+report = run_pipeline(spec, config, catalog, None, cluster_id="test")
+state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
+audit = audit_pipeline(spec, catalog, config, full=True)
+assert audit is not None and audit.full is not None and audit.full.ok, audit
+loaded = sorted(m for m in sys.modules if m.startswith(("ingestion.dr", "platform_assets.dr")))
+print(json.dumps({"records": report.records, "dr_modules": loaded}))
+"""
+
+
+@pytest.mark.integration
+def test_a_pipeline_without_replicas_loads_no_disaster_recovery_module(
+    new_pipeline: Any, broker: Any, tmp_path: Path
+) -> None:
+    """In a fresh interpreter: load the code location, run a pipeline without replicas
+    (``run_pipeline``), read its state as the sensors and the CLI do and audit it in full;
+    not one ``ingestion.dr`` or ``platform_assets.dr`` module is loaded."""
+    _, spec = new_pipeline("nodr", produce=5)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_REPLICAS, spec.model_dump_json(by_alias=True, exclude_none=True),
+         broker.bootstrap_servers, str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"records": 5, "dr_modules": []}
+
+
+def test_the_seam_loads_disaster_recovery_for_a_pipeline_with_replicas() -> None:
+    """The other side of the seam: a pipeline with replicas gets the add-on."""
+    from ingestion.replicas import replica_support
+    from tests.support.pipelines import make_spec
+
+    spec = make_spec("orders", "withdr", replicas=[{"name": "dr", "source_alias": "primary"}])
+    support = replica_support(spec)
+    assert support is not None
+    assert support.name_families(spec) == [frozenset({"orders", "primary.orders"})]

@@ -7,7 +7,7 @@ snapshot already audited), oldest first:
 - an ingestion commit of the group: its offsets never go down nor drop a partition; the rows
   its own files add lie in its ranges, once each; and its snapshot summary's ``added-records``
   plus its ``kafka.quarantined`` (and the MM2 late copies it skipped, ``kafka.late-copies``:
-  ``ingestion.dr.late_copies.guard``) equal the visible records Kafka holds in its ranges. A range
+  ``ingestion.task.spec``) equal the visible records Kafka holds in its ranges. A range
   starts at the previous commit's offset; for a partition absent from it (a new partition or
   topic, or the group's first commit) at the start recorded in ``kafka.range-starts``; after a
   range recorded in ``kafka.lost-ranges``, at the end of that range. Where the start is not
@@ -43,7 +43,6 @@ from ingestion.audit.snapshots import (
     check_rewind,
     check_rows,
 )
-from ingestion.dr.route import route_of
 from ingestion.kafka.consumer import open_consumer
 from ingestion.kafka.ranges import Key
 from ingestion.table.offsets import (
@@ -57,6 +56,7 @@ from ingestion.table.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
+from ingestion.table.route import route_of
 from ingestion.table.schema import PRIMARY
 
 if TYPE_CHECKING:

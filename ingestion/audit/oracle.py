@@ -14,24 +14,26 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ingestion.audit.clusters import allowed_copies, count_duplicates, read_labelled
 from ingestion.audit.incremental import CommitAudit, audit_commits
-from ingestion.dr.audit_clusters import allowed_copies, count_duplicates, read_labelled
-from ingestion.dr.audit_names import find_cross_name_twins, name_families
-from ingestion.dr.late_copies.guard import count_late_copies, skipped_late_copies
-from ingestion.dr.route import DROPPED_PREFIX, route_cluster
+from ingestion.audit.names import find_cross_name_twins
 from ingestion.kafka.ranges import Coordinates, Key
 from ingestion.pipeline.recovery import list_file_paths
+from ingestion.replicas import replica_support
 from ingestion.table.offsets import (
     OFFSETS_PREFIX,
     QUARANTINED,
     RESET_BY,
+    count_skipped,
     decode_offsets,
     decode_positions,
     find_committed_state,
     flatten,
     iter_ancestry,
+    skipped_offsets,
     snapshot_properties,
 )
+from ingestion.table.route import DROPPED_PREFIX, route_cluster
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -55,7 +57,7 @@ class AuditResult:
     regressions: list[str] = field(default_factory=list)
     beyond_watermark: list[Coordinates] = field(default_factory=list)
     commit_mismatches: list[str] = field(default_factory=list)
-    cross_name_duplicates: list[str] = field(default_factory=list)  # ingestion.dr.audit_names
+    cross_name_duplicates: list[str] = field(default_factory=list)  # ingestion.audit.names
 
     @property
     def ok(self) -> bool:
@@ -137,7 +139,7 @@ def audit_table(
     The quarantine table is read as any reader reads it, without filtering by commit lineage:
     it holds exactly the dead letters of the committed ranges (ingestion.quarantine.sync), so a row
     of a losing or crashed run would show here as a duplicate or as beyond the watermark.
-    ``families`` (the names MM2 gives each topic, ``ingestion.dr.audit_names``) add the check for
+    ``families`` (the names MM2 gives each topic, ``ingestion.replicas``) add the check for
     one record held under two names.
     """
     result = AuditResult()
@@ -153,7 +155,8 @@ def audit_table(
     current = table.current_snapshot()
     files = list_file_paths(table, current) if current else []
     result.duplicate_files = sorted(p for p, n in Counter(files).items() if n > 1)
-    result.cross_name_duplicates = find_cross_name_twins(table, families or [])
+    if families:  # the check itself reads only the table (ingestion.audit.names)
+        result.cross_name_duplicates = find_cross_name_twins(table, families)
     # Partitions an ended route dropped keep their rows, read up to there (R49).
     ended = decode_positions(table.properties.get(DROPPED_PREFIX + group_id, "{}"))
     watermark = {**ended, **_lineage_checks(table, group_id, result)}
@@ -171,7 +174,7 @@ def audit_table(
         }
     )
     if expected is not None:
-        allowed_missing = (lost or set()) | skipped_late_copies(table)  # MM2's, R54
+        allowed_missing = (lost or set()) | skipped_offsets(table)  # MM2's, R54
         within = {c for c in expected if c[2] < watermark.get((c[0], c[1]), 0)}
         result.missing = sorted(within - set(counts) - allowed_missing)
         result.unexpected = sorted(set(counts) - expected)
@@ -214,7 +217,7 @@ def _check_commit_counts(
         )
         summary = snapshot.summary
         added = int(summary.get("added-records", "0") or 0) if summary else 0
-        added += int(properties.get(QUARANTINED, "0")) + count_late_copies(properties)
+        added += int(properties.get(QUARANTINED, "0")) + count_skipped(properties)
         if added != visible:
             result.commit_mismatches.append(
                 f"snapshot {snapshot.snapshot_id}: added {added} != visible {visible}"
@@ -268,7 +271,8 @@ def audit_pipeline(
     quarantine = None
     if catalog.table_exists(spec.quarantine_table):
         quarantine = catalog.load_table(spec.quarantine_table)
-    families = name_families(spec)
+    replicas = replica_support(spec)  # the names MM2 gives each topic, with replicas only
+    families = replicas.name_families(spec) if replicas is not None else []
     return PipelineAudit(
         commits, audit_table(table, spec.consumer_group_id, quarantine, families=families)
     )

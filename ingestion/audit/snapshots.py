@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
 from ingestion.audit.recount import Recount
-from ingestion.dr.late_copies.guard import count_late_copies
 from ingestion.kafka.consumer import iter_batches, open_consumer
 from ingestion.kafka.ranges import Key
 from ingestion.ops.compaction import MAINTENANCE
@@ -22,6 +21,7 @@ from ingestion.table.offsets import (
     OFFSETS_PREFIX,
     QUARANTINED,
     RANGE_STARTS,
+    count_skipped,
     decode_starts,
 )
 from ingestion.table.schema import CLUSTER_COLUMN, PRIMARY, labels_cluster
@@ -178,7 +178,7 @@ def check_count(
     audit.recounted.append(sid)
     audit.offsets_recounted += sum(r.size for r in recount.ranges)
     added = _count(snapshot, "added-records") + int(properties.get(QUARANTINED, "0"))
-    added += count_late_copies(properties)  # read and skipped: ingestion.dr.late_copies.guard
+    added += count_skipped(properties)  # read and skipped: ingestion.task.spec
     if added < visible or (recount.exact and added != visible):
         audit.findings.append(
             f"snapshot {sid} added {added} records (quarantined and late copies included) but "

@@ -15,47 +15,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from ingestion.table.schema import CLUSTER_COLUMN, PRIMARY, labels_cluster
+from ingestion.table.schema import PRIMARY, cluster_condition, has_cluster_column
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
-
-
-def has_cluster_column(table: Table) -> bool:
-    """Whether the table's schema has ``_kafka_cluster`` (a table created before it gains it on
-    its next run)."""
-    return labels_cluster(table.schema())
-
-
-def cluster_condition(table: Table, cluster: str | None) -> str | None:
-    """The row-filter clause (`` AND ...``) selecting ``table``'s rows read on ``cluster``: ""
-    for every row (``cluster`` None, or ``primary`` on a table without the column: all its rows
-    are the primary's); None when no row can be (another cluster, no column).
-
-    Example:
-        >>> import tempfile
-        >>> from pyiceberg.catalog.sql import SqlCatalog
-        >>> from pyiceberg.schema import Schema
-        >>> from pyiceberg.types import NestedField, StringType
-        >>> where = tempfile.mkdtemp()
-        >>> catalog = SqlCatalog("c", uri=f"sqlite:///{where}/c.db", warehouse=f"file://{where}")
-        >>> catalog.create_namespace("n")
-        >>> old = catalog.create_table("n.t", Schema(NestedField(1, "v", StringType())))
-        >>> cluster_condition(old, "primary"), cluster_condition(old, "dr")
-        ('', None)
-        >>> with old.update_schema() as update:
-        ...     update = update.add_column(CLUSTER_COLUMN, StringType())
-        >>> cluster_condition(old, "dr")
-        " AND _kafka_cluster = 'dr'"
-    """
-    if cluster is None:
-        return ""
-    if not has_cluster_column(table):
-        return "" if cluster == PRIMARY else None
-    # Cluster names are the platform configuration's keys ([a-zA-Z0-9_-]): safe quoted.
-    if cluster == PRIMARY:
-        return f" AND ({CLUSTER_COLUMN} IS NULL OR {CLUSTER_COLUMN} = '{PRIMARY}')"
-    return f" AND {CLUSTER_COLUMN} = '{cluster}'"
 
 
 def primary_offsets(tables: Iterable[Table], topic: str, partition: int, start: int) -> list[int]:

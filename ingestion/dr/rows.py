@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ingestion.dr.align import RecordId
-from ingestion.dr.cluster_rows import cluster_condition
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.table.schema import cluster_condition
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -31,44 +31,18 @@ from ingestion.dr.failover import PartitionPlan
 from ingestion.dr.late_copies.guard import Entries, read_guard, uncopied_property
 from ingestion.dr.mm2 import replica_topic
 from ingestion.dr.replica_facts import ReplicaTarget
-from ingestion.dr.route import FAILOVER_ORIGIN, FAILOVER_TOPICS, PRIMARY, active_switch
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.ops.action import ActionCommit, ActionOutcome, commit_action, refuse_active_runs
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table import offsets as props
 from ingestion.table.offsets import OffsetMap, TopicOffsets, find_committed_state
+from ingestion.table.route import FAILOVER_ORIGIN, FAILOVER_TOPICS, PRIMARY
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
     from pyiceberg.catalog import Catalog
-    from pyiceberg.table import Table
 
 FAILOVER_TO = props.FAILOVER_TO
-
-
-def active_cluster(table: Table, group_id: str) -> str | None:
-    """The cluster the table says the group reads: the newest switch's target while the group's
-    offsets are still committed under that target's cluster id; None (the pipeline's own
-    cluster) when no switch was committed, a later commit (a reset) went back to another, or a
-    failback's completion ended the route."""
-    switch = active_switch(table, group_id)
-    return None if switch is None else switch[FAILOVER_TO]
-
-
-def active_topics(table: Table, group_id: str) -> dict[str, str] | None:
-    """The newest switch's topic names, ``{spec topic: topic read}``, while it is active
-    (:func:`active_cluster`); None without one, or for a switch that did not record them."""
-    switch = active_switch(table, group_id)
-    names = None if switch is None else switch.get(FAILOVER_TOPICS)
-    return dict(orjson.loads(names)) if names else None
-
-
-def active_origins(table: Table, group_id: str) -> list[str]:
-    """The origin topics a failback to the pipeline's own cluster put back on the route next
-    to the reverse copies (``ingestion.dr.failback.origin``), while that switch is active."""
-    switch = active_switch(table, group_id)
-    plans = orjson.loads(switch.get(FAILOVER_ORIGIN, "[]")) if switch else []
-    return sorted({str(plan["topic"]) for plan in plans})
 
 
 def spec_on_replica(spec: PipelineSpec, target: ReplicaTarget) -> PipelineSpec:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from ingestion.health.lag import measure_lag_age
 from ingestion.health.state import PipelineState
+from ingestion.spec.replicas import ReplicaSpec
 from ingestion.table.offsets import describe_commit
 from ingestion.table.rewind import explain_ahead
 
@@ -327,6 +328,17 @@ AUDIT_CHECK = CheckDef(
     "ranges, once; nothing else wrote to the table (full audit on demand).",
 )
 ALL_CHECKS = (GROUP_CHECK, *STATE_CHECKS, AUDIT_CHECK)
+
+
+def replica_check_def(replica: ReplicaSpec) -> CheckDef:
+    """The readiness check of one replica: its name and what it means (evaluated by the
+    disaster-recovery add-on, ``platform_assets.dr.checks``)."""
+    return CheckDef(
+        f"replica_{replica.name.replace('-', '_')}_ready",
+        f"MirrorMaker 2 readiness of replica {replica.name!r}: a compacted one-partition "
+        "checkpoints topic, the group committed on the source, a recent checkpoint for it, and "
+        "a copy of every topic with the same partitions (the way back while failed over).",
+    )
 
 
 def not_evaluated(state: PipelineState) -> Finding:

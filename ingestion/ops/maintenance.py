@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
-from ingestion.dr.route import route_snapshots
 from ingestion.ops.compaction import CompactionReport, compact_small_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.recovery import OrphanFile, remove_orphan_files
@@ -36,6 +35,7 @@ from ingestion.table.offsets import (
     RUN_DURATION_MS,
     snapshot_properties,
 )
+from ingestion.table.route import route_snapshots
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -117,7 +117,7 @@ def watermark_path(table: Table, head: Snapshot | None, keep: Set[str] = frozens
     """Snapshot ids from ``head`` back to the newest carrier of every live group's offsets
     (:func:`live_groups`): expiring any of them would make a watermark unreachable; and, for a
     group that reads a replica, back past its failover switch
-    (:func:`~ingestion.dr.route.route_snapshots`)."""
+    (:func:`~ingestion.table.route.route_snapshots`)."""
     from pyiceberg.table.snapshots import ancestors_of
 
     ancestry = list(ancestors_of(head, table.metadata))

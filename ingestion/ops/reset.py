@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
-from ingestion.dr.cluster_rows import cluster_condition
-from ingestion.dr.route import route_cluster
 from ingestion.kafka.ranges import Key
 from ingestion.kafka.topics import describe_topic, list_pipeline_topics
 from ingestion.ops.action import (
@@ -37,7 +35,8 @@ from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from ingestion.table import offsets as props
 from ingestion.table.offsets import OffsetMap, TopicOffsets, find_committed_state, flatten
 from ingestion.table.rewind import find_retirement
-from ingestion.table.schema import PRIMARY
+from ingestion.table.route import route_cluster
+from ingestion.table.schema import PRIMARY, cluster_condition
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer

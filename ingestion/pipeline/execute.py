@@ -1,15 +1,15 @@
 """Running the tasks of a plan: on Spark executors (or in-process), with the coordinator's
-between-rounds work: new columns (R36) and writer schemas looked up by id (R34)."""
+between-rounds work: new columns (R36), writer schemas looked up by id (R34) and a record guard's
+candidates resolved (ingestion.task.spec)."""
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
-from ingestion.dr.late_copies.guard import UNCOPIED_PREFIX, Key, WeakId
 from ingestion.formats.avro import fetch_schemas_by_id
 from ingestion.formats.decode import merge_field_types
 from ingestion.pipeline.commit import delete_files
@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import SparkSession
 
-MAX_ROUNDS = 4  # candidates for MM2's late copies, unknown schema ids, new fields, then clean
+    from ingestion.kafka.ranges import Key
+    from ingestion.task.spec import RecordGuard, RunGuard
+
+MAX_ROUNDS = 4  # a guard's candidates, unknown schema ids, new fields, then clean
 
 
 def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskResult]:
@@ -83,12 +86,13 @@ def execute_locally(specs: list[TaskSpec]) -> list[TaskResult]:
     return [run_task(spec) for spec in specs]
 
 
-def task_metadata_json(table: Table) -> str:
-    """The table metadata every task receives, as JSON: without the late-copy guard's record
-    lists (``kafka.uncopied.*``: megabytes for a large RPO tail, parsed by every task; a task
-    gets its own partition's share in ``TaskSpec.late_copy_ids``)."""
+def task_metadata_json(table: Table, private: tuple[str, ...] = ()) -> str:
+    """The table metadata every task receives, as JSON: without the table properties whose
+    names start with one of ``private`` (a record guard's record lists, ``kafka.uncopied.*``:
+    megabytes for a large RPO tail, parsed by every task; a task gets its own partition's
+    share in ``TaskSpec.guard``)."""
     metadata = table.metadata
-    kept = {k: v for k, v in metadata.properties.items() if not k.startswith(UNCOPIED_PREFIX)}
+    kept = {k: v for k, v in metadata.properties.items() if not k.startswith(private or ("\0",))}
     if len(kept) == len(metadata.properties):
         return metadata.model_dump_json()
     return metadata.model_copy(update={"properties": kept}).model_dump_json()
@@ -103,15 +107,16 @@ def build_task_specs(
     io_properties: dict[str, str],
     hooks: FailureHooks,
     writer_schemas: dict[int, str],
-    late_copy_ids: dict[tuple[str, int], frozenset[tuple[int, str | None]]] | None = None,
+    guards: dict[Key, RecordGuard] | None = None,
     cluster: str = "primary",
+    private: tuple[str, ...] = (),
 ) -> list[TaskSpec]:
-    """One task spec per planned range; executors receive only the ``in_task`` hook (and the
-    uncopied records of their partition: ``ingestion.dr.late_copies.guard``); ``cluster`` is the
-    name of
-    the cluster the ranges are read on, recorded in every row."""
-    late_copy_ids = late_copy_ids or {}
-    table_json = task_metadata_json(table)
+    """One task spec per planned range; executors receive only the ``in_task`` hook and their
+    partition's record guard (``guards``: ingestion.task.spec); ``cluster`` is the name of the
+    cluster the ranges are read on, recorded in every row; table properties starting with one of
+    ``private`` stay on the driver."""
+    guards = guards or {}
+    table_json = task_metadata_json(table, private)
     quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
     return [
         TaskSpec(
@@ -130,7 +135,7 @@ def build_task_specs(
             headers=spec.headers,
             hooks=hooks.only("in_task"),
             engine_version=engine_fingerprint(),
-            late_copy_ids=late_copy_ids.get((task.topic, task.partition), frozenset()),
+            guard=guards.get((task.topic, task.partition)),
             cluster=cluster,
         )
         for task in plan.tasks
@@ -183,13 +188,12 @@ def prepare_files(
     table: Table,
     spark: SparkSession | None,
     registry: Any | None = None,
-    late_copy_digests: Callable[[dict[Key, set[WeakId]]], dict[Key, frozenset[bytes]]]
-    | None = None,
+    guard: RunGuard | None = None,
+    private: tuple[str, ...] = (),
 ) -> Prepared:
-    """Run the tasks; rerun those that met new fields, unknown schema ids or candidates for
-    MM2's late copies once resolved (``late_copy_digests`` reads, on the clusters the guard's
-    entries name, the records matching the pairs the candidates met:
-    ``ingestion.dr.late_copies.guard``).
+    """Run the tasks; rerun those that met new fields, unknown schema ids or a record guard's
+    candidates once resolved (``guard.resolve``: for MM2's late copies it reads, on the
+    clusters the guard names, the records the candidates may copy; ingestion.task.spec).
 
     Delivery: a rerun task writes a new file set; the discarded set is deleted at once (it
     was never committed, and the coordinator alone decides to rerun).
@@ -223,24 +227,22 @@ def prepare_files(
         if new_fields or promotions:
             prepared.schema_changes += evolve_schema(table, new_fields, promotions)
             table.refresh()
-        table_json = task_metadata_json(table)
-        digests = {}
-        met: dict[Key, set[WeakId]] = {}
+        table_json = task_metadata_json(table, private)
+        resolved: dict[Key, RecordGuard] = {}
+        met: dict[Key, set[Hashable]] = {}
         for index in rerun:  # a partition split into several tasks: one set
-            if results[index].late_copy_candidates:
+            if results[index].guard_candidates:
                 where = (specs[index].range.topic, specs[index].range.partition)
-                met.setdefault(where, set()).update(results[index].late_copy_met)
-        if late_copy_digests is not None and met:
-            digests = late_copy_digests(met)
+                met.setdefault(where, set()).update(results[index].guard_met)
+        if guard is not None and met:
+            resolved = guard.resolve(met)
         specs = [
             replace(
                 s,
                 table_metadata_json=table_json,
                 writer_schemas=writers,
                 missing_schema_ids=frozenset(missing),
-                late_copy_digests=digests.get(
-                    (s.range.topic, s.range.partition), s.late_copy_digests
-                ),
+                guard=resolved.get((s.range.topic, s.range.partition), s.guard),
             )
             for s in specs
         ]

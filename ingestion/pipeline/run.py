@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
-from ingestion.dr.late_copies.guard import LATE_COPIES, late_copies_property, read_guard
-from ingestion.dr.route import carried_route, refuse_ended_topics, refuse_other_cluster
 from ingestion.formats.avro import avro_to_iceberg_schema, fetch_writer_schemas
 from ingestion.formats.isolate import DecodeStats
 from ingestion.kafka.consumer import open_consumer
@@ -26,8 +24,9 @@ from ingestion.quarantine.dead_letters import (
     unpublished_commits,
 )
 from ingestion.quarantine.sync import quarantine_properties, sync_quarantine
+from ingestion.replicas import replica_support
 from ingestion.spec.pipeline import PipelineSpec
-from ingestion.table.offsets import commit_properties, flatten
+from ingestion.table.offsets import SKIPPED, commit_properties, flatten, skipped_property
 from ingestion.table.schema import load_or_create_quarantine_table, load_or_create_table
 
 if TYPE_CHECKING:
@@ -58,7 +57,7 @@ class RunReport:
     notes: list[str] = field(default_factory=list)
     mirror: MirrorOutcome | None = None
     dead_letter_copies: int = 0
-    late_copies: int = 0  # MM2's late copies read and skipped (ingestion.dr.late_copies.guard)
+    skipped: int = 0  # read and skipped by the tasks' record guard (MM2's late copies: R54)
     dead_letter_error: str | None = None
     valid_through_ms: int | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -119,8 +118,8 @@ def run_pipeline(
         schema_registry: a Schema Registry client for Avro values; by default one for the
             spec's ``schema_registry_url``.
         cluster_config: librdkafka properties of another cluster by name: after a failover
-            with ``--source-lost``, the cluster left, read to tell MM2's late copies
-            (``ingestion.dr.late_copies.guard``); without it such a run refuses.
+            with ``--source-lost``, the cluster left, read to tell MM2's late copies (R54,
+            through the record guard of ``ingestion.replicas``); without it such a run refuses.
         cluster: the name of the cluster read (``primary`` or a replica's name in the platform
             configuration: ``platform_assets.route.Route.cluster``), recorded in every row's
             ``_kafka_cluster``.
@@ -147,10 +146,9 @@ def run_pipeline(
     # read_committed: the planned end offsets are the last stable offsets (R16).
     with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
         plan = build_plan(spec, table, admin, consumer, cluster_id)
-    if spec.replicas:  # planned on a route a failback's completion ended since (R49)
-        unplanned = [t for t in spec.source_topics if t not in (plan.committed or {})]
-        refuse_ended_topics(table, plan.group_id, spec.source_topics, unplanned, spec.name)
-        refuse_other_cluster(table, plan.group_id, cluster, spec.name)  # rows record it
+    replicas = replica_support(spec)  # None without replicas: no disaster-recovery code runs
+    if replicas is not None:  # planned on a route that changed since (R49)
+        replicas.check_route(table, plan.group_id, spec, list(plan.committed or {}), cluster)
     timings["plan"] = time.monotonic() - started
     hooks.fire("after_plan", plan=plan)
     report = RunReport(
@@ -180,8 +178,11 @@ def run_pipeline(
     writers = {}
     if registry is not None:
         writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
-    guard = read_guard(table, plan.group_id, spec.name) if spec.replicas else None
-    late_ids = guard.weak_ids() if guard else None
+    guard = None
+    private: tuple[str, ...] = ()
+    if replicas is not None:  # MM2's late copies are held back from the tasks (R54)
+        guard = replicas.run_guard(table, plan.group_id, spec.name, cluster_config)
+        private = replicas.private_properties
     specs = build_task_specs(
         spec,
         plan,
@@ -191,15 +192,15 @@ def run_pipeline(
         io_properties,
         hooks,
         writers,
-        late_ids,
+        guard.task_guards() if guard is not None else None,
         cluster,
+        private,
     )
     session = _spark_for(spec, plan, spark)
     report.executed_in = "spark" if session is not None else "driver"
-    digests = (lambda met: guard.digests(cluster_config, met)) if guard else None
-    prepared = prepare_files(specs, table, session, registry, digests)
+    prepared = prepare_files(specs, table, session, registry, guard, private)
     results = prepared.results
-    report.late_copies = sum(len(r.late_copies) for r in results)
+    report.skipped = sum(len(r.skipped) for r in results)
     report.schema_changes = prepared.schema_changes
     timings["prepare"] = time.monotonic() - started - timings["plan"]
     data_files = [f for r in results for f in r.data_files]
@@ -229,14 +230,14 @@ def run_pipeline(
         run_duration_ms=int((time.monotonic() - started) * 1000),
         range_starts={k: o for k, o in plan.start.items() if k not in committed_before},
     )
-    if report.late_copies:  # records read and skipped: the audits count them
-        properties[LATE_COPIES] = late_copies_property(results)
+    if report.skipped:  # records read and skipped: the audits count them
+        properties[SKIPPED] = skipped_property(results)
     if (
         quarantine is not None
     ):  # the commit names its dead letters' files (ingestion.quarantine.sync)
         properties.update(quarantine_properties(quarantine, quarantine_files))
-    if spec.replicas:  # a moved route outlives the expiry of its switch (R49)
-        properties.update(carried_route(table, plan.group_id))
+    if replicas is not None:  # a moved route outlives the expiry of its switch (R49)
+        properties.update(replicas.commit_properties(table, plan.group_id))
     try:
         outcome = commit_data(catalog, plan, data_files, properties, hooks)
     except exceptions.CommitConflictError:

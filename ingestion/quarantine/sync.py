@@ -58,8 +58,6 @@ import time
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
-from ingestion.dr.cluster_rows import cluster_condition, has_cluster_column
-from ingestion.dr.route import route_of
 from ingestion.kafka.ranges import Key
 from ingestion.pipeline.commit import commit_view, load_table_with_retry
 from ingestion.quarantine.plan import (
@@ -83,7 +81,8 @@ from ingestion.table.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
-from ingestion.table.schema import PRIMARY
+from ingestion.table.route import route_of
+from ingestion.table.schema import PRIMARY, cluster_condition, has_cluster_column
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
 
+    from ingestion.task.spec import TaskResult
+
 OFFSETS_PREFIX = "kafka.offsets."
 COMMIT_ID = "kafka.commit-id"
 GROUP_ID = "kafka.group-id"
@@ -32,6 +34,9 @@ VALID_THROUGH_MS = "kafka.valid-through-ms"
 LOST_RANGES = "kafka.lost-ranges"
 RESET_BY = "kafka.reset-by"  # an operator's explicit offset change (reset or group migration)
 RESET_REASON = "kafka.reset-reason"
+# On a run commit: {"topic:partition": [offsets]} read and skipped by a task's record guard
+# (ingestion.task.spec; so far MM2's late copies, whence the name). The audits count them.
+SKIPPED = "kafka.late-copies"
 FAILOVER_TO = "kafka.failover-to"  # a switch to another cluster (ingestion.dr.switch)
 MIGRATED_FROM = "kafka.migrated-from"
 # Comma-separated group ids a migration retired: their offsets need not stay reachable (expiry)
@@ -294,3 +299,36 @@ def table_has_rows(table: Table) -> bool:
     if snapshot is None or snapshot.summary is None:
         return False
     return int(snapshot.summary.get("total-records", "0") or 0) > 0
+
+
+def skipped_property(results: list[TaskResult]) -> str:
+    """The commit's record of the records its tasks' guards skipped:
+    ``{"topic:partition": [offsets]}``."""
+    skipped: dict[str, list[int]] = {}
+    for result in results:  # a partition split into several tasks: one list
+        if result.skipped:
+            where = f"{result.range.topic}:{result.range.partition}"
+            skipped.setdefault(where, []).extend(result.skipped)
+    return orjson.dumps({where: sorted(offsets) for where, offsets in skipped.items()}).decode()
+
+
+def count_skipped(properties: dict[str, str]) -> int:
+    """The records a commit's guards skipped (0 without any).
+
+    Example:
+        >>> count_skipped({SKIPPED: '{"dr.t:0": [4, 9], "dr.t:1": [2]}'})
+        3
+    """
+    raw = properties.get(SKIPPED)
+    return sum(len(offsets) for offsets in orjson.loads(raw).values()) if raw else 0
+
+
+def skipped_offsets(table: Table) -> set[tuple[str, int, int]]:
+    """Every (topic, partition, offset) the table's commits skipped (read, not ingested)."""
+    skipped: set[tuple[str, int, int]] = set()
+    for snapshot in iter_ancestry(table):
+        raw = snapshot_properties(snapshot).get(SKIPPED)
+        for where, offsets in (orjson.loads(raw) if raw else {}).items():
+            topic, _, partition = where.rpartition(":")
+            skipped.update((topic, int(partition), int(offset)) for offset in offsets)
+    return skipped

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ingestion.dr.late_copies.task import set_aside
 from ingestion.kafka.consumer import iter_batches, open_consumer
 from ingestion.task.chunk import ChunkWriter
 from ingestion.task.engine_version import check_engine_version
@@ -25,6 +24,8 @@ from ingestion.task.spec import RawChunk, TaskResult, TaskSpec
 
 if TYPE_CHECKING:
     from pyiceberg.table.metadata import TableMetadata
+
+    from ingestion.task.spec import RecordGuard
 
 __all__ = [  # the task's types live in ingestion.task.spec; callers import them from here
     "CHUNK_BYTES",
@@ -47,7 +48,7 @@ def read_chunks(spec: TaskSpec) -> Generator[RawChunk]:
     finish. Only one chunk is held at a time."""
     rng = spec.range
     where = f"pipeline {spec.pipeline!r}, {rng.topic}[{rng.partition}] [{rng.start}, {rng.end})"
-    headers = spec.headers or bool(spec.late_copy_ids)  # a late copy's identity has them
+    headers = spec.headers or (spec.guard is not None and spec.guard.needs_headers)
     raw = RawChunk(headers=[] if headers else None)
     with open_consumer(spec.kafka_config, f"{spec.pipeline}-reader") as consumer:
         for batch in iter_batches(consumer, rng, spec.read_timeout_s, where):
@@ -62,13 +63,13 @@ def read_chunks(spec: TaskSpec) -> Generator[RawChunk]:
         yield raw
 
 
-def _set_aside_late_copies(spec: TaskSpec, raw: RawChunk, state: ChunkWriter) -> RawChunk:
-    """``raw`` without MM2's late copies (counted) or, before the source was read, without the
-    candidates (then nothing of this attempt is reported: the coordinator reruns it)."""
-    raw, taken = set_aside(raw, spec.late_copy_ids, spec.late_copy_digests, spec.headers)
-    state.result.late_copy_candidates += taken.candidates
-    state.result.late_copy_met |= taken.met
-    state.result.late_copies += taken.skipped
+def _screen(guard: RecordGuard, spec: TaskSpec, raw: RawChunk, state: ChunkWriter) -> RawChunk:
+    """``raw`` without what the task's record guard skips (counted) or cannot judge yet (its
+    candidates: then nothing of this attempt is reported, the coordinator reruns it)."""
+    raw, taken = guard.screen(raw, spec.headers)
+    state.result.guard_candidates += taken.candidates
+    state.result.guard_met |= taken.met
+    state.result.skipped += taken.skipped
     if taken.candidates and state.writing:
         state.abort()
     return raw
@@ -100,8 +101,8 @@ def run_task(spec: TaskSpec) -> TaskResult:
     chunks = read_chunks(spec)
     try:
         for raw in chunks:
-            if spec.late_copy_ids:  # MM2's late copies: ingestion.dr.late_copies.guard
-                raw = _set_aside_late_copies(spec, raw, state)
+            if spec.guard is not None:  # records held back: ingestion.task.spec
+                raw = _screen(spec.guard, spec, raw, state)
             if raw.offsets:
                 state.add_chunk(raw)
         result = state.finish()

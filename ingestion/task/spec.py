@@ -1,16 +1,38 @@
 """What an executor task receives and returns, and its per-record buffer (no behaviour).
 
-Kept apart from ingestion.task.prepare so that the task's chunk writer (ingestion.task.chunk) and
-the
-task itself share these types without importing each other.
+Kept apart from ingestion.task.prepare so that the task's chunk writer (ingestion.task.chunk)
+and the task itself share these types without importing each other.
+
+**The record guard** (:class:`RecordGuard`, :class:`RunGuard`): records the coordinator holds
+back from a task until it can tell them apart.
+
+Some records read in a range must not be ingested although Kafka returns them: so far MirrorMaker
+2's late copies after a ``--source-lost`` failover (disaster recovery, R54), records the table
+already holds under another cluster. A guard is how the core lets such a rule act without
+knowing it:
+
+- On the executor, a :class:`RecordGuard` (one per task, pickled with its ``TaskSpec``) screens
+  each chunk before it is decoded: it takes out the *candidates* (records it cannot judge yet),
+  and once resolved the records to *skip*.
+- On the coordinator, a :class:`RunGuard` gives each task its guard, and, when tasks met
+  candidates, reads what it needs (another cluster, say) and gives those tasks resolved guards
+  for a rerun (``ingestion.pipeline.execute.prepare_files``).
+
+Skipped offsets travel back in ``TaskResult.skipped`` and are recorded in the commit
+(``ingestion.table.offsets.SKIPPED``), so both audits count them as read. A pipeline without a
+guard pays nothing: ``TaskSpec.guard`` is None and no guard code is imported.
+
+Delivery: a guard only takes records out of a chunk; it never writes or commits. A candidate
+makes its task rerun with a new file set (the discarded one is deleted: it was never committed);
+a record is skipped only when the resolved guard says so.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import pyarrow as pa
 
@@ -21,6 +43,8 @@ from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 if TYPE_CHECKING:
     from confluent_kafka import Message
     from pyiceberg.manifest import DataFile
+
+    from ingestion.kafka.ranges import Key
 
 
 @dataclass(frozen=True)
@@ -43,10 +67,8 @@ class TaskSpec:
     headers: bool = False
     hooks: FailureHooks = NO_HOOKS
     engine_version: str = ""  # the driver's ingestion.task.engine_version.engine_fingerprint()
-    # MM2's late copies (ingestion.dr.late_copies.guard): the (timestamp, key digest) pairs of the
-    # partition's uncopied records, and once read on the source their byte-for-byte identities.
-    late_copy_ids: frozenset[tuple[int, str | None]] = frozenset()
-    late_copy_digests: frozenset[bytes] | None = None
+    # Records held back from this task (ingestion.task.spec: MM2's late copies); None: none.
+    guard: RecordGuard | None = None
     # The name (platform configuration) of the cluster the range is read on: every data and
     # quarantine row records it in _kafka_cluster (docs/cluster-column.md).
     cluster: str = "primary"
@@ -68,17 +90,17 @@ class TaskResult:
     max_timestamp_ms: int | None = None
     decode_stats: DecodeStats = field(default_factory=DecodeStats)
     """How the task's values were decoded (bulk, alone, screened): the fast path's counters."""
-    late_copy_candidates: int = 0  # records that may be MM2's late copies: verify, then rerun
-    late_copy_met: set[tuple[int, str | None]] = field(default_factory=set)  # their weak ids
-    late_copies: list[int] = field(default_factory=list)  # offsets skipped as late copies
+    guard_candidates: int = 0  # records the guard could not judge yet: resolve, then rerun
+    guard_met: set[Hashable] = field(default_factory=set)  # what they carried (RunGuard.resolve)
+    skipped: list[int] = field(default_factory=list)  # offsets the guard skipped (read, not kept)
 
     @property
     def needs_rerun(self) -> bool:
-        """The coordinator must change the schema, fetch writer schemas or read the source's
-        uncopied records, then rerun."""
+        """The coordinator must change the schema, fetch writer schemas or resolve the task's
+        record guard, then rerun."""
         return bool(
             self.new_fields or self.promotions or self.unknown_schema_ids
-            or self.late_copy_candidates
+            or self.guard_candidates
         )  # fmt: skip
 
 
@@ -104,3 +126,42 @@ class RawChunk:
         self.value_bytes += sum(map(len, batch))
         if self.headers is not None:
             self.headers += map(Message.headers, batch)
+
+
+@dataclass
+class Screened:
+    """What a guard took out of one chunk."""
+
+    candidates: int = 0  # records it could not judge: the task asks for a rerun
+    met: set[Hashable] = field(default_factory=set)  # what the candidates carried, for resolve()
+    skipped: list[int] = field(default_factory=list)  # offsets read and not ingested
+
+
+class RecordGuard(Protocol):
+    """The executor side: screens a task's chunks before they are decoded (picklable)."""
+
+    @property
+    def needs_headers(self) -> bool:
+        """Whether screening reads the records' headers (the task then reads them)."""
+        ...
+
+    def screen(self, raw: RawChunk, keep_headers: bool) -> tuple[RawChunk, Screened]:
+        """``raw`` without the records taken out, and what was taken; the result keeps its
+        headers only when ``keep_headers`` (the pipeline writes them)."""
+        ...
+
+
+class RunGuard(Protocol):
+    """The coordinator side: the guards of one run's tasks."""
+
+    def task_guards(self) -> dict[Key, RecordGuard]:
+        """The guard of each (topic, partition) it holds records back in."""
+        ...
+
+    def resolve(self, met: dict[Key, set[Hashable]]) -> dict[Key, RecordGuard]:
+        """Guards that can judge the candidates the tasks ``met``, per (topic, partition).
+
+        Raises:
+            IngestionError: what it needs cannot be read (nothing is committed).
+        """
+        ...

@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from ingestion.dr.late_copies.release import release_guard
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
-from platform_assets.dr.failover import complete_failback, failover_pipeline
 from platform_assets.operations.actions import (
     count_ingestion_runs,
     maintain_pipeline_table,
@@ -81,6 +79,10 @@ def parse_position(text: str) -> StartingPosition:
     return StartingPosition(mode=text)  # type: ignore[arg-type]
 
 
+# Commands of the disaster-recovery add-on (platform_assets.dr.actions).
+DR_COMMANDS = ("failover", "complete-failback", "release-late-copies")
+
+
 def run_action(
     args: argparse.Namespace,
     spec: PipelineSpec,
@@ -101,23 +103,10 @@ def run_action(
             keep_after=cursor,
         )
         return [where, *lines]
-    if args.command == "failover" and args.dry_run:
-        return failover_pipeline(
-            spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by,
-            reason=args.reason, source_lost=args.source_lost,
-        )  # fmt: skip
-    if args.command == "complete-failback" and args.dry_run:
-        return complete_failback(
-            spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason
-        )
-    if args.command == "release-late-copies":
-        released, clusters = release_guard(iceberg.load_catalog(), spec, args.by, args.reason)
-        read_on = ", ".join(f"{n} read on {name!r}" for name, n in sorted(clusters.items()))
-        return [
-            f"released the {released} uncopied record(s) of {spec.name!r}'s route ({read_on}; "
-            f"by {args.by!r}, reason {args.reason!r}): runs no longer skip or wait for the "
-            "late copies of any of them"
-        ]
+    if args.command in DR_COMMANDS:  # the disaster-recovery add-on, loaded when asked for
+        from platform_assets.dr.actions import run_dr_action
+
+        return run_dr_action(args, spec, kafka, iceberg, count_active_ingestion_runs)
     if args.command == "reset" and not args.apply:
         position = parse_position(args.to)
         return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
@@ -126,28 +115,6 @@ def run_action(
         position = parse_position(args.to)
         lines = reset_offsets(
             spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
-        )
-    elif args.command == "failover":
-        lines = failover_pipeline(
-            spec,
-            kafka,
-            iceberg,
-            args.to,
-            dry_run=False,
-            requested_by=args.by,
-            reason=args.reason,
-            active_runs=active,
-            source_lost=args.source_lost,
-        )
-    elif args.command == "complete-failback":
-        lines = complete_failback(
-            spec,
-            kafka,
-            iceberg,
-            dry_run=False,
-            requested_by=args.by,
-            reason=args.reason,
-            active_runs=active,
         )
     else:
         lines = migrate_group_offsets(

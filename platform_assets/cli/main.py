@@ -27,15 +27,16 @@ import os
 import sys
 
 from ingestion.exceptions import IngestionError
-from ingestion.health.checks import AUDIT_CHECK, GROUP_CHECK, evaluate_state_checks, not_evaluated
+from ingestion.health.checks import (
+    AUDIT_CHECK,
+    GROUP_CHECK,
+    evaluate_state_checks,
+    not_evaluated,
+    replica_check_def,
+)
 from ingestion.health.status import PipelineStatus, build_status
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.cli.actions import run_action
-from platform_assets.dr.checks import (
-    replica_check_def,
-    replica_config_problems,
-    replica_finding,
-)
 from platform_assets.ingest.checks import audit_finding
 from platform_assets.pipelines import load_pipelines
 from platform_assets.state import read_pipeline_state
@@ -108,8 +109,12 @@ def pipeline_status(
         findings[AUDIT_CHECK.name] = not_evaluated(state)
     elif audit:
         findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, full=full_audit)
-    for replica in spec.replicas:
-        findings[replica_check_def(replica).name] = replica_finding(spec, replica, kafka, iceberg)
+    if spec.replicas:  # the disaster-recovery add-on, for pipelines with replicas only
+        from platform_assets.dr.checks import replica_finding
+
+        for replica in spec.replicas:
+            finding = replica_finding(spec, replica, kafka, iceberg)
+            findings[replica_check_def(replica).name] = finding
     return build_status(state, findings)
 
 
@@ -140,6 +145,16 @@ def print_status(status: PipelineStatus) -> None:
     if not status.failing:
         ran = [name for name in status.checks if name not in skipped]
         print(f"  checks: all {len(ran)} pass ({', '.join(ran)})")
+
+
+def replica_config_problems(specs: list[PipelineSpec], kafka: KafkaResource) -> list[str]:
+    """What ``validate`` finds wrong in the replicas' configuration ([] without replicas:
+    then nothing of the disaster-recovery add-on is loaded)."""
+    if not any(spec.replicas for spec in specs):
+        return []
+    from platform_assets.dr.checks import replica_config_problems as problems
+
+    return problems(specs, kafka)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,22 +15,12 @@ import time
 from ingestion.dr.failback.flow_loop import failback_flows, find_looped_records
 from ingestion.dr.replica_check import ReplicaFacts, check_replica
 from ingestion.dr.replica_facts import ReplicaTarget, count_records, read_replica_facts
-from ingestion.health.checks import CheckDef, Finding, failed, skipped
+from ingestion.health.checks import Finding, failed, skipped
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.spec.replicas import ReplicaSpec
 from platform_assets.route import PRIMARY, Route, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-
-
-def replica_check_def(replica: ReplicaSpec) -> CheckDef:
-    """The check of one replica: its name and what it means."""
-    return CheckDef(
-        f"replica_{replica.name.replace('-', '_')}_ready",
-        f"MirrorMaker 2 readiness of replica {replica.name!r}: a compacted one-partition "
-        "checkpoints topic, the group committed on the source, a recent checkpoint for it, and "
-        "a copy of every topic with the same partitions (the way back while failed over).",
-    )
 
 
 def replica_finding(

@@ -32,9 +32,9 @@ from ingestion.health.checks import (
     Finding,
     evaluate_state_checks,
     not_evaluated,
+    replica_check_def,
 )
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.dr.checks import replica_check_def, replica_finding
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
@@ -144,8 +144,10 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
                 key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
                 previous = previous_audit_memory(context.instance, key)
                 findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, previous=previous)
-        for name, replica in replicas.items():
+        for name, replica in replicas.items():  # a pipeline with replicas only: the DR add-on
             if name in selected:
+                from platform_assets.dr.checks import replica_finding
+
                 findings[name] = replica_finding(spec, replica, kafka, iceberg)
         for name, finding in findings.items():
             if finding.skipped and "blocked_by" not in finding.metadata:

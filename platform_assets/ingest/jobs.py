@@ -17,9 +17,8 @@ from dagster import (
     op,
 )
 
-from ingestion.health.checks import AUDIT_CHECK, GROUP_CHECK
+from ingestion.health.checks import AUDIT_CHECK, GROUP_CHECK, replica_check_def
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.dr.checks import replica_check_def
 from platform_assets.ingest.assets import observe_topic
 from platform_assets.pipelines import ingestion_keys, table_key, topic_asset_keys
 from resources.kafka import KafkaResource

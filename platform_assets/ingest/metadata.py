@@ -55,8 +55,8 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
         metadata["dead_letter_topic_copy"] = MetadataValue.text(report.dead_letter_error)
     elif report.dead_letter_copies:
         metadata["dead_letter_copies"] = MetadataValue.int(report.dead_letter_copies)
-    if report.late_copies:  # MM2's late copies read and skipped (R54)
-        metadata["late_copies_skipped"] = MetadataValue.int(report.late_copies)
+    if report.skipped:  # read and skipped by the tasks' record guard: MM2's late copies (R54)
+        metadata["skipped_records"] = MetadataValue.int(report.skipped)
     return metadata
 
 

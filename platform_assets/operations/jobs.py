@@ -19,7 +19,6 @@ from ingestion.ops.maintenance import maintain_pipeline
 from ingestion.ops.reset import migrate_group
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
-from platform_assets.dr.failover import complete_failback, failover_pipeline
 from platform_assets.ingest.checks import previous_audit_memory
 from platform_assets.operations.actions import count_ingestion_runs, hold_ingestion, reset_offsets
 from platform_assets.pipelines import table_key
@@ -65,44 +64,35 @@ class MaintainConfig(Config):
     compact: bool = True
 
 
-class FailoverConfig(Config):
-    """Switch a pipeline to a replica (or ``primary``: failback); a dry run unless ``apply``.
-    With ``complete``, end a failback's route once its reverse copies are drained instead
-    (``to`` unset or ``primary``)."""
+def pick_pipeline(specs: list[PipelineSpec], name: str) -> PipelineSpec:
+    """The spec named ``name``; a ``Failure`` naming the known ones otherwise."""
+    by_name = {spec.name: spec for spec in specs}
+    if name not in by_name:
+        raise Failure(f"unknown pipeline {name!r}; known: {sorted(by_name)}")
+    return by_name[name]
 
-    pipeline: str
-    to: str | None = None
-    apply: bool = False
-    reason: str = ""
-    complete: bool = False
-    # The cluster the pipeline reads is lost: MM2 copies nothing more from it (CLI
-    # --source-lost; with to=primary: fail back from a lost replica, docs/reliability.md R55).
-    source_lost: bool = False
-    # Seconds to wait for the pipeline's ingestion runs in progress to end (its lag sensor
-    # launches none meanwhile); the action is refused if one is still active after them.
-    wait_for_runs_seconds: float = 120.0
+
+def hold_for_action(
+    context: OpExecutionContext, spec: PipelineSpec, wait_s: float, apply: bool = True
+) -> int:
+    """The pipeline's ingestion runs in progress once an applied action may go on
+    (``hold_ingestion``; a dry run commits nothing and only counts them)."""
+    if not apply:
+        return count_ingestion_runs(context.instance, spec)
+    try:
+        return hold_ingestion(context.instance, context.run_id, spec, wait_s)
+    except IngestionError as exc:
+        raise Failure(str(exc)) from None
 
 
 def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
-    """reset_offsets, migrate_group, maintain_tables and failover jobs for the given pipelines."""
-    by_name = {spec.name: spec for spec in specs}
+    """reset_offsets, migrate_group and maintain_tables jobs for the given pipelines (the
+    failover job of pipelines with replicas: ``platform_assets.dr.jobs``)."""
 
     def pick(name: str) -> PipelineSpec:
-        if name not in by_name:
-            raise Failure(f"unknown pipeline {name!r}; known: {sorted(by_name)}")
-        return by_name[name]
+        return pick_pipeline(specs, name)
 
-    def hold(
-        context: OpExecutionContext, spec: PipelineSpec, wait_s: float, apply: bool = True
-    ) -> int:
-        """The pipeline's ingestion runs in progress once an applied action may go on
-        (``hold_ingestion``; a dry run commits nothing and only counts them)."""
-        if not apply:
-            return count_ingestion_runs(context.instance, spec)
-        try:
-            return hold_ingestion(context.instance, context.run_id, spec, wait_s)
-        except IngestionError as exc:
-            raise Failure(str(exc)) from None
+    hold = hold_for_action
 
     @op(name="reset_pipeline_offsets")
     def _reset(
@@ -188,49 +178,6 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         if report.errors:  # every step ran; the run still fails so that it alerts
             raise Failure(f"maintenance of {spec.table}: " + "; ".join(report.errors))
 
-    @op(name="failover_pipeline")
-    def _failover(
-        context: OpExecutionContext,
-        config: FailoverConfig,
-        kafka: KafkaResource,
-        iceberg: IcebergCatalogResource,
-    ) -> None:
-        spec = pick(config.pipeline)
-        if config.apply and not config.reason:
-            raise Failure("a failover needs a reason (config: reason)")
-        if config.complete and config.to not in (None, "primary"):
-            raise Failure(f"complete ends a failback to primary, not a failover to {config.to!r}")
-        if not config.complete and config.to is None:
-            raise Failure("a failover needs a target (config: to), or complete: true")
-        active = hold(context, spec, config.wait_for_runs_seconds, config.apply)
-        try:
-            if config.complete:
-                lines = complete_failback(
-                    spec,
-                    kafka,
-                    iceberg,
-                    dry_run=not config.apply,
-                    requested_by=f"dagster run {context.run_id}",
-                    reason=config.reason,
-                    active_runs=active,
-                )
-            else:
-                assert config.to is not None
-                lines = failover_pipeline(
-                    spec,
-                    kafka,
-                    iceberg,
-                    config.to,
-                    dry_run=not config.apply,
-                    requested_by=f"dagster run {context.run_id}",
-                    reason=config.reason,
-                    active_runs=active,
-                    source_lost=config.source_lost,
-                )
-        except IngestionError as exc:
-            raise Failure(str(exc)) from None
-        context.add_output_metadata({"plan": MetadataValue.md("\n".join(f"- {x}" for x in lines))})
-
     @job(name="reset_offsets", description="Reset a pipeline's offsets (dry run by default).")
     def reset_job() -> None:
         _reset()
@@ -243,11 +190,4 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     def maintain_job() -> None:
         _maintain()
 
-    @job(
-        name="failover",
-        description="Switch a pipeline to a replica or back, or end a failback (dry run default).",
-    )
-    def failover_job() -> None:
-        _failover()
-
-    return [reset_job, migrate_job, maintain_job, failover_job]
+    return [reset_job, migrate_job, maintain_job]

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
-from ingestion.dr.route import DROPPED_PREFIX, PRIMARY, ROUTE_ENDED, active_switch
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.kafka.ranges import Key
 from ingestion.kafka.topics import TopicEnds
@@ -48,6 +47,7 @@ from ingestion.table.offsets import (
     encode_positions,
     find_committed_state,
 )
+from ingestion.table.route import DROPPED_PREFIX, PRIMARY, ROUTE_ENDED, active_switch
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ingestion.dr.route import FAILOVER_ORIGIN, FAILOVER_TOPICS, SWITCH_SNAPSHOT, active_switch
 from ingestion.kafka.consumer import iter_range, open_consumer
 from ingestion.kafka.ranges import Key, OffsetRange
 from ingestion.table.offsets import OFFSETS_PREFIX, decode_offsets, flatten, snapshot_properties
+from ingestion.table.route import FAILOVER_ORIGIN, FAILOVER_TOPICS, SWITCH_SNAPSHOT, active_switch
 
 if TYPE_CHECKING:
     from confluent_kafka import Message

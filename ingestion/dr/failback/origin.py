@@ -50,7 +50,6 @@ from ingestion.dr.failback.lost import LostReplica
 from ingestion.dr.failover import live_syncs
 from ingestion.dr.mm2 import OffsetSync
 from ingestion.dr.replica_reader import Replica
-from ingestion.dr.route import REPLACED_SNAPSHOT, SWITCH_SNAPSHOT, active_switch
 from ingestion.dr.rows import Records, ingested_tail_where
 from ingestion.dr.scanned_rows import Floors, ScannedRows, Scans, scan_rows
 from ingestion.exceptions import FailoverRefusedError
@@ -64,6 +63,7 @@ from ingestion.table.offsets import (
     iter_ancestry,
     snapshot_properties,
 )
+from ingestion.table.route import REPLACED_SNAPSHOT, SWITCH_SNAPSHOT, active_switch
 from ingestion.table.schema import PRIMARY
 
 if TYPE_CHECKING:

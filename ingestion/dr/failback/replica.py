@@ -25,10 +25,10 @@ from confluent_kafka import KafkaException
 from ingestion.dr.failback.lost import FAILOVER_SOURCE_LOST
 from ingestion.dr.failback.origin import FAILOVER_PLAN
 from ingestion.dr.replica_reader import Replica
-from ingestion.dr.route import SWITCH_SNAPSHOT, active_switch
 from ingestion.exceptions import FailoverRefusedError, ReadError
 from ingestion.kafka.ranges import Key
 from ingestion.table.offsets import snapshot_properties
+from ingestion.table.route import SWITCH_SNAPSHOT, active_switch
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table

@@ -42,18 +42,16 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ingestion.dr.align import RecordId, key_digest
-from ingestion.dr.route import FAILOVER_TO, active_switch
 from ingestion.exceptions import LateCopyUnverifiedError
+from ingestion.table.route import FAILOVER_TO, active_switch
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from ingestion.dr.failover import PartitionPlan
     from ingestion.dr.replica_reader import Replica
-    from ingestion.task.spec import TaskResult
 
 UNCOPIED_PREFIX = "kafka.uncopied."  # table property, per group: JSON, see module docstring
-LATE_COPIES = "kafka.late-copies"  # on a run commit: {"topic:partition": [skipped offsets]}
 RELEASED = "kafka.late-copies-released"  # on the release's snapshot: records released
 
 WeakId = tuple[int, str | None]  # (Kafka timestamp ms, key digest)
@@ -261,37 +259,3 @@ def parse_guard(raw: str, pipeline: str) -> tuple[str, LateCopyGuard] | None:
         entry = Uncopied(str(p["from"]), str(p["source_topic"]), records)
         partitions[key] = (*partitions.get(key, ()), entry)
     return str(value["to"]), LateCopyGuard(pipeline, partitions)
-
-
-def late_copies_property(results: list[TaskResult]) -> str:
-    """The commit's record of the late copies skipped: ``{"topic:partition": [offsets]}``."""
-    skipped: dict[str, list[int]] = {}
-    for result in results:  # a partition split into several tasks: one list
-        if result.late_copies:
-            where = f"{result.range.topic}:{result.range.partition}"
-            skipped.setdefault(where, []).extend(result.late_copies)
-    return orjson.dumps({where: sorted(offsets) for where, offsets in skipped.items()}).decode()
-
-
-def count_late_copies(properties: dict[str, str]) -> int:
-    """The late copies a commit skipped (0 without any).
-
-    Example:
-        >>> count_late_copies({LATE_COPIES: '{"dr.t:0": [4, 9], "dr.t:1": [2]}'})
-        3
-    """
-    raw = properties.get(LATE_COPIES)
-    return sum(len(offsets) for offsets in orjson.loads(raw).values()) if raw else 0
-
-
-def skipped_late_copies(table: Table) -> set[tuple[str, int, int]]:
-    """Every (topic, partition, offset) the table's commits skipped as late copies."""
-    from ingestion.table.offsets import iter_ancestry, snapshot_properties
-
-    skipped: set[tuple[str, int, int]] = set()
-    for snapshot in iter_ancestry(table):
-        raw = snapshot_properties(snapshot).get(LATE_COPIES)
-        for where, offsets in (orjson.loads(raw) if raw else {}).items():
-            topic, _, partition = where.rpartition(":")
-            skipped.update((topic, int(partition), int(offset)) for offset in offsets)
-    return skipped

@@ -28,8 +28,8 @@ from confluent_kafka import KafkaException
 
 from ingestion.dr.align import uncopied_records
 from ingestion.dr.late_copies.guard import Entries, Uncopied
-from ingestion.dr.route import PRIMARY
 from ingestion.exceptions import FailoverRefusedError, ReadError
+from ingestion.table.route import PRIMARY
 
 if TYPE_CHECKING:
     from ingestion.dr.failback.origin import OriginPlan

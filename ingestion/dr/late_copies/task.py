@@ -1,31 +1,37 @@
-"""The executor's side of MM2's late copies (R54; design: ``ingestion.dr.late_copies.guard``): take
-a
-task's candidates, or its byte-for-byte late copies, out of a chunk before it is decoded."""
+"""The executor's side of MM2's late copies (R54; design: ``ingestion.dr.late_copies.guard``):
+a record guard (``ingestion.task.spec``) that takes a task's candidates, or its byte-for-byte
+late copies, out of a chunk before it is decoded."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ingestion.dr.align import digest_record, key_digest
 from ingestion.dr.late_copies.guard import WeakId, strong_id
+from ingestion.task.spec import Screened
 
 if TYPE_CHECKING:
     from ingestion.task.spec import RawChunk
 
 
-@dataclass
-class SetAside:
-    """What :func:`set_aside` took out of a chunk."""
+@dataclass(frozen=True)
+class LateCopyScreen:
+    """One partition's record guard: its uncopied records' (timestamp, key digest) pairs, and
+    once read on their clusters, their byte-for-byte identities (``strong``)."""
 
-    candidates: int = 0
-    skipped: list[int] = field(default_factory=list)
-    met: set[WeakId] = field(default_factory=set)  # the candidates' (timestamp, key digest)
+    weak: frozenset[WeakId]
+    strong: frozenset[bytes] | None = None
+    needs_headers: bool = True  # a late copy's identity covers its headers
+
+    def screen(self, raw: RawChunk, keep_headers: bool) -> tuple[RawChunk, Screened]:
+        """:func:`set_aside` with this partition's pairs and identities."""
+        return set_aside(raw, self.weak, self.strong, keep_headers)
 
 
 def set_aside(
     raw: RawChunk, weak: frozenset[WeakId], strong: frozenset[bytes] | None, keep_headers: bool
-) -> tuple[RawChunk, SetAside]:
+) -> tuple[RawChunk, Screened]:
     """``raw`` without its candidates (``strong`` None: counted, with the pairs they met, for
     the coordinator to read) or its late copies (``strong`` given: the candidates equal byte for
     byte to a record of one of the partition's entries), and what was taken."""
@@ -34,7 +40,7 @@ def set_aside(
 
     from ingestion.task.spec import RawChunk
 
-    taken = SetAside()
+    taken = Screened()
     stamps = pa.array(sorted({stamp for stamp, _ in weak}), pa.int64())
     hits = pc.is_in(pa.array(raw.timestamps, pa.int64()), value_set=stamps)
     drop: set[int] = set()
