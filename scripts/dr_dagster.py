@@ -5,7 +5,7 @@ the ingestion asset and its checks but the audit, ``platform_assets.ingest.jobs`
 location's Definitions (``platform_assets.definitions``, loaded after the drill wrote
 ``$PLATFORM_CONFIG``, so its resources are built from the drill's configuration: its brokers and
 catalog). The operator's failover, failback and completion are runs of the ``failover`` job
-(``platform_assets.operations.jobs``). All run on one persistent temp-dir DagsterInstance, as in a
+(``platform_assets.dr.jobs``). All run on one persistent temp-dir DagsterInstance, as in a
 deployment: the failover job counts the ingestion runs in flight there and is refused while one
 is active (README, "Where producers write after a failover").
 
@@ -30,7 +30,7 @@ from platform_assets.pipelines import table_key
 if TYPE_CHECKING:
     from dagster_shared.error import SerializableErrorInfo  # dagster's own error record
 
-FAILOVER_JOB = "failover"  # platform_assets.operations.jobs.build_ops_jobs
+FAILOVER_JOB = "failover"  # platform_assets.dr.jobs.build_failover_job
 FAILOVER_OP = "failover_pipeline"
 # The runs are threads of one process here (a deployment runs each in its own): Dagster's default
 # compute-log capture redirects the process's stdout and stderr during each run, so it is off,

@@ -145,7 +145,7 @@ def test_operator_jobs_in_dagster(
     _, spec = new_pipeline("ops_jobs", produce=10)
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
     run_pipeline(spec, kafka.client_config(), iceberg.load_catalog(), None, kafka.get_cluster_id())
-    reset_job, migrate_job, maintain_job, _ = build_ops_jobs([spec])
+    reset_job, migrate_job, maintain_job = build_ops_jobs([spec])
     resources = {"kafka": kafka, "iceberg": iceberg}
 
     def run(job: Any, config: dict[str, Any]) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from dagster import DagsterInstance, Definitions
 
+from platform_assets.dr.jobs import build_failover_job
 from platform_assets.ingest.assets import build_pipeline_assets
 from platform_assets.ingest.checks import build_pipeline_checks
 from platform_assets.ingest.jobs import build_ingest_job
@@ -53,7 +54,12 @@ def test_runs_counted_by_outcome_and_error_class(
     defs = Definitions(
         assets=[*build_pipeline_assets(spec), *build_pipeline_assets(missing)],
         asset_checks=[build_pipeline_checks(spec), build_pipeline_checks(missing)],
-        jobs=[build_ingest_job(spec), build_ingest_job(missing), *build_ops_jobs([spec])],
+        jobs=[
+            build_ingest_job(spec),
+            build_ingest_job(missing),
+            *build_ops_jobs([spec]),
+            build_failover_job([spec]),
+        ],
         resources=resources,
     )
     catalog = catalog_resource.load_catalog()

@@ -31,9 +31,9 @@ from ingestion.table.route import FAILOVER_ORIGIN
 from platform_assets.cli.actions import parse_position
 from platform_assets.cli.main import main
 from platform_assets.dr.checks import replica_finding
+from platform_assets.dr.jobs import build_failover_job
 from platform_assets.ingest.checks import audit_finding
 from platform_assets.operations.actions import reset_offsets
-from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
@@ -157,7 +157,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     assert "origin orders[2] (at 0 before the failover) resumes at 0: 0 record(s)" in shown
     assert active_route(spec, kafka, iceberg).cluster == "dr"
 
-    failover_job = build_ops_jobs([spec])[3]
+    failover_job = build_failover_job([spec])
     with DagsterInstance.ephemeral() as instance:
         back = failover_job.execute_in_process(
             run_config={

@@ -51,10 +51,10 @@ from ingestion.table.route import (
 from platform_assets.cli.actions import parse_position
 from platform_assets.cli.main import main
 from platform_assets.dr.checks import replica_finding
+from platform_assets.dr.jobs import build_failover_job
 from platform_assets.dr.target import failover_target
 from platform_assets.ingest.checks import audit_finding
 from platform_assets.operations.actions import reset_offsets
-from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
@@ -297,7 +297,7 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     # Producers are back on the primary; a stream iteration on the route is in flight when the
     # Dagster job completes the failback.
     send(source.bootstrap_servers, topic, [40, 41], STAMP)
-    failover_job = build_ops_jobs([spec])[3]
+    failover_job = build_failover_job([spec])
     outcomes: list[ExecuteInProcessResult] = []
 
     def complete_in_flight(point: str, **context: object) -> None:

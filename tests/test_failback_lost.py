@@ -26,8 +26,8 @@ from ingestion.dr.late_copies.guard import read_guard
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.table.offsets import RESET_REASON, SKIPPED, snapshot_properties
 from platform_assets.dr.failover import complete_failback, failover_pipeline
+from platform_assets.dr.jobs import build_failover_job
 from platform_assets.ingest.checks import audit_finding
-from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.route import active_route
 from tests.support.failback_stack import (
     STAMP,
@@ -57,7 +57,7 @@ def fail_back_with_the_job(stack: FailbackStack) -> str:
     config = {"pipeline": stack.spec.name, "to": "primary", "apply": True, "reason": "dr lost",
               "source_lost": True}  # fmt: skip
     with DagsterInstance.ephemeral() as instance:
-        result = build_ops_jobs([stack.spec])[3].execute_in_process(
+        result = build_failover_job([stack.spec]).execute_in_process(
             run_config={"ops": {"failover_pipeline": {"config": config}}},
             resources=stack.resources,
             instance=instance,
