@@ -3,9 +3,8 @@
     .venv/bin/python bench/snapshot_cost.py [--snapshots 20 250 500 1000]
 
 Path: pyiceberg directly on a throw-away SQL catalog (SQLite, local warehouse), no Kafka: each
-commit is ``load_table`` then a one-row ``fast_append`` carrying the properties of a stream
-commit of an 8-partition topic (``ingestion.table.offsets.commit_properties``), as a stream
-iteration
+commit is ``load_table`` then a one-row ``fast_append`` carrying the properties of a stream commit
+of an 8-partition topic (``ingestion.table.offsets.commit_properties``), as a stream iteration
 commits. Printed at each history size: the median of the last 20 commits and the size of the
 metadata file every commit rewrites. Nothing is expired, so the history is the commit count.
 """

@@ -9,9 +9,13 @@ import pyarrow as pa
 import pytest
 
 from ingestion.formats.avro import _rows_to_arrow
+from ingestion.formats.bad_values import (
+    bisect_bulk,
+    find_invalid_utf8,
+    find_suspect_shapes,
+    screen_json,
+)
 from ingestion.formats.decode import Decoded, decode_json
-from ingestion.formats.isolate import bisect_bulk
-from ingestion.formats.screen import find_invalid_utf8, find_suspect_shapes, screen_json
 
 SCHEMA = pa.schema(
     [

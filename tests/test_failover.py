@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingestion.dr.failover import plan_failover
-from ingestion.dr.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.dr.replica_check import ReplicaTarget, read_checkpoints
 from ingestion.dr.replica_reader import read_offset_syncs
 from ingestion.dr.switch import FAILOVER_TO, apply_failover, spec_on_replica
 from ingestion.pipeline.run import run_pipeline

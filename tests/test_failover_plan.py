@@ -10,7 +10,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ingestion.dr.failover import plan_failover
-from ingestion.dr.replica_facts import ReplicaTarget, read_checkpoints
+from ingestion.dr.replica_check import ReplicaTarget, read_checkpoints
 from ingestion.dr.replica_reader import read_offset_syncs
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.pipeline.run import run_pipeline

@@ -8,8 +8,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from ingestion.dr.replica_check import check_replica
-from ingestion.dr.replica_facts import ReplicaTarget, read_replica_facts
+from ingestion.dr.replica_check import ReplicaTarget, check_replica, read_replica_facts
 from resources.embedded import EmbeddedBroker
 from tests.support.mm2_standin import MirrorStandIn
 

@@ -37,7 +37,7 @@ from ingestion.dr.align import (
     uncopied_records,
 )
 from ingestion.dr.mm2 import OffsetSync
-from ingestion.dr.replica_facts import ReplicaTarget, StampedCheckpoint, newest_checkpoints
+from ingestion.dr.replica_check import ReplicaTarget, StampedCheckpoint, newest_checkpoints
 from ingestion.dr.replica_reader import Replica
 from ingestion.dr.rows import holds_rows, ingested_tail, ingested_tail_where
 from ingestion.dr.scanned_rows import Floors, ScannedRows, Scans, scan_rows

@@ -1,14 +1,13 @@
 """One table scan per topic for a failback plan, held as columns: its windows answered again.
 
-A failback plan asks, per replica partition, for the table's rows in offset windows at or after
-the failover's start there: the alignment (``ingestion.dr.failover``), the replica's copies of the
+A failback plan asks, per replica partition, for the table's rows in offset windows at or after the
+failover's start there: the alignment (``ingestion.dr.failover``), the replica's copies of the
 origin's tail (``ingestion.dr.failback.copies``, ``ingestion.dr.failback.lost``). Each scan plans
-the
-table's files anew (every manifest is read), which dominated the plan when made once per
-partition and stage. :func:`scan_rows` reads the topic once, for exactly the partitions and
-floors the plan names (``(partition = p AND offset >= floor_p) OR ...``: a partition the
-failover's plan lacks is not scanned, its windows are scanned alone by the caller), and
-:class:`ScannedRows` keeps the rows as columns, not Python objects.
+the table's files anew (every manifest is read), which dominated the plan when made once per
+partition and stage. :func:`scan_rows` reads the topic once, for exactly the partitions and floors
+the plan names (``(partition = p AND offset >= floor_p) OR ...``: a partition the failover's plan
+lacks is not scanned, its windows are scanned alone by the caller), and :class:`ScannedRows` keeps
+the rows as columns, not Python objects.
 
 What is held, per row kept: its offset and timestamp (int64: 8 bytes each) and its key (the
 bytes, a 4-byte offset and a validity bit): about 20 bytes plus the key, where a list of

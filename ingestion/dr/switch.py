@@ -30,7 +30,7 @@ from ingestion.dr.failback.origin import FAILOVER_PLAN, OriginPlan
 from ingestion.dr.failover import PartitionPlan
 from ingestion.dr.late_copies.guard import Entries, read_guard, uncopied_property
 from ingestion.dr.mm2 import replica_topic
-from ingestion.dr.replica_facts import ReplicaTarget
+from ingestion.dr.replica_check import ReplicaTarget
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.ops.action import ActionCommit, ActionOutcome, commit_action, refuse_active_runs
 from ingestion.spec.pipeline import PipelineSpec
@@ -98,17 +98,16 @@ def apply_failover(
 ) -> ActionOutcome:
     """Commit the switch to ``target`` with ``plans``; the table then reads there.
 
-    ``spec_topics`` (``{spec topic: topic read on the target}``) is recorded so that later
-    runs, checks and a failback know the names (:func:`active_topics`). ``origin`` (a failback
-    to the pipeline's own cluster) adds the origin topics at their planned positions, recorded
-    in ``kafka.failover-origin`` (:func:`active_origins`). The records the table ingested from
+    ``spec_topics`` (``{spec topic: topic read on the target}``) is recorded so that later runs,
+    checks and a failback know the names (:func:`active_topics`). ``origin`` (a failback to the
+    pipeline's own cluster) adds the origin topics at their planned positions, recorded in
+    ``kafka.failover-origin`` (:func:`active_origins`). The records the table ingested from
     ``source`` (the cluster left) that the plans found uncopied are recorded in the same
     transaction, for the runs on the new route (``ingestion.dr.late_copies.guard``). ``assertion``:
-    what
-    the operator accepted with ``--source-lost`` on a failback (``kafka.failover-source-lost``
-    on the switch: the replica lost, and per partition how many records the table ingested
-    beyond the reverse copy; ``ingestion.dr.failback.lost``). ``read``: the guard's entries for the
-    origin records such a failback reads (``ingestion.dr.late_copies.origin``).
+    what the operator accepted with ``--source-lost`` on a failback (``kafka.failover-source-lost``
+    on the switch: the replica lost, and per partition how many records the table ingested beyond
+    the reverse copy; ``ingestion.dr.failback.lost``). ``read``: the guard's entries for the origin
+    records such a failback reads (``ingestion.dr.late_copies.origin``).
 
     Raises:
         CommitConflictError: a run is in progress, or the offsets moved since the plan.

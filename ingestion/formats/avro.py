@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
+from ingestion.formats.bad_values import bisect_bulk
 from ingestion.formats.decode import Decoded, Rejection, finish_decoded
-from ingestion.formats.isolate import bisect_bulk
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -146,7 +146,7 @@ def _rows_to_arrow(
     """Rows to Arrow: known columns typed by the table, new ones inferred; bad rows by position.
 
     A failed conversion is bisected (halves, down to single rows), so one bad row costs
-    O(log n) conversions, not one per row (``ingestion/formats/isolate.py``).
+    O(log n) conversions, not one per row (``ingestion/formats/bad_values.py``).
     """
     extra = sorted({key for row in rows for key in row} - set(schema.names))
     errors = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError)

@@ -3,7 +3,7 @@
 JSON values are decoded a whole batch at a time with ``pyarrow.json`` against the table's Arrow
 schema (decimals and timestamps are parsed from their text, never through floats). When a batch
 fails, the bad records are isolated without leaving the bulk path
-(``ingestion/formats/isolate.py``: a
+(``ingestion/formats/bad_values.py``: a
 strict-JSON screen rejects what is not one JSON object with its required fields, bisection
 finds the rest, which are decoded alone); every bad record is returned as a rejection with its
 error, for the dead-letter path or to fail the run. Invalid UTF-8 is rejected in every batch.
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from ingestion.formats.isolate import DecodeStats, Piece, is_json_object, isolate_json
+from ingestion.formats.bad_values import DecodeStats, Piece, is_json_object, isolate_json
 from ingestion.formats.nested import (
     fix_column,
     needs_fix,

@@ -1,15 +1,14 @@
 """New fields that decode to different types in one batch: one type per field, never a crash.
 
-Bulk decodes of parts of a batch (``ingestion/formats/isolate.py``) each infer the type of a field
-the
-table does not have yet; two parts may disagree (``{"x": 1}`` here, ``{"x": "a"}`` there).
-Concatenating them used to raise, failing every attempt of the task: a poison pill that
-stalled the pipeline. Now each new field gets one type per batch: the types widen like one
-parse of all the rows would (int64 and double give double) where Arrow can unify them; where
-it cannot, the type of the first row (in offset order) that has the field wins, and the rows
-whose value does not convert to it are rejected (quarantined or failing the run like any bad
-record). The coordinator adds the column with the winning type; the rerun decodes against it,
-so the same records are rejected again (the outcome does not depend on the batch's split).
+Bulk decodes of parts of a batch (``ingestion/formats/bad_values.py``) each infer the type of a
+field the table does not have yet; two parts may disagree (``{"x": 1}`` here, ``{"x": "a"}`` there).
+Concatenating them used to raise, failing every attempt of the task: a poison pill that stalled the
+pipeline. Now each new field gets one type per batch: the types widen like one parse of all the rows
+would (int64 and double give double) where Arrow can unify them; where it cannot, the type of the
+first row (in offset order) that has the field wins, and the rows whose value does not convert to it
+are rejected (quarantined or failing the run like any bad record). The coordinator adds the column
+with the winning type; the rerun decodes against it, so the same records are rejected again (the
+outcome does not depend on the batch's split).
 """
 
 from __future__ import annotations

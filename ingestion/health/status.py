@@ -2,8 +2,7 @@
 
 Pure assembly of what :func:`ingestion.health.state.read_state` read and what the checks of
 :mod:`ingestion.health.checks` found (named as the Dagster asset checks are, so ``platform status``
-and
-the Dagster UI never disagree on what a check means).
+and the Dagster UI never disagree on what a check means).
 """
 
 from __future__ import annotations

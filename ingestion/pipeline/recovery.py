@@ -1,11 +1,10 @@
 """Step 5, recover: remove files that no snapshot references (crashed or aborted attempts).
 
-A crash between writing files and committing them leaves orphans under the table's data path.
-They are invisible to readers; this removes those older than a safety window (long enough that
-no running attempt can still commit them, see ``ingestion.ops.maintenance``). Files of a cleanly
-aborted attempt are deleted at abort (see ingestion.pipeline.commit); files after an ambiguous
-catalog
-error are left for this.
+A crash between writing files and committing them leaves orphans under the table's data path. They
+are invisible to readers; this removes those older than a safety window (long enough that no running
+attempt can still commit them, see ``ingestion.ops.maintenance``). Files of a cleanly aborted
+attempt are deleted at abort (see ingestion.pipeline.commit); files after an ambiguous catalog error
+are left for this.
 
 The table's references and the filesystem listing may spell one file differently
 (``file:/x`` and ``/x``; ``s3a://b/k`` and ``b/k``; an ``abfss://`` URI and a container path).

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
 from ingestion.formats.avro import avro_to_iceberg_schema, fetch_writer_schemas
-from ingestion.formats.isolate import DecodeStats
+from ingestion.formats.bad_values import DecodeStats
 from ingestion.kafka.consumer import open_consumer
 from ingestion.kafka.ranges import Key
 from ingestion.pipeline.commit import commit_data, delete_files

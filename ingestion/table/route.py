@@ -48,9 +48,8 @@ ROUTE_KEYS = (FAILOVER_TO, FAILOVER_TOPICS, FAILOVER_ORIGIN)
 # (a failback reads both: ingestion.dr.failback.origin.find_switch); expiry keeps these two.
 SWITCH_SNAPSHOT = "switch-snapshot-id"
 REPLACED_SNAPSHOT = "replaced-snapshot-id"
-# On a failback's completion: the reverse-copy partitions it dropped and the offset each was
-# read to, as {"topic:partition": offset} (ingestion.table.offsets.encode_positions). Ends the
-# route.
+# On a failback's completion: the reverse-copy partitions it dropped and the offset each was read
+# to, as {"topic:partition": offset} (ingestion.table.offsets.encode_positions). Ends the route.
 ROUTE_ENDED = "kafka.route-ended"
 # Table property (it outlives expiry), per group: every partition an ended route dropped and the
 # offset it was read to, as ROUTE_ENDED; the full audit's watermark for their rows.

@@ -14,10 +14,10 @@ import pyarrow as pa
 
 from ingestion import exceptions
 from ingestion.formats.avro import decode_avro
+from ingestion.formats.bad_values import find_invalid_utf8
 from ingestion.formats.decode import Decoded, Rejection, decode_json, merge_field_types
 from ingestion.formats.headers import decode_json_keys, headers_column
 from ingestion.formats.nested import cast_nested
-from ingestion.formats.screen import find_invalid_utf8
 from ingestion.task.writer import FanoutWriter
 
 if TYPE_CHECKING:
@@ -60,8 +60,9 @@ def _quarantine_rows(spec: TaskSpec, raw: RawChunk, rejected: list[Rejection]) -
 
 def _decode_keys(keys: list[bytes | None], as_string: bool) -> tuple[pa.Array, list[Rejection]]:
     """Keys as one Arrow column: a vectorised UTF-8 cast (validated) for ``key_format:
-    string``; if it fails, the bad keys are found (ingestion.formats.isolate.find_invalid_utf8) and
-    the others cast again, without a Python string per key."""
+    string``; if it fails, the bad keys are found
+    (ingestion.formats.bad_values.find_invalid_utf8) and the others cast again, without a
+    Python string per key."""
     column = pa.array(keys, pa.large_binary())
     if not as_string:
         return column, []

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import pyarrow as pa
 
-from ingestion.formats.isolate import DecodeStats
+from ingestion.formats.bad_values import DecodeStats
 from ingestion.kafka.ranges import OffsetRange
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 

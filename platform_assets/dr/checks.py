@@ -13,8 +13,13 @@ import dataclasses
 import time
 
 from ingestion.dr.failback.flow_loop import failback_flows, find_looped_records
-from ingestion.dr.replica_check import ReplicaFacts, check_replica
-from ingestion.dr.replica_facts import ReplicaTarget, count_records, read_replica_facts
+from ingestion.dr.replica_check import (
+    ReplicaFacts,
+    ReplicaTarget,
+    check_replica,
+    count_records,
+    read_replica_facts,
+)
 from ingestion.health.checks import Finding, failed, skipped
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.spec.replicas import ReplicaSpec

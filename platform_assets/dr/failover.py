@@ -24,7 +24,7 @@ from ingestion.dr.failback.replica import check_replica_copied
 from ingestion.dr.failover import plan_failover
 from ingestion.dr.late_copies.origin import origin_entries
 from ingestion.dr.mm2 import checkpoints_topic, replica_topic
-from ingestion.dr.replica_facts import read_checkpoints
+from ingestion.dr.replica_check import read_checkpoints
 from ingestion.dr.replica_reader import Replica, cluster_answers, read_offset_syncs
 from ingestion.dr.scanned_rows import Floors, Scans
 from ingestion.dr.switch import apply_failover

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ingestion.dr.failover import PartitionPlan
 from ingestion.dr.mm2 import offset_syncs_topic
-from ingestion.dr.replica_facts import ReplicaTarget, count_records
+from ingestion.dr.replica_check import ReplicaTarget, count_records
 from ingestion.exceptions import FailoverRefusedError
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.spec.replicas import ReplicaSpec

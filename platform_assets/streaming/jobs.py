@@ -106,8 +106,7 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
         spark: SparkResource,
     ) -> None:
         """Delivery: each iteration is one ``run_pipeline`` (ingestion.pipeline.stream): exactly
-        once
-        across kills and restarts; a lost compare-and-set re-plans, never overwrites."""
+        once across kills and restarts; a lost compare-and-set re-plans, never overwrites."""
         instance, run_id = context.instance, context.run_id
         catalog = iceberg.load_catalog()
         route = active_route(spec, kafka, iceberg)  # a failover moves it to a replica

@@ -97,14 +97,13 @@ def replica_copies(
     cluster: str | None = None,
     scanned: ScannedRows | None = None,
 ) -> tuple[Records, int]:
-    """The replica partition ``key`` from the failover's ``start`` to its end now, as
-    (offset, RecordId) in offset order, and the end: the records in Kafka from the log start
-    (from ``replica_next``, the table's next offset there, if retention deleted records not
-    ingested yet: refused), below that the table's rows (no value digest; read on ``cluster``,
-    the replica, when given: ``ingestion.dr.cluster_rows``). ``scanned``: the table's rows of
-    ``key``'s
-    topic read on ``cluster``, when the caller scanned them already (one scan for every
-    partition: ``ingestion.dr.scanned_rows``); a window it does not cover is scanned here."""
+    """The replica partition ``key`` from the failover's ``start`` to its end now, as (offset,
+    RecordId) in offset order, and the end: the records in Kafka from the log start (from
+    ``replica_next``, the table's next offset there, if retention deleted records not ingested yet:
+    refused), below that the table's rows (no value digest; read on ``cluster``, the replica, when
+    given: ``ingestion.dr.cluster_rows``). ``scanned``: the table's rows of ``key``'s topic read on
+    ``cluster``, when the caller scanned them already (one scan for every partition:
+    ``ingestion.dr.scanned_rows``); a window it does not cover is scanned here."""
     try:
         low, _ = reader.watermarks(*key)
     except (KafkaException, ReadError) as exc:

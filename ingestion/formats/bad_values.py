@@ -1,21 +1,25 @@
-"""Finding the bad records of a batch without leaving the vectorised path.
+"""Bad values: finding the bad records of a batch without leaving the vectorised path.
 
-One bad record must not make a whole batch decode record by record (a user measured one bad
-JSON value in 1,000 making ingestion ~330x slower). The records that cannot be decoded in bulk
-are found instead. Every batch is checked for invalid UTF-8 in one pass over its bytes (pyarrow
-would store such strings as they are). Once a bulk decode fails, the strict screen
-(``ingestion/formats/screen.py``: orjson, RFC 8259) rejects, without a ``pyarrow`` decode, the
-values
-that are not exactly one JSON object with non-null required fields: first those a vectorised
-look flags (not ``{...}``, a required name absent), then, only if the rest still fails in
-bulk, every value; what passes the screen and still fails is bisected (halves in bulk,
-recursively, down to single records). The contract is strict JSON: a value the screen rejects
-is rejected in any batch, alone too, with the same error, so the outcome (rows, rejections,
-promotions) is that of decoding every record alone. One exception keeps pyarrow's reading:
-values holding ``NaN`` or ``Infinity`` (not JSON, read by pyarrow as floats) are decoded alone
-instead of rejected. The cost of a batch with truncated or incomplete values is one vectorised
-pass, O(flagged) screens and two bulk decodes; other bad values add an O(n) screen and
-O(bad * log n) bulk decodes.
+One bad record must not make a whole batch decode record by record (a user measured one bad JSON
+value in 1,000 making ingestion ~330x slower). The records that cannot be decoded in bulk are found
+instead. Every batch is checked for invalid UTF-8 in one pass over its bytes (pyarrow would store
+such strings as they are). Once a bulk decode fails, the strict screen
+(:func:`screen_json`: orjson, RFC 8259) rejects, without a ``pyarrow`` decode, the
+values that are not exactly one JSON object with non-null required fields: first those a vectorised
+look flags (not ``{...}``, a required name absent), then, only if the rest still fails in bulk,
+every value; what passes the screen and still fails is bisected (halves in bulk, recursively, down
+to single records). The contract is strict JSON: a value the screen rejects is rejected in any
+batch, alone too, with the same error, so the outcome (rows, rejections, promotions) is that of
+decoding every record alone. One exception keeps pyarrow's reading: values holding ``NaN`` or
+``Infinity`` (not JSON, read by pyarrow as floats) are decoded alone instead of rejected. The cost
+of a batch with truncated or incomplete values is one vectorised pass, O(flagged) screens and two
+bulk decodes; other bad values add an O(n) screen and O(bad * log n) bulk decodes.
+
+The screen is cheap checks of JSON values before (or instead of) decoding them:
+:func:`screen_json` decides (strict RFC 8259, orjson); :func:`find_suspect_shapes` only points
+at values to screen first (a vectorised look: it may flag good values, which the screen then
+keeps, and miss bad ones, which a later bulk decode finds); :func:`find_invalid_utf8` checks a
+batch's bytes in one pass.
 """
 
 from __future__ import annotations
@@ -25,7 +29,74 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ingestion.formats.screen import find_invalid_utf8, find_suspect_shapes, screen_json
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def screen_json(payload: bytes, required: tuple[str, ...] = ()) -> tuple[str, str] | None:
+    """Why ``payload`` is not exactly one JSON object (RFC 8259, UTF-8) with a non-null value
+    for each of ``required``: (error class, message); None when it is.
+
+    Example:
+        >>> screen_json(b'{"a": 1}'), screen_json(b"[1]")
+        (None, ('ArrowInvalid', 'not a JSON object: a list'))
+        >>> screen_json(b'{"b": 1}', ("a",))
+        ('MissingRequiredField', "required ['a'] is null")
+    """
+    try:
+        document = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        return "ArrowInvalid", f"JSON parse error (strict RFC 8259): {exc}"
+    if not isinstance(document, dict):
+        return "ArrowInvalid", f"not a JSON object: a {type(document).__name__}"
+    missing = [name for name in required if document.get(name) is None]
+    if missing:
+        return "MissingRequiredField", f"required {missing} is null"
+    return None
+
+
+def find_invalid_utf8(payloads: list[bytes], joined: bytes) -> list[tuple[int, str]]:
+    """The values that are not valid UTF-8, with the error: one pass over ``joined`` (the
+    values joined by newlines); a per-value check only when that pass fails.
+
+    Example:
+        >>> values = [b'{"a": "\\xc3\\xa9"}', b'{"a": "\\xff"}']
+        >>> find_invalid_utf8(values, b"\\n".join(values))  # doctest: +ELLIPSIS
+        [(1, "not valid UTF-8: 'utf-8' codec can't decode byte 0xff in position 7: ...")]
+    """
+    if joined.isascii():
+        return []
+    try:
+        joined.decode("utf-8")
+        return []
+    except UnicodeDecodeError:
+        pass
+    bad = []
+    for row, payload in enumerate(payloads):
+        try:
+            payload.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad.append((row, f"not valid UTF-8: {exc}"))
+    return bad
+
+
+def find_suspect_shapes(payloads: list[bytes], required: tuple[str, ...] = ()) -> list[int]:
+    """Positions of the values that do not start with ``{`` and end with ``}`` or do not
+    mention each of ``required`` as ``"name"``: one vectorised pass, no value decoded.
+
+    Example:
+        >>> find_suspect_shapes([b'{"a": 1}', b'{"a": ', b' {"a": 2}', b'{"b": 1}'], ("a",))
+        [1, 2, 3]
+    """
+    if not payloads:
+        return []
+    values = pa.array(payloads, pa.binary())
+    shaped = pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))
+    for name in required:
+        shaped = pc.and_(shaped, pc.match_substring(values, f'"{name}"'))
+    return pc.indices_nonzero(pc.invert(shaped)).to_pylist()
+
 
 T = TypeVar("T")
 Piece = tuple[list[int], T]
