@@ -6,7 +6,7 @@
     .venv/bin/python bench/run.py --suite late-copies [--records 200000]  # R54's guard
 
 ``--sensor-interval`` (default 15 s, the lag sensor's ``minimum_interval_seconds``) is the
-freshness loop's wait between ticks; the smoke test (tests/test_bench.py) shortens it to 1 s so
+freshness loop's wait between ticks; the smoke test (tests/bench/test_run.py) shortens it to 1 s so
 that a 5-second freshness window does not wait out two 15-second ticks. The figure then no
 longer stands for the sensor's: keep the default for real measurements.
 

@@ -16,7 +16,7 @@ from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import PIPELINE_CHECKS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def load_workspace_definitions() -> Definitions:

@@ -47,11 +47,11 @@ from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.spark import SparkResource
+from tests.platform_assets.dr.test_failover import ingest
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.failback_stack import FailbackStack, StackFactory
 from tests.support.failover_stream import oracle, produce
 from tests.support.pipelines import make_spec
-from tests.test_failback import ingest
 
 NAME = "dr_late"
 

@@ -33,15 +33,15 @@ from platform_assets.pipelines import PIPELINES_FILE, load_pipelines
 from platform_assets.resources import build_resources
 from resources.config import load_config
 from resources.kafka import KafkaResource
+from tests.platform_assets.dbt.test_assets import expected_revenue, mart_totals, orders
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness
 from tests.support.postgres import PostgresServer
 from tests.support.s3 import s3_server
-from tests.test_dbt import expected_revenue, mart_totals, orders
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PG_PASSWORD_ENV, S3_SECRET_ENV = "PLATFORM_TEST_PG_PASSWORD", "PLATFORM_TEST_S3_SECRET"
 
 

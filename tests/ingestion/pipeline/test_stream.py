@@ -25,7 +25,7 @@ from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, records
 
 pytestmark = pytest.mark.integration
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize("point", ["before_catalog_call", "after_catalog_call", "before_mirror"])

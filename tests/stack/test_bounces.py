@@ -31,7 +31,7 @@ from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, records
 
 pytestmark = pytest.mark.integration
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

@@ -124,7 +124,7 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(dev_stack: DevStack) -> 
         print("failed run:", run)
 
     # dev.py's exit status and its processes after Ctrl-C: checked when the stack stops
-    # (tests/test_dev_stack.py, or the dev_stack fixture's teardown).
+    # (tests/scripts/test_dev.py, or the dev_stack fixture's teardown).
     after_break = [a for a in webhook.received if a["received_at"] >= broken_at]
     assert [a["kind"] for a in after_break] == ["check_failed", "check_recovered"], after_break
     assert not [a for a in webhook.received if a["kind"] == "run_failed"], webhook.received

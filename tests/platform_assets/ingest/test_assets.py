@@ -306,7 +306,7 @@ def test_run_failure_alert_leaves_a_blocked_run_to_the_check(
 ) -> None:
     """A blocked run (renamed group) fails; its cause is the failed blocking check, which
     check_alerts reports once: the run failure sensor sends nothing for it (any other failed
-    run alerts: tests/test_blocked_pipeline.py)."""
+    run alerts: tests/platform_assets/ingest/test_sensors.py)."""
     from dagster import build_run_status_sensor_context
 
     from platform_assets.alerts.sensors import run_failure_alert_sensor

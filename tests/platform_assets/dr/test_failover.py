@@ -48,7 +48,7 @@ NAME = "dr_wired"
 
 def readme_failover_commands() -> list[list[str]]:
     """The README's ``platform failover`` lines (dry run, switch, failback) for this pipeline."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     lines = re.findall(r"^ +platform (failover .+)$", text, flags=re.MULTILINE)
     commands = [shlex.split(line, comments=True) for line in lines]
     assert [c[c.index("--to") + 1] for c in commands] == ["dr", "dr", "primary"], commands

@@ -10,7 +10,7 @@ import pytest
 from ingestion.exceptions import PipelineSpecError
 from ingestion.spec.pipeline import load_pipeline_specs, parse_pipeline_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def base_spec(**changes: Any) -> dict[str, Any]:

@@ -18,10 +18,10 @@ from ingestion.pipeline.run import run_pipeline
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
+from tests.ingestion.formats.test_avro import serialize
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, make_spec
 from tests.support.registry import make_registry
-from tests.test_engine_avro import serialize
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +118,7 @@ def write_dbt_project(path: Path, table: str) -> Path:
         "name: nested_check\nversion: '1.0.0'\nconfig-version: 2\nprofile: platform\n"
         "model-paths: [models]\n"
     )
-    repo_profiles = Path(__file__).resolve().parent.parent / "dbt" / "profiles.yml"
+    repo_profiles = Path(__file__).resolve().parents[3] / "dbt" / "profiles.yml"
     (path / "profiles.yml").write_text(repo_profiles.read_text())
     (path / "models" / "sources.yml").write_text(
         f"version: 2\nsources:\n  - name: {namespace}\n    schema: {namespace}\n"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-PROJECT = Path(__file__).resolve().parent.parent
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def run_bench(*args: str) -> str:

@@ -115,7 +115,7 @@ def test_status_validate_reset_and_maintain(
 
 def readme_cli_examples() -> list[list[str]]:
     """The README's ``platform`` command lines, in order, without their optional ``[...]``."""
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     lines = re.findall(r"^\.venv/bin/platform (.+)$", text, flags=re.MULTILINE)
     return [shlex.split(re.sub(r"\[[^]]*\]", "", line), comments=True) for line in lines]
 

@@ -20,7 +20,7 @@ from platform_assets.operations.jobs import build_ops_jobs
 from resources.iceberg import IcebergCatalogResource
 from tests.support.pipelines import NewPipeline, make_spec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def load_helper() -> ModuleType:
