@@ -5,8 +5,8 @@
 Starts an embedded broker, produces the demo events, then times ``count_visible`` over all
 of them: the read_committed read the audit's recount makes (``iter_batches``, as in
 ``ingestion.audit.snapshots.check_count``). The audit's budget per evaluation (the pipeline's
-``audit_recount_offsets``) is sized from this rate (README "The exactly-once audit's budget
-and backlog").
+``audit_recount_offsets``) is sized from this rate (docs/operate.md, "The exactly-once
+audit's budget and backlog").
 """
 
 from __future__ import annotations

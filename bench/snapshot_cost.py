@@ -1,4 +1,4 @@
-"""What a commit costs as the table's history grows (why streams expire often, README).
+"""What a commit costs as the table's history grows (why streams expire often, docs/operate.md).
 
     .venv/bin/python bench/snapshot_cost.py [--snapshots 20 250 500 1000]
 

@@ -7,7 +7,7 @@ location's Definitions (``platform_assets.definitions``, loaded after the drill 
 catalog). The operator's failover, failback and completion are runs of the ``failover`` job
 (``platform_assets.dr.jobs``). All run on one persistent temp-dir DagsterInstance, as in a
 deployment: the failover job counts the ingestion runs in flight there and is refused while one
-is active (README, "Where producers write after a failover").
+is active (docs/disaster-recovery.md, "Where producers write after a failover").
 
 Delivery: the job's own. A refused or failed failover run changed nothing (the switch is one
 compare-and-set commit) and the operator runs it again; an ingestion run that fails committed
@@ -148,7 +148,7 @@ def error_message(error: SerializableErrorInfo | None) -> str:
 
 def job_config(args: list[str]) -> dict[str, Any]:
     """The failover job's config for the ``platform`` command ``args`` (the job runs the same
-    code: README, "The Dagster job ``failover``").
+    code: docs/disaster-recovery.md, "Failing over").
 
     Example:
         >>> job_config(["failover", "orders", "--to", "dr", "--source-lost", "--reason", "x"])

@@ -4,16 +4,16 @@
         [--forward-resumes] [--naming identity] [--via dagster]
 
 Run by hand, not in CI. Two embedded brokers (``primary`` and ``dr``) and a throw-away SQLite
-catalog. The MirrorMaker 2 stand-in of the tests (``tests/support/mm2_standin.py``: MM2's
-formats and conservative checkpoints, transactional copies) mirrors ``orders`` to dr's
-``primary.orders`` every second (``--naming identity``: to dr's ``orders``, the README's
-recommended setup, with the reverse flow under default naming, dr's ``orders`` to the primary's
-``dr.orders``; rows record the cluster they were read on, ``_kafka_cluster``). The shipped
+catalog. The MirrorMaker 2 stand-in of the tests (``tests/support/mm2_standin.py``: MM2's formats
+and conservative checkpoints, transactional copies) mirrors ``orders`` to dr's ``primary.orders``
+every second (``--naming identity``: to dr's ``orders``, the recommended setup of
+docs/disaster-recovery.md, with the reverse flow under default naming, dr's ``orders`` to the
+primary's ``dr.orders``; rows record the cluster they were read on, ``_kafka_cluster``). The shipped
 ``orders`` pipeline is given replica ``dr`` and data as teams have it: 0.5 % malformed JSON, and
 ``created_at`` over 30 days, so each commit writes many table partitions. Runs go back to back
 through the route, as the Dagster asset runs them (``platform_assets.route.active_route`` ->
-``run_pipeline``). The operator uses the ``platform failover`` commands as the README gives
-them, racing the runs:
+``run_pipeline``). The operator uses the ``platform failover`` commands as docs/disaster-recovery.md
+gives them, racing the runs:
 
 1. steady ingestion from the primary;
 2. the disaster: MM2 falls behind (the RPO tail; the table is ahead of MM2's copy), producers

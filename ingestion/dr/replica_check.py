@@ -15,7 +15,7 @@ MM2 fails quietly in known ways; each one leaves a failover with nothing to stan
   failover recognises copies by their original timestamps;
 - while failed over under ``replication_policy: default``, the replica's own topic of the spec's
   name (``orders`` next to MM2's ``primary.orders``) holds records: producers write there, and the
-  route reads the copy only, so those records are not ingested (README, "Disaster recovery");
+  route reads the copy only, so those records are not ingested (docs/disaster-recovery.md);
 - after a failback, a reverse-copy record is a copy of an origin record the route also reads:
   MM2's forward and reverse flows both run, and each new record lands twice
   (``ingestion.dr.failback.flow_loop``).

@@ -25,7 +25,7 @@ class Latency:
     commit_interval_s: float
 
     def line(self) -> str:
-        """One line for a terminal or the README."""
+        """One line for a terminal or the docs (docs/freshness.md)."""
         return (
             f"{self.records} records: produce->queryable p50 {self.p50_s:.1f} s, "
             f"p95 {self.p95_s:.1f} s, max {self.max_s:.1f} s; {self.commits} commits, one "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ingestion.health.checks import GROUP_CHECK, Finding
 from ingestion.spec.pipeline import PipelineSpec
 
-# Produce -> queryable floor of run-per-commit on ``make dev``, measured (README "Freshness",
+# Produce -> queryable floor of run-per-commit on ``make dev``, measured (docs/freshness.md,
 # ``scripts/freshness.py --rate 20 --minutes 4 --target 60``): with the earliest trigger (the
 # oldest record 1 s old), p95 18.9 s, max 22.2 s: the lag sensor's 15 s tick plus a ~4 s run
 # (launch, small batch in process, Spark Connect above, checks outside the run). Was 60 s

@@ -194,8 +194,8 @@ def apply_reset(
     if (reads := route_cluster(table, reset.group_id)) != PRIMARY:  # its delete is the primary's
         raise exceptions.OperationRefusedError(
             f"pipeline {spec.name!r} reads cluster {reads!r} since a failover: a reset is refused "
-            "on a moved route; fail back and complete the failback first (README, 'Disaster "
-            "recovery with MirrorMaker 2'); nothing was changed"
+            "on a moved route; fail back and complete the failback first "
+            "(docs/disaster-recovery.md, 'Completing a failback'); nothing was changed"
         )
     current = find_committed_state(table, reset.group_id)
     if (

@@ -1,16 +1,16 @@
 """How long a pipeline keeps its table's history, and when its maintenance runs (pure).
 
-Every commit rewrites the table metadata, which lists every snapshot still kept, so the cost of
-a commit grows with the history kept: measured with ``bench/snapshot_cost.py`` (pyiceberg 0.12,
-SQL catalog), 34 ms with 20 snapshots, 321 ms with 250, 705 ms with 500 (README "Operating a
-pipeline"). A stream commits every few seconds (~23,000 snapshots a day at one commit per
-3.75 s), so it keeps its last :data:`STREAM_SNAPSHOT_BUDGET` commits (30 min at the shipped 15 s
+Every commit rewrites the table metadata, which lists every snapshot still kept, so the cost of a
+commit grows with the history kept: measured with ``bench/snapshot_cost.py`` (pyiceberg 0.12, SQL
+catalog), 34 ms with 20 snapshots, 321 ms with 250, 705 ms with 500 (docs/operate.md, "Why a stream
+keeps little history"). A stream commits every few seconds (~23,000 snapshots a day at one commit
+per 3.75 s), so it keeps its last :data:`STREAM_SNAPSHOT_BUDGET` commits (30 min at the shipped 15 s
 target), expired every 15 minutes: at most ~720 snapshots, where a commit costs well under its
 interval. A pipeline that runs per commit with a freshness target keeps its last
-:data:`RUN_SNAPSHOT_BUDGET` commits, expired every 15 minutes; any other keeps a week, expired
-once a day. Expiry always keeps
-the offsets watermark (rule 7) whatever the retention; the orphan window is 72 h for every
-pipeline and never shorter than twice the longest run (``ingestion.ops.maintenance.orphan_window``).
+:data:`RUN_SNAPSHOT_BUDGET` commits, expired every 15 minutes; any other keeps a week, expired once
+a day. Expiry always keeps the offsets watermark (rule 7) whatever the retention; the orphan window
+is 72 h for every pipeline and never shorter than twice the longest run
+(``ingestion.ops.maintenance.orphan_window``).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def _check_committed_partition(
         raise exceptions.OffsetOutOfRangeError(
             f"{where}: committed offset {committed} is above the end offset {end}; the log was "
             "truncated or the topic recreated. Inspect the topic, then reset the pipeline's "
-            "offsets explicitly (see the README's offset reset operation)."
+            "offsets explicitly (docs/operate.md, 'Resetting offsets')."
         )
     return committed if committed >= log_start else log_start
 

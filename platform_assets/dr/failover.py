@@ -75,12 +75,12 @@ def failover_pipeline(
     active_runs: int = 0,
     source_lost: bool = False,
 ) -> list[str]:
-    """Plan the switch of ``spec`` to cluster ``to`` and (unless ``dry_run``) commit it; return
-    the lines describing it. ``source_lost``: the operator asserts the cluster the pipeline
-    reads is lost and MM2 copies nothing more from it (``--source-lost``): a table ahead of
-    MM2's copy is then accepted (README, "A table ahead of MM2"); with ``to`` primary, the
-    replica a failback leaves is not read at all, and its records MM2's reverse flow did not
-    copy back are lost by that assertion (``ingestion.dr.failback.lost``, R55).
+    """Plan the switch of ``spec`` to cluster ``to`` and (unless ``dry_run``) commit it; return the
+    lines describing it. ``source_lost``: the operator asserts the cluster the pipeline reads is
+    lost and MM2 copies nothing more from it (``--source-lost``): a table ahead of MM2's copy is
+    then accepted (docs/disaster-recovery.md, "A table ahead of MM2"); with ``to`` primary, the
+    replica a failback leaves is not read at all, and its records MM2's reverse flow did not copy
+    back are lost by that assertion (``ingestion.dr.failback.lost``, R55).
 
     Raises:
         FailoverRefusedError: the evidence does not single out a position (nothing changed).

@@ -1,5 +1,5 @@
-"""The README's benchmark commands run, at a size a test can afford (the figures are not judged:
-performance lives in the benchmarks, never in timed tests)."""
+"""The benchmark commands of bench/README.md run, at a size a test can afford (the figures are
+not judged: performance lives in the benchmarks, never in timed tests)."""
 
 from __future__ import annotations
 

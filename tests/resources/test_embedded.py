@@ -119,7 +119,8 @@ def test_first_timestamps_cross_marker_only_ranges_without_waiting(
 @pytest.mark.xfail(
     strict=True,
     reason="Tansu 0.6.0 returns aborted transactional records to read_committed consumers "
-    "(its fetch response lists no aborted transactions); needs a real Kafka. See README.",
+    "(its fetch response lists no aborted transactions); needs a real Kafka. See "
+    "docs/production.md.",
 )
 def test_read_committed_hides_aborted_records(
     kafka: KafkaResource, mixed_topic: str, ledger: Ledger

@@ -1,7 +1,7 @@
-"""README "See an alert" on the real stack: `make dev` (broker, catalog, demo producer, `dagster
-dev` with its daemon running the sensors), a wrong consumer_group_id, *Reload definitions*, and a
-webhook that counts what arrives: one FAILED, at most one failed run, one RECOVERED after the fix,
-and ingestion resumes.
+"""docs/alerts.md "See an alert" on the real stack: `make dev` (broker, catalog, demo producer,
+`dagster dev` with its daemon running the sensors), a wrong consumer_group_id, *Reload definitions*,
+and a webhook that counts what arrives: one FAILED, at most one failed run, one RECOVERED after the
+fix, and ingestion resumes.
 
 The stack is the session's shared one (tests/support/dev_stack.py: the shipped pipelines file
 copied, alerts to the session's webhook receiver); the test restores the file when it ends.

@@ -106,7 +106,7 @@ def test_same_cause_new_message_is_no_new_alert_and_the_state_keeps_the_newest()
 def test_checks_not_evaluated_while_blocked_never_alert(
     blocked_by: str, expected: list[tuple[str, str]]
 ) -> None:
-    """The README procedure: one FAILED and one RECOVERED, whatever the other checks said
+    """The docs/alerts.md procedure: one FAILED and one RECOVERED, whatever the other checks said
     while the pipeline was blocked (run_checks may even evaluate them before the group check)."""
     sequence = [
         ev("commit_freshness", "ok", 0),
@@ -205,7 +205,7 @@ def test_lag_sensor_group_check_decision(
 @pytest.mark.parametrize(
     ("consumer", "other_groups", "blocks"),
     [
-        ("connect-sink-group", {"platform-orders"}, True),  # the README's seed
+        ("connect-sink-group", {"platform-orders"}, True),  # docs/alerts.md's seed
         ("platform-orders", set(), False),
     ],
 )

@@ -113,17 +113,18 @@ def test_status_validate_reset_and_maintain(
     assert "kept" in capsys.readouterr().out
 
 
-def readme_cli_examples() -> list[list[str]]:
-    """The README's ``platform`` command lines, in order, without their optional ``[...]``."""
-    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+def documented_cli_examples() -> list[list[str]]:
+    """The ``platform`` command lines of docs/operate.md, in order, without their optional
+    ``[...]``."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "operate.md").read_text()
     lines = re.findall(r"^\.venv/bin/platform (.+)$", text, flags=re.MULTILINE)
     return [shlex.split(re.sub(r"\[[^]]*\]", "", line), comments=True) for line in lines]
 
 
-def test_readme_cli_examples_run(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
-    """Every ``platform`` example of the README, as written, on the demo pipeline."""
+def test_documented_cli_examples_run(demo: Demo, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every ``platform`` example of docs/operate.md, as written, on the demo pipeline."""
     capsys.readouterr()
-    examples = readme_cli_examples()
+    examples = documented_cli_examples()
     commands = [example[0] for example in examples]
     assert commands == ["status", "validate", "reset", "reset", "migrate-group", "maintain"]
     for example in examples:

@@ -46,9 +46,10 @@ pytestmark = pytest.mark.integration
 NAME = "dr_wired"
 
 
-def readme_failover_commands() -> list[list[str]]:
-    """The README's ``platform failover`` lines (dry run, switch, failback) for this pipeline."""
-    text = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+def documented_failover_commands() -> list[list[str]]:
+    """The ``platform failover`` lines of docs/disaster-recovery.md (dry run, switch, failback)
+    for this pipeline."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "disaster-recovery.md").read_text()
     lines = re.findall(r"^ +platform (failover .+)$", text, flags=re.MULTILINE)
     commands = [shlex.split(line, comments=True) for line in lines]
     assert [c[c.index("--to") + 1] for c in commands] == ["dr", "dr", "primary"], commands
@@ -95,7 +96,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     for future in dr_admin.create_topics([NewTopic("orders", 3, 1)]).values():
         future.result(10)
     produce(replica.bootstrap_servers, "orders", 900, 1)
-    dry_run, args, back_args = readme_failover_commands()  # the README's commands, as written
+    dry_run, args, back_args = documented_failover_commands()  # the page's commands, as written
     assert main(dry_run) == 0
     shown = capsys.readouterr().out
     assert "note: 'dr' also has its own topic 'orders' (about 1 record(s))" in shown
