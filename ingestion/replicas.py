@@ -29,9 +29,6 @@ if TYPE_CHECKING:
 class ReplicaSupport(Protocol):
     """What disaster recovery adds to a pipeline that declares replicas."""
 
-    private_properties: tuple[str, ...]
-    """Prefixes of table properties that stay on the driver (large record lists)."""
-
     def check_route(
         self,
         table: Table,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ingestion.dr.audit_names import name_families
-from ingestion.dr.late_copies.guard import UNCOPIED_PREFIX, LateCopyGuard, WeakId, read_guard
+from ingestion.dr.late_copies.guard import LateCopyGuard, WeakId, read_guard
 from ingestion.dr.late_copies.task import LateCopyScreen
 from ingestion.dr.route import carried_route, refuse_ended_topics, refuse_other_cluster
 
@@ -37,7 +37,7 @@ class LateCopyRunGuard:
 
     def task_guards(self) -> dict[Key, RecordGuard]:
         """A :class:`LateCopyScreen` per replica partition holding uncopied records."""
-        return {key: LateCopyScreen(weak) for key, weak in self.guard.weak_ids().items()}
+        return {key: LateCopyScreen(weak) for key, weak in self.guard.weak_ids().items() if weak}
 
     def resolve(self, met: dict[Key, set[Hashable]]) -> dict[Key, RecordGuard]:
         """Screens with the byte-for-byte identities of the records the candidates met.
@@ -53,8 +53,6 @@ class LateCopyRunGuard:
 
 class DisasterRecovery:
     """:class:`ingestion.replicas.ReplicaSupport` for a pipeline with replicas."""
-
-    private_properties: tuple[str, ...] = (UNCOPIED_PREFIX,)
 
     def check_route(
         self, table: Table, group_id: str, spec: PipelineSpec, planned: list[str], cluster: str

@@ -16,6 +16,7 @@ from ingestion.pipeline.commit import delete_files
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.pipeline.plan import Plan
 from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import TABLE_PREFIX
 from ingestion.task.engine_version import engine_fingerprint
 from ingestion.task.prepare import TaskResult, TaskSpec, run_task
 
@@ -47,15 +48,33 @@ def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskRes
     )
     output = pa.schema([("i", pa.int32()), ("result", pa.binary())])
 
+    pipeline = specs[0].pipeline
+
     def prepare(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            for index, payload in zip(
-                batch.column("i").to_pylist(), batch.column("task").to_pylist(), strict=True
-            ):
-                result = run_task(pickle.loads(payload))  # noqa: S301 - our own payload
-                yield pa.RecordBatch.from_pydict(
-                    {"i": [index], "result": [cloudpickle.dumps(result)]}, schema=output
+        # The task code is imported here, not pickled by reference with this function: an
+        # executor that kept an engine of another layout cannot import it, and says so by name.
+        try:
+            from ingestion.task.prepare import run_task
+
+            tasks = [
+                (index, pickle.loads(payload))  # noqa: S301 - our own payload
+                for batch in batches
+                for index, payload in zip(
+                    batch.column("i").to_pylist(), batch.column("task").to_pylist(), strict=True
                 )
+            ]
+        except (ImportError, AttributeError) as exc:
+            raise exceptions.EngineMismatchError(
+                f"pipeline {pipeline!r}: this Spark executor cannot load the driver's task "
+                f"({exc}): it runs another engine version than the driver. Restart the Spark "
+                "Connect server or the executors with the driver's version, or set "
+                "spark.ship_engine: true; nothing was read or written"
+            ) from exc
+        for index, spec in tasks:
+            result = run_task(spec)
+            yield pa.RecordBatch.from_pydict(
+                {"i": [index], "result": [cloudpickle.dumps(result)]}, schema=output
+            )
 
     try:
         rows = frame.mapInArrow(prepare, "i int, result binary").collect()
@@ -86,13 +105,14 @@ def execute_locally(specs: list[TaskSpec]) -> list[TaskResult]:
     return [run_task(spec) for spec in specs]
 
 
-def task_metadata_json(table: Table, private: tuple[str, ...] = ()) -> str:
-    """The table metadata every task receives, as JSON: without the table properties whose
-    names start with one of ``private`` (a record guard's record lists, ``kafka.uncopied.*``:
-    megabytes for a large RPO tail, parsed by every task; a task gets its own partition's
-    share in ``TaskSpec.guard``)."""
+def task_metadata_json(table: Table) -> str:
+    """The table metadata every task receives, as JSON: without the platform's own table
+    properties (``kafka.*``: retired groups, dropped offsets, a record guard's record lists,
+    ``kafka.uncopied.*``, megabytes for a large RPO tail, parsed by every task; a task gets its
+    own partition's share in ``TaskSpec.guard``). Tasks read the schema, the partition spec, the
+    location and the ``write.*`` properties, whatever the pipeline's spec says now."""
     metadata = table.metadata
-    kept = {k: v for k, v in metadata.properties.items() if not k.startswith(private or ("\0",))}
+    kept = {k: v for k, v in metadata.properties.items() if not k.startswith(TABLE_PREFIX)}
     if len(kept) == len(metadata.properties):
         return metadata.model_dump_json()
     return metadata.model_copy(update={"properties": kept}).model_dump_json()
@@ -109,14 +129,12 @@ def build_task_specs(
     writer_schemas: dict[int, str],
     guards: dict[Key, RecordGuard] | None = None,
     cluster: str = "primary",
-    private: tuple[str, ...] = (),
 ) -> list[TaskSpec]:
     """One task spec per planned range; executors receive only the ``in_task`` hook and their
     partition's record guard (``guards``: ingestion.task.spec); ``cluster`` is the name of the
-    cluster the ranges are read on, recorded in every row; table properties starting with one of
-    ``private`` stay on the driver."""
+    cluster the ranges are read on, recorded in every row."""
     guards = guards or {}
-    table_json = task_metadata_json(table, private)
+    table_json = task_metadata_json(table)
     quarantine_json = quarantine.metadata.model_dump_json() if quarantine is not None else None
     return [
         TaskSpec(
@@ -189,7 +207,6 @@ def prepare_files(
     spark: SparkSession | None,
     registry: Any | None = None,
     guard: RunGuard | None = None,
-    private: tuple[str, ...] = (),
 ) -> Prepared:
     """Run the tasks; rerun those that met new fields, unknown schema ids or a record guard's
     candidates once resolved (``guard.resolve``: for MM2's late copies it reads, on the
@@ -227,7 +244,7 @@ def prepare_files(
         if new_fields or promotions:
             prepared.schema_changes += evolve_schema(table, new_fields, promotions)
             table.refresh()
-        table_json = task_metadata_json(table, private)
+        table_json = task_metadata_json(table)
         resolved: dict[Key, RecordGuard] = {}
         met: dict[Key, set[Hashable]] = {}
         for index in rerun:  # a partition split into several tasks: one set

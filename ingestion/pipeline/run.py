@@ -179,10 +179,8 @@ def run_pipeline(
     if registry is not None:
         writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
     guard = None
-    private: tuple[str, ...] = ()
     if replicas is not None:  # MM2's late copies are held back from the tasks (R54)
         guard = replicas.run_guard(table, plan.group_id, spec.name, cluster_config)
-        private = replicas.private_properties
     specs = build_task_specs(
         spec,
         plan,
@@ -194,11 +192,10 @@ def run_pipeline(
         writers,
         guard.task_guards() if guard is not None else None,
         cluster,
-        private,
     )
     session = _spark_for(spec, plan, spark)
     report.executed_in = "spark" if session is not None else "driver"
-    prepared = prepare_files(specs, table, session, registry, guard, private)
+    prepared = prepare_files(specs, table, session, registry, guard)
     results = prepared.results
     report.skipped = sum(len(r.skipped) for r in results)
     report.schema_changes = prepared.schema_changes

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
     from ingestion.task.spec import TaskResult
 
+# Every property the platform writes (snapshot or table) starts with this.
+TABLE_PREFIX = "kafka."
 OFFSETS_PREFIX = "kafka.offsets."
 COMMIT_ID = "kafka.commit-id"
 GROUP_ID = "kafka.group-id"

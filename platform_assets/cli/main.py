@@ -148,9 +148,10 @@ def print_status(status: PipelineStatus) -> None:
 
 
 def replica_config_problems(specs: list[PipelineSpec], kafka: KafkaResource) -> list[str]:
-    """What ``validate`` finds wrong in the replicas' configuration ([] without replicas:
-    then nothing of the disaster-recovery add-on is loaded)."""
-    if not any(spec.replicas for spec in specs):
+    """What ``validate`` finds wrong in the replicas' configuration: [] when no pipeline declares
+    replicas and none is configured (then nothing of the disaster-recovery add-on is loaded); a
+    replica cluster configured ahead of the pipelines that will name it is still probed."""
+    if not kafka.replicas and not any(spec.replicas for spec in specs):
         return []
     from platform_assets.dr.checks import replica_config_problems as problems
 

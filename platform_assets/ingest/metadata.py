@@ -56,7 +56,7 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
     elif report.dead_letter_copies:
         metadata["dead_letter_copies"] = MetadataValue.int(report.dead_letter_copies)
     if report.skipped:  # read and skipped by the tasks' record guard: MM2's late copies (R54)
-        metadata["skipped_records"] = MetadataValue.int(report.skipped)
+        metadata["late_copies_skipped"] = MetadataValue.int(report.skipped)
     return metadata
 
 
