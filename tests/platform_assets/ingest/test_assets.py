@@ -8,7 +8,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from dagster import (
+    AssetKey,
+    AssetsDefinition,
     AssetSelection,
+    AssetSpec,
     DagsterInstance,
     RunRequest,
     SkipReason,
@@ -18,6 +21,7 @@ from dagster import (
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.alerts.sensors import build_check_alert_sensor
 from platform_assets.definitions import build_definitions
+from platform_assets.ingest.assets import build_pipeline_assets, observe_topic
 from platform_assets.ingest.checks import pipeline_check_keys
 from platform_assets.ingest.jobs import ingestion_selection
 from platform_assets.ingest.sensors import build_lag_sensor
@@ -58,6 +62,36 @@ def run_pipeline_assets(
 
 def evaluations(result: Any) -> dict[str, Any]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_each_pipeline_has_its_topics_and_one_multi_asset_with_its_blocking_check() -> None:
+    """The surface of ``build_pipeline_assets``: an external asset per topic (one for a
+    pattern), and the table, its commit log and (with dead letters) its quarantine table
+    materialized by one run behind the blocking group check."""
+    spec = make_spec("x", "surface", topics=["orders", "payments"], errors_tolerance="all")
+    *topics, ingestion = build_pipeline_assets(spec)
+    assert [t.key for t in topics] == [
+        AssetKey(["kafka", "orders"]),
+        AssetKey(["kafka", "payments"]),
+    ]
+    assert all(isinstance(t, AssetSpec) and t.metadata["pipeline"] == "surface" for t in topics)
+    assert isinstance(ingestion, AssetsDefinition)
+    assert ingestion.keys == {table_key(spec), commit_state_key(spec), quarantine_key(spec)}
+    assert {k.name for k in ingestion.check_keys} == {"group_id_consistency"}
+    plain = make_spec("x", "surface_plain", topic_pattern="clicks-.*")
+    (pattern, plain_ingestion) = build_pipeline_assets(plain)
+    assert isinstance(pattern, AssetSpec)
+    assert isinstance(plain_ingestion, AssetsDefinition)
+    assert pattern.key == AssetKey(["kafka", "surface_plain_topics"])
+    assert "pattern 'clicks-.*'" in str(pattern.description)
+    assert quarantine_key(plain) not in plain_ingestion.keys  # no dead letters: no quarantine
+
+
+def test_a_missing_topic_is_observed_as_a_problem_not_a_failure(kafka: KafkaResource) -> None:
+    spec = make_spec("no-such-topic-observed", "observe_missing")
+    observation = observe_topic(kafka, spec, AssetKey(["kafka", "no-such-topic-observed"]))
+    assert observation.metadata["partitions"].value == 0
+    assert "not found: topic 'no-such-topic-observed'" in str(observation.metadata["problem"].value)
 
 
 def test_a_run_that_ingests_nothing_reports_no_materialization(
