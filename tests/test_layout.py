@@ -1,5 +1,6 @@
 """The layering holds: dependencies point down only, and no import cycle hides behind a
-function-level import (every ``import`` statement counts, wherever it is)."""
+function-level import (every ``import`` statement counts, wherever it is); disaster recovery is
+reached only through its seam; and every module has a test home in the mirrored test tree."""
 
 from __future__ import annotations
 
@@ -221,3 +222,51 @@ def test_the_seam_loads_disaster_recovery_for_a_pipeline_with_replicas() -> None
     support = replica_support(spec)
     assert support is not None
     assert support.name_families(spec) == [frozenset({"orders", "primary.orders"})]
+
+
+def has_code(path: Path) -> bool:
+    """Whether ``path`` holds more than a docstring (an ``__init__.py`` without code is no
+    module to test)."""
+    body = ast.parse(path.read_text()).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return bool(body)
+
+
+def test_has_code_tells_a_docstring_from_code(tmp_path: Path) -> None:
+    """The exclusion itself: empty and docstring-only files have no code, anything else has."""
+    cases = {"": False, '"""Doc."""\n': False, "X = 1\n": True, '"""Doc."""\nimport os\n': True}
+    for number, (text, expected) in enumerate(cases.items()):
+        path = tmp_path / f"m{number}.py"
+        path.write_text(text)
+        assert has_code(path) is expected, text
+
+
+def test_every_module_has_a_test_home() -> None:
+    """Every module with code under ingestion/, platform_assets/ and resources/ is imported
+    (``import x``, ``from x import ...`` or ``from package import x``) by a test file in its
+    mirrored test directory: ``ingestion/formats/headers.py`` by one in ``tests/ingestion/formats/``
+    (docs/architecture.md: tests mirror the tree). ``__init__.py`` files without code are
+    exempt."""
+    modules = {
+        module_name(path): path
+        for package in ("ingestion", "platform_assets", "resources")
+        for path in (ROOT / package).rglob("*.py")
+        if path.name != "__init__.py" or has_code(path)
+    }
+    known = set(modules)
+    imported_in: dict[Path, set[str]] = {}
+    for test_file in (ROOT / "tests").rglob("*.py"):
+        imported_in.setdefault(test_file.parent, set()).update(imports_of(test_file, known))
+    offenders = []
+    for name, path in sorted(modules.items()):
+        home = ROOT / "tests" / path.parent.relative_to(ROOT)
+        if name not in imported_in.get(home, set()):
+            elsewhere = sorted(
+                str(directory.relative_to(ROOT))
+                for directory, names in imported_in.items()
+                if name in names
+            )
+            where = f"imported only in {elsewhere}" if elsewhere else "imported by no test"
+            offenders.append(f"{name}: no test in {home.relative_to(ROOT)}/ imports it ({where})")
+    assert not offenders, "modules without a test home:\n" + "\n".join(offenders)

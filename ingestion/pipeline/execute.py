@@ -178,12 +178,12 @@ def evolve_schema(
         return LongType() if kind == pa.int64() else DoubleType()
 
     fields = [pa.field(name, kind, nullable=True) for name, kind in new_fields.items()]
+    existing = {f.name for f in table.schema().fields}  # before: the commit updates ``table``
     with table.update_schema() as update:
         if fields:
             update.union_by_name(pa.schema(fields))
         for name, kind in promotions.items():
             update.update_column(name, field_type=iceberg_type(kind))
-    existing = {f.name for f in table.schema().fields}
     changes = [
         f"added nested field(s) to {name}: now {kind}"
         if name in existing

@@ -1,4 +1,6 @@
-"""The code location as `dagster dev` loads it: asset graph, jobs, schedules, observations."""
+"""The code location as `dagster dev` loads it: asset graph, jobs, schedules, observations; and
+what `build_definitions` makes of any list of specs (each pipeline's surface, streams, the
+failover job only with replicas)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,13 @@ import pytest
 import yaml
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, DefaultScheduleStatus, Definitions
 
+from ingestion.ops.retention import maintenance_cron
+from platform_assets.definitions import build_definitions, operator_jobs
 from platform_assets.demo import encode_event, make_order_event
+from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
-from tests.support.pipelines import PIPELINE_CHECKS
+from tests.support.pipelines import PIPELINE_CHECKS, make_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,3 +105,63 @@ def test_observe_topics_reports_end_offsets(
     assert sum(p["end"] for p in metadata["end_offsets"].values()) == before + 40
     newest = max(e.timestamp_ms for e in ledger_producer.ledger.entries) / 1000
     assert metadata["newest_record_time"] == pytest.approx(newest)
+
+
+def test_definitions_walk_every_spec_yields_its_surface() -> None:
+    specs = [
+        make_spec("orders", "walk_orders", errors_tolerance="all"),
+        make_spec("x", "walk_pattern", topic_pattern=r"clicks-.*"),
+    ]
+    defs = build_definitions(specs)
+    graph = defs.resolve_asset_graph()
+    checks = {(k.asset_key, k.name) for k in graph.asset_check_keys}
+    for spec in specs:
+        assert table_key(spec) in graph.get_all_asset_keys()
+        assert commit_state_key(spec) in graph.get_all_asset_keys()
+        assert {name for key, name in checks if key == table_key(spec)} == PIPELINE_CHECKS
+        assert (
+            defs.resolve_sensor_def(f"{spec.name}_lag_sensor").job_name == f"ingest_{spec.name}_job"
+        )
+        assert defs.resolve_schedule_def(f"{spec.name}_fallback_schedule")
+        maintenance = defs.resolve_schedule_def(f"{spec.name}_maintenance_schedule")
+        assert maintenance.job_name == "maintain_tables"
+        assert maintenance.cron_schedule == maintenance_cron(spec)
+        upstream = graph.get(table_key(spec)).parent_keys
+        assert upstream
+        assert all(key.path[0] == "kafka" for key in upstream)
+    assert quarantine_key(specs[0]) in graph.get_all_asset_keys()
+    assert AssetKey(["kafka", "walk_pattern_topics"]) in graph.get_all_asset_keys()
+    for name in ("ingest_all", "observe_topics", "run_checks"):
+        assert defs.resolve_job_def(name)
+    assert defs.resolve_sensor_def("check_alerts")
+    assert defs.resolve_sensor_def("run_failure_alerts")
+    assert defs.resolve_sensor_def("stop_retired_streams")
+
+
+def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
+    fast = make_spec("fast", "walk_fast", freshness_target_seconds=15)
+    slow = make_spec("slow", "walk_slow", freshness_target_seconds=600)
+    defs = build_definitions([fast, slow])
+    assert defs.resolve_sensor_def("walk_fast_stream_sensor").job_name == "stream_walk_fast_job"
+    assert defs.resolve_job_def("stream_walk_fast_job")
+    names = {s.name for s in defs.sensors or []}
+    assert "walk_slow_stream_sensor" not in names
+    assert "walk_slow_lag_sensor" in names
+    fast_cron = defs.resolve_schedule_def("walk_fast_maintenance_schedule").cron_schedule
+    slow_cron = defs.resolve_schedule_def("walk_slow_maintenance_schedule").cron_schedule
+    # With a target the retention is a commit budget: history expired every 15 min.
+    assert str(fast_cron).endswith(" * * * *")
+    assert str(slow_cron).endswith(" * * * *")
+    plain = make_spec("plain", "walk_plain")  # no target: a week's history, expired daily
+    plain_cron = build_definitions([plain]).resolve_schedule_def("walk_plain_maintenance_schedule")
+    assert str(plain_cron.cron_schedule).endswith(" 3 * * *")
+
+
+def test_the_failover_job_comes_only_with_a_pipeline_that_declares_replicas() -> None:
+    """Disaster recovery is an add-on: without replicas no failover job (nor its module)."""
+    plain = make_spec("orders", "ops_plain")
+    with_dr = make_spec("orders", "ops_dr", replicas=[{"name": "dr", "source_alias": "primary"}])
+    assert {job.name for job in operator_jobs([plain])} == {
+        "reset_offsets", "migrate_group", "maintain_tables",
+    }  # fmt: skip
+    assert "failover" in {job.name for job in operator_jobs([plain, with_dr])}

@@ -10,12 +10,10 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import TopicPartition
 
-from ingestion.exceptions import TopicNotFoundError
 from ingestion.kafka.consumer import open_consumer
 from ingestion.kafka.topics import (
     TopicState,
     describe_topic,
-    list_matching_topics,
     read_first_timestamps_ms,
     read_newest_timestamp_ms,
 )
@@ -128,31 +126,6 @@ def test_read_committed_hides_aborted_records(
     topic = mixed_topic
     state = describe(kafka, topic)
     assert not read_all(kafka, topic, state.end_offsets) & ledger.aborted(topic)
-
-
-def test_recreated_topic_gets_a_new_topic_id(
-    kafka: KafkaResource, create_topic: CreateTopic
-) -> None:
-    admin = kafka.get_admin_client()
-    topic = create_topic(partitions=1)
-    consumer = kafka.get_consumer()
-    try:
-        first = describe_topic(admin, consumer, topic).topic_id
-        for future in admin.delete_topics([topic]).values():
-            future.result(15)
-        with pytest.raises(TopicNotFoundError, match=topic):
-            describe_topic(admin, consumer, topic)
-        create_topic(partitions=1, name=topic)
-        second = describe_topic(admin, consumer, topic).topic_id
-    finally:
-        consumer.close()
-    assert first != second
-
-
-def test_pattern_lists_matching_topics(kafka: KafkaResource, create_topic: CreateTopic) -> None:
-    names = [create_topic(partitions=1, name=f"pattern-demo-{i}") for i in range(2)]
-    create_topic(partitions=1, name="pattern-demox")
-    assert list_matching_topics(kafka.get_admin_client(), r"pattern-demo-\d+") == names
 
 
 def test_cluster_id(kafka: KafkaResource) -> None:

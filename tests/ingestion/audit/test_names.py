@@ -63,7 +63,3 @@ def test_a_record_under_two_names_is_a_duplicate(
     assert audited.cross_name_duplicates == expected
     if expected:
         assert "cross_name_duplicates: 1" in audited.summary()
-
-
-def test_a_pipeline_without_replicas_has_no_families() -> None:
-    assert name_families(make_spec("orders", "plain")) == []

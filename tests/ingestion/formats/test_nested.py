@@ -1,19 +1,31 @@
 """Nested data end to end: struct/list/map columns from JSON and Avro, nested evolution,
 Kafka headers and JSON keys, on the real broker, catalog and Spark; read back by pyiceberg,
-DuckDB and dbt."""
+DuckDB and dbt; and the conversions of ``ingestion.formats.nested`` on their own (pure Arrow)."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import orjson
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import Schema
 from dbt.cli.main import dbtRunner
 
+from ingestion.formats.nested import (
+    cast_nested,
+    fix_array,
+    fix_column,
+    needs_fix,
+    nested_additions,
+    promotion_candidates,
+    read_type,
+    widen,
+)
 from ingestion.pipeline.run import run_pipeline
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -22,8 +34,6 @@ from tests.ingestion.formats.test_avro import serialize
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, make_spec
 from tests.support.registry import make_registry
-
-pytestmark = pytest.mark.integration
 
 NESTED_SCHEMA: list[dict[str, Any]] = [
     {"name": "id", "type": "long", "required": True},
@@ -56,6 +66,7 @@ def read_back(table: Any, columns: tuple[str, ...]) -> list[dict[str, Any]]:
     return [normalized(row) for row in rows]
 
 
+@pytest.mark.integration
 def test_nested_json_round_trip_read_by_pyiceberg_and_dbt(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -133,6 +144,7 @@ def write_dbt_project(path: Path, table: str) -> Path:
     return path
 
 
+@pytest.mark.integration
 def test_headers_land_with_repeats_and_binary_values_and_duckdb_reads_them(
     harness: Harness, create_topic: CreateTopic, kafka: KafkaResource
 ) -> None:
@@ -165,6 +177,7 @@ def test_headers_land_with_repeats_and_binary_values_and_duckdb_reads_them(
     assert found == [(0, "hop", b"a"), (0, "hop", b"b"), (2, "bin", b"\x00\xff\x10")]
 
 
+@pytest.mark.integration
 def test_new_struct_field_and_nested_promotion_mid_stream(
     harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
@@ -192,6 +205,7 @@ def test_new_struct_field_and_nested_promotion_mid_stream(
     harness.assert_exactly_once(spec, ledger)
 
 
+@pytest.mark.integration
 def test_json_keys_land_as_a_struct_and_bad_keys_are_quarantined(
     harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer
 ) -> None:
@@ -254,6 +268,7 @@ AVRO_NESTED = {
 }
 
 
+@pytest.mark.integration
 def test_nested_avro_round_trip(
     harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
@@ -271,3 +286,129 @@ def test_nested_avro_round_trip(
     assert str(table.schema().find_field("attrs").field_type).startswith("map<")
     assert read_back(table, tuple(NESTED_SCHEMA_NAMES)) == events
     harness.assert_exactly_once(spec, ledger)
+
+
+# The conversions on their own: what pyarrow.json reads and how it becomes the table's type.
+
+MAP_OF_STRUCTS = pa.map_(pa.string(), pa.struct([("a", pa.int64())]))
+
+
+@pytest.mark.parametrize(
+    ("kind", "read"),
+    [
+        (pa.int64(), pa.int64()),
+        (pa.date32(), pa.string()),
+        (pa.time64("us"), pa.string()),
+        (pa.map_(pa.string(), pa.int64()), pa.struct([])),
+        (pa.large_list(pa.int64()), pa.list_(pa.field("item", pa.int64()))),
+        (pa.struct([pa.field("id", pa.int64(), nullable=False)]), pa.struct([("id", pa.int64())])),
+    ],
+    ids=["plain", "date", "time", "map", "large-list", "required-child"],
+)
+def test_the_type_read_for_each_column_type(kind: pa.DataType, read: pa.DataType) -> None:
+    """Maps as inferred structs, dates and times as text, large lists as lists, nested required
+    fields as optional; a plain type as itself (no fix needed)."""
+    assert read_type(kind) == read
+    assert needs_fix(kind) is (read != kind)
+
+
+def test_a_json_object_becomes_map_entries_and_a_null_value_an_absent_key() -> None:
+    read = pa.array([{"x": {"a": 1}, "y": None}, None, {"x": None, "y": {"a": 2}}])
+    assert fix_array(read, MAP_OF_STRUCTS).to_pylist() == [
+        [("x", {"a": 1})],
+        None,
+        [("y", {"a": 2})],
+    ]
+
+
+def test_a_map_value_with_a_field_its_type_lacks_is_refused() -> None:
+    """No evolution inside map values: the record is rejected, not widened."""
+    with pytest.raises(pa.ArrowInvalid, match=r"fields \['b'\] are not in"):
+        fix_array(pa.array([{"x": {"a": 1, "b": 2}}]), MAP_OF_STRUCTS)
+
+
+def test_a_required_nested_field_null_under_a_present_parent_is_refused() -> None:
+    kind = pa.struct([pa.field("id", pa.int64(), nullable=False)])
+    with pytest.raises(pa.ArrowInvalid, match="required nested field 'id'"):
+        fix_array(pa.array([{"id": None}]), kind)
+    # Under a null parent it is no error.
+    assert fix_array(pa.array([{"id": 1}, None]), kind).to_pylist() == [{"id": 1}, None]
+
+
+def test_struct_fields_not_in_the_schema_are_kept_as_new_nested_fields() -> None:
+    fixed = fix_array(pa.array([{"id": 1, "new": "x"}]), pa.struct([("id", pa.int64())]))
+    assert fixed.type == pa.struct([("id", pa.int64()), ("new", pa.string())])
+    assert fixed.to_pylist() == [{"id": 1, "new": "x"}]
+
+
+def test_dates_times_and_large_lists_convert_from_what_was_read() -> None:
+    dates = fix_column(pa.chunked_array([pa.array(["2026-01-02", None])]), pa.date32())
+    assert dates.to_pylist() == [dt.date(2026, 1, 2), None]
+    times = fix_column(pa.chunked_array([pa.array(["10:11:12.5"])]), pa.time64("us"))
+    assert times.to_pylist() == [dt.time(10, 11, 12, 500000)]
+    lists = fix_column(pa.chunked_array([pa.array([[1, 2], None])]), pa.large_list(pa.int64()))
+    assert lists.type == pa.large_list(pa.int64())
+    assert lists.to_pylist() == [[1, 2], None]
+
+
+@pytest.mark.parametrize(
+    ("read", "kind"),
+    [
+        (pa.array(["not a date"]), pa.date32()),
+        (pa.array([1]), pa.list_(pa.int64())),
+        (pa.array([1]), pa.map_(pa.string(), pa.int64())),
+        (pa.array([{"a": "x"}]), pa.map_(pa.string(), pa.int64())),
+    ],
+    ids=["bad-date", "scalar-for-list", "scalar-for-map", "map-value-of-another-type"],
+)
+def test_a_value_that_does_not_convert_raises_arrow_invalid(
+    read: pa.Array, kind: pa.DataType
+) -> None:
+    """ArrowInvalid, whatever Arrow raised inside: the caller isolates the record by it."""
+    with pytest.raises(pa.ArrowInvalid):
+        fix_column(pa.chunked_array([read]), kind)
+
+
+def test_nested_additions_see_new_fields_inside_lists_but_not_maps_or_all_null_ones() -> None:
+    declared = pa.list_(pa.struct([("a", pa.int64())]))
+    seen = pa.list_(pa.struct([("a", pa.int64()), ("b", pa.string()), ("c", pa.null())]))
+    added = nested_additions(declared, seen)
+    wider = pa.struct([("a", pa.int64()), ("b", pa.string())])
+    assert added == pa.list_(pa.field("element", wider))
+    in_map = pa.map_(pa.string(), pa.struct([("a", pa.int64()), ("b", pa.int64())]))
+    assert nested_additions(MAP_OF_STRUCTS, in_map) is None
+    assert nested_additions(declared, declared) is None
+
+
+def test_promotions_reach_nested_leaves_and_widen_as_iceberg_allows() -> None:
+    schema = pa.schema(
+        [
+            ("l", pa.list_(pa.int32())),
+            ("m", pa.map_(pa.string(), pa.float32())),
+            ("d", pa.decimal128(9, 2)),
+            ("s", pa.string()),
+        ]
+    )
+    found = {path: (changed, wider) for path, changed, wider in promotion_candidates(schema)}
+    assert {path: wider for path, (_, wider) in found.items()} == {
+        "l.element": pa.int64(),
+        "m.value": pa.float64(),
+        "d": pa.decimal128(38, 2),
+    }
+    assert found["l.element"][0].field("l").type == pa.list_(pa.int64())
+    assert found["l.element"][0].field("m").type == schema.field("m").type  # one at a time
+    assert widen(pa.decimal128(38, 2)) is None
+    assert widen(pa.int64()) is None
+
+
+def test_cast_nested_keeps_required_children_under_null_parents_writable() -> None:
+    """pyarrow's cast refuses a required child holding nulls under null parents; the rebuilt
+    column casts, reads the same, and its required child has no null left (Parquet writes it)."""
+    kind = pa.struct([pa.field("id", pa.int64(), nullable=False)])
+    read = pa.StructArray.from_arrays(
+        [pa.array([1, None])], fields=[pa.field("id", pa.int64())], mask=pa.array([False, True])
+    )
+    cast = cast_nested(pa.chunked_array([read]), kind)
+    assert cast.type == kind
+    assert cast.to_pylist() == [{"id": 1}, None]
+    assert cast.chunk(0).field(0).null_count == 0

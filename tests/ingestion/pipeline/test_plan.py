@@ -3,13 +3,11 @@ offsets on the real broker (integration)."""
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import pytest
 
 from ingestion import exceptions
-from ingestion.kafka.ranges import cap_ends, split_tasks
 from ingestion.kafka.topics import PartitionState, TopicState
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.pipeline.plan import Plan, plan_partitions
@@ -132,36 +130,6 @@ def test_regressing_commit_is_refused() -> None:
     )
     with pytest.raises(exceptions.OffsetRegressionError, match=r"dropped \[\('orders', 1\)\]"):
         commit_data(catalog=None, plan=regressing, files=[], properties={})  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(
-    ("ends", "cap", "expected"),
-    [
-        ({0: 10, 1: 10}, None, {0: 10, 1: 10}),
-        ({0: 10, 1: 10}, 100, {0: 10, 1: 10}),
-        ({0: 10, 1: 10}, 7, {0: 4, 1: 3}),
-        ({0: 10, 1: 2}, 8, {0: 6, 1: 2}),
-        ({0: 0, 1: 5, 2: 5}, 4, {0: 0, 1: 2, 2: 2}),
-    ],
-)
-def test_cap_shares_the_budget_fairly(
-    ends: dict[int, int], cap: int | None, expected: dict[int, int]
-) -> None:
-    """R21: at most ``cap`` offsets, shared by water-filling."""
-    start = {("t", p): 0 for p in ends}
-    capped = cap_ends(start, {("t", p): e for p, e in ends.items()}, cap)
-    assert {p: capped[("t", p)] for p in ends} == expected
-    assert sum(capped.values()) <= (cap if cap is not None else sum(ends.values()))
-
-
-@pytest.mark.parametrize(("size", "count"), [(1, 7), (3, 3), (7, 1), (100, 1)])
-def test_split_tiles_the_range(size: int, count: int) -> None:
-    """R1: tasks tile [start, end) with no gap or overlap."""
-    tasks = split_tasks({("t", 0): 3}, {("t", 0): 10}, size)
-    assert len(tasks) == count
-    assert tasks[0].start == 3
-    assert tasks[-1].end == 10
-    assert all(a.end == b.start for a, b in itertools.pairwise(tasks))
 
 
 def watermark(kafka: KafkaResource, topic: str, isolation: str) -> int:

@@ -1,12 +1,12 @@
-"""The alert noise budget and the lag sensor's blocked decision, as pure functions."""
+"""The alert noise budget and the blocked state, as pure functions (the lag sensor's decision
+while blocked: tests/ingestion/health/test_triggers.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ingestion.health.checks import Finding, check_group_consistency, failed, passed
+from ingestion.health.checks import check_group_consistency
 from ingestion.health.state import PipelineState
-from ingestion.health.triggers import decide_group_check
 from platform_assets.alerts.policy import (
     Evaluation,
     apply_evaluations,
@@ -169,37 +169,6 @@ def test_run_failure_left_to_the_check_only_when_blocked(
     failed: set[str], blocked: set[str], expected: bool
 ) -> None:
     assert failed_only_because_blocked(failed, blocked) is expected
-
-
-BLOCKED = failed("ERROR", "table holds offsets under ['a'] but none under 'b'")
-OTHER_CAUSE = failed("ERROR", "Kafka group 'b' has active members (STABLE)")
-PASSED = passed("group ids agree ('a'); no foreign members")
-BEHIND = failed("WARN", "mirror is behind")
-
-
-@pytest.mark.parametrize(
-    ("now", "latest", "requested", "busy", "expected"),
-    [
-        pytest.param(PASSED, PASSED, None, False, False, id="healthy"),
-        pytest.param(PASSED, None, None, False, False, id="healthy, never evaluated"),
-        pytest.param(BEHIND, PASSED, None, False, False, id="a warning leaves it to the runs"),
-        pytest.param(BLOCKED, PASSED, None, False, True, id="newly blocked: one run"),
-        pytest.param(BLOCKED, None, None, False, True, id="blocked, never evaluated"),
-        pytest.param(BLOCKED, PASSED, None, True, False, id="a run in flight evaluates it"),
-        pytest.param(
-            BLOCKED, PASSED, BLOCKED.fingerprint, False, False, id="already requested: no storm"
-        ),
-        pytest.param(BLOCKED, BLOCKED, None, False, False, id="a blocked run already said it"),
-        pytest.param(OTHER_CAUSE, BLOCKED, BLOCKED.fingerprint, False, True, id="a new cause"),
-        pytest.param(PASSED, BLOCKED, BLOCKED.fingerprint, False, True, id="fixed: record it"),
-        pytest.param(PASSED, BLOCKED, PASSED.fingerprint, False, False, id="fix requested"),
-        pytest.param(BEHIND, BLOCKED, None, False, True, id="fixed to a warning: record it"),
-    ],
-)
-def test_lag_sensor_group_check_decision(
-    now: Finding, latest: Finding | None, requested: str | None, busy: bool, expected: bool
-) -> None:
-    assert decide_group_check(now, latest, requested, busy)[0] is expected
 
 
 @pytest.mark.parametrize(

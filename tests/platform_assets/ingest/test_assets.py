@@ -9,17 +9,19 @@ import pyarrow as pa
 import pytest
 from dagster import (
     AssetKey,
+    AssetsDefinition,
     AssetSelection,
+    AssetSpec,
     DagsterInstance,
     RunRequest,
     SkipReason,
     build_sensor_context,
 )
 
-from ingestion.ops.retention import maintenance_cron
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.alerts.sensors import build_check_alert_sensor
 from platform_assets.definitions import build_definitions
+from platform_assets.ingest.assets import build_pipeline_assets, observe_topic
 from platform_assets.ingest.checks import pipeline_check_keys
 from platform_assets.ingest.jobs import ingestion_selection
 from platform_assets.ingest.sensors import build_lag_sensor
@@ -62,54 +64,34 @@ def evaluations(result: Any) -> dict[str, Any]:
     return {e.check_name: e for e in result.get_asset_check_evaluations()}
 
 
-def test_definitions_walk_every_spec_yields_its_surface() -> None:
-    specs = [
-        make_spec("orders", "walk_orders", errors_tolerance="all"),
-        make_spec("x", "walk_pattern", topic_pattern=r"clicks-.*"),
+def test_each_pipeline_has_its_topics_and_one_multi_asset_with_its_blocking_check() -> None:
+    """The surface of ``build_pipeline_assets``: an external asset per topic (one for a
+    pattern), and the table, its commit log and (with dead letters) its quarantine table
+    materialized by one run behind the blocking group check."""
+    spec = make_spec("x", "surface", topics=["orders", "payments"], errors_tolerance="all")
+    *topics, ingestion = build_pipeline_assets(spec)
+    assert [t.key for t in topics] == [
+        AssetKey(["kafka", "orders"]),
+        AssetKey(["kafka", "payments"]),
     ]
-    defs = build_definitions(specs)
-    graph = defs.resolve_asset_graph()
-    checks = {(k.asset_key, k.name) for k in graph.asset_check_keys}
-    for spec in specs:
-        assert table_key(spec) in graph.get_all_asset_keys()
-        assert commit_state_key(spec) in graph.get_all_asset_keys()
-        assert {name for key, name in checks if key == table_key(spec)} == PIPELINE_CHECKS
-        assert (
-            defs.resolve_sensor_def(f"{spec.name}_lag_sensor").job_name == f"ingest_{spec.name}_job"
-        )
-        assert defs.resolve_schedule_def(f"{spec.name}_fallback_schedule")
-        maintenance = defs.resolve_schedule_def(f"{spec.name}_maintenance_schedule")
-        assert maintenance.job_name == "maintain_tables"
-        assert maintenance.cron_schedule == maintenance_cron(spec)
-        upstream = graph.get(table_key(spec)).parent_keys
-        assert upstream
-        assert all(key.path[0] == "kafka" for key in upstream)
-    assert quarantine_key(specs[0]) in graph.get_all_asset_keys()
-    assert AssetKey(["kafka", "walk_pattern_topics"]) in graph.get_all_asset_keys()
-    for name in ("ingest_all", "observe_topics", "run_checks"):
-        assert defs.resolve_job_def(name)
-    assert defs.resolve_sensor_def("check_alerts")
-    assert defs.resolve_sensor_def("run_failure_alerts")
-    assert defs.resolve_sensor_def("stop_retired_streams")
+    assert all(isinstance(t, AssetSpec) and t.metadata["pipeline"] == "surface" for t in topics)
+    assert isinstance(ingestion, AssetsDefinition)
+    assert ingestion.keys == {table_key(spec), commit_state_key(spec), quarantine_key(spec)}
+    assert {k.name for k in ingestion.check_keys} == {"group_id_consistency"}
+    plain = make_spec("x", "surface_plain", topic_pattern="clicks-.*")
+    (pattern, plain_ingestion) = build_pipeline_assets(plain)
+    assert isinstance(pattern, AssetSpec)
+    assert isinstance(plain_ingestion, AssetsDefinition)
+    assert pattern.key == AssetKey(["kafka", "surface_plain_topics"])
+    assert "pattern 'clicks-.*'" in str(pattern.description)
+    assert quarantine_key(plain) not in plain_ingestion.keys  # no dead letters: no quarantine
 
 
-def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
-    fast = make_spec("fast", "walk_fast", freshness_target_seconds=15)
-    slow = make_spec("slow", "walk_slow", freshness_target_seconds=600)
-    defs = build_definitions([fast, slow])
-    assert defs.resolve_sensor_def("walk_fast_stream_sensor").job_name == "stream_walk_fast_job"
-    assert defs.resolve_job_def("stream_walk_fast_job")
-    names = {s.name for s in defs.sensors or []}
-    assert "walk_slow_stream_sensor" not in names
-    assert "walk_slow_lag_sensor" in names
-    fast_cron = defs.resolve_schedule_def("walk_fast_maintenance_schedule").cron_schedule
-    slow_cron = defs.resolve_schedule_def("walk_slow_maintenance_schedule").cron_schedule
-    # With a target the retention is a commit budget: history expired every 15 min.
-    assert str(fast_cron).endswith(" * * * *")
-    assert str(slow_cron).endswith(" * * * *")
-    plain = make_spec("plain", "walk_plain")  # no target: a week's history, expired daily
-    plain_cron = build_definitions([plain]).resolve_schedule_def("walk_plain_maintenance_schedule")
-    assert str(plain_cron.cron_schedule).endswith(" 3 * * *")
+def test_a_missing_topic_is_observed_as_a_problem_not_a_failure(kafka: KafkaResource) -> None:
+    spec = make_spec("no-such-topic-observed", "observe_missing")
+    observation = observe_topic(kafka, spec, AssetKey(["kafka", "no-such-topic-observed"]))
+    assert observation.metadata["partitions"].value == 0
+    assert "not found: topic 'no-such-topic-observed'" in str(observation.metadata["problem"].value)
 
 
 def test_a_run_that_ingests_nothing_reports_no_materialization(

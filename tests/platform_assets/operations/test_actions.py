@@ -1,16 +1,20 @@
 """An operator job acting while the lag sensor keeps launching ingestion runs: the job marks
 its run, the lag sensor launches none of that pipeline meanwhile (for
 at most ``OPERATOR_HOLD_LIMIT``), and the job waits for the run in progress to end instead of
-refusing (``platform_assets.operations.actions.hold_ingestion``)."""
+refusing (``platform_assets.operations.actions.hold_ingestion``). Unit level, on a Dagster
+test instance and a real embedded catalog: the runs that count as ingesting a pipeline, the hold
+and its refusal, and reset and migration refused on a moved route."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from dagster import (
     DagsterInstance,
@@ -20,18 +24,25 @@ from dagster import (
     instance_for_test,
 )
 
+from ingestion.exceptions import OperationRefusedError
 from ingestion.pipeline.run import run_pipeline
+from ingestion.table.offsets import FAILOVER_TO, TopicOffsets, commit_properties
+from ingestion.table.route import FAILOVER_ORIGIN, FAILOVER_TOPICS
+from ingestion.table.schema import load_or_create_table
 from platform_assets.definitions import build_definitions
 from platform_assets.ingest import jobs
 from platform_assets.ingest.jobs import OPERATOR_TAG, active_operator_runs
+from platform_assets.operations.actions import (
+    count_ingestion_runs,
+    hold_ingestion,
+    refuse_off_route,
+)
 from platform_assets.operations.jobs import build_ops_jobs
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.conftest import NewPipeline
 from tests.support.ledger import LedgerProducer
-from tests.support.pipelines import records
-
-pytestmark = pytest.mark.integration
+from tests.support.pipelines import make_spec, records
 
 
 def reset_to_latest(
@@ -47,6 +58,7 @@ def reset_to_latest(
     )
 
 
+@pytest.mark.integration
 def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeline(
     kafka: KafkaResource,
     tmp_path: Path,
@@ -82,6 +94,7 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
         assert free.run_requests, free.skip_message
 
 
+@pytest.mark.integration
 def test_an_operator_job_waits_for_the_run_in_progress_instead_of_refusing(
     kafka: KafkaResource,
     tmp_path: Path,
@@ -131,3 +144,65 @@ def test_an_operator_job_waits_for_the_run_in_progress_instead_of_refusing(
         message = str(failure.step_failure_data.error)
         assert "1 ingestion run(s) still in progress after waiting 2 s" in message, message
         assert "wait_for_runs_seconds" in message
+
+
+SPEC = make_spec("orders", "acting", replicas=[{"name": "dr", "source_alias": "primary"}])
+
+
+def test_its_own_job_and_ingest_all_count_as_ingesting_a_pipeline() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        for job, status in [
+            ("ingest_acting_job", DagsterRunStatus.STARTED),
+            ("ingest_all", DagsterRunStatus.STARTING),
+            ("ingest_acting_job", DagsterRunStatus.SUCCESS),  # ended
+            ("ingest_other_job", DagsterRunStatus.STARTED),  # another pipeline
+        ]:
+            instance.add_run(DagsterRun(job_name=job, status=status))
+        assert count_ingestion_runs(instance, SPEC) == 2
+
+
+def test_the_hold_marks_the_operator_run_and_refuses_while_a_run_stays_active() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        operator = instance.add_run(DagsterRun(job_name="reset_offsets"))
+        assert hold_ingestion(instance, operator.run_id, SPEC, wait_s=0) == 0
+        assert (instance.get_run_by_id(operator.run_id) or operator).tags[OPERATOR_TAG] == (
+            "acting"
+        )
+        instance.add_run(DagsterRun(job_name="ingest_acting_job", status=DagsterRunStatus.STARTED))
+        started = time.monotonic()
+        refusal = re.escape("1 ingestion run(s) still in progress after waiting 0.3 s")
+        with pytest.raises(OperationRefusedError, match=refusal):
+            hold_ingestion(instance, operator.run_id, SPEC, wait_s=0.3, poll_s=0.05)
+        assert time.monotonic() - started >= 0.3
+
+
+def switched(iceberg: IcebergCatalogResource, cluster_id: str, **properties: str) -> None:
+    table = load_or_create_table(iceberg.load_catalog(), SPEC)
+    offsets = commit_properties(
+        group_id=SPEC.consumer_group_id, offsets={"orders": TopicOffsets("id", {0: 1})},
+        commit_id=cluster_id, cluster_id=cluster_id, pipeline=SPEC.name,
+    )  # fmt: skip
+    with (
+        table.transaction() as transaction,
+        transaction.update_snapshot(snapshot_properties={**offsets, **properties}).fast_append(),
+    ):
+        pass
+
+
+def test_reset_and_migration_are_refused_on_a_moved_route(tmp_path: Path) -> None:
+    kafka = KafkaResource(bootstrap_servers="nowhere:1",
+                          replicas={"dr": {"bootstrap.servers": "nowhere:2"}})  # fmt: skip
+    iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
+    switched(iceberg, "k-primary")
+    refuse_off_route(SPEC, kafka, iceberg, "reset")  # on its own route: allowed
+    names = orjson.dumps({"orders": "primary.orders"}).decode()
+    switched(iceberg, "k-dr", **{FAILOVER_TO: "dr", FAILOVER_TOPICS: names})
+    refusal = re.escape("reads ['primary.orders'] on 'dr' since a failover; reset is not")
+    with pytest.raises(OperationRefusedError, match=refusal):
+        refuse_off_route(SPEC, kafka, iceberg, "reset")
+    back = orjson.dumps({"orders": "dr.orders"}).decode()
+    origin = orjson.dumps([{"topic": "orders", "partition": 0}]).decode()
+    failback = {FAILOVER_TO: "primary", FAILOVER_TOPICS: back, FAILOVER_ORIGIN: origin}
+    switched(iceberg, "k-back", **failback)
+    with pytest.raises(OperationRefusedError, match="platform complete-failback acting"):
+        refuse_off_route(SPEC, kafka, iceberg, "migrate-group")

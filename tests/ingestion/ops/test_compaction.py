@@ -1,0 +1,194 @@
+"""Small-file compaction on its own, on a real SQL catalog (no Kafka, no Spark): which files a
+pass merges (the prefix rule, per partition, capped per group), that a pass keeps every row in
+one ``overwrite`` marked as compaction and a second pass rewrites nothing, and what a group does
+when the head moves under it (retried, replanned, or skipped; never raised, never resurrecting a
+deleted row)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField, StringType
+
+from ingestion.ops.compaction import (
+    MAINTENANCE,
+    compact_small_files,
+    pick_merge,
+    plan_groups,
+    target_file_bytes,
+)
+from ingestion.pipeline.hooks import FailureHooks
+from ingestion.table.offsets import snapshot_properties
+
+
+@pytest.mark.parametrize(
+    ("counts", "chosen"),
+    [
+        ([10, 10, 10, 120], 3),  # new files beside a compacted one: only the new
+        ([20, 120], 0),  # one small file beside a bigger one: nothing
+        ([3, 10, 10], 3),  # a small old file joins a bigger new batch
+        ([5], 0),  # below min_files
+        ([], 0),
+        ([1, 1, 5, 7], 4),  # 5 > 2 breaks the prefix, 7 <= 7 extends it again
+        ([1, 2, 4, 8], 0),  # each holds more than all before: already compacted
+    ],
+)
+def test_the_longest_prefix_whose_last_file_holds_no_more_than_all_before(
+    counts: list[int], chosen: int
+) -> None:
+    assert pick_merge(counts) == chosen
+
+
+def test_min_files_raises_the_bar() -> None:
+    assert pick_merge([10, 10], min_files=3) == 0
+    assert pick_merge([10, 10, 10], min_files=3) == 3
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Table:
+    """A table partitioned by ``region``, its target file size 64 KiB."""
+    catalog = SqlCatalog(
+        "c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    schema = Schema(
+        NestedField(1, "region", StringType(), required=False),
+        NestedField(2, "n", LongType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "region"))
+    return catalog.create_table(
+        "n.t", schema, partition_spec=spec,
+        properties={"write.target-file-size-bytes": str(64 * 1024)},
+    )  # fmt: skip
+
+
+def append(table: Table, region: str, numbers: range) -> None:
+    """One small file of ``region`` holding ``numbers``."""
+    rows = pa.table(
+        {"region": pa.array([region] * len(numbers), pa.large_string()), "n": list(numbers)}
+    )
+    table.append(rows)
+
+
+def elsewhere(table: Table) -> Table:
+    """Another handle on ``table``: another writer (the pass's handle does not see it)."""
+    return table.catalog.load_table(table.name())
+
+
+def live_files(table: Table) -> dict[str, int]:
+    """Data files per region."""
+    files: dict[str, int] = {}
+    for task in table.refresh().scan().plan_files():
+        region = str(task.file.partition[0])
+        files[region] = files.get(region, 0) + 1
+    return files
+
+
+def numbers(table: Table) -> list[int]:
+    return sorted(table.refresh().scan().to_arrow().column("n").to_pylist())
+
+
+def test_groups_are_per_partition_and_only_of_small_files(table: Table) -> None:
+    for start in (0, 10, 20):
+        append(table, "eu", range(start, start + 10))
+    append(table, "us", range(100, 105))  # alone in its partition: nothing to merge with
+    assert target_file_bytes(table) == 64 * 1024
+    tasks = list(table.scan().plan_files())
+    groups = plan_groups(tasks, target_file_bytes(table))
+    assert [(key.split("/")[0], len(group)) for key, group in groups.items()] == [("0", 3)]
+    # Files of at least half the target size are not small: nothing is planned.
+    smallest = min(t.file.file_size_in_bytes for t in tasks)
+    assert plan_groups(tasks, 2 * smallest - 2) == {}
+
+
+def test_a_group_reads_at_most_two_target_sizes(table: Table) -> None:
+    for start in range(0, 100, 10):
+        append(table, "eu", range(start, start + 10))
+    tasks = list(table.scan().plan_files())
+    target = 3 * max(t.file.file_size_in_bytes for t in tasks)
+    (group,) = plan_groups(tasks, target).values()
+    assert 3 <= len(group) < 10  # the rest waits for the next pass
+    assert sum(t.file.file_size_in_bytes for t in group) <= 2 * target
+
+
+def test_a_pass_merges_each_partition_once_keeps_every_row_and_a_second_does_nothing(
+    table: Table,
+) -> None:
+    for start in (0, 10, 20):
+        append(table, "eu", range(start, start + 10))
+        append(table, "us", range(100 + start, 110 + start))
+    before = numbers(table)
+    report = compact_small_files(table)
+    assert (report.files_compacted, report.files_written, report.rows_rewritten) == (6, 2, 60)
+    assert report.groups_skipped == []
+    assert live_files(table) == {"eu": 1, "us": 1}
+    assert numbers(table) == before
+    head = table.current_snapshot()
+    assert head is not None
+    assert head.summary is not None
+    assert head.summary.operation.value == "overwrite"
+    assert snapshot_properties(head)[MAINTENANCE] == "compaction"
+    snapshots = len(table.metadata.snapshots)
+    again = compact_small_files(table)
+    assert again.files_compacted == 0
+    assert len(table.refresh().metadata.snapshots) == snapshots
+
+
+def test_an_append_landing_before_the_commit_is_retried_over(table: Table) -> None:
+    for start in (0, 10, 20):
+        append(table, "eu", range(start, start + 10))
+    landed: list[str] = []
+
+    def ingest(point: str, **context: Any) -> None:
+        if not landed:
+            landed.append(point)
+            append(elsewhere(table), "us", range(100, 103))
+
+    report = compact_small_files(table, FailureHooks({"before_compaction_commit": ingest}))
+    assert report.groups_retried == 1
+    assert report.files_compacted == 3
+    assert live_files(table) == {"eu": 1, "us": 1}
+    assert numbers(table) == [*range(30), 100, 101, 102]
+
+
+def test_rows_deleted_before_the_commit_never_come_back(table: Table) -> None:
+    """A delete rewrote the group's inputs: its outputs are dropped and it is planned again."""
+    for start in (0, 10, 20):
+        append(table, "eu", range(start, start + 10))
+    deleted: list[str] = []
+
+    def delete(point: str, **context: Any) -> None:
+        if not deleted:
+            deleted.append(point)
+            elsewhere(table).delete("n >= 25")
+
+    report = compact_small_files(table, FailureHooks({"before_compaction_commit": delete}))
+    assert report.groups_replanned == 1
+    assert report.groups_skipped == []
+    assert numbers(table) == list(range(25))
+
+
+def test_a_group_that_keeps_losing_is_skipped_not_raised(table: Table) -> None:
+    for start in (0, 10, 20):
+        append(table, "eu", range(start, start + 10))
+    files_before = live_files(table)
+
+    def ingest(point: str, **context: Any) -> None:
+        append(elsewhere(table), "us", range(100, 101))
+
+    report = compact_small_files(
+        table, FailureHooks({"before_compaction_commit": ingest}), max_attempts=2
+    )
+    (skipped,) = report.groups_skipped
+    assert "the table kept changing (2 tries)" in skipped
+    assert report.files_compacted == 0
+    assert live_files(table)["eu"] == files_before["eu"]
+    assert numbers(table) == [*range(30), 100, 100]

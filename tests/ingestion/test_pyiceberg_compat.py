@@ -1,0 +1,89 @@
+"""The one home of private pyiceberg calls, against the installed pyiceberg: data files written
+without a commit (partitioned, uniquely named on every call) and the Parquet settings a table's
+properties give. Real SQL catalog and local files; no Kafka, no Spark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import LongType, NestedField, StringType
+
+from ingestion._pyiceberg_compat import parquet_writer_kwargs, write_data_files
+
+ROWS = pa.table(
+    {"region": pa.array(["eu", "us", "eu", "ap"], pa.large_string()), "n": [1, 2, 3, 4]}
+)
+
+
+@pytest.fixture
+def table(tmp_path: Path) -> Table:
+    """An empty table partitioned by ``region`` (identity) in a fresh SQL catalog."""
+    catalog = SqlCatalog(
+        "compat", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    schema = Schema(
+        NestedField(1, "region", StringType(), required=False),
+        NestedField(2, "n", LongType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "region"))
+    return catalog.create_table("n.t", schema, partition_spec=spec)
+
+
+def test_rows_are_written_one_file_per_partition_and_nothing_is_committed(table: Table) -> None:
+    files = write_data_files(table.metadata, table.io, ROWS)
+    by_region = {f.partition[0]: f.record_count for f in files}
+    assert by_region == {"eu": 2, "us": 1, "ap": 1}
+    assert all(Path(f.file_path.removeprefix("file://")).is_file() for f in files)
+    assert table.refresh().current_snapshot() is None  # written, not committed
+
+
+def test_no_rows_write_no_file(table: Table) -> None:
+    assert write_data_files(table.metadata, table.io, ROWS.slice(0, 0)) == []
+
+
+def test_a_retried_call_writes_new_files_and_both_sets_read_back_whole(table: Table) -> None:
+    """A fresh write uuid per call: a second call with the same rows names other files, so
+    committing both keeps every row (a reused name would have overwritten the first set)."""
+    first = write_data_files(table.metadata, table.io, ROWS)
+    second = write_data_files(table.metadata, table.io, ROWS)
+    assert not {f.file_path for f in first} & {f.file_path for f in second}
+    with table.transaction() as transaction, transaction.update_snapshot().fast_append() as app:
+        for data_file in first + second:
+            app.append_data_file(data_file)
+    back = table.refresh().scan().to_arrow()
+    assert sorted(back.column("n").to_pylist()) == [1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_parquet_settings_follow_the_table_properties_as_pyiceberg_writes_them(
+    table: Table, tmp_path: Path
+) -> None:
+    kwargs = parquet_writer_kwargs(
+        {
+            "write.parquet.compression-codec": "gzip",
+            "write.parquet.compression-level": "7",
+            "write.parquet.page-size-bytes": "4096",
+            "write.parquet.dict-size-bytes": "1024",
+        }
+    )
+    assert kwargs["compression"] == "gzip"
+    assert kwargs["compression_level"] == 7
+    assert kwargs["data_page_size"] == 4096
+    assert kwargs["dictionary_pagesize_limit"] == 1024
+    assert (
+        parquet_writer_kwargs({"write.parquet.compression-codec": "uncompressed"})["compression"]
+        == "none"
+    )  # pyarrow's name for it
+    # The arguments are pyarrow's own: a writer accepts them and applies the codec.
+    path = tmp_path / "f.parquet"
+    with pq.ParquetWriter(path, ROWS.schema, **kwargs) as writer:
+        writer.write_table(ROWS)
+    assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "GZIP"
