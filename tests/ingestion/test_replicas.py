@@ -49,6 +49,5 @@ def test_with_replicas_the_add_on_answers_for_every_part_of_the_protocol() -> No
     assert type(support).__module__ == "ingestion.dr.support"
     for name in ("check_route", "run_guard", "commit_properties", "name_families"):
         assert callable(getattr(support, name))
-    assert support.private_properties  # the guard's record lists stay on the driver
     assert support.name_families(spec) == [frozenset({"orders", "primary.orders"})]
     assert ask(spec.model_dump_json(by_alias=True, exclude_none=True))["none"] is False

@@ -76,7 +76,6 @@ def test_a_run_on_the_primary_needs_no_guard_and_carries_no_route(tmp_path: Path
     assert SUPPORT.run_guard(table, GROUP, SPEC.name, None) is None
     assert SUPPORT.commit_properties(table, GROUP) == {}
     assert SUPPORT.name_families(SPEC) == [frozenset({"orders", "primary.orders"})]
-    assert SUPPORT.private_properties == (UNCOPIED_PREFIX,)
 
 
 def test_a_run_on_a_moved_route_must_read_its_cluster_and_carries_it(tmp_path: Path) -> None:

@@ -87,16 +87,19 @@ def test_one_task_spec_per_range_with_the_executor_hook_and_its_partitions_guard
     )
 
 
-def test_tasks_get_the_table_metadata_without_the_private_properties(table: Table) -> None:
+def test_tasks_get_the_table_metadata_without_the_platform_properties(table: Table) -> None:
+    """Tasks read the schema, spec, location and write.* properties; the platform's kafka.*
+    table properties (a guard's record lists: megabytes) stay on the driver, replicas or not."""
+    assert task_metadata_json(table) == table.metadata.model_dump_json()  # nothing to drop
     with table.transaction() as transaction:
-        transaction.set_properties({"private.a": "x" * 1000, "private.b": "y", "kept": "z"})
-    sent = orjson.loads(task_metadata_json(table, ("private.",)))
-    assert "private.a" not in sent["properties"]
-    assert "private.b" not in sent["properties"]
-    assert sent["properties"]["kept"] == "z"
-    assert "private.a" in table.properties  # the table itself keeps them
-    # Nothing private: the metadata as it is.
-    assert task_metadata_json(table) == table.metadata.model_dump_json()
+        transaction.set_properties(
+            {"kafka.uncopied.g": "x" * 1000, "kafka.retired-groups": "y", "write.z": "z"}
+        )
+    sent = orjson.loads(task_metadata_json(table))
+    assert "kafka.uncopied.g" not in sent["properties"]
+    assert "kafka.retired-groups" not in sent["properties"]
+    assert sent["properties"]["write.z"] == "z"
+    assert "kafka.uncopied.g" in table.properties  # the table itself keeps them
 
 
 def test_the_schema_commit_adds_columns_and_nested_fields_and_promotes(table: Table) -> None:
