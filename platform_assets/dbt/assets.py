@@ -2,8 +2,10 @@
 
 The manifest is prepared at load time when it is missing (``make`` prepares it beforehand) and
 under ``dagster dev``. Models refresh themselves after new commits to their upstream table
-(``AutomationCondition.eager()``: it waits for in-flight runs, so runs never pile up), one dbt
-run at a time (the ``dbt_duckdb`` pool: DuckDB has a single writer).
+(``AutomationCondition.eager()``: it waits for in-flight runs, so runs never pile up, and for
+the table's first materialization, so no build runs before the table exists; ``make dev``
+wipes the assets' history with the demo catalog for that reason, scripts/dev.py), one dbt run
+at a time (the ``dbt_duckdb`` pool: DuckDB has a single writer).
 """
 
 import sys

@@ -6,8 +6,10 @@ The tests that need `make dev` share one stack (:class:`DevStack`, the session f
 first stream commit) costs about half a minute on a 2-core machine, each time. They run at the
 end of the session in :data:`DEV_STACK_ORDER` (:func:`order_dev_stack_users`): the freshness
 target on the fresh stack, the alert procedure (it breaks the pipelines file and restores it),
-then the test that stops the stack and checks that Ctrl-C leaves nothing. A test that changes
-the stack restores it before it ends.
+then tests/scripts/test_dev.py: no run failed while the demo ran (:func:`failed_runs`, a test's
+deliberate failures aside: :attr:`DevStack.expected_failures`), then the test that stops the
+stack and checks that Ctrl-C leaves nothing. A test that changes the stack restores it before it
+ends.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from collections.abc import Callable
@@ -31,7 +34,7 @@ from resources.embedded import find_free_port
 from tests.support.webhook import WebhookReceiver
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-DEV_STACK_ORDER = ("test_freshness_target.py", "test_alert_noise.py", "test_dev_stack.py")
+DEV_STACK_ORDER = ("test_freshness.py", "test_dev_alerts.py", "test_dev.py")
 """The modules using the shared stack, in the order they run (the last one stops it)."""
 
 
@@ -75,6 +78,9 @@ class DevStack:
     banner: str = ""
     children: set[int] = field(default_factory=set)
     output: str | None = None  # what dev.py printed after the banner, once stopped
+    expected_failures: set[str] = field(default_factory=set)
+    """Ids of the runs a test failed on purpose (tests/scripts/test_dev_alerts.py: the blocked
+    run)."""
 
     def stop(self) -> str:
         """Ctrl-C (SIGINT) and wait for dev.py to exit; return its remaining output."""
@@ -124,6 +130,9 @@ def order_dev_stack_users(items: list[pytest.Item]) -> None:
     (others first): the session fixture then stops the stack right after its last user."""
     users = [item for item in items if "dev_stack" in getattr(item, "fixturenames", ())]
     rank = {name: n for n, name in enumerate(DEV_STACK_ORDER)}
+    unknown = sorted({item.path.name for item in users} - set(rank))
+    if unknown:  # a renamed module would run in any order, maybe after the stack stopped
+        raise pytest.UsageError(f"tests using dev_stack missing from DEV_STACK_ORDER: {unknown}")
     ordered = sorted(users, key=lambda item: rank.get(item.path.name, -1))
     items[:] = [item for item in items if item not in users] + ordered
 
@@ -195,3 +204,41 @@ def graphql(port: int, query: str, timeout_s: float = 120.0) -> dict[str, object
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         result: dict[str, object] = json.loads(response.read())
         return result
+
+
+RUN_FIELDS = (
+    "runId jobName status startTime tags { key value } assetSelection { path } "
+    "assetCheckSelection { name }"
+)
+
+
+def runs(port: int, status: str) -> list[dict[str, Any]]:
+    """The runs with ``status`` (``FAILURE``, ``SUCCESS``, ...) in the dev UI, newest first."""
+    answer = graphql(
+        port,
+        f"{{ runsOrError(filter: {{statuses: [{status}]}}) {{ ... on Runs {{ results "
+        f"{{ {RUN_FIELDS} }} }} }} }}",
+    )
+    return answer["data"]["runsOrError"]["results"]  # type: ignore[index]
+
+
+def failed_runs(port: int) -> list[dict[str, Any]]:
+    """The failed runs, each with ``errors``: the messages of its step and run failures."""
+    failed = runs(port, "FAILURE")
+    for run in failed:
+        answer = graphql(
+            port,
+            f'{{ logsForRun(runId: "{run["runId"]}") {{ ... on EventConnection {{ events '
+            "{ __typename ... on ErrorEvent { error { message } } } } } }",
+        )
+        events = answer["data"]["logsForRun"]["events"]  # type: ignore[index]
+        run["errors"] = [e["error"]["message"] for e in events if e.get("error")]
+    return failed
+
+
+def describe_run(run: dict[str, Any]) -> str:
+    """One failed run for an assertion message: job, id, what it targeted and its errors."""
+    assets = ", ".join("/".join(a["path"]) for a in run.get("assetSelection") or [])
+    errors = dict.fromkeys(e.strip() for e in run.get("errors", []))  # step and run: often twice
+    text = "\n".join(errors) or "(no error message)"
+    return f"{run['jobName']} {run['runId']} [{assets}]:\n" + textwrap.indent(text, "    ")
