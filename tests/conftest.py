@@ -229,3 +229,20 @@ def resources(
 ) -> dict[str, Any]:
     """The resources a pipeline's Dagster assets and checks need, on the session's stack."""
     return {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}
+
+
+@pytest.fixture(autouse=True)
+def no_current_dagster_instance() -> Iterator[None]:
+    """Each test starts with no Dagster instance current, as a fresh process does.
+
+    Entering a ``DagsterInstance`` (``with instance:``) makes its defs-state storage current for
+    the thread until the instance is exited; building a ``Definitions`` reads that storage. An
+    instance a test left entered, then garbage-collected, made every later definitions build in
+    the session fail with "Attempted to resolve undefined DagsterInstance weakref" (seen in a
+    full run, depending on test order). ``set_defs_state_storage`` lives in a private Dagster
+    module (dagster 1.13.27); it is used here only, and only to reset that context.
+    """
+    from dagster._core.storage.defs_state.base import set_defs_state_storage
+
+    with set_defs_state_storage(None):
+        yield

@@ -23,9 +23,9 @@ from tests.support.dev_stack import (
     describe_run,
     failed_runs,
     graphql,
-    is_running,
     runs,
     wait_for,
+    wait_for_exit,
 )
 
 pytestmark = pytest.mark.integration
@@ -88,7 +88,7 @@ def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> 
         output = dev_stack.stop()  # Ctrl-C
     assert dev_stack.process.returncode == 0, output
     assert "Stopped." in output
-    leftovers = [pid for pid in children if is_running(pid)]
+    leftovers = wait_for_exit(children, 20.0)  # the same processes, not reused pids
     assert not leftovers, f"processes left running after Ctrl-C: {leftovers}"
     with pytest.raises(ConnectionRefusedError):  # the Connect server is gone with its port
         socket.create_connection(("127.0.0.1", int(remote[1])), 2).close()

@@ -76,7 +76,7 @@ class DevStack:
     pipelines: Path
     webhook: WebhookReceiver
     banner: str = ""
-    children: set[int] = field(default_factory=set)
+    children: set[Process] = field(default_factory=set)
     output: str | None = None  # what dev.py printed after the banner, once stopped
     expected_failures: set[str] = field(default_factory=set)
     """Ids of the runs a test failed on purpose (tests/scripts/test_dev_alerts.py: the blocked
@@ -157,37 +157,54 @@ def answers(port: int) -> bool:
     return True
 
 
-def wait_for_exit(pids: set[int], timeout_s: float = 20.0) -> list[int]:
-    """The ``pids`` still running after up to ``timeout_s``."""
+def wait_for_exit(processes: set[Process], timeout_s: float = 20.0) -> list[str]:
+    """The ``processes`` still running after up to ``timeout_s``, described."""
     deadline = time.monotonic() + timeout_s
-    while (left := [pid for pid in pids if is_running(pid)]) and time.monotonic() < deadline:
+    while (left := [p for p in processes if is_running(p)]) and time.monotonic() < deadline:
         time.sleep(0.5)
-    return left
+    return [describe(p) for p in left]
 
 
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (read from /proc)."""
-    parents: dict[int, int] = {}
+def descendants(pid: int) -> set[Process]:
+    """Every live process below ``pid`` (read from /proc), with its start time."""
+    stats: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = set(), {pid}
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = fields
+    found: set[int] = set()
+    frontier = {pid}
     while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier}
+        frontier = {child for child, fields in stats.items() if int(fields[1]) in frontier}
         found |= frontier
-    return found
+    return {(child, int(stats[child][19])) for child in found}
 
 
-def is_running(pid: int) -> bool:
+Process = tuple[int, int]
+"""A process as (pid, start time in clock ticks since boot): with ``pid_max`` 32768 a busy stack
+reuses pids within minutes, and a reused pid is another process, not one left running."""
+
+
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first), or None."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
-        return False
-    return state != "Z"
+        return None
+
+
+def is_running(process: Process) -> bool:
+    """Whether this very process (same pid and start time) still runs (a zombie does not)."""
+    fields = _stat(process[0])
+    return fields is not None and fields[0] != "Z" and int(fields[19]) == process[1]
+
+
+def describe(process: Process) -> str:
+    """A process and its command line, for a failure message."""
+    try:
+        command = Path(f"/proc/{process[0]}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        command = b"?"
+    return f"{process[0]} ({command.decode(errors='replace')[:200].strip()})"
 
 
 def graphql(port: int, query: str, timeout_s: float = 120.0) -> dict[str, object]:

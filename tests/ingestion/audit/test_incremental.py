@@ -153,28 +153,29 @@ def test_the_second_evaluation_recounts_only_new_commits(
     assert second.ok, second.findings
     assert second.recounted == [table.metadata.current_snapshot_id]
 
-    instance = DagsterInstance.ephemeral()
-    resources = {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}
+    with DagsterInstance.ephemeral() as instance:  # disposed: no dead instance left current
+        resources = {"kafka": kafka, "iceberg": catalog_resource, "spark": spark_resource}
 
-    def evaluate() -> dict[str, Any]:
-        result = materialize(
-            [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
-            resources=resources,
-            selection=AssetSelection.checks_for_assets(table_key(spec)),
-            instance=instance,
-        )
-        (audit,) = [
-            e for e in result.get_asset_check_evaluations() if e.check_name == "exactly_once_audit"
-        ]
-        assert audit.passed, audit.description
-        return {key: value.value for key, value in audit.metadata.items()}
+        def evaluate() -> dict[str, Any]:
+            result = materialize(
+                [*build_pipeline_assets(spec), build_pipeline_checks(spec)],
+                resources=resources,
+                selection=AssetSelection.checks_for_assets(table_key(spec)),
+                instance=instance,
+            )
+            (audit,) = [
+                e
+                for e in result.get_asset_check_evaluations()
+                if e.check_name == "exactly_once_audit"
+            ]
+            assert audit.passed, audit.description
+            return {key: value.value for key, value in audit.metadata.items()}
 
-    assert evaluate()["commits_recounted"] == 4
-    ledger_producer.produce(topic, records(10, first=40))
-    ingest(harness, spec)
-    assert evaluate()["commits_recounted"] == 1
-    assert evaluate()["commits_recounted"] == 0
-    instance.dispose()  # its temporary storage, before GC warns about it in a later test
+        assert evaluate()["commits_recounted"] == 4
+        ledger_producer.produce(topic, records(10, first=40))
+        ingest(harness, spec)
+        assert evaluate()["commits_recounted"] == 1
+        assert evaluate()["commits_recounted"] == 0
 
 
 def test_full_audit_on_demand_recounts_every_commit_and_scans_every_row(

@@ -43,7 +43,7 @@ def test_a_committed_run_reports_its_figures_typed() -> None:
     assert metadata["timings_s"] == MetadataValue.json({"total": 1.5, "plan": 0.123})
     assert metadata["decode_stats"].value["bulk_parses"] == 3
     optional = {"valid_through", "schema_changes", "lost_ranges", "kafka_group_mirror",
-                "dead_letter_topic_copy", "dead_letter_copies", "skipped_records"}  # fmt: skip
+                "dead_letter_topic_copy", "dead_letter_copies", "late_copies_skipped"}  # fmt: skip
     assert not optional & set(metadata)  # nothing to say: not said
 
 
@@ -67,7 +67,7 @@ def test_optional_entries_appear_when_they_say_something() -> None:
     assert metadata["lost_ranges"] == MetadataValue.text("o[0] [0, 10); o[1] [3, 4)")
     assert metadata["kafka_group_mirror"] == MetadataValue.text("timed out")
     assert metadata["dead_letter_copies"] == MetadataValue.int(1)
-    assert metadata["skipped_records"] == MetadataValue.int(2)
+    assert metadata["late_copies_skipped"] == MetadataValue.int(2)
     failed_copy = run_metadata(report(dead_letter_copies=1, dead_letter_error="broker down"))
     assert failed_copy["dead_letter_topic_copy"] == MetadataValue.text("broker down")
     assert "dead_letter_copies" not in failed_copy
