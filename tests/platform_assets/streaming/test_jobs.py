@@ -253,10 +253,13 @@ def test_stream_of_a_pipeline_that_no_longer_streams_is_stopped(
     with instance_for_test(overrides=NO_COMPUTE_LOGS) as instance:
         with stream_run(spec, resources, instance) as (run, thread, messages):
             wait_for(lambda: commit_count(harness, spec) >= 1, "the stream's first commit")
+            # Both definitions are resolved before a sensor context is evaluated: evaluating one
+            # can leave Dagster's current defs-state storage pointing at a disposed instance
+            # (seen in a full run), and a later resolution reads that storage.
             streaming = build_definitions([spec]).resolve_sensor_def("stop_retired_streams")
+            sensor = build_definitions([slowed]).resolve_sensor_def("stop_retired_streams")
             kept = streaming.evaluate_tick(build_sensor_context(instance=instance))
             assert "no stream run of a retired pipeline" in (kept.skip_message or "")
-            sensor = build_definitions([slowed]).resolve_sensor_def("stop_retired_streams")
             tick = sensor.evaluate_tick(build_sensor_context(instance=instance))
             assert not tick.run_requests
             assert run.run_id in (tick.skip_message or ""), tick.skip_message
