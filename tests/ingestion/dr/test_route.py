@@ -10,54 +10,26 @@ from pathlib import Path
 
 import orjson
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.schema import Schema
-from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField
 
 from ingestion.dr.route import carried_route, refuse_ended_topics, refuse_other_cluster
 from ingestion.exceptions import CommitConflictError, RouteClusterError
 from ingestion.table.offsets import (
-    CLUSTER_ID,
     FAILOVER_TO,
-    GROUP_ID,
-    OFFSETS_PREFIX,
-    TopicOffsets,
-    encode_offsets,
 )
 from ingestion.table.route import DROPPED_PREFIX, FAILOVER_ORIGIN, FAILOVER_TOPICS, ROUTE
+from tests.support.history import group_commit, table_with_history
 
 GROUP = "g"
 
 
-def table_with(tmp_path: Path, *commits: dict[str, str]) -> Table:
-    """A real table whose snapshots carry ``commits``' properties, oldest first."""
-    tmp_path.mkdir(exist_ok=True)
-    catalog = SqlCatalog(
-        "r", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
-    table = catalog.create_table("n.t", Schema(NestedField(1, "x", LongType(), required=False)))
-    for properties in commits:
-        with (
-            table.transaction() as transaction,
-            transaction.update_snapshot(snapshot_properties=properties).fast_append(),
-        ):
-            pass
-    return table
-
-
-def commit(cluster: str, topic: str, at: int, **extra: str) -> dict[str, str]:
-    offsets = encode_offsets({topic: TopicOffsets(f"id-{topic}", {0: at})})
-    return {GROUP_ID: GROUP, CLUSTER_ID: cluster, OFFSETS_PREFIX + GROUP: offsets, **extra}
-
-
-ON_PRIMARY = commit("pri", "o", 3)
-TO_DR = commit("dr", "east.o", 5, **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"o": "east.o"}'})
+ON_PRIMARY = group_commit(GROUP, "pri", {"o": 3})
+TO_DR = group_commit(
+    GROUP, "dr", {"east.o": 5}, **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"o": "east.o"}'}
+)
 
 
 def test_without_a_switch_a_run_carries_nothing_and_reads_the_primary(tmp_path: Path) -> None:
-    table = table_with(tmp_path, ON_PRIMARY)
+    table = table_with_history(tmp_path, ON_PRIMARY)
     assert carried_route(table, GROUP) == {}
     refuse_other_cluster(table, GROUP, "primary", "p")
     with pytest.raises(RouteClusterError, match="told it reads cluster 'dr', the table's route "
@@ -66,7 +38,7 @@ def test_without_a_switch_a_run_carries_nothing_and_reads_the_primary(tmp_path: 
 
 
 def test_a_run_on_a_moved_route_carries_it_and_must_read_its_cluster(tmp_path: Path) -> None:
-    table = table_with(tmp_path, ON_PRIMARY, TO_DR)
+    table = table_with_history(tmp_path, ON_PRIMARY, TO_DR)
     carried = carried_route(table, GROUP)
     route = orjson.loads(carried[ROUTE])
     assert route[FAILOVER_TO] == "dr"
@@ -75,7 +47,9 @@ def test_a_run_on_a_moved_route_carries_it_and_must_read_its_cluster(tmp_path: P
     with pytest.raises(RouteClusterError, match="told it reads cluster 'primary'"):
         refuse_other_cluster(table, GROUP, "primary", "p")
     # A run's commit carrying it keeps the route after the switch (expired or not).
-    table_after = table_with(tmp_path / "after", ON_PRIMARY, commit("dr", "east.o", 9, **carried))
+    table_after = table_with_history(
+        tmp_path / "after", ON_PRIMARY, group_commit(GROUP, "dr", {"east.o": 9}, **carried)
+    )
     assert orjson.loads(carried_route(table_after, GROUP)[ROUTE])[FAILOVER_TO] == "dr"
 
 
@@ -84,8 +58,10 @@ def test_a_failbacks_origin_plan_is_carried_as_its_topic_names_only(tmp_path: Pa
             {"topic": "o", "partition": 1, "resume": 4, "tail": 0},
             {"topic": "a", "partition": 0, "resume": 1, "tail": 1}]  # fmt: skip
     origin = orjson.dumps(plan).decode()
-    back = commit("pri", "o", 12, **{FAILOVER_TO: "primary", FAILOVER_ORIGIN: origin})
-    table = table_with(tmp_path, ON_PRIMARY, TO_DR, back)
+    back = group_commit(
+        GROUP, "pri", {"o": 12}, **{FAILOVER_TO: "primary", FAILOVER_ORIGIN: origin}
+    )
+    table = table_with_history(tmp_path, ON_PRIMARY, TO_DR, back)
     route = orjson.loads(carried_route(table, GROUP)[ROUTE])
     assert orjson.loads(route[FAILOVER_ORIGIN]) == [{"topic": "a"}, {"topic": "o"}]
 
@@ -94,7 +70,7 @@ def test_a_run_planned_on_a_dropped_reverse_copy_is_refused_after_expiry_too(
     tmp_path: Path,
 ) -> None:
     """The completion's snapshot is gone: the table property names what it dropped."""
-    table = table_with(tmp_path, commit("pri", "o", 12))
+    table = table_with_history(tmp_path, group_commit(GROUP, "pri", {"o": 12}))
     with table.transaction() as transaction:
         transaction.set_properties({DROPPED_PREFIX + GROUP: '{"east.o:0":4}'})
     with pytest.raises(CommitConflictError) as refused:

@@ -9,10 +9,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.schema import Schema
-from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField
 
 from ingestion.dr.align import key_digest
 from ingestion.dr.late_copies.guard import UNCOPIED_PREFIX
@@ -20,15 +16,11 @@ from ingestion.dr.late_copies.task import LateCopyScreen
 from ingestion.dr.support import DisasterRecovery, LateCopyRunGuard
 from ingestion.exceptions import LateCopyUnverifiedError, RouteClusterError
 from ingestion.table.offsets import (
-    CLUSTER_ID,
     FAILOVER_TO,
-    GROUP_ID,
-    OFFSETS_PREFIX,
-    TopicOffsets,
-    encode_offsets,
 )
 from ingestion.table.route import FAILOVER_TOPICS, ROUTE
 from ingestion.task.spec import RawChunk
+from tests.support.history import group_commit, table_with_history
 from tests.support.pipelines import make_spec
 
 GROUP = "g"
@@ -37,29 +29,8 @@ SPEC = make_spec("orders", "sup", consumer_group_id=GROUP,
 SUPPORT = DisasterRecovery()
 
 
-def table_with(tmp_path: Path, *commits: dict[str, str]) -> Table:
-    """A real table whose snapshots carry ``commits``' properties, oldest first."""
-    catalog = SqlCatalog(
-        "s", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
-    table = catalog.create_table("n.t", Schema(NestedField(1, "x", LongType(), required=False)))
-    for properties in commits:
-        with (
-            table.transaction() as transaction,
-            transaction.update_snapshot(snapshot_properties=properties).fast_append(),
-        ):
-            pass
-    return table
-
-
-def commit(cluster: str, topic: str, at: int, **extra: str) -> dict[str, str]:
-    offsets = encode_offsets({topic: TopicOffsets(f"id-{topic}", {0: at})})
-    return {GROUP_ID: GROUP, CLUSTER_ID: cluster, OFFSETS_PREFIX + GROUP: offsets, **extra}
-
-
-ON_PRIMARY = commit("pri", "orders", 3)
-TO_DR = commit("dr", "primary.orders", 5,
+ON_PRIMARY = group_commit(GROUP, "pri", {"orders": 3})
+TO_DR = group_commit(GROUP, "dr", {"primary.orders": 5},
                **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"orders": "primary.orders"}'})  # fmt: skip
 # A --source-lost failover's record of 2 records the replica never got (read on the primary).
 UNCOPIED = {
@@ -71,7 +42,7 @@ UNCOPIED = {
 
 
 def test_a_run_on_the_primary_needs_no_guard_and_carries_no_route(tmp_path: Path) -> None:
-    table = table_with(tmp_path, ON_PRIMARY)
+    table = table_with_history(tmp_path, ON_PRIMARY)
     SUPPORT.check_route(table, GROUP, SPEC, ["orders"], "primary")
     assert SUPPORT.run_guard(table, GROUP, SPEC.name, None) is None
     assert SUPPORT.commit_properties(table, GROUP) == {}
@@ -79,7 +50,7 @@ def test_a_run_on_the_primary_needs_no_guard_and_carries_no_route(tmp_path: Path
 
 
 def test_a_run_on_a_moved_route_must_read_its_cluster_and_carries_it(tmp_path: Path) -> None:
-    table = table_with(tmp_path, ON_PRIMARY, TO_DR)
+    table = table_with_history(tmp_path, ON_PRIMARY, TO_DR)
     SUPPORT.check_route(table, GROUP, SPEC, ["orders"], "dr")
     with pytest.raises(RouteClusterError, match="told it reads cluster 'primary'"):
         SUPPORT.check_route(table, GROUP, SPEC, ["orders"], "primary")
@@ -88,7 +59,7 @@ def test_a_run_on_a_moved_route_must_read_its_cluster_and_carries_it(tmp_path: P
 
 
 def test_each_guarded_partitions_task_screens_out_the_candidates(tmp_path: Path) -> None:
-    table = table_with(tmp_path, ON_PRIMARY, TO_DR)
+    table = table_with_history(tmp_path, ON_PRIMARY, TO_DR)
     with table.transaction() as transaction:
         transaction.set_properties({UNCOPIED_PREFIX + GROUP: orjson.dumps(UNCOPIED).decode()})
     guard = SUPPORT.run_guard(table, GROUP, SPEC.name, None)
@@ -110,7 +81,9 @@ def test_each_guarded_partitions_task_screens_out_the_candidates(tmp_path: Path)
 
 
 def test_a_guard_of_a_route_no_longer_in_force_holds_nothing_back(tmp_path: Path) -> None:
-    table = table_with(tmp_path, ON_PRIMARY, TO_DR, commit("pri", "orders", 3))  # a reset back
+    table = table_with_history(
+        tmp_path, ON_PRIMARY, TO_DR, group_commit(GROUP, "pri", {"orders": 3})
+    )  # a reset back
     with table.transaction() as transaction:
         transaction.set_properties({UNCOPIED_PREFIX + GROUP: orjson.dumps(UNCOPIED).decode()})
     assert SUPPORT.run_guard(table, GROUP, SPEC.name, None) is None

@@ -15,10 +15,6 @@ from pathlib import Path
 import orjson
 import pytest
 from dagster import DagsterInstance, ExecuteInProcessResult
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.schema import Schema
-from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField
 
 from ingestion.dr.failback.complete import apply_completion, plan_completion
 from ingestion.dr.route import carried_route, refuse_ended_topics
@@ -28,14 +24,11 @@ from ingestion.pipeline.hooks import FailureHooks
 from ingestion.pipeline.stream import stream_pipeline
 from ingestion.spec.pipeline import PipelineSpec, parse_pipeline_spec
 from ingestion.table.offsets import (
-    CLUSTER_ID,
     FAILOVER_TO,
-    GROUP_ID,
     OFFSETS_PREFIX,
     RESET_BY,
     RESET_REASON,
     TopicOffsets,
-    encode_offsets,
     iter_ancestry,
     snapshot_properties,
 )
@@ -58,56 +51,47 @@ from platform_assets.operations.actions import reset_offsets
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
+from tests.support.history import group_commit, table_with_history
 
 GROUP = "g"
 
 
-def history(tmp_path: Path, commits: list[dict[str, str]]) -> Table:
-    """A real Iceberg table whose snapshots carry ``commits``' properties, oldest first."""
-    catalog = SqlCatalog(
-        "r", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
-    table = catalog.create_table("n.t", Schema(NestedField(1, "x", LongType(), required=False)))
-    for properties in commits:
-        with (
-            table.transaction() as transaction,
-            transaction.update_snapshot(snapshot_properties=properties).fast_append(),
-        ):
-            pass
-    return catalog.load_table("n.t")
-
-
-def commit(cluster: str, offsets: dict[str, int], **extra: str) -> dict[str, str]:
-    """A group commit on ``cluster`` with partition 0 of each topic at its offset."""
-    mapped = {topic: TopicOffsets(f"id-{topic}", {0: at}) for topic, at in offsets.items()}
-    return {
-        GROUP_ID: GROUP,
-        CLUSTER_ID: cluster,
-        OFFSETS_PREFIX + GROUP: encode_offsets(mapped),
-        **extra,
-    }
-
-
-TO_DR = commit("dr", {"east.o": 5}, **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"o": "east.o"}'})
-ON_DR = commit("dr", {"east.o": 9}, **{ROUTE: '{"kafka.failover-to": "dr"}'})
-BACK = commit(
-    "pri", {"east.o": 2, "o": 10}, **{FAILOVER_TO: "primary", FAILOVER_TOPICS: '{"o": "east.o"}'}
+TO_DR = group_commit(
+    GROUP, "dr", {"east.o": 5}, **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"o": "east.o"}'}
+)
+ON_DR = group_commit(GROUP, "dr", {"east.o": 9}, **{ROUTE: '{"kafka.failover-to": "dr"}'})
+BACK = group_commit(
+    GROUP,
+    "pri",
+    {"east.o": 2, "o": 10},
+    **{FAILOVER_TO: "primary", FAILOVER_TOPICS: '{"o": "east.o"}'},
 )
 CARRIED = {FAILOVER_TO: "primary", FAILOVER_TOPICS: '{"o": "east.o"}'}
-ON_BACK = commit("pri", {"east.o": 4, "o": 12}, **{ROUTE: orjson.dumps(CARRIED).decode()})
-DONE = commit("pri", {"o": 12}, **{RESET_BY: "ops", ROUTE_ENDED: '{"east.o:0":4}'})
-AFTER = commit("pri", {"o": 15})
+ON_BACK = group_commit(
+    GROUP, "pri", {"east.o": 4, "o": 12}, **{ROUTE: orjson.dumps(CARRIED).decode()}
+)
+DONE = group_commit(GROUP, "pri", {"o": 12}, **{RESET_BY: "ops", ROUTE_ENDED: '{"east.o:0":4}'})
+AFTER = group_commit(GROUP, "pri", {"o": 15})
 
 
 @pytest.mark.parametrize(
     ("commits", "cluster", "kept", "ended"),
     [
-        ([commit("pri", {"o": 3}), TO_DR, ON_DR], "dr", 1, None),
-        ([commit("pri", {"o": 3}), TO_DR, ON_DR, BACK, ON_BACK], "primary", 1, None),
-        ([commit("pri", {"o": 3}), TO_DR, ON_DR, BACK, ON_BACK, DONE], None, 0, {"east.o"}),
-        ([commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK, DONE, AFTER], None, 0, {"east.o"}),
-        ([commit("pri", {"o": 3}), TO_DR, BACK, DONE, AFTER, TO_DR], "dr", 2, None),
+        ([group_commit(GROUP, "pri", {"o": 3}), TO_DR, ON_DR], "dr", 1, None),
+        ([group_commit(GROUP, "pri", {"o": 3}), TO_DR, ON_DR, BACK, ON_BACK], "primary", 1, None),
+        (
+            [group_commit(GROUP, "pri", {"o": 3}), TO_DR, ON_DR, BACK, ON_BACK, DONE],
+            None,
+            0,
+            {"east.o"},
+        ),
+        (
+            [group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK, DONE, AFTER],
+            None,
+            0,
+            {"east.o"},
+        ),
+        ([group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, DONE, AFTER, TO_DR], "dr", 2, None),
     ],
     ids=["on-dr", "failed-back", "completed", "run-after", "failover-again"],
 )
@@ -120,7 +104,7 @@ def test_a_completion_ends_the_route_and_a_new_switch_starts_one(
 ) -> None:
     """After a completion no route is in force (runs carry none, expiry keeps nothing for it)
     until a new switch; ``ended_topics`` names the dropped reverse copies until then."""
-    table = history(tmp_path, commits)
+    table = table_with_history(tmp_path, *commits)
     route = active_switch(table, GROUP)
     assert (route[FAILOVER_TO] if route else None) == cluster
     assert bool(carried_route(table, GROUP)) == (cluster is not None)
@@ -133,7 +117,9 @@ def test_a_run_planned_on_an_ended_route_is_refused_before_it_reads(tmp_path: Pa
     """A run (or a stream's next iteration) that still reads the dropped reverse copy would
     read it from its log start (no offsets): refused, naming the completion. A run of the
     pipeline's own topics, or a copy that still has offsets, goes ahead."""
-    table = history(tmp_path, [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK, DONE])
+    table = table_with_history(
+        tmp_path, group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK, DONE
+    )
     done = table.current_snapshot()
     assert done is not None
     with pytest.raises(CommitConflictError) as refused:
@@ -156,31 +142,39 @@ def spec_of(topics: list[str]) -> PipelineSpec:
 @pytest.mark.parametrize(
     ("commits", "ends", "refusal"),
     [
-        ([commit("pri", {"o": 3}), TO_DR, ON_DR], {}, "reads replica 'dr' since a failover"),
-        ([commit("pri", {"o": 3})], {}, "there is no failback to complete"),
         (
-            [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK],
+            [group_commit(GROUP, "pri", {"o": 3}), TO_DR, ON_DR],
+            {},
+            "reads replica 'dr' since a failover",
+        ),
+        ([group_commit(GROUP, "pri", {"o": 3})], {}, "there is no failback to complete"),
+        (
+            [group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK],
             {"east.o": TopicEnds("id-east.o", {0: (0, 6)})},
             r"reverse copy east.o\[0\] holds 2 record\(s\) the table has not read \(table at 4",
         ),
         (
-            [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK],
+            [group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK],
             {"east.o": TopicEnds("other", {0: (0, 4)})},
             "reverse copy 'east.o' on the primary was deleted and recreated",
         ),
         (
-            [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK],
+            [group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK],
             {"east.o": TopicEnds("id-east.o", {0: (0, 4), 1: (0, 1)})},
             r"reverse copy east.o\[1\] holds 1 record\(s\) the table has not read \(table at 0",
         ),
-        ([commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK], {"east.o": None}, "no longer exists"),
+        (
+            [group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK],
+            {"east.o": None},
+            "no longer exists",
+        ),
     ],
     ids=["failover-to-dr", "no-route", "unread", "recreated", "unread-partition", "missing"],
 )
 def test_a_completion_is_refused_unless_every_reverse_copy_is_drained(
     tmp_path: Path, commits: list[dict[str, str]], ends: dict[str, TopicEnds | None], refusal: str
 ) -> None:
-    table = history(tmp_path, commits)
+    table = table_with_history(tmp_path, *commits)
     with pytest.raises(FailoverRefusedError, match=refusal) as refused:
         plan_completion(table, spec_of(["o"]), "pri", lambda topics: ends)
     assert "nothing was changed" in str(refused.value)
@@ -189,7 +183,7 @@ def test_a_completion_is_refused_unless_every_reverse_copy_is_drained(
 def test_a_drained_completion_keeps_the_spec_topics_at_the_tables_positions(
     tmp_path: Path,
 ) -> None:
-    table = history(tmp_path, [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK])
+    table = table_with_history(tmp_path, group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK)
     ends: dict[str, TopicEnds | None] = {"east.o": TopicEnds("id-east.o", {0: (0, 4)})}
     plan = plan_completion(table, spec_of(["o"]), "pri", lambda topics: ends)
     assert plan.kept == {"o": TopicOffsets("id-o", {0: 12})}
@@ -202,11 +196,12 @@ def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_pa
     """A stream commits every few seconds: its commit lands after the completion was planned
     (here, while the ends are read again), so the completion's compare-and-set fails; it plans
     again from the stream's offsets and commits those, never the older ones."""
-    table = history(tmp_path, [commit("pri", {"o": 3}), TO_DR, BACK, ON_BACK])
-    catalog = SqlCatalog(
-        "r", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    catalog = table_with_history(
+        tmp_path, group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK
+    ).catalog
+    streamed = group_commit(
+        GROUP, "pri", {"east.o": 4, "o": 14}, **{ROUTE: orjson.dumps(CARRIED).decode()}
     )
-    streamed = commit("pri", {"east.o": 4, "o": 14}, **{ROUTE: orjson.dumps(CARRIED).decode()})
     reads: list[list[str]] = []
 
     def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:

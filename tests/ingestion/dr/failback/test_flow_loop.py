@@ -11,10 +11,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
-from pyiceberg.schema import Schema
-from pyiceberg.table import Table
-from pyiceberg.types import LongType, NestedField
 
 from ingestion.dr.failback.flow_loop import (
     FailbackFlows,
@@ -23,51 +19,26 @@ from ingestion.dr.failback.flow_loop import (
     find_looped_records,
 )
 from ingestion.table.offsets import (
-    CLUSTER_ID,
     FAILOVER_TO,
-    GROUP_ID,
-    OFFSETS_PREFIX,
-    TopicOffsets,
-    encode_offsets,
 )
 from ingestion.table.route import FAILOVER_ORIGIN, FAILOVER_TOPICS
 from resources.kafka import KafkaResource
+from tests.support.history import group_commit, table_with_history
 from tests.support.pipelines import CreateTopic
 
 GROUP = "g"
-
-
-def table_with(tmp_path: Path, *commits: dict[str, str]) -> Table:
-    """A real table whose snapshots carry ``commits``' properties, oldest first."""
-    catalog = SqlCatalog(
-        "f", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
-    table = catalog.create_table("n.t", Schema(NestedField(1, "x", LongType(), required=False)))
-    for properties in commits:
-        with (
-            table.transaction() as transaction,
-            transaction.update_snapshot(snapshot_properties=properties).fast_append(),
-        ):
-            pass
-    return table
-
-
-def commit(cluster: str, offsets: dict[str, int], **extra: str) -> dict[str, str]:
-    mapped = encode_offsets({t: TopicOffsets(f"id-{t}", {0: at}) for t, at in offsets.items()})
-    return {GROUP_ID: GROUP, CLUSTER_ID: cluster, OFFSETS_PREFIX + GROUP: mapped, **extra}
 
 
 def failback(names: dict[str, str], origins: list[str], at: dict[str, int]) -> dict[str, str]:
     """A failback switch reading ``origins`` again next to the reverse copies ``names``."""
     origin = orjson.dumps([{"topic": t, "partition": 0} for t in origins]).decode()
     switch = {FAILOVER_TOPICS: orjson.dumps(names).decode(), FAILOVER_ORIGIN: origin}
-    return commit("pri", at, **{FAILOVER_TO: "primary", **switch})
+    return group_commit(GROUP, "pri", at, **{FAILOVER_TO: "primary", **switch})
 
 
 def test_a_failback_in_force_pairs_each_origin_with_its_reverse_copy(tmp_path: Path) -> None:
     back = failback({"o": "dr.o", "p": "dr.p"}, ["o"], {"o": 12, "dr.o": 4, "dr.p": 7})
-    table = table_with(tmp_path, commit("pri", {"o": 10}), back)
+    table = table_with_history(tmp_path, group_commit(GROUP, "pri", {"o": 10}), back)
     flows = failback_flows(table, GROUP)
     assert flows == FailbackFlows([("o", "dr.o")], {("o", 0): 12, ("dr.o", 0): 4, ("dr.p", 0): 7})
 
@@ -75,15 +46,18 @@ def test_a_failback_in_force_pairs_each_origin_with_its_reverse_copy(tmp_path: P
 @pytest.mark.parametrize(
     "commits",
     [
-        [commit("pri", {"o": 10})],  # no route
-        [commit("pri", {"o": 10}), commit("dr", {"primary.o": 3}, **{FAILOVER_TO: "dr"})],
+        [group_commit(GROUP, "pri", {"o": 10})],  # no route
+        [
+            group_commit(GROUP, "pri", {"o": 10}),
+            group_commit(GROUP, "dr", {"primary.o": 3}, **{FAILOVER_TO: "dr"}),
+        ],
         # identity naming both ways: the reverse copy is the origin topic itself
-        [commit("pri", {"o": 10}), failback({"o": "o"}, ["o"], {"o": 12})],
+        [group_commit(GROUP, "pri", {"o": 10}), failback({"o": "o"}, ["o"], {"o": 12})],
     ],
     ids=["no-route", "failover-to-replica", "identity-both-ways"],
 )
 def test_no_failback_to_check(tmp_path: Path, commits: list[dict[str, str]]) -> None:
-    assert failback_flows(table_with(tmp_path, *commits), GROUP) is None
+    assert failback_flows(table_with_history(tmp_path, *commits), GROUP) is None
 
 
 @pytest.mark.integration
