@@ -45,11 +45,6 @@ class FailoverConfig(Config):
 def build_failover_job(specs: list[PipelineSpec]) -> JobDefinition:
     """The ``failover`` job for ``specs`` (a pipeline without replicas is refused by name)."""
 
-    def pick(name: str) -> PipelineSpec:
-        return pick_pipeline(specs, name)
-
-    hold = hold_for_action
-
     @op(name="failover_pipeline")
     def _failover(
         context: OpExecutionContext,
@@ -57,14 +52,14 @@ def build_failover_job(specs: list[PipelineSpec]) -> JobDefinition:
         kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
     ) -> None:
-        spec = pick(config.pipeline)
+        spec = pick_pipeline(specs, config.pipeline)
         if config.apply and not config.reason:
             raise Failure("a failover needs a reason (config: reason)")
         if config.complete and config.to not in (None, "primary"):
             raise Failure(f"complete ends a failback to primary, not a failover to {config.to!r}")
         if not config.complete and config.to is None:
             raise Failure("a failover needs a target (config: to), or complete: true")
-        active = hold(context, spec, config.wait_for_runs_seconds, config.apply)
+        active = hold_for_action(context, spec, config.wait_for_runs_seconds, config.apply)
         try:
             if config.complete:
                 lines = complete_failback(

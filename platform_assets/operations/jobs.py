@@ -89,11 +89,6 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     """reset_offsets, migrate_group and maintain_tables jobs for the given pipelines (the
     failover job of pipelines with replicas: ``platform_assets.dr.jobs``)."""
 
-    def pick(name: str) -> PipelineSpec:
-        return pick_pipeline(specs, name)
-
-    hold = hold_for_action
-
     @op(name="reset_pipeline_offsets")
     def _reset(
         context: OpExecutionContext,
@@ -101,8 +96,8 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
     ) -> None:
-        spec = pick(config.pipeline)
-        active = hold(context, spec, config.wait_for_runs_seconds, config.apply)
+        spec = pick_pipeline(specs, config.pipeline)
+        active = hold_for_action(context, spec, config.wait_for_runs_seconds, config.apply)
         position = StartingPosition(mode=config.to, timestamp_ms=config.timestamp_ms)
         requested_by = f"dagster run {context.run_id}"
         lines = reset_offsets(
@@ -119,7 +114,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
     ) -> None:
-        spec = pick(config.pipeline)
+        spec = pick_pipeline(specs, config.pipeline)
         migration = migrate_group(
             iceberg.load_catalog(),
             spec,
@@ -127,7 +122,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             kafka.get_admin_client(),
             f"dagster run {context.run_id}",
             config.reason,
-            hold(context, spec, config.wait_for_runs_seconds),
+            hold_for_action(context, spec, config.wait_for_runs_seconds),
         )
         context.log.info(
             f"{spec.consumer_group_id!r} is retired; now set consumer_group_id: "
@@ -148,7 +143,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         context: OpExecutionContext, config: MaintainConfig, iceberg: IcebergCatalogResource
     ) -> None:
         """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``)."""
-        spec = pick(config.pipeline)
+        spec = pick_pipeline(specs, config.pipeline)
         retention, window = config.snapshot_retention_hours, config.orphan_window_hours
         # The commits after the audit's cursor are kept until it has recounted them (R47).
         memory = previous_audit_memory(
