@@ -250,14 +250,14 @@ def test_stream_of_a_pipeline_that_no_longer_streams_is_stopped(
     stream run, which then frees the pool for the ingestion job."""
     topic, spec = new_pipeline("stream_retired", produce=20, freshness_target_seconds=4)
     slowed = spec.model_copy(update={"freshness_target_seconds": 600})
+    # Both definitions are resolved before any Dagster instance is entered, as a code location
+    # loads them: resolving reads the current instance's defs-state storage, and in two full runs
+    # (never alone) that storage pointed at a disposed instance while a stream ran in a thread.
+    streaming = build_definitions([spec]).resolve_sensor_def("stop_retired_streams")
+    sensor = build_definitions([slowed]).resolve_sensor_def("stop_retired_streams")
     with instance_for_test(overrides=NO_COMPUTE_LOGS) as instance:
         with stream_run(spec, resources, instance) as (run, thread, messages):
             wait_for(lambda: commit_count(harness, spec) >= 1, "the stream's first commit")
-            # Both definitions are resolved before a sensor context is evaluated: evaluating one
-            # can leave Dagster's current defs-state storage pointing at a disposed instance
-            # (seen in a full run), and a later resolution reads that storage.
-            streaming = build_definitions([spec]).resolve_sensor_def("stop_retired_streams")
-            sensor = build_definitions([slowed]).resolve_sensor_def("stop_retired_streams")
             kept = streaming.evaluate_tick(build_sensor_context(instance=instance))
             assert "no stream run of a retired pipeline" in (kept.skip_message or "")
             tick = sensor.evaluate_tick(build_sensor_context(instance=instance))
