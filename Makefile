@@ -1,4 +1,4 @@
-# Two commands do all set-up on a fresh machine (Debian, Python 3.11+, Java 17+):
+# Two commands do all set-up on a fresh machine (Debian, Python 3.11+, Java 17+, Maven):
 #   make dev   - install, start the embedded stack and the Dagster UI (Ctrl-C stops everything)
 #   make test  - install, then lint, type-check, validate the definitions and run pytest
 PYTHON ?= python3
@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck validate pytest java clean
+.PHONY: dev test lint typecheck validate pytest java jvm clean
 
 java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found."; \
@@ -14,6 +14,13 @@ java:
 	@v=$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p'); \
 	  [ "$${v%%.*}" -ge 17 ] 2>/dev/null || { echo "Java $$v found; Spark needs Java 17+."; \
 	  echo "Install it with: sudo apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	@command -v mvn >/dev/null 2>&1 || { echo "Maven is required to fetch the Kafka and MirrorMaker 2 jars once."; \
+	  echo "Install it with: sudo apt-get install -y maven"; exit 1; }
+
+# The embedded Kafka broker's and MirrorMaker 2's jars, fetched by Maven into ~/.m2 once
+# (resources/jvm/*/pom.xml; resources/jvm.py remembers the class paths).
+jvm: java $(STAMP)
+	$(BIN)/python -c "from resources.jvm import class_path; class_path('kafka'); class_path('mirror-maker')"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +35,7 @@ DBT_SOURCES := $(shell find dbt -name '*.yml' -not -path 'dbt/target/*' -o -name
 $(DBT_MANIFEST): $(STAMP) $(DBT_SOURCES)
 	cd dbt && DBT_PROFILES_DIR=. ../$(BIN)/dbt parse --quiet
 
-dev: java $(STAMP) $(DBT_MANIFEST)
+dev: jvm $(DBT_MANIFEST)
 	$(BIN)/python scripts/dev.py
 
 lint: $(STAMP)
@@ -42,7 +49,7 @@ validate: $(STAMP) $(DBT_MANIFEST)
 	DAGSTER_HOME= $(BIN)/dagster definitions validate -w workspace.yaml
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
 
-pytest: java $(STAMP) $(DBT_MANIFEST)
+pytest: jvm $(DBT_MANIFEST)
 	$(BIN)/pytest
 
 test: java lint typecheck validate pytest

@@ -213,10 +213,10 @@ def run_late_copies(
     state = Path(tempfile.mkdtemp(prefix="bench-late-copies-"))
     with (
         EmbeddedBroker(
-            state / "primary.log", cluster_id="primary_cluster", stop_timeout_s=BROKER_STOP_S
+            state / "primary.log", name="primary_cluster", stop_timeout_s=BROKER_STOP_S
         ) as primary,
         EmbeddedBroker(
-            state / "dr.log", cluster_id="dr_cluster", stop_timeout_s=BROKER_STOP_S
+            state / "dr.log", name="dr_cluster", stop_timeout_s=BROKER_STOP_S
         ) as dr,
     ):
         kafka = KafkaResource(

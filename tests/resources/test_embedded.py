@@ -17,7 +17,7 @@ from ingestion.kafka.topics import (
     read_first_timestamps_ms,
     read_newest_timestamp_ms,
 )
-from resources.embedded import EmbeddedBroker
+from resources.embedded import EmbeddedBroker, cluster_id_for
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
@@ -114,12 +114,6 @@ def test_first_timestamps_cross_marker_only_ranges_without_waiting(
     assert time.monotonic() - started < 30  # not the 60 s timeout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Tansu 0.6.0 returns aborted transactional records to read_committed consumers "
-    "(its fetch response lists no aborted transactions); needs a real Kafka. See "
-    "docs/production.md.",
-)
 def test_read_committed_hides_aborted_records(
     kafka: KafkaResource, mixed_topic: str, ledger: Ledger
 ) -> None:
@@ -128,18 +122,18 @@ def test_read_committed_hides_aborted_records(
     assert not read_all(kafka, topic, state.end_offsets) & ledger.aborted(topic)
 
 
-def test_cluster_id(kafka: KafkaResource) -> None:
-    assert kafka.get_cluster_id() == "tansu_cluster"
+def test_cluster_id(kafka: KafkaResource, broker: EmbeddedBroker) -> None:
+    assert kafka.get_cluster_id() == broker.cluster_id == cluster_id_for("embedded")
 
 
 def test_broker_stops_and_restarts_on_a_free_port(tmp_path_factory: pytest.TempPathFactory) -> None:
-    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("b") / "tansu.log").start()
+    broker = EmbeddedBroker(log_path=tmp_path_factory.mktemp("b") / "kafka.log").start()
     pid = broker.pid
     assert pid is not None
     broker.stop()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-    assert "listening on" in broker.read_log()
+    assert "Kafka Server started" in broker.read_log()
 
 
 def test_catalog_round_trip(catalog_resource: IcebergCatalogResource) -> None:

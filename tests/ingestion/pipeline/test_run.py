@@ -421,11 +421,6 @@ def test_unavailable_catalog_is_retried_then_fails(
         load_table_with_retry(FlakyCatalog(harness.catalog, 9), spec.table, attempts=3, wait_s=0.01)  # type: ignore[arg-type]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Tansu 0.6.0 returns aborted transactional records to read_committed consumers; "
-    "with a real Kafka this passes (the engine reads read_committed and plans to the LSO).",
-)
 def test_aborted_transactions_never_land(
     harness: Harness, create_topic: CreateTopic, kafka: Any, ledger: Ledger
 ) -> None:
