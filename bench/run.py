@@ -215,9 +215,7 @@ def run_late_copies(
         EmbeddedBroker(
             state / "primary.log", name="primary_cluster", stop_timeout_s=BROKER_STOP_S
         ) as primary,
-        EmbeddedBroker(
-            state / "dr.log", name="dr_cluster", stop_timeout_s=BROKER_STOP_S
-        ) as dr,
+        EmbeddedBroker(state / "dr.log", name="dr_cluster", stop_timeout_s=BROKER_STOP_S) as dr,
     ):
         kafka = KafkaResource(
             bootstrap_servers=primary.bootstrap_servers,

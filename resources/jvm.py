@@ -39,7 +39,9 @@ def java_binary() -> str:
         return str(Path(home) / "bin" / "java")
     found = shutil.which("java")
     if found is None:
-        raise JvmSetupError("java was not found; install it with: sudo apt-get install -y openjdk-17-jre-headless")
+        raise JvmSetupError(
+            "java was not found; install it with: sudo apt-get install -y openjdk-17-jre-headless"
+        )
     return found
 
 

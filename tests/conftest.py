@@ -220,7 +220,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     if report.failed and "broker" in getattr(item, "fixturenames", ()):
         running = funcargs.get("broker")
         if isinstance(running, EmbeddedBroker):
-            report.sections.append(("tansu broker log (tail)", running.read_log(8_000)))
+            report.sections.append(("broker log (tail)", running.read_log(8_000)))
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from ingestion.pipeline.mirror import read_group_offsets
 from ingestion.pipeline.recovery import list_orphan_files, remove_orphan_files
 from ingestion.pipeline.run import run_pipeline
 from ingestion.table.offsets import (
+    LOST_RANGES,
     OFFSETS_PREFIX,
     iter_ancestry,
     snapshot_properties,
@@ -559,3 +560,77 @@ def test_default_threshold_keeps_small_runs_off_spark(
     assert (report.records, report.executed_in, report.committed) == (500, "driver", True)
     harness.assert_exactly_once(spec, ledger)
     harness.assert_mirror_matches_table(spec)
+
+
+def delete_records_before(harness: Harness, topic: str, partition: int, offset: int) -> None:
+    """Kafka's DeleteRecords: the log start moves to ``offset``, as retention would move it."""
+    from confluent_kafka import TopicPartition
+
+    admin = harness.kafka.get_admin_client()
+    futures = admin.delete_records([TopicPartition(topic, partition, offset)])
+    for future in futures.values():
+        assert future.result(timeout=30).low_watermark == offset
+
+
+def test_records_deleted_before_they_are_read_fail_the_run_by_name(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """R12 on a real broker: records between the committed offset and the new log start are
+    gone. The run fails naming the pipeline, topic, partition and lost range; the
+    ``retention_risk`` check fails; only the explicit ``on_data_loss: skip`` moves on, and its
+    commit records the lost range. Nothing is skipped silently."""
+    from ingestion.health.checks import check_retention_risk
+    from ingestion.health.state import read_state
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "retention_lost")
+    ledger_producer.produce(topic, records(30, partition=0))
+    assert harness.run(spec).records == 30
+    ledger_producer.produce(topic, records(20, first=30, partition=0))
+    delete_records_before(harness, topic, 0, 40)
+
+    with pytest.raises(exceptions.DataLossError) as failure:
+        harness.run(spec)
+    message = str(failure.value)
+    assert "pipeline 'retention_lost'" in message and topic in message and "[30, 40)" in message
+    consumer = harness.kafka.get_consumer()
+    try:
+        state = read_state(spec, harness.table(spec), harness.kafka.get_admin_client(), consumer)
+    finally:
+        consumer.close()
+    finding = check_retention_risk(state)
+    assert not finding.passed and "deleted by retention" in finding.message
+
+    skipping = spec.model_copy(update={"on_data_loss": "skip"})
+    assert harness.run(skipping).records == 10
+    lost = {(topic, 0, offset) for offset in range(30, 40)}
+    harness.assert_exactly_once(skipping, ledger, lost=lost)
+    summary = harness.table(spec).current_snapshot().summary.additional_properties  # type: ignore[union-attr]
+    assert "30" in summary[LOST_RANGES] and "40" in summary[LOST_RANGES], summary
+
+
+def test_records_deleted_while_a_run_reads_them_commit_nothing(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """R13 on a real broker: retention moves the log start past a planned range between the
+    plan and the read. The task fails (readers never reset an offset on their own), nothing is
+    committed, and the next run meets R12 by name."""
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "retention_race")
+    ledger_producer.produce(topic, records(20, partition=0))
+    assert harness.run(spec).records == 20
+    ledger_producer.produce(topic, records(20, first=20, partition=0))
+    before = harness.table(spec).current_snapshot()
+
+    def delete_after_plan(point: str, **context: Any) -> None:
+        delete_records_before(harness, topic, 0, 30)
+
+    with pytest.raises(Exception) as failure:  # noqa: PT011 - the task's error, by name below
+        harness.run(spec, hooks=FailureHooks({"after_plan": delete_after_plan}))
+    assert topic in str(failure.value), failure.value
+    assert harness.table(spec).current_snapshot() == before  # nothing committed
+    with pytest.raises(exceptions.DataLossError, match=r"\[20, 30\)"):
+        harness.run(spec)
+    skipping = spec.model_copy(update={"on_data_loss": "skip"})
+    assert harness.run(skipping).records == 10
+    harness.assert_exactly_once(skipping, ledger, lost={(topic, 0, o) for o in range(20, 30)})
