@@ -116,7 +116,7 @@ class EmbeddedBroker(ManagedProcess):
         return f"127.0.0.1:{self.sasl_ssl_port}"
 
     def start(self, attempts: int = 3) -> Self:
-        """Format a fresh storage, start the broker and wait until it serves; retry on a port race."""
+        """Format the storage, start the broker and wait until it serves; retry on a port race."""
         cp = class_path("kafka")
         for _ in range(attempts):
             port = self.port or find_free_port()
