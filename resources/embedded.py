@@ -1,13 +1,13 @@
 """The embedded Kafka broker: Apache Kafka 4.4 in KRaft mode, one node, on free loopback ports.
 
 The jars come from Maven Central once (``resources/jvm/kafka/pom.xml``, see :mod:`resources.jvm`).
-Each start formats a fresh storage directory with Kafka's own ``StorageTool`` and starts
-``kafka.Kafka`` as a combined broker and controller with a bounded heap. The storage lives as long
-as the broker object unless ``data_dir`` is given. It is for ``make dev``, the tests and the
-benchmarks, never for production.
+Each start formats the storage directory with Kafka's own ``StorageTool`` (an already formatted one
+is kept) and starts ``kafka.Kafka`` as a combined broker and controller with a bounded heap. The
+storage lives as long as the broker object unless ``data_dir`` is given (then a restart keeps the
+topics). It is for ``make dev``, the tests and the benchmarks, never for production.
 
-A second listener speaks SASL_SSL (SCRAM-SHA-512) when ``sasl_ssl`` is given: the production-
-shaped tests use it with a CA of their own (``tests/support/tls.py``).
+A second listener speaks SASL_SSL (SCRAM-SHA-512) when ``sasl_ssl`` is given: the production-shaped
+tests use it with a CA of their own (``tests/support/tls.py``).
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class EmbeddedBroker(ManagedProcess):
             port = self.port or find_free_port()
             controller = find_free_port()
             secure = (self.sasl_ssl.port or find_free_port()) if self.sasl_ssl else None
-            data = self._fresh_data_dir()
+            data = self._storage_dir()
             properties = data.parent / f"{data.name}.properties"
             properties.write_text(self._server_properties(port, controller, secure, data))
             self._format(cp, properties)
@@ -140,14 +140,14 @@ class EmbeddedBroker(ManagedProcess):
             shutil.rmtree(self._owned_dir, ignore_errors=True)
             self._owned_dir = None
 
-    def _fresh_data_dir(self) -> Path:
+    def _storage_dir(self) -> Path:
+        """``data_dir`` (kept across starts: a restart keeps the data), else a directory owned
+        by this object, removed on stop."""
         if self._data_dir is not None:
-            shutil.rmtree(self._data_dir, ignore_errors=True)
-            self._data_dir.mkdir(parents=True)
+            self._data_dir.mkdir(parents=True, exist_ok=True)
             return self._data_dir / "kraft"
         if self._owned_dir is None:
             self._owned_dir = Path(tempfile.mkdtemp(prefix=f"kafka-{self.name}-"))
-        shutil.rmtree(self._owned_dir / "kraft", ignore_errors=True)
         return self._owned_dir / "kraft"
 
     def _java(self, cp: str, main: str, *args: str) -> list[str]:

@@ -1,17 +1,17 @@
 """``make dev``: run the platform on the embedded stack until Ctrl-C.
 
-Starts, in order: a Tansu broker on a free loopback port, the demo topic and its producer, one
-Spark Connect server (``--spark connect``, the default: every ingestion run attaches to it
-through ``PLATFORM_SPARK_REMOTE`` instead of starting its own JVM; ``--spark local``: each run
-starts its own), and ``dagster dev -w workspace.yaml`` (UI and daemon) with ``DAGSTER_HOME``
-under ``.platform/``. Everything it starts is stopped on Ctrl-C or SIGTERM, the broker last;
-nothing is left running.
+Starts, in order: an Apache Kafka broker (KRaft, one node) on a free loopback port, the demo topic
+and its producer, one Spark Connect server (``--spark connect``, the default: every ingestion run
+attaches to it through ``PLATFORM_SPARK_REMOTE`` instead of starting its own JVM; ``--spark local``:
+each run starts its own), and ``dagster dev -w workspace.yaml`` (UI and daemon) with
+``DAGSTER_HOME`` under ``.platform/``. Everything it starts is stopped on Ctrl-C or SIGTERM, the
+broker last; nothing is left running.
 
-The embedded broker keeps data in memory only, so each start begins with an empty ``orders``
-topic; the demo's Iceberg catalog and warehouse are reset with it (a table whose offsets point
-past a recreated topic would rightly refuse to ingest), and so is what was derived from them:
-the dbt models' DuckDB file and the assets' event history in Dagster (materializations,
-observations, check results). Dagster's run history is kept.
+Each start begins with a fresh broker storage under ``.platform/kafka`` and so an empty ``orders``
+topic; the demo's Iceberg catalog and warehouse are reset with it (a table whose offsets point past
+a recreated topic would rightly refuse to ingest), and so is what was derived from them: the dbt
+models' DuckDB file and the assets' event history in Dagster (materializations, observations, check
+results). Dagster's run history is kept.
 """
 
 from __future__ import annotations
@@ -145,8 +145,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, request_stop)
 
     spark_server = SparkConnectServer(state_dir / "logs", master="local[*]")
+    kafka_dir = state_dir / "kafka"
+    shutil.rmtree(kafka_dir, ignore_errors=True)  # a fresh demo topic, like the reset catalog
     with (
-        EmbeddedBroker(log_path=state_dir / "logs" / "tansu.log") as broker,
+        EmbeddedBroker(
+            log_path=state_dir / "logs" / "kafka.log", name="dev", data_dir=kafka_dir
+        ) as broker,
         contextlib.ExitStack() as spark_stack,
     ):
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
@@ -203,7 +207,7 @@ def main() -> int:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        print(f"Kafka (Tansu):  {broker.bootstrap_servers}  (log: {broker.log_path})", flush=True)
+        print(f"Kafka:          {broker.bootstrap_servers}  (log: {broker.log_path})", flush=True)
         print(f"Iceberg:        SQLite catalog + warehouse under {state_dir}", flush=True)
         if args.spark == "connect":
             print(f"Spark Connect:  {spark_server.remote}  (log: {spark_server.log_path})")

@@ -62,7 +62,7 @@ def test_no_run_failed_while_the_demo_ran(dev_stack: DevStack) -> None:
 def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> None:
     try:
         banner = dev_stack.banner
-        bootstrap = re.search(r"Kafka \(Tansu\):\s+(\S+)", banner)
+        bootstrap = re.search(r"Kafka:\s+(\S+)", banner)
         assert bootstrap, banner
         remote = re.search(r"Spark Connect:\s+sc://127.0.0.1:(\d+)", banner)
         assert remote, banner
@@ -94,4 +94,4 @@ def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> 
         socket.create_connection(("127.0.0.1", int(remote[1])), 2).close()
     state = dev_stack.state_dir
     assert (state / "dagster_home" / "dagster.yaml").exists()
-    assert os.path.getsize(state / "logs" / "tansu.log") > 0
+    assert os.path.getsize(state / "logs" / "kafka.log") > 0

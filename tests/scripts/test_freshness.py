@@ -37,7 +37,7 @@ def test_shipped_target_is_met_through_dagster(dev_stack: DevStack) -> None:
     assert target is not None
     assert is_continuous(spec)
     catalog = IcebergCatalogResource(state_dir=str(dev_stack.state_dir))
-    bootstrap = re.search(r"Kafka \(Tansu\):\s+(\S+)", dev_stack.banner)
+    bootstrap = re.search(r"Kafka:\s+(\S+)", dev_stack.banner)
     assert bootstrap, dev_stack.banner
     kafka = KafkaResource(bootstrap_servers=bootstrap[1])
     started_ms = int(time.time() * 1000)
