@@ -22,6 +22,7 @@ from ingestion.pipeline.run import run_pipeline
 from ingestion.table.offsets import (
     LOST_RANGES,
     OFFSETS_PREFIX,
+    find_committed_state,
     iter_ancestry,
     snapshot_properties,
 )
@@ -636,3 +637,26 @@ def test_records_deleted_while_a_run_reads_them_commit_nothing(
     skipping = spec.model_copy(update={"on_data_loss": "skip"})
     assert harness.run(skipping).records == 10
     harness.assert_exactly_once(skipping, ledger, lost={(topic, 0, o) for o in range(20, 30)})
+
+
+def test_a_partition_added_to_the_topic_is_read_from_its_start(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """R18 on a real broker: CreatePartitions grows the topic between runs; the next plan lists
+    the new partition and reads it from its first offset, exactly once."""
+    from confluent_kafka.admin import NewPartitions
+
+    topic = create_topic(partitions=1)
+    spec = make_spec(topic, "grown")
+    ledger_producer.produce(topic, records(20, partition=0))
+    assert harness.run(spec).records == 20
+    admin = harness.kafka.get_admin_client()
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result(timeout=30)
+    grown = LedgerProducer(harness.kafka, ledger)  # a producer that knows the new partitions
+    grown.produce(topic, records(10, first=20, partition=1))
+    grown.produce(topic, records(5, first=30, partition=2))
+    assert harness.run(spec).records == 15
+    harness.assert_exactly_once(spec, ledger)
+    committed = find_committed_state(harness.table(spec), spec.consumer_group_id)
+    assert committed is not None
+    assert committed.offsets[topic].next_offsets == {0: 20, 1: 10, 2: 5}
