@@ -1,12 +1,8 @@
 """A producer that records every acknowledged record: the ground truth of the oracle.
 
-Tansu quirk (0.6.0): ListOffsets(latest) returns the base offset of a partition's last batch
-+ 1, so when that batch holds several records the end offset is under-reported (the fetch
-response's high watermark is right). :meth:`LedgerProducer.produce` therefore sends the last
-record of every partition in a batch of its own, after flushing the others: the end offsets are
-then exact. Transactions end with a control batch (the commit or abort marker), which is a
-batch of one, so they need no such care. This is handled here, in the test harness, and never
-in product code, which uses the standard Kafka APIs.
+Each produce call flushes: when it returns, every record is acknowledged and in the ledger, and
+the partition's end offset counts it. Transactions end with a control batch (the commit or abort
+marker), which takes an offset of its own: the ledger holds records, never markers.
 """
 
 from __future__ import annotations
@@ -133,14 +129,10 @@ class LedgerProducer:
             raise TimeoutError("records still in flight after 30 s")
 
     def produce(self, topic: str, records: Iterable[Record]) -> list[LedgerEntry]:
-        """Produce ``records`` (not transactional) with exact end offsets; return their entries."""
-        placed = self._place(topic, records)
-        last_index = {partition: i for i, (_, _, partition) in enumerate(placed)}
-        held = set(last_index.values())
+        """Produce ``records`` (not transactional), wait for every acknowledgement; return their
+        entries."""
         pending: list[LedgerEntry] = []
-        self._send(topic, [r for i, r in enumerate(placed) if i not in held], True, pending)
-        self._flush()
-        self._send(topic, [r for i, r in enumerate(placed) if i in held], True, pending)
+        self._send(topic, self._place(topic, records), True, pending)
         self._flush()
         self.ledger.entries.extend(pending)
         return pending

@@ -117,8 +117,8 @@ def test_recorded_lost_ranges_are_not_flagged(
     harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, audit: Audit
 ) -> None:
     """R46: a commit that skipped [10, 20) with ``on_data_loss: skip`` records the range as
-    lost; the recount starts after it (on a real Kafka those offsets are gone; Tansu keeps
-    them, which makes a recount from the previous offsets a false alarm)."""
+    lost; the recount starts after it (here the records are still in Kafka, which makes a
+    recount from the previous offsets a false alarm)."""
     topic, spec = new_pipeline("audit_lost", produce=10, on_data_loss="skip")
     ingest(harness, spec)
     ledger_producer.produce(topic, records(20, first=10))

@@ -73,9 +73,9 @@ def test_topic_ends_stop_at_an_open_transaction_unless_it_counts(
     kafka: KafkaResource, create_topic: CreateTopic, ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:  # fmt: skip
-    """Reads only: a missing topic is None and is not created. Tansu answers the last stable
-    offset with 0 while a transaction is open (a real Kafka: 3); either way it is below the
-    high watermark, which counts the open records (test_plan.py's planner test, R16)."""
+    """Reads only: a missing topic is None and is not created. Kafka answers the last stable
+    offset (3, the first open record) while a transaction is open, below the high watermark,
+    which counts the open records (test_plan.py's planner test, R16)."""
     topic = create_topic(partitions=1)
     ledger_producer.produce(topic, records(3, partition=0))
     transactional = LedgerProducer(kafka, ledger, **{"transactional.id": f"tx-{topic}"})
@@ -88,7 +88,7 @@ def test_topic_ends_stop_at_an_open_transaction_unless_it_counts(
     assert high is not None
     assert written["no-such-topic"] is None
     assert high.topic_id == stable.topic_id
-    assert stable.ends[0][1] <= 3 < high.ends[0][1]
+    assert stable.ends[0][1] == 3 < high.ends[0][1]
     committed = read_topic_ends(config, [topic], open_transactions=False)[topic]
     assert committed == TopicEnds(stable.topic_id, {0: (0, 6)})  # its marker counts too
     assert "no-such-topic" not in kafka.get_admin_client().list_topics(timeout=10).topics

@@ -155,9 +155,9 @@ def test_planner_never_plans_past_an_open_transaction(
     """R16: with a transaction open, a run plans to the read_committed end offset, not to the
     high watermark; once it commits, the next run ingests everything exactly once.
 
-    Tansu 0.6.0 answers a read_committed end-offset query with 0 while a transaction is open
-    (a real Kafka answers the last stable offset, 3 here); either way it is below the high
-    watermark (past the open records), which a read_uncommitted planner would take.
+    Kafka answers a read_committed end-offset query with the last stable offset (3 here: the
+    first open record), below the high watermark (past the open records) that a
+    read_uncommitted planner would take.
     """
     topic, spec = new_pipeline("open_transaction")
     ledger_producer.produce(topic, records(3, partition=0))
@@ -171,7 +171,7 @@ def test_planner_never_plans_past_an_open_transaction(
     with transactional.open_transaction(topic, records(3, first=3, partition=0)):
         stable = watermark(kafka, topic, "read_committed")
         high = watermark(kafka, topic, "read_uncommitted")
-        assert stable <= 3 < high, "the broker must hide the open transaction"
+        assert stable == 3 < high, "the broker must hide the open transaction"
         with pytest.raises(exceptions.InjectedFailure):
             harness.run(spec, hooks=FailureHooks({"after_plan": stop_after_plan}))
     assert planned[0].end == {(topic, 0): stable}
