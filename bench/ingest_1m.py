@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="ingest-1m-"))
-    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
+    with EmbeddedBroker(log_path=state / "kafka.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         admin = kafka.get_admin_client()
         for future in admin.create_topics([NewTopic("orders", args.partitions, 1)]).values():

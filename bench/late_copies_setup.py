@@ -154,7 +154,8 @@ def with_extras(base: list[Outgoing], extras: list[tuple[Original, str]]) -> lis
 
 def send(config: dict[str, Any], topic: str, records: list[Outgoing]) -> list[tuple[str, int, int]]:
     """Produce ``records`` in order; the (tag, partition, offset) of each tagged one. Each
-    partition's last record goes in a batch of its own (Tansu's end offsets are exact then)."""
+    partition's last record goes in a batch of its own (a habit from a broker whose end offsets
+    under-counted batches; harmless on Kafka)."""
     from confluent_kafka import Producer
 
     producer = Producer({**config, "linger.ms": 50, "batch.size": 1_000_000,

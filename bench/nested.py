@@ -118,8 +118,8 @@ WORKLOADS = [
 def produce_records(
     kafka_config: dict[str, Any], topic: str, records: int, make: Callable[..., Record]
 ) -> None:
-    """Produce round-robin over the partitions; each partition's last record alone (Tansu's
-    end offsets are exact only then)."""
+    """Produce round-robin over the partitions; each partition's last record alone (a habit
+    from a broker whose end offsets under-counted batches; harmless on Kafka)."""
     from confluent_kafka import Producer
 
     producer = Producer({**kafka_config, "linger.ms": 50, "batch.size": 1_000_000})

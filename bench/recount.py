@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     with (
         tempfile.TemporaryDirectory() as tmp,
-        EmbeddedBroker(log_path=Path(tmp) / "tansu.log") as broker,
+        EmbeddedBroker(log_path=Path(tmp) / "kafka.log") as broker,
     ):
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         from confluent_kafka.admin import NewTopic

@@ -10,7 +10,7 @@ freshness loop's wait between ticks; the smoke test (tests/bench/test_run.py) sh
 that a 5-second freshness window does not wait out two 15-second ticks. The figure then no
 longer stands for the sensor's: keep the default for real measurements.
 
-Everything runs against the embedded stack it starts (Tansu, a throw-away SQLite catalog,
+Everything runs against the embedded stack it starts (Apache Kafka, a throw-away SQLite catalog,
 local Spark). Figures are ratios within this run; absolute times on shared machines are noise.
 """
 
@@ -149,7 +149,7 @@ def main() -> int:
     sizes = sorted({min(100_000, n), min(1_000_000, n), n})
     state = Path(tempfile.mkdtemp(prefix="bench-"))
     figures: dict[str, Any] = {"records": n, "partitions": PARTITIONS, "started": time.time()}
-    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
+    with EmbeddedBroker(log_path=state / "kafka.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         admin = kafka.get_admin_client()
         from confluent_kafka.admin import NewTopic
@@ -188,7 +188,7 @@ def run_dirty(records: int, repeats: int, json_path: Path, suite: str = "dirty")
     against clean, in one run and one table."""
     state = Path(tempfile.mkdtemp(prefix=f"bench-{suite}-"))
     profile: list[str] = []
-    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
+    with EmbeddedBroker(log_path=state / "kafka.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         catalog = IcebergCatalogResource(state_dir=str(state)).load_catalog()
         results = []

@@ -251,7 +251,7 @@ def main() -> int:
     rows: list[tuple[int, str, list[dict[str, Any]]]] = []
     limits: dict[int, float] = {}
     with (
-        EmbeddedBroker(log_path=work / "tansu.log") as broker,
+        EmbeddedBroker(log_path=work / "kafka.log") as broker,
         SparkConnectServer(work / "spark", master="local[2]") as server,
         contextlib.ExitStack() as stack,
     ):

@@ -58,7 +58,7 @@ def main() -> int:
         return 0
     state = Path(tempfile.mkdtemp(prefix="small-runs-"))
     walls: dict[str, list[float]] = {"spark": [], "driver": []}
-    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
+    with EmbeddedBroker(log_path=state / "kafka.log", stop_timeout_s=BROKER_STOP_S) as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         from confluent_kafka.admin import NewTopic
 

@@ -23,8 +23,8 @@ from platform_assets.demo import encode_event, make_order_event
 PIPELINES_FILE = Path(__file__).resolve().parent.parent / "platform_assets" / "pipelines.yaml"
 BROKER_STOP_S = 0.5
 """How long a bench's embedded broker gets to exit on SIGTERM before SIGKILL, once the figures
-are taken. Tansu waits for its clients to hang up (the 5 s default, every stop); the bench's
-brokers keep data in memory only and are thrown away."""
+are taken. Kafka's controlled shutdown takes seconds; the bench's brokers
+and their storage are thrown away."""
 KafkaRecord = tuple[bytes | None, bytes | None]
 """A record's key and value (None: no key, a tombstone)."""
 
@@ -99,8 +99,8 @@ def produce(
     """Produce ``records`` records round-robin: ``make``'s if given (dirty workloads), else the
     events of ``workload``; return records/s.
 
-    Each partition's last record goes in a batch of its own (after a flush), so the embedded
-    broker's end offsets are exact (Tansu reports the last batch's base offset + 1).
+    Each partition's last record goes in a batch of its own (after a flush): a habit from a
+    broker whose end offsets under-counted batches; harmless on Kafka.
     """
     from confluent_kafka import Producer
 

@@ -3,7 +3,7 @@
     .venv/bin/python bench/writer.py [--records 500000] [--partitions 2]
         [--small-task 12500] [--large-task 250000] [--rounds 2] [--json .platform/bench/writer.json]
 
-Starts its own embedded stack (Tansu, a throw-away SQLite catalog, local Spark) and prints
+Starts its own embedded stack (Apache Kafka, a throw-away SQLite catalog, local Spark) and prints
 ratios within this run (absolute rates on a shared machine are noise):
 
 - ``spread_30d / one_partition``: records/s of the same events (bench.workloads) spread over
@@ -112,7 +112,7 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="bench-writer-"))
     workloads = [ONE_PARTITION, SPREAD_30_DAYS]
     figures: dict[str, Any] = {"records": args.records, "partitions": args.partitions}
-    with EmbeddedBroker(log_path=state / "tansu.log", stop_timeout_s=BROKER_STOP_S) as broker:
+    with EmbeddedBroker(log_path=state / "kafka.log", stop_timeout_s=BROKER_STOP_S) as broker:
         from confluent_kafka.admin import NewTopic
 
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)

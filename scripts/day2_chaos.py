@@ -126,7 +126,7 @@ def produce(kafka: KafkaResource, shared: Shared, rate: int, rng: random.Random)
         producer.poll(0)
         time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
     producer.flush(30)
-    for partition in range(PARTITIONS):  # Tansu: a partition's last batch must hold one record
+    for partition in range(PARTITIONS):  # each partition's last record alone (harmless)
         send(i, partition)
         i += 1
         producer.flush(30)
@@ -290,7 +290,7 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     workdir = Path(tempfile.mkdtemp(prefix="day2-chaos-"))
-    with EmbeddedBroker(log_path=workdir / "tansu.log") as broker:
+    with EmbeddedBroker(log_path=workdir / "kafka.log") as broker:
         kafka = KafkaResource(bootstrap_servers=broker.bootstrap_servers)
         from confluent_kafka.admin import NewTopic
 

@@ -1,4 +1,4 @@
-"""Session fixtures for the real local stack: one Tansu broker, one catalog, one Spark session.
+"""Session fixtures for the real local stack: one Kafka broker, one catalog, one Spark session.
 
 Integration tests never mock Kafka, Iceberg or Spark. The broker's log is attached to the report
 of any failing test that used it.
@@ -40,8 +40,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """A Tansu broker on a free loopback port for the whole session."""
-    log_path = tmp_path_factory.mktemp("tansu") / "tansu.log"
+    """An Apache Kafka broker on a free loopback port for the whole session."""
+    log_path = tmp_path_factory.mktemp("kafka") / "kafka.log"
     with EmbeddedBroker(log_path=log_path, stop_timeout_s=BROKER_STOP_S) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
@@ -50,7 +50,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 @pytest.fixture(scope="session")
 def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
     """A second cluster, the MirrorMaker 2 replica (the session broker is the source)."""
-    log_path = tmp_path_factory.mktemp("replica") / "tansu.log"
+    log_path = tmp_path_factory.mktemp("replica") / "kafka.log"
     with EmbeddedBroker(
         log_path=log_path, name="replica_cluster", stop_timeout_s=BROKER_STOP_S
     ) as running:

@@ -254,7 +254,7 @@ def newest_checkpoints(
 
 def _partitions(admin: AdminClient, topic: str, timeout_s: float) -> int | None:
     # List every topic: a metadata request naming a missing topic auto-creates it on brokers
-    # with auto.create.topics.enable (Tansu does so too): a check must not create what it checks.
+    # with auto.create.topics.enable (Kafka's default): a check must not create what it checks.
     metadata = admin.list_topics(timeout=timeout_s).topics.get(topic)
     if metadata is None or metadata.error is not None:
         return None

@@ -158,7 +158,7 @@ def test_headers_land_with_repeats_and_binary_values_and_duckdb_reads_them(
     for i, record_headers in enumerate(headers):
         value = orjson.dumps({"id": i})
         producer.produce(topic, key=f"k{i}".encode(), value=value, headers=record_headers)
-        producer.flush(10)  # the last record alone (Tansu's end offset: docs/production.md)
+        producer.flush(10)
     spec = make_spec(topic, "with_headers", headers=True)
     report = harness.run(spec)
     assert report.records == 3

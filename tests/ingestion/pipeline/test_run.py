@@ -1,4 +1,4 @@
-"""The exactly-once engine end to end on the real stack (Tansu, SQLite catalog, local Spark).
+"""The exactly-once engine end to end on the real stack (Apache Kafka, SQLite catalog, local Spark).
 
 Every test names its docs/reliability.md scenario and is judged by the same oracle
 (``Harness.assert_exactly_once``: ingestion.audit.oracle against the producer's ledger).

@@ -162,7 +162,7 @@ def test_dead_letters_already_copied_are_not_copied_again(
     assert repaired.mirror is not None
     assert repaired.mirror.ok
     consumer = harness.kafka.get_consumer()
-    try:  # read to the end (Tansu's end offset counts a batch of two records as one)
+    try:  # read to the end
         consumer.assign([TopicPartition(dead, 0, 0), TopicPartition(dead, 1, 0)])
         copies: list[bytes | None] = []
         while batch := consumer.consume(10, timeout=3):
