@@ -201,7 +201,10 @@ class EmbeddedBroker(ManagedProcess):
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
             "group.initial.rebalance.delay.ms": "0",
-            # Retention is enforced within seconds, so a test of it need not wait 5 minutes.
+            # No time retention by default: a test or demo record stamped with an old event time
+            # stays (Kafka's 7-day default would delete it within a check interval). A topic
+            # that sets retention.ms has it enforced within seconds, not Kafka's 5 minutes.
+            "log.retention.ms": "-1",
             "log.retention.check.interval.ms": "1000",
             "log.initial.task.delay.ms": "0",
         }
