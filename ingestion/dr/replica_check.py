@@ -270,11 +270,9 @@ def _topic_setting(admin: AdminClient, topic: str, name: str, timeout_s: float) 
 
 
 def _group_has_offsets(admin: AdminClient, group: str, timeout_s: float) -> bool:
-    from confluent_kafka import ConsumerGroupTopicPartitions
+    from ingestion.pipeline.mirror import read_group_offsets
 
-    (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
-    listed = future.result(timeout=timeout_s).topic_partitions or []
-    return any(tp.offset >= 0 for tp in listed)
+    return bool(read_group_offsets(admin, group, timeout_s))
 
 
 def read_replica_facts(

@@ -11,6 +11,7 @@ truth and the next run repairs the mirror.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -60,12 +61,46 @@ class MirrorOutcome:
         return f"{group} now holds the table's offsets"
 
 
+# Errors that mean "the group's coordinator is moving or loading": retried.
+_COORDINATOR_NOT_READY = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
+                                    "COORDINATOR_NOT_AVAILABLE"})  # fmt: skip
+
+
+def wait_for_group_coordinator(admin: AdminClient, group_id: str, timeout_s: float) -> None:
+    """Return once the broker coordinating ``group_id`` answers for it; raise KafkaException if
+    it does not within ``timeout_s``.
+
+    librdkafka 2.16's admin ListConsumerGroupOffsets crashes the process (SIGSEGV, a NULL
+    consumer-group handle in ``rd_kafka_handle_OffsetFetch``; librdkafka issue #5040) when the
+    broker answers NOT_COORDINATOR, which Kafka does while a coordinator loads (a broker that
+    just started, a partition of ``__consumer_offsets`` that just moved). DescribeConsumerGroups
+    reports the same state as an error instead, so it is asked first, until the coordinator
+    is ready. A coordinator that moves between the two calls can still crash the process; a
+    librdkafka release with the fix closes that window.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (future,) = admin.describe_consumer_groups([group_id]).values()
+        try:
+            future.result(max(deadline - time.monotonic(), 0.1))
+            return
+        except KafkaException as exc:
+            error = exc.args[0]
+            name = error.name() if isinstance(error, KafkaError) else ""
+            if name not in _COORDINATOR_NOT_READY or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.2)
+
+
 def read_group_offsets(
     admin: AdminClient, group_id: str, timeout_s: float = 10.0
 ) -> dict[tuple[str, int], int]:
     """Return the group's committed offsets (empty when the group does not exist)."""
     from confluent_kafka import ConsumerGroupTopicPartitions
 
+    wait_for_group_coordinator(admin, group_id, timeout_s)
     future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)])
     result = future[group_id].result(timeout_s)
     return {

@@ -18,6 +18,7 @@ from ingestion.kafka.consumer import (
     open_consumer,
 )
 from ingestion.kafka.ranges import OffsetRange
+from ingestion.pipeline.mirror import wait_for_group_coordinator
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import CreateTopic, records
@@ -83,6 +84,7 @@ def test_reading_commits_nothing_to_the_group(kafka: KafkaResource, ten: str) ->
     with open_consumer(kafka.client_config(), "t-nocommit") as consumer:
         assert len(list(iter_range(consumer, OffsetRange(ten, 0, 0, 10), 5, "t"))) == 10
     admin = kafka.get_admin_client()
+    wait_for_group_coordinator(admin, "kafka-iceberg-t-nocommit", 10)  # librdkafka #5040
     request = ConsumerGroupTopicPartitions("kafka-iceberg-t-nocommit", [TopicPartition(ten, 0)])
     (future,) = admin.list_consumer_group_offsets([request]).values()
     (position,) = future.result(10).topic_partitions
