@@ -166,3 +166,12 @@ def test_snapshot_cost_prints_each_history_size() -> None:
     lines = out.strip().splitlines()
     assert [line.split(" ")[0] for line in lines] == ["3", "6"]
     assert all("commit p50" in line and "MB" in line for line in lines)
+
+
+def test_parts_prints_start_time_and_memory_of_a_part(tmp_path: Path) -> None:
+    target = tmp_path / "parts.json"
+    out = run_bench("bench/parts.py", "--repeats", "1", "--only", "kafka", "--json", str(target))
+    (figures,) = json.loads(target.read_text()).values()
+    assert figures["start_s"] > 0
+    assert figures["rss_mib"] > 50  # a JVM broker, not an empty process group
+    assert "kafka broker (Apache Kafka 4.4, KRaft)" in out
