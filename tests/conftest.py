@@ -30,6 +30,7 @@ from tests.support.dev_stack import (
 )
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
+from tests.support.tls import SecureBroker, secured_broker
 from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 if TYPE_CHECKING:
@@ -54,6 +55,15 @@ def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
     with EmbeddedBroker(
         log_path=log_path, name="replica_cluster", stop_timeout_s=BROKER_STOP_S
     ) as running:
+        yield running
+        gc.collect()  # close leftover clients while the broker is up: no reconnect noise
+
+
+@pytest.fixture(scope="session")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """The session's one secured broker: a SASL_SSL listener (SCRAM-SHA-512) with a certificate
+    from a CA made for the session (tests/support/tls.py); clients reach it only that way."""
+    with secured_broker(tmp_path_factory.mktemp("secured"), stop_timeout_s=BROKER_STOP_S) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 

@@ -1,10 +1,15 @@
-"""A certificate authority of the test session's own and a broker certificate it signs.
+"""A certificate authority of the test session's own, a broker certificate it signs, and the
+secured broker that serves it.
 
 Made with the ``cryptography`` package in memory (no ``openssl`` or ``keytool`` run): the CA's
 certificate as PEM (what a client's ``ssl.ca.location`` names) and the server's certificate for
 ``127.0.0.1`` and ``localhost`` with its key in a password-protected PKCS#12 keystore (what
 Kafka's ``ssl.keystore.location`` names). Nothing is trusted but this CA, so a client that does
 not name it fails verification, as against a private CA in production.
+
+:func:`secured_broker` starts an embedded Kafka broker whose second listener speaks SASL_SSL
+(SCRAM-SHA-512, one user with a random password) with that certificate: the one secured broker
+of a test session (``secure_broker`` in ``tests/conftest.py``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +27,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from resources.embedded import EmbeddedBroker, SaslSslListener
+from resources.kafka import KafkaResource
 
 VALIDITY = datetime.timedelta(days=2)
 
@@ -115,3 +125,54 @@ def make_ca(directory: Path, name: str = "platform-test-ca") -> CertificateAutho
     cert_path = directory / "ca.pem"
     cert_path.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     return CertificateAuthority(cert_path, certificate, key)
+
+
+@dataclass(frozen=True)
+class SecureBroker:
+    """A running broker with a SASL_SSL listener, the CA that signed it and its SCRAM user."""
+
+    broker: EmbeddedBroker
+    ca_path: Path
+    user: str
+    password: str
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The SASL_SSL listener (the only one a client here is given)."""
+        return self.broker.sasl_ssl_bootstrap_servers
+
+    def client_properties(self) -> dict[str, str]:
+        """librdkafka's TLS and SASL settings for this broker, without the credentials."""
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "ssl.ca.location": str(self.ca_path),
+        }
+
+    def kafka(self) -> KafkaResource:
+        """A KafkaResource with every setting and the user's credentials (for test clients)."""
+        return KafkaResource(
+            bootstrap_servers=self.bootstrap_servers,
+            client_properties=self.client_properties(),
+            sasl_username=self.user,
+            sasl_password=self.password,
+        )
+
+
+@contextmanager
+def secured_broker(
+    directory: Path, user: str = "platform-ingest", stop_timeout_s: float = 5.0
+) -> Iterator[SecureBroker]:
+    """A CA, a broker certificate for 127.0.0.1/localhost, and a broker serving SASL_SSL with
+    SCRAM-SHA-512 user ``user`` (a random password), stopped on exit."""
+    ca = make_ca(directory)
+    keystore = ca.server_keystore(directory)
+    password = f"scram-{secrets.token_hex(12)}"
+    listener = SaslSslListener(keystore.path, keystore.password, {user: password})
+    with EmbeddedBroker(
+        log_path=directory / "kafka.log",
+        name="secured_cluster",
+        sasl_ssl=listener,
+        stop_timeout_s=stop_timeout_s,
+    ) as broker:
+        yield SecureBroker(broker, ca.cert_path, user, password)
