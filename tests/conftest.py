@@ -63,7 +63,9 @@ def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
 def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
     """The session's one secured broker: a SASL_SSL listener (SCRAM-SHA-512) with a certificate
     from a CA made for the session (tests/support/tls.py); clients reach it only that way."""
-    with secured_broker(tmp_path_factory.mktemp("secured"), stop_timeout_s=BROKER_STOP_S) as running:
+    with secured_broker(
+        tmp_path_factory.mktemp("secured"), stop_timeout_s=BROKER_STOP_S
+    ) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 

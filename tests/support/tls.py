@@ -51,7 +51,10 @@ class CertificateAuthority:
     key: ec.EllipticCurvePrivateKey
 
     def server_keystore(
-        self, directory: Path, name: str = "broker", hosts: tuple[str, ...] = ("127.0.0.1", "localhost")
+        self,
+        directory: Path,
+        name: str = "broker",
+        hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
     ) -> Keystore:
         """A server certificate for ``hosts`` (IPs and DNS names), signed by this CA, and its
         key in ``directory/<name>.p12`` under a fresh random password."""
@@ -73,9 +76,7 @@ class CertificateAuthority:
             .not_valid_after(now + VALIDITY)
             .add_extension(x509.SubjectAlternativeName(names), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-            )
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                 critical=False,
@@ -113,10 +114,16 @@ def make_ca(directory: Path, name: str = "platform-test-ca") -> CertificateAutho
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=False, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                encipher_only=False, decipher_only=False,
-            ),  # fmt: skip
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
