@@ -49,7 +49,7 @@ class RestCatalogServer(ManagedProcess):
     manager that always stops it (its own process group, SIGTERM then SIGKILL).
 
     Example:
-        >>> with RestCatalogServer(tmp / "rest.log", {"uri": "jdbc:postgresql://..."}) as rest:
+        >>> with RestCatalogServer(tmp_dir / "rest.log", {"warehouse": "s3://lake/w"}) as rest:
         ...     rest.uri.startswith("http://127.0.0.1:")
         True
     """
