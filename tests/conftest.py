@@ -30,11 +30,11 @@ from tests.support.dev_stack import (
 )
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
-from tests.support.tls import SecureBroker, secured_broker
 from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 if TYPE_CHECKING:
     from tests.support.failback_stack import StackFactory
+    from tests.support.tls import SecureBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +63,8 @@ def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
 def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
     """The session's one secured broker: a SASL_SSL listener (SCRAM-SHA-512) with a certificate
     from a CA made for the session (tests/support/tls.py); clients reach it only that way."""
+    from tests.support.tls import secured_broker  # cryptography: loaded by its users only
+
     with secured_broker(
         tmp_path_factory.mktemp("secured"), stop_timeout_s=BROKER_STOP_S
     ) as running:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import KafkaException, TopicPartition
@@ -23,7 +24,9 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, make_spec, records
-from tests.support.tls import SecureBroker
+
+if TYPE_CHECKING:  # cryptography is imported by the fixture that makes the CA, not here
+    from tests.support.tls import SecureBroker
 
 pytestmark = pytest.mark.integration
 QUIET = {"logger": logging.getLogger("tests.refused_clients")}  # their retries, not on stderr

@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -44,7 +45,9 @@ from tests.support.pipelines import CreateTopic, Harness
 from tests.support.postgres import PostgresServer
 from tests.support.rest_catalog import RestCatalogServer
 from tests.support.s3 import S3Server, s3_server
-from tests.support.tls import SecureBroker
+
+if TYPE_CHECKING:  # cryptography is imported by the fixture that makes the CA, not here
+    from tests.support.tls import SecureBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
