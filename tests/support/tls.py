@@ -182,4 +182,24 @@ def secured_broker(
         sasl_ssl=listener,
         stop_timeout_s=stop_timeout_s,
     ) as broker:
-        yield SecureBroker(broker, ca.cert_path, user, password)
+        secure = SecureBroker(broker, ca.cert_path, user, password)
+        load_group_coordinator(secure.kafka())
+        yield secure
+
+
+def load_group_coordinator(kafka: KafkaResource, timeout_s: float = 60.0) -> None:
+    """Create and load ``__consumer_offsets`` before any admin client asks for a group's offsets.
+
+    On a fresh broker the first OffsetFetch may be answered NOT_COORDINATOR while the offsets
+    topic is created and loaded; an *admin* client's ListConsumerGroupOffsets then crashes
+    librdkafka 2.16 (SIGSEGV in ``rd_kafka_cgrp_op`` on the admin client's NULL group handle,
+    confluentinc/librdkafka#5040, seen here in the platform's group mirror). A consumer with a
+    group retries that error, so one committed() call through it makes the coordinator ready.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**kafka.client_config(), "group.id": "platform-test-warmup"})
+    try:
+        consumer.committed([TopicPartition("platform-test-warmup", 0)], timeout=timeout_s)
+    finally:
+        consumer.close()
