@@ -14,13 +14,13 @@ java:
 	@v=$$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p'); \
 	  [ "$${v%%.*}" -ge 17 ] 2>/dev/null || { echo "Java $$v found; Spark needs Java 17+."; \
 	  echo "Install it with: sudo apt-get install -y openjdk-17-jre-headless"; exit 1; }
-	@command -v mvn >/dev/null 2>&1 || { echo "Maven is required to fetch the Kafka and MirrorMaker 2 jars once."; \
+	@command -v mvn >/dev/null 2>&1 || { echo "Maven is required to fetch the Kafka, MirrorMaker 2 and REST catalog jars once."; \
 	  echo "Install it with: sudo apt-get install -y maven"; exit 1; }
 
-# The embedded Kafka broker's and MirrorMaker 2's jars, fetched by Maven into ~/.m2 once
-# (resources/jvm/*/pom.xml; resources/jvm.py remembers the class paths).
+# The embedded Kafka broker's, MirrorMaker 2's and the tests' Iceberg REST catalog's jars, fetched
+# by Maven into ~/.m2 once (resources/jvm/*/pom.xml; resources/jvm.py remembers the class paths).
 jvm: java $(STAMP)
-	$(BIN)/python -c "from resources.jvm import class_path; class_path('kafka'); class_path('mirror-maker')"
+	$(BIN)/python -c "from resources.jvm import class_path; class_path('kafka'); class_path('mirror-maker'); class_path('rest-catalog')"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

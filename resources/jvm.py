@@ -1,10 +1,11 @@
 """Class paths of the platform's embedded JVM servers, resolved by Maven once.
 
-Each server (the Kafka broker, MirrorMaker 2) has a ``pom.xml`` under ``resources/jvm/<part>/``
-that pins its artifacts. :func:`class_path` asks Maven for the part's class path: the jars land
-in Maven's local repository (``~/.m2``, outside the checkout) and the class path is remembered
-in the cache directory (``$PLATFORM_JVM_CACHE``, else ``~/.cache/kafka-iceberg-platform``) under
-the pom's hash, so a second start costs no Maven run and an edited pom resolves again.
+Each server (the Kafka broker, MirrorMaker 2, the tests' Iceberg REST catalog) has a ``pom.xml``
+under ``resources/jvm/<part>/`` that pins its artifacts. :func:`class_path` asks Maven for the
+part's class path: the jars land in Maven's local repository (``~/.m2``, outside the checkout)
+and the class path is remembered in the cache directory (``$PLATFORM_JVM_CACHE``, else
+``~/.cache/kafka-iceberg-platform``) under the pom's hash, so a second start costs no Maven run
+and an edited pom resolves again.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 if TYPE_CHECKING:
     from tests.support.failback_stack import StackFactory
+    from tests.support.tls import SecureBroker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,6 +54,19 @@ def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
     log_path = tmp_path_factory.mktemp("replica") / "kafka.log"
     with EmbeddedBroker(
         log_path=log_path, name="replica_cluster", stop_timeout_s=BROKER_STOP_S
+    ) as running:
+        yield running
+        gc.collect()  # close leftover clients while the broker is up: no reconnect noise
+
+
+@pytest.fixture(scope="session")
+def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """The session's one secured broker: a SASL_SSL listener (SCRAM-SHA-512) with a certificate
+    from a CA made for the session (tests/support/tls.py); clients reach it only that way."""
+    from tests.support.tls import secured_broker  # cryptography: loaded by its users only
+
+    with secured_broker(
+        tmp_path_factory.mktemp("secured"), stop_timeout_s=BROKER_STOP_S
     ) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise

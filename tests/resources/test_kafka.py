@@ -1,69 +1,63 @@
-"""SSL settings pass through to every Kafka client the product creates.
+"""TLS and SASL settings pass through to every Kafka client the product creates.
 
-A second Tansu broker sits behind a TLS-terminating proxy and advertises only the proxy: a
-client without the SSL settings cannot even fetch metadata. An ingestion with a dead-letter
-topic (planner, admin, Spark task readers, dead-letter producer, group mirror), the status
-read (first-record timestamps) and every check (the audit re-reads Kafka) all go through it.
+The session's secured broker (tests/support/tls.py) serves SASL_SSL with SCRAM-SHA-512 and a
+certificate from a CA of the session's own, and each client here is given only that listener: a
+client without the TLS settings, without the CA, or with a wrong password cannot even fetch
+metadata. An ingestion with a dead-letter topic (planner, admin, Spark task readers, dead-letter
+producer, group mirror), the status read (first-record timestamps) and every check (the audit
+re-reads Kafka) all go through it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from platform_assets.cli.main import pipeline_status
-from resources.embedded import EmbeddedBroker, find_free_port
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from tests.support.brokers import BROKER_STOP_S
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, make_spec, records
-from tests.support.tls_proxy import TlsProxy, make_self_signed_certificate
+
+if TYPE_CHECKING:  # cryptography is imported by the fixture that makes the CA, not here
+    from tests.support.tls import SecureBroker
 
 pytestmark = pytest.mark.integration
+QUIET = {"logger": logging.getLogger("tests.refused_clients")}  # their retries, not on stderr
 
 
-@pytest.fixture(scope="module")
-def tls_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KafkaResource, TlsProxy]]:
-    """A KafkaResource that reaches its broker only through TLS, and the proxy."""
-    directory = tmp_path_factory.mktemp("tls")
-    cert, key = make_self_signed_certificate(directory)
-    proxy_port = find_free_port()
-    with (
-        EmbeddedBroker(
-            log_path=directory / "tansu.log",
-            advertised_port=proxy_port,
-            stop_timeout_s=BROKER_STOP_S,
-        ) as broker,
-        TlsProxy(proxy_port, int(broker.port or 0), cert, key) as proxy,
-    ):
-        yield (
-            KafkaResource(
-                bootstrap_servers=f"127.0.0.1:{proxy_port}",
-                client_properties={"security.protocol": "SSL", "ssl.ca.location": str(cert)},
-            ),
-            proxy,
-        )
-
-
-def test_plaintext_client_is_refused(tls_kafka: tuple[KafkaResource, TlsProxy]) -> None:
-    """The control: without the SSL settings nothing gets through."""
-    kafka, _ = tls_kafka
-    plaintext = KafkaResource(bootstrap_servers=kafka.bootstrap_servers)
-    admin = plaintext.get_admin_client()
-    with pytest.raises(KafkaException):
-        admin.list_topics(timeout=3)
-
-
-def test_ingestion_status_and_checks_over_tls(
-    tls_kafka: tuple[KafkaResource, TlsProxy], harness: Harness, tmp_path: Path
+@pytest.mark.parametrize(
+    ("drop", "change"),
+    [
+        pytest.param(("ssl.", "sasl."), {"security.protocol": "PLAINTEXT"}, id="plaintext"),
+        pytest.param(("ssl.ca.location",), {}, id="ca-not-trusted"),
+        pytest.param((), {"sasl.password": "not-the-password"}, id="wrong-password"),
+    ],
+)
+def test_client_without_the_settings_is_refused(
+    secure_broker: SecureBroker, drop: tuple[str, ...], change: dict[str, str]
 ) -> None:
-    kafka, proxy = tls_kafka
+    """The controls: each setting is needed; without it nothing gets through (without the CA,
+    librdkafka trusts the system's CAs only, and ours is not among them)."""
+    kafka = secure_broker.kafka()
+    config = {k: v for k, v in kafka.client_config().items() if not k.startswith(drop)}
+    admin = kafka.get_admin_client()  # the control: every setting given, it is served
+    assert kafka.get_cluster_id() == admin.list_topics(timeout=10).cluster_id
+    refused = KafkaResource(bootstrap_servers=kafka.bootstrap_servers)
+    with pytest.raises(KafkaException):
+        refused.get_admin_client(**{**config, **change, **QUIET}).list_topics(timeout=3)
+
+
+def test_ingestion_status_and_checks_over_sasl_ssl(
+    secure_broker: SecureBroker, harness: Harness, tmp_path: Path
+) -> None:
+    kafka = secure_broker.kafka()
     admin = kafka.get_admin_client()
     futures = admin.create_topics([NewTopic("tls-events", 2, 1), NewTopic("tls-dlq", 1, 1)])
     for future in futures.values():
@@ -82,7 +76,6 @@ def test_ingestion_status_and_checks_over_tls(
     tls_harness = dataclasses.replace(
         harness, kafka=kafka, catalog=iceberg.load_catalog(), cluster_id=kafka.get_cluster_id()
     )
-    handshakes = proxy.handshakes
 
     report = tls_harness.run(spec)  # Spark executors read through TLS too
 
@@ -96,4 +89,3 @@ def test_ingestion_status_and_checks_over_tls(
     consumer = kafka.get_consumer()
     assert consumer.get_watermark_offsets(TopicPartition("tls-dlq", 0), timeout=10) == (0, 1)
     consumer.close()
-    assert proxy.handshakes > handshakes

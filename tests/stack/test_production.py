@@ -1,13 +1,17 @@
 """A production-shaped stack, configured only through the platform configuration (PLATFORM_CONFIG).
 
-The Iceberg SQL catalog on a real PostgreSQL server (password auth over TCP), the warehouse on an
-S3 API (moto's server; pyarrow's S3FileSystem through pyiceberg's FileIO properties, in the Spark
-executors too), Dagster's run and event storage on the same PostgreSQL. On it: an ingestion
-through Dagster with its checks, ``platform status`` from a shell holding only the configuration,
-dbt reading the table through the catalog, orphan removal on S3 paths, ``platform reset`` (its
-active runs counted in the PostgreSQL instance), a second ingestion, and the oracle each time.
-The secrets (the database password, the S3 secret key) never reach run or event storage, table
-metadata or command output.
+Kafka reached only over SASL_SSL (SCRAM-SHA-512, a certificate from a CA of the test session's
+own: the session's secured broker, tests/support/tls.py); an Iceberg REST catalog (Iceberg's
+reference RESTCatalogServer in its own JVM, tests/support/rest_catalog.py) whose JDBC catalog is
+on a real PostgreSQL server (password auth over TCP) and whose warehouse is on an S3 API (moto's
+server; the REST server writes metadata through S3FileIO, pyiceberg and the Spark executors write
+data files through pyarrow's S3FileSystem and the configuration's FileIO properties); Dagster's
+run and event storage on the same PostgreSQL. On it: an ingestion through Dagster with its
+checks, ``platform status`` / ``validate`` / ``maintain`` from a shell holding only the
+configuration, dbt reading the table through the catalog, orphan removal on S3 paths,
+``platform reset`` (its active runs counted in the PostgreSQL instance), a second ingestion, and
+the oracle each time. The secrets (the SCRAM password, the database password, the S3 secret key)
+never reach run or event storage, table metadata, command output or the catalog server's log.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import yaml
@@ -38,11 +43,16 @@ from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness
 from tests.support.postgres import PostgresServer
-from tests.support.s3 import s3_server
+from tests.support.rest_catalog import RestCatalogServer
+from tests.support.s3 import S3Server, s3_server
+
+if TYPE_CHECKING:  # cryptography is imported by the fixture that makes the CA, not here
+    from tests.support.tls import SecureBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 PG_PASSWORD_ENV, S3_SECRET_ENV = "PLATFORM_TEST_PG_PASSWORD", "PLATFORM_TEST_S3_SECRET"
+KAFKA_PASSWORD_ENV = "PLATFORM_TEST_KAFKA_PASSWORD"
 
 
 @dataclass
@@ -53,6 +63,8 @@ class Production:
     secret_env: dict[str, str]
     dagster_home: Path
     dbt_dir: Path
+    rest_catalog: RestCatalogServer
+    kafka_pid: int | None
 
     def shell_env(self) -> dict[str, str]:
         """A shell's environment holding only the configuration (and PATH, a fresh HOME)."""
@@ -65,28 +77,27 @@ class Production:
         }
 
 
-def write_config(tmp: Path, bootstrap: str, pg: PostgresServer, s3_endpoint: str) -> Path:
+def write_config(tmp: Path, secure: SecureBroker, rest_catalog_uri: str, s3: S3Server) -> Path:
     """The deployment's configuration file; secrets are ``${NAME}`` references."""
     pipelines = yaml.safe_load(PIPELINES_FILE.read_text())
     (tmp / "pipelines.yaml").write_text(yaml.safe_dump(pipelines))
     config = {
         "kafka": {
-            "bootstrap_servers": bootstrap,
-            "properties": {"client.id": "platform-prod-test", "socket.timeout.ms": 30000},
-        },
-        "catalog": {
-            "name": "prod",
+            "bootstrap_servers": secure.bootstrap_servers,  # the SASL_SSL listener only
             "properties": {
-                "type": "sql",
-                "uri": pg.url("iceberg", password=f"${{{PG_PASSWORD_ENV}}}"),
-                "warehouse": "s3://warehouse/lake",
+                "client.id": "platform-prod-test",
+                "socket.timeout.ms": 30000,
+                **secure.client_properties(),  # SASL_SSL, SCRAM-SHA-512, ssl.ca.location
+                "sasl.username": secure.user,
+                "sasl.password": f"${{{KAFKA_PASSWORD_ENV}}}",
             },
         },
+        "catalog": {"name": "prod", "properties": {"type": "rest", "uri": rest_catalog_uri}},
         "file_io": {
-            "s3.endpoint": s3_endpoint,
-            "s3.access-key-id": "platform-test-key",
+            "s3.endpoint": s3.endpoint,
+            "s3.access-key-id": s3.access_key,
             "s3.secret-access-key": f"${{{S3_SECRET_ENV}}}",
-            "s3.region": "us-east-1",
+            "s3.region": s3.region,
         },
         "spark": {"master": "local[2,2]", "app_name": "platform-tests"},
         "pipelines_file": str(tmp / "pipelines.yaml"),
@@ -94,6 +105,23 @@ def write_config(tmp: Path, bootstrap: str, pg: PostgresServer, s3_endpoint: str
     path = tmp / "platform.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def rest_catalog_properties(pg: PostgresServer, s3: S3Server, s3_secret: str) -> dict[str, str]:
+    """The catalog service's own configuration: a JDBC catalog on PostgreSQL, S3FileIO on the
+    S3 API, the warehouse under ``s3://warehouse/lake``."""
+    return {
+        "uri": f"jdbc:postgresql://127.0.0.1:{pg.port}/rest_catalog",
+        "jdbc.user": pg.user,
+        "jdbc.password": pg.password,
+        "warehouse": "s3://warehouse/lake",
+        "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
+        "s3.endpoint": s3.endpoint,
+        "s3.path-style-access": "true",
+        "s3.access-key-id": s3.access_key,
+        "s3.secret-access-key": s3_secret,
+        "client.region": s3.region,
+    }
 
 
 def write_dagster_home(home: Path, pg: PostgresServer) -> None:
@@ -117,37 +145,51 @@ def write_dagster_home(home: Path, pg: PostgresServer) -> None:
 
 
 @pytest.fixture(scope="module")
+def kafka(secure_broker: SecureBroker) -> KafkaResource:
+    """The test's own clients (topics, the ledger's producer) reach the secured broker too."""
+    return secure_broker.kafka()
+
+
+@pytest.fixture(scope="module")
 def production(
-    kafka: KafkaResource, tmp_path_factory: pytest.TempPathFactory
+    secure_broker: SecureBroker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Production]:
-    """PostgreSQL + S3 for the module; the process environment holds only the configuration's
-    name and its secrets (the embedded stack's variables are removed)."""
+    """PostgreSQL, S3 and the REST catalog for the module; the process environment holds only
+    the configuration's name and its secrets (the embedded stack's variables are removed)."""
     tmp = tmp_path_factory.mktemp("production")
     secret_env = {
         PG_PASSWORD_ENV: f"pg-{secrets.token_hex(8)}",
         S3_SECRET_ENV: f"s3-{secrets.token_hex(8)}",
+        KAFKA_PASSWORD_ENV: secure_broker.password,
     }
     with (
         PostgresServer(secret_env[PG_PASSWORD_ENV]) as pg,
         s3_server(tmp / "moto.log", "warehouse") as s3,
         pytest.MonkeyPatch.context() as env,
     ):
-        pg.create_database("iceberg")
+        pg.create_database("rest_catalog")
         pg.create_database("dagster")
-        production = Production(
-            write_config(tmp, kafka.bootstrap_servers, pg, s3.endpoint),
-            secret_env,
-            tmp / "dagster_home",
-            tmp / "dbt",
-        )
-        write_dagster_home(production.dagster_home, pg)
-        production.dbt_dir.mkdir()
-        for name in ("KAFKA_BOOTSTRAP_SERVERS", "PLATFORM_PIPELINES_FILE", "DAGSTER_HOME"):
-            env.delenv(name, raising=False)
-        for name, value in {**secret_env, "PLATFORM_CONFIG": str(production.config_path)}.items():
-            env.setenv(name, value)
-        env.setenv("PLATFORM_STATE_DIR", str(production.dbt_dir))  # dbt's own DuckDB file only
-        yield production
+        properties = rest_catalog_properties(pg, s3, secret_env[S3_SECRET_ENV])
+        with RestCatalogServer(tmp / "rest-catalog.log", properties) as rest_catalog:
+            production = Production(
+                write_config(tmp, secure_broker, rest_catalog.uri, s3),
+                secret_env,
+                tmp / "dagster_home",
+                tmp / "dbt",
+                rest_catalog,
+                secure_broker.broker.pid,
+            )
+            write_dagster_home(production.dagster_home, pg)
+            production.dbt_dir.mkdir()
+            for name in ("KAFKA_BOOTSTRAP_SERVERS", "PLATFORM_PIPELINES_FILE", "DAGSTER_HOME"):
+                env.delenv(name, raising=False)
+            for name, value in {
+                **secret_env,
+                "PLATFORM_CONFIG": str(production.config_path),
+            }.items():
+                env.setenv(name, value)
+            env.setenv("PLATFORM_STATE_DIR", str(production.dbt_dir))  # dbt's own DuckDB file only
+            yield production
 
 
 def ingest_through_dagster(spec: PipelineSpec, production: Production) -> str:
@@ -169,6 +211,12 @@ def ingest_through_dagster(spec: PipelineSpec, production: Production) -> str:
         if m.materialization.asset_key == AssetKey(["iceberg", *spec.table.split(".")])
     ]
     return str(table.metadata["executed_in"].value)
+
+
+def rss_mb(pid: int | None) -> int:
+    """The resident set of process ``pid`` now, in MB (``ps``)."""
+    done = subprocess.run(["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True)
+    return int(done.stdout.strip() or 0) // 1024
 
 
 def run_cli(production: Production, *args: str) -> str:
@@ -203,6 +251,7 @@ def test_production_stack_end_to_end(
     (spec,) = load_pipelines()
     resources = build_resources()
     catalog = resources["iceberg"].load_catalog()
+    assert type(catalog).__name__ == "RestCatalog"
     kafka = resources["kafka"]
     oracle = Harness(kafka, catalog, None, kafka.get_cluster_id())  # type: ignore[arg-type]
     produced = ledger_producer.produce(topic, orders(0, 90, duplicates=6, seed=11))
@@ -254,5 +303,12 @@ def test_production_stack_end_to_end(
     assert table.scan().to_arrow().num_rows == 116
     stored = str(table.metadata.properties) + "".join(str(s.summary) for s in table.snapshots())
     assert not any(secret in stored for secret in production.secret_env.values())
+    served = production.rest_catalog.read_log(max_chars=10**7)
+    assert not any(secret in served for secret in production.secret_env.values())
     with capsys.disabled():
         print(f"production-shaped test body: {time.monotonic() - started:.1f} s")
+        print(
+            f"REST catalog: started in {production.rest_catalog.started_in_s:.1f} s, "
+            f"RSS {rss_mb(production.rest_catalog.pid)} MB; secured broker: RSS "
+            f"{rss_mb(production.kafka_pid)} MB"
+        )
