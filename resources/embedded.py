@@ -3,8 +3,9 @@
 The jars come from Maven Central once (``resources/jvm/kafka/pom.xml``, see :mod:`resources.jvm`).
 Each start formats the storage directory with Kafka's own ``StorageTool`` (an already formatted one
 is kept) and starts ``kafka.Kafka`` as a combined broker and controller with a bounded heap. The
-storage lives as long as the broker object unless ``data_dir`` is given (then a restart keeps the
-topics). It is for ``make dev``, the tests and the benchmarks, never for production.
+storage is removed on stop unless ``data_dir`` is given (then a restart keeps the topics; the
+cluster id is the one that directory was formatted with). It is for ``make dev``, the tests and
+the benchmarks, never for production.
 
 A second listener speaks SASL_SSL (SCRAM-SHA-512) when ``sasl_ssl`` is given: the production-shaped
 tests use it with a CA of their own (``tests/support/tls.py``).
@@ -116,22 +117,44 @@ class EmbeddedBroker(ManagedProcess):
         return f"127.0.0.1:{self.sasl_ssl_port}"
 
     def start(self, attempts: int = 3) -> Self:
-        """Format the storage, start the broker and wait until it serves; retry on a port race."""
+        """Format the storage, start the broker and wait until it serves; retry on a port race.
+
+        Served means: the process is alive, its port accepts connections, and its log says
+        "Kafka Server started" since this start (Kafka binds its listeners before it serves, and
+        a port taken by another process also accepts connections). Whatever interrupts the start
+        (an error, Ctrl-C) stops the process and removes the storage it owns.
+        """
         cp = class_path("kafka")
-        for _ in range(attempts):
-            port = self.port or find_free_port()
-            controller = find_free_port()
-            secure = (self.sasl_ssl.port or find_free_port()) if self.sasl_ssl else None
-            data = self._storage_dir()
-            properties = data.parent / f"{data.name}.properties"
-            properties.write_text(self._server_properties(port, controller, secure, data))
-            self._format(cp, properties)
-            self.spawn(self._java(cp, "kafka.Kafka", str(properties)))
-            if self.wait_listening(port, self.start_timeout_s, interval_s=0.1):
-                self.port, self.sasl_ssl_port = port, secure
-                return self
-            self.stop()  # exited (a port race) or never listened
+        try:
+            for _ in range(attempts):
+                if self._start_once(cp):
+                    return self
+                self.stop()  # exited (a port race) or never served
+        except BaseException:
+            self.stop()
+            raise
         raise BrokerStartError(f"Kafka did not start; its log follows:\n{self.read_log()}")
+
+    def _start_once(self, cp: str) -> bool:
+        port = self.port or find_free_port()
+        controller = find_free_port()
+        secure = (self.sasl_ssl.port or find_free_port()) if self.sasl_ssl else None
+        data = self._storage_dir()
+        properties = data.parent / f"{data.name}.properties"
+        properties.write_text(self._server_properties(port, controller, secure, data))
+        self._format(cp, properties)
+        log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
+
+        def started() -> bool:
+            with self.log_path.open("rb") as log:
+                log.seek(log_from)
+                return b"Kafka Server started" in log.read()
+
+        self.spawn(self._java(cp, "kafka.Kafka", str(properties)))
+        if not self.wait_listening(port, self.start_timeout_s, interval_s=0.1, ready=started):
+            return False
+        self.port, self.sasl_ssl_port = port, secure
+        return True
 
     def stop(self) -> None:
         """Stop the broker and remove the storage it owns."""
@@ -171,9 +194,14 @@ class EmbeddedBroker(ManagedProcess):
             for user, password in self.sasl_ssl.users.items():
                 command += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
         started = time.monotonic()
-        result = subprocess.run(
-            command, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, check=False
-        )
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise BrokerStartError(
+                f"formatting the storage of broker {self.name!r} took over {FORMAT_TIMEOUT_S} s"
+            ) from exc
         if result.returncode != 0:
             raise BrokerStartError(
                 f"formatting the storage of broker {self.name!r} failed after "
@@ -203,7 +231,8 @@ class EmbeddedBroker(ManagedProcess):
             "group.initial.rebalance.delay.ms": "0",
             # No time retention by default: a test or demo record stamped with an old event time
             # stays (Kafka's 7-day default would delete it within a check interval). A topic
-            # that sets retention.ms has it enforced within seconds, not Kafka's 5 minutes.
+            # that sets retention.ms (and a small segment.ms: the active segment is never
+            # deleted) has it checked every second, not every 5 minutes.
             "log.retention.ms": "-1",
             "log.retention.check.interval.ms": "1000",
             "log.initial.task.delay.ms": "0",

@@ -86,12 +86,25 @@ def wait_for_group_coordinator(admin: AdminClient, group_id: str, timeout_s: flo
         try:
             future.result(max(deadline - time.monotonic(), 0.1))
             return
+        except TimeoutError as exc:
+            raise _timed_out(f"the coordinator of group {group_id!r}", timeout_s) from exc
         except KafkaException as exc:
             error = exc.args[0]
             name = error.name() if isinstance(error, KafkaError) else ""
+            if name == "GROUP_ID_NOT_FOUND":  # the coordinator answered: no such group
+                return
             if name not in _COORDINATOR_NOT_READY or time.monotonic() >= deadline:
                 raise
         time.sleep(0.2)
+
+
+def _timed_out(what: str, timeout_s: float) -> Exception:
+    """A KafkaException for a call that did not answer in time (callers catch that type)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    return KafkaException(
+        KafkaError(KafkaError._TIMED_OUT, f"{what} did not answer within {timeout_s:g} s")
+    )
 
 
 def read_group_offsets(
@@ -100,9 +113,13 @@ def read_group_offsets(
     """Return the group's committed offsets (empty when the group does not exist)."""
     from confluent_kafka import ConsumerGroupTopicPartitions
 
+    deadline = time.monotonic() + timeout_s
     wait_for_group_coordinator(admin, group_id, timeout_s)
     future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group_id)])
-    result = future[group_id].result(timeout_s)
+    try:
+        result = future[group_id].result(max(deadline - time.monotonic(), 1.0))
+    except TimeoutError as exc:
+        raise _timed_out(f"the offsets of group {group_id!r}", timeout_s) from exc
     return {
         (tp.topic, tp.partition): tp.offset
         for tp in result.topic_partitions or []

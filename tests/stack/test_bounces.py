@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaException
 
 from ingestion import exceptions
 from ingestion.pipeline.hooks import FailureHooks
@@ -201,7 +202,7 @@ def test_broker_killed_and_restarted_during_a_run(
             restarted.set()
 
         # Failing is allowed; committing twice or losing a record is not.
-        with contextlib.suppress(exceptions.IngestionError):
+        with contextlib.suppress(exceptions.IngestionError, KafkaException):
             bounced.run(spec, hooks=FailureHooks({"after_plan": bounce}))
         assert restarted.is_set()
         LedgerProducer(kafka, ledger).produce(topic, records(50, first=300))

@@ -6,6 +6,7 @@ Every test names its docs/reliability.md scenario and is judged by the same orac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -658,6 +659,10 @@ def test_a_partition_added_to_the_topic_is_read_from_its_start(
     assert harness.run(spec).records == 20
     admin = harness.kafka.get_admin_client()
     admin.create_partitions([NewPartitions(topic, 3)])[topic].result(timeout=30)
+    for _ in range(100):  # the broker's metadata shows the new partitions (seconds at most)
+        if len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 3:
+            break
+        time.sleep(0.1)
     grown = LedgerProducer(harness.kafka, ledger)  # a producer that knows the new partitions
     grown.produce(topic, records(10, first=20, partition=1))
     grown.produce(topic, records(5, first=30, partition=2))
