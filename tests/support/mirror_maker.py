@@ -1,0 +1,273 @@
+"""Apache Kafka's MirrorMaker 2 in dedicated mode between two embedded brokers: one flow each.
+
+:class:`MirrorMaker` writes an ``mm2.properties`` for one flow ``source -> target`` (both
+clusters under their MM2 aliases, the flow's topics and groups, ``replication.policy.class``
+default or Identity) and runs ``org.apache.kafka.connect.mirror.MirrorMaker`` on it, with the
+class path of ``resources/jvm/mirror-maker/pom.xml`` (:func:`resources.jvm.class_path`), like the
+broker: its own process group, one log file, a bounded heap, nothing left running after
+:meth:`~resources.process.ManagedProcess.stop`. Its connectors run as MM2 ships them; only the
+intervals are short (checkpoints, group and topic refreshes, offset commits every second), so a
+test waits seconds, not minutes, for what MM2 does anyway.
+
+The waits read what MM2 wrote, as the platform reads it: :meth:`MirrorMaker.wait_mirrored`
+counts records on both sides, :meth:`MirrorMaker.wait_checkpoint` reads
+``<source alias>.checkpoints.internal`` with the platform's own reader
+(:func:`ingestion.dr.replica_check.read_checkpoints`, MirrorClient's ``RemoteClusterUtils``
+semantics: the newest checkpoint per group and replica partition).
+
+Measured on the project's 2-core machine (2026-11-26, connect-mirror 4.3.1, Kafka 4.4 brokers):
+see :data:`MEASURED`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Self
+
+from ingestion.dr.mm2 import Checkpoint, checkpoints_topic, offset_syncs_topic, replica_topic
+from ingestion.dr.replica_check import newest_checkpoints, read_checkpoints
+from ingestion.kafka.consumer import iter_range, open_consumer
+from ingestion.kafka.ranges import OffsetRange
+from resources.jvm import LOG4J2_CONFIG, class_path, java_binary
+from resources.process import ManagedProcess
+
+MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
+IDENTITY = "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
+DEFAULT = "org.apache.kafka.connect.mirror.DefaultReplicationPolicy"
+STARTED = "Kafka MirrorMaker started"
+MEASURED = "start to 'Kafka MirrorMaker started': see docs/disaster-recovery.md"
+
+
+class MirrorMakerError(RuntimeError):
+    """MirrorMaker 2 did not start, or did not mirror what a test waited for."""
+
+
+class MirrorMaker(ManagedProcess):
+    """One MM2 flow ``source_alias -> target_alias`` in dedicated mode, as a context manager.
+
+    ``clusters`` maps both aliases to bootstrap servers. ``topics`` and ``groups`` are names
+    (escaped into MM2's regex lists). ``identity`` selects ``IdentityReplicationPolicy``;
+    otherwise MM2's default policy names copies ``<source alias>.<topic>``. ``config`` adds or
+    overrides properties (e.g. ``offset.lag.max``).
+    """
+
+    def __init__(
+        self,
+        log_path: str | Path,
+        clusters: dict[str, str],
+        source_alias: str,
+        target_alias: str,
+        topics: list[str],
+        groups: list[str],
+        *,
+        identity: bool = False,
+        sync_group_offsets: bool = False,
+        offset_lag_max: int = 100,
+        heap_mb: int = 256,
+        start_timeout_s: float = 120.0,
+        stop_timeout_s: float = 20.0,
+        config: dict[str, str] | None = None,
+    ) -> None:
+        self.log_path = Path(log_path)
+        self.clusters = dict(clusters)
+        self.source_alias, self.target_alias = source_alias, target_alias
+        self.topics, self.groups = list(topics), list(groups)
+        self.identity = identity
+        self.sync_group_offsets = sync_group_offsets
+        self.offset_lag_max = offset_lag_max
+        self.heap_mb = heap_mb
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.extra_config = dict(config or {})
+        self.started_s: float | None = None  # seconds from spawn to MM2's "started" line
+
+    # -- naming, as MM2 names things ------------------------------------------------------
+
+    @property
+    def source(self) -> str:
+        """The source cluster's bootstrap servers."""
+        return self.clusters[self.source_alias]
+
+    @property
+    def target(self) -> str:
+        """The target cluster's bootstrap servers."""
+        return self.clusters[self.target_alias]
+
+    def remote(self, topic: str) -> str:
+        """MM2's name on the target for the source's ``topic``."""
+        return replica_topic(topic, self.source_alias, "identity" if self.identity else "default")
+
+    @property
+    def checkpoints_topic(self) -> str:
+        """``<source alias>.checkpoints.internal`` on the target."""
+        return checkpoints_topic(self.source_alias)
+
+    @property
+    def syncs_topic(self) -> str:
+        """``mm2-offset-syncs.<target alias>.internal`` on the source."""
+        return offset_syncs_topic(self.target_alias)
+
+    # -- process ----------------------------------------------------------------------------
+
+    def properties(self) -> dict[str, str]:
+        """The ``mm2.properties`` of this flow."""
+        flow = f"{self.source_alias}->{self.target_alias}"
+        back = f"{self.target_alias}->{self.source_alias}"
+        config = {
+            "clusters": f"{self.source_alias}, {self.target_alias}",
+            f"{self.source_alias}.bootstrap.servers": self.source,
+            f"{self.target_alias}.bootstrap.servers": self.target,
+            f"{flow}.enabled": "true",
+            f"{back}.enabled": "false",
+            f"{flow}.topics": ",".join(re.escape(t) for t in self.topics) or "^$",
+            f"{flow}.groups": ",".join(re.escape(g) for g in self.groups) or "^$",
+            "replication.policy.class": IDENTITY if self.identity else DEFAULT,
+            # One broker per cluster: every topic MM2 creates has one replica.
+            "replication.factor": "1",
+            "checkpoints.topic.replication.factor": "1",
+            "heartbeats.topic.replication.factor": "1",
+            "offset-syncs.topic.replication.factor": "1",
+            "offset.storage.replication.factor": "1",
+            "status.storage.replication.factor": "1",
+            "config.storage.replication.factor": "1",
+            # Seconds instead of minutes; otherwise MM2's defaults.
+            "emit.checkpoints.interval.seconds": "1",
+            "sync.group.offsets.enabled": str(self.sync_group_offsets).lower(),
+            "sync.group.offsets.interval.seconds": "1",
+            "refresh.topics.interval.seconds": "1",
+            "refresh.groups.interval.seconds": "1",
+            "offset.flush.interval.ms": "1000",
+            "offset.lag.max": str(self.offset_lag_max),
+            # Heartbeats would add a heartbeats topic per cluster and start a herder for the
+            # disabled way back; ACL sync needs an authorizer the embedded brokers lack.
+            "emit.heartbeats.enabled": "false",
+            "sync.topic.acls.enabled": "false",
+        }
+        return config | self.extra_config
+
+    def start(self) -> Self:
+        """Write the properties, start MM2 and wait for its 'started' line (bounded)."""
+        cp = class_path("mirror-maker")
+        props = self.log_path.with_suffix(".properties")
+        props.parent.mkdir(parents=True, exist_ok=True)
+        props.write_text("".join(f"{k} = {v}\n" for k, v in self.properties().items()))
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        spawned = time.monotonic()
+        process = self.spawn(
+            [
+                java_binary(),
+                f"-Xmx{self.heap_mb}m",
+                "-Xms32m",
+                "-XX:+UseSerialGC",  # one GC thread: 2 cores and many servers
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+                "-cp",
+                cp,
+                MAIN,
+                str(props),
+            ]
+        )
+        deadline = spawned + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                self._process = None
+                raise MirrorMakerError(f"MirrorMaker 2 exited ({process.returncode}):\n"
+                                       f"{self.read_log()}")  # fmt: skip
+            if STARTED in self._log_since(offset):
+                self.started_s = time.monotonic() - spawned
+                return self
+            time.sleep(0.2)
+        self.stop()
+        raise MirrorMakerError(f"MirrorMaker 2 did not start in {self.start_timeout_s} s:\n"
+                               f"{self.read_log()}")  # fmt: skip
+
+    def _log_since(self, offset: int) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def rss_kb(self) -> int | None:
+        """The resident set of MM2's JVM (kB), while it runs (Linux ``/proc``)."""
+        if self.pid is None:
+            return None
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return None
+
+    # -- waits: what MM2 wrote, read as the platform reads it -------------------------------
+
+    def wait_mirrored(self, topic: str, timeout_s: float = 90.0) -> dict[int, int]:
+        """Until every record of the source's ``topic`` has a copy on the target (per partition,
+        the copy holds at least as many records: MM2 copies in order, at least once); the copy's
+        record counts per partition."""
+        copy = self.remote(topic)
+        counts: dict[int, int] = {}
+
+        def done() -> bool:
+            nonlocal counts
+            wanted = count_records(self.source, topic)
+            counts = count_records(self.target, copy)
+            return bool(wanted) and all(counts.get(p, 0) >= n for p, n in wanted.items())
+
+        wait_for(done, timeout_s, lambda: f"{topic} mirrored to {copy} ({counts})", self)
+        return counts
+
+    def wait_checkpoint(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        upstream: int | None = None,
+        timeout_s: float = 90.0,
+    ) -> Checkpoint:
+        """Until the target holds a checkpoint of ``group`` for the copy of ``topic[partition]``
+        (at source offset ``upstream`` or beyond, if given); the newest such checkpoint."""
+        key = (self.remote(topic), partition)
+        found: list[Checkpoint] = []
+
+        def arrived() -> bool:
+            stamped = read_checkpoints({"bootstrap.servers": self.target}, self.checkpoints_topic)
+            newest = newest_checkpoints(stamped, group).get(key)
+            if newest is None or (upstream is not None and newest.checkpoint.upstream < upstream):
+                return False
+            found[:] = [newest.checkpoint]
+            return True
+
+        what = f"a checkpoint of {group} for {key} at {upstream if upstream is not None else 'any'}"
+        wait_for(arrived, timeout_s, lambda: what, self)
+        return found[0]
+
+
+def count_records(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """Records per partition of ``topic`` (read committed, markers not counted); {} if absent."""
+    from confluent_kafka import TopicPartition
+
+    counts: dict[int, int] = {}
+    with open_consumer({"bootstrap.servers": bootstrap}, "mm2-test-count") as consumer:
+        metadata = consumer.list_topics(timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return {}
+        for partition in sorted(metadata.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout_s)
+            rng = OffsetRange(topic, partition, int(low), int(high))
+            counts[partition] = sum(1 for _ in iter_range(consumer, rng, timeout_s, "count"))
+    return counts
+
+
+def wait_for(
+    condition: Callable[[], bool], timeout_s: float, what: Callable[[], str], mm2: Any = None
+) -> None:
+    """Poll ``condition`` every 0.5 s until it holds; raise MirrorMakerError after
+    ``timeout_s`` (with MM2's log tail)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if condition():
+            return
+        if time.monotonic() > deadline:
+            log = mm2.read_log(4_000) if mm2 is not None else ""
+            raise MirrorMakerError(f"timed out after {timeout_s} s waiting for {what()}\n{log}")
+        time.sleep(0.5)
