@@ -387,6 +387,8 @@ def run_drill(
     say(f"1. steady on the primary for {phase:.0f} s ({args.rate} records/s, "
         f"{args.partitions} partitions, 0.5 % malformed, 30 days of created_at)")  # fmt: skip
     time.sleep(phase)
+    for partition in range(args.partitions):  # what the replica check asks before a failover
+        forward.wait_checkpoint(spec.consumer_group_id, "orders", partition)
     note_rss(drill, forward)
     forward.stop()  # MM2 falls behind: what is produced now is the RPO tail
     time.sleep(3)
