@@ -96,12 +96,16 @@ def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
 @pytest.fixture
 def failback_stack(
     dr_clusters: tuple[EmbeddedBroker, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> StackFactory:
+) -> Iterator[StackFactory]:
     """Builds a pipeline with replica 'dr' on the module's cluster pair, its resources and the
-    forward MM2 stand-in (tests/support/failback_stack.py)."""
+    forward MM2 flow: real MirrorMaker 2 (``real_mm2=True``, stopped at teardown) or the
+    stand-in (tests/support/failback_stack.py)."""
     from tests.support.failback_stack import failback_factory
 
-    return failback_factory(dr_clusters, tmp_path, monkeypatch)
+    running: list[Any] = []
+    yield failback_factory(dr_clusters, tmp_path, monkeypatch, running)
+    for mirror in running:
+        mirror.stop()
 
 
 @pytest.fixture(scope="session")

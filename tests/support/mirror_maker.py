@@ -9,8 +9,11 @@ broker: its own process group, one log file, a bounded heap, nothing left runnin
 intervals are short (checkpoints, group and topic refreshes, offset commits every second), so a
 test waits seconds, not minutes, for what MM2 does anyway.
 
-The waits read what MM2 wrote, as the platform reads it: :meth:`MirrorMaker.wait_mirrored`
-counts records on both sides, :meth:`MirrorMaker.wait_checkpoint` reads
+The waits read what MM2 wrote: :meth:`MirrorMaker.wait_mirrored` reads the source offsets MM2's
+source task committed (``mm2-offsets.<source alias>.internal`` on the target, Kafka Connect's
+offsets topic: ``{"offset": n}`` is the last source record whose copy the target acknowledged),
+so it holds only once the source's last record is copied, however many records producers wrote
+into the copy topic themselves; :meth:`MirrorMaker.wait_checkpoint` reads
 ``<source alias>.checkpoints.internal`` with the platform's own reader
 (:func:`ingestion.dr.replica_check.read_checkpoints`, MirrorClient's ``RemoteClusterUtils``
 semantics: the newest checkpoint per group and replica partition).
@@ -82,7 +85,8 @@ class MirrorMaker(ManagedProcess):
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.extra_config = dict(config or {})
-        self.started_s: float | None = None  # seconds from spawn to MM2's "started" line
+        self.started_s: float | None = None  # seconds from spawn to a running flow
+        self._marks: dict[tuple[str, int], int] = {}  # source offsets the last waits reached
 
     # -- naming, as MM2 names things ------------------------------------------------------
 
@@ -211,21 +215,55 @@ class MirrorMaker(ManagedProcess):
 
     # -- waits: what MM2 wrote, read as the platform reads it -------------------------------
 
-    def wait_mirrored(self, topic: str, timeout_s: float = 90.0) -> dict[int, int]:
-        """Until every record of the source's ``topic`` has a copy on the target (per partition,
-        the copy holds at least as many records: MM2 copies in order, at least once); the copy's
-        record counts per partition."""
-        copy = self.remote(topic)
-        counts: dict[int, int] = {}
+    @property
+    def offsets_topic(self) -> str:
+        """Kafka Connect's offsets topic of this flow's worker, on the target."""
+        return f"mm2-offsets.{self.source_alias}.internal"
+
+    def copied_offsets(self) -> dict[tuple[str, int], int]:
+        """Per source (topic, partition): the last source offset MM2 committed as copied."""
+        import json
+
+        from confluent_kafka import TopicPartition
+
+        found: dict[tuple[str, int], int] = {}
+        config = {"bootstrap.servers": self.target}
+        with open_consumer(config, "mm2-test-offsets") as consumer:
+            metadata = consumer.list_topics(timeout=10).topics.get(self.offsets_topic)
+            if metadata is None or metadata.error is not None:
+                return found
+            for partition in sorted(metadata.partitions):
+                tp = TopicPartition(self.offsets_topic, partition)
+                low, high = consumer.get_watermark_offsets(tp, 10)
+                rng = OffsetRange(self.offsets_topic, partition, int(low), int(high))
+                for message in iter_range(consumer, rng, 10, "mm2 offsets"):
+                    key, value = message.key(), message.value()
+                    if key is None or value is None:
+                        continue
+                    connector, where = json.loads(key)
+                    if connector == "MirrorSourceConnector":
+                        place = (str(where["topic"]), int(where["partition"]))
+                        found[place] = int(json.loads(value)["offset"])
+        return found
+
+    def wait_mirrored(self, topic: str, timeout_s: float = 90.0) -> int:
+        """Until MM2 has copied (and committed as copied) every record the source's ``topic``
+        holds now; how many source records it copied since the last wait on this object
+        (the first wait: all of them)."""
+        ends = last_offsets(self.source, topic)
+        copied: dict[tuple[str, int], int] = {}
 
         def done() -> bool:
-            nonlocal counts
-            wanted = count_records(self.source, topic)
-            counts = count_records(self.target, copy)
-            return bool(wanted) and all(counts.get(p, 0) >= n for p, n in wanted.items())
+            nonlocal copied
+            copied = self.copied_offsets()
+            return all(copied.get((topic, p), -1) >= last for p, last in ends.items())
 
-        wait_for(done, timeout_s, lambda: f"{topic} mirrored to {copy} ({counts})", self)
-        return counts
+        wait_for(done, timeout_s, lambda: f"{topic} copied through {ends} (at {copied})", self)
+        marks = self._marks
+        counts = count_records(self.source, topic, {p: marks.get((topic, p), -1) for p in ends})
+        for partition, last in ends.items():
+            marks[(topic, partition)] = last
+        return sum(counts.values())
 
     def wait_checkpoint(
         self,
@@ -253,8 +291,11 @@ class MirrorMaker(ManagedProcess):
         return found[0]
 
 
-def count_records(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
-    """Records per partition of ``topic`` (read committed, markers not counted); {} if absent."""
+def count_records(
+    bootstrap: str, topic: str, after: dict[int, int] | None = None, timeout_s: float = 30.0
+) -> dict[int, int]:
+    """Records per partition of ``topic`` (read committed, markers not counted), only those
+    after offset ``after[partition]`` if given; {} if the topic is absent."""
     from confluent_kafka import TopicPartition
 
     counts: dict[int, int] = {}
@@ -264,9 +305,31 @@ def count_records(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[i
             return {}
         for partition in sorted(metadata.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout_s)
-            rng = OffsetRange(topic, partition, int(low), int(high))
+            start = max(int(low), (after or {}).get(partition, -1) + 1)
+            rng = OffsetRange(topic, partition, start, max(start, int(high)))
             counts[partition] = sum(1 for _ in iter_range(consumer, rng, timeout_s, "count"))
     return counts
+
+
+def last_offsets(bootstrap: str, topic: str, timeout_s: float = 30.0) -> dict[int, int]:
+    """Per partition of ``topic`` that holds a record: the offset of its last record (a
+    transaction's commit marker after it is not a record)."""
+    from confluent_kafka import TopicPartition
+
+    last: dict[int, int] = {}
+    with open_consumer({"bootstrap.servers": bootstrap}, "mm2-test-last") as consumer:
+        metadata = consumer.list_topics(timeout=timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return {}
+        for partition in sorted(metadata.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout_s)
+            for start in (max(int(low), int(high) - 100), int(low)):  # the tail, else all
+                rng = OffsetRange(topic, partition, start, int(high))
+                for message in iter_range(consumer, rng, timeout_s, "last record"):
+                    last[partition] = int(message.offset() or 0)
+                if partition in last:
+                    break
+    return last
 
 
 def wait_for(
