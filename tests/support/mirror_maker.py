@@ -18,8 +18,8 @@ into the copy topic themselves; :meth:`MirrorMaker.wait_checkpoint` reads
 (:func:`ingestion.dr.replica_check.read_checkpoints`, MirrorClient's ``RemoteClusterUtils``
 semantics: the newest checkpoint per group and replica partition).
 
-Measured on the project's 2-core machine (2026-11-26, connect-mirror 4.3.1, Kafka 4.4 brokers):
-see :data:`MEASURED`.
+Its start time and resident set, and every way real MM2 behaved differently from the stand-in
+(``tests/support/mm2_standin.py``): docs/disaster-recovery.md, "Verified on real MirrorMaker 2".
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ MAIN = "org.apache.kafka.connect.mirror.MirrorMaker"
 IDENTITY = "org.apache.kafka.connect.mirror.IdentityReplicationPolicy"
 DEFAULT = "org.apache.kafka.connect.mirror.DefaultReplicationPolicy"
 STARTED = "Kafka MirrorMaker started"
-MEASURED = "start to 'Kafka MirrorMaker started': see docs/disaster-recovery.md"
 
 
 class MirrorMakerError(RuntimeError):
