@@ -6,6 +6,7 @@ Real MirrorMaker 2 (dedicated mode) mirrors, but for the one state it cannot be 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -193,8 +194,11 @@ def test_repeated_records_at_the_checkpoint_are_refused_not_guessed(
     # and key (R39); here every record looks alike, so no copy singles out one position.
     topic, spec = new_pipeline("fo_same", partitions=1, key_format="raw")
     same = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    # One recent millisecond: Kafka's retention (7 days, checked every second by the embedded
+    # broker) would delete records stamped long ago before MM2 copies them.
+    stamp = int(time.time() * 1000)
     for _ in range(30):
-        same.produce(topic, value=b'{"id": 1}', key=b"same", timestamp=1_700_000_000_000)
+        same.produce(topic, value=b'{"id": 1}', key=b"same", timestamp=stamp)
         same.flush(10)
     catalog = catalog_resource.load_catalog()
     mirror = real_mm2(topic, spec)
