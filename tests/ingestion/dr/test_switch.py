@@ -50,8 +50,8 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
     group = spec.consumer_group_id
     mirror = MirrorMaker(tmp_path / "mm2.log", clusters, "primary", "dr", ["orders"], [group],
                          offset_lag_max=8)  # fmt: skip
-    (AdminClient({**dst}).create_topics([NewTopic("primary.orders", 3, 1)])["primary.orders"]
-     .result(10))  # fmt: skip
+    replica_admin = AdminClient({**dst})
+    replica_admin.create_topics([NewTopic("primary.orders", 3, 1)])["primary.orders"].result(10)
     old = Producer({**dst})
     for partition in (0, 1, 2):  # records the replica topic held before MM2 copied into it
         old.produce("primary.orders", value=b"old", key=b"old", partition=partition)
