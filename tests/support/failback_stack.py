@@ -5,9 +5,10 @@ A pipeline reads ``topic`` on the source cluster with replica ``dr`` on the othe
 flows. With ``real_mm2=True`` they are real MirrorMaker 2 processes (tests/support/mirror_maker.py):
 :attr:`FailbackStack.mm2` forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2` (dr ->
 primary), created here, started and stopped by the test, stopped at the fixture's teardown.
-Otherwise (the tests that need a state real MM2 cannot be driven into, each says which) the
-forward MirrorMaker 2 stand-in (set up here) and the reverse one
-(:meth:`FailbackStack.start_reverse`). Tests get it from the ``failback_stack`` fixture::
+Otherwise the forward MirrorMaker 2 stand-in (set up here) and the reverse one
+(:meth:`FailbackStack.start_reverse`): the default, because most failback, completion, late-copy
+and CLI/Dagster failover tests are not converted to real MM2 yet (docs/disaster-recovery.md,
+"Verified on real MirrorMaker 2", lists what is), not because MM2 cannot be driven there. Tests get it from the ``failback_stack`` fixture::
 
     stack = failback_stack("cmpl", "dr_cmpl", replica={"source_alias": "eastc"})
     stack.ingest_route()  # one engine run on the active route
