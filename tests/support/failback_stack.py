@@ -8,7 +8,8 @@ primary), created here, started and stopped by the test, stopped at the fixture'
 Otherwise the forward MirrorMaker 2 stand-in (set up here) and the reverse one
 (:meth:`FailbackStack.start_reverse`): the default, because most failback, completion, late-copy
 and CLI/Dagster failover tests are not converted to real MM2 yet (docs/disaster-recovery.md,
-"Verified on real MirrorMaker 2", lists what is), not because MM2 cannot be driven there. Tests get it from the ``failback_stack`` fixture::
+"Verified on real MirrorMaker 2", lists what is), not because MM2 cannot be driven there.
+Tests get it from the ``failback_stack`` fixture::
 
     stack = failback_stack("cmpl", "dr_cmpl", replica={"source_alias": "eastc"})
     stack.ingest_route()  # one engine run on the active route
