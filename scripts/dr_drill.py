@@ -4,9 +4,9 @@
         [--forward-resumes] [--naming identity] [--via dagster]
 
 Run by hand, not in CI. Two embedded brokers (``primary`` and ``dr``) and a throw-away SQLite
-catalog. The MirrorMaker 2 stand-in of the tests (``tests/support/mm2_standin.py``: MM2's formats
-and conservative checkpoints, transactional copies) mirrors ``orders`` to dr's ``primary.orders``
-every second (``--naming identity``: to dr's ``orders``, the recommended setup of
+catalog. Real MirrorMaker 2 in dedicated mode (``tests/support/mirror_maker.py``: Apache Kafka's
+``connect-mirror``, one process per flow, checkpoints every second) mirrors ``orders`` to dr's
+``primary.orders`` (``--naming identity``: to dr's ``orders``, the recommended setup of
 docs/disaster-recovery.md, with the reverse flow under default naming, dr's ``orders`` to the
 primary's ``dr.orders``; rows record the cluster they were read on, ``_kafka_cluster``). The shipped
 ``orders`` pipeline is given replica ``dr`` and data as teams have it: 0.5 % malformed JSON, and
@@ -16,7 +16,8 @@ through the route, as the Dagster asset runs them (``platform_assets.route.activ
 gives them, racing the runs:
 
 1. steady ingestion from the primary;
-2. the disaster: MM2 falls behind (the RPO tail; the table is ahead of MM2's copy), producers
+2. the disaster: MM2 falls behind (its process is stopped: the RPO tail; the table is ahead of
+   MM2's copy), producers
    move to dr's copy (``primary.orders``, or ``orders`` under identity naming), the primary is
    SIGSTOPped, the operator fails over to dr with ``--source-lost``;
 3. steady ingestion from dr;
@@ -39,9 +40,9 @@ in a deployment; runs are counted by outcome (failed: the error class of the run
 event), and the first failed run per job and class is printed with its traceback.
 
 It prints, per operator action, its attempts and wall time; the seconds from the switch to the
-first commit on dr; the runs' and mirror steps' outcomes; and the oracle. The exit status is 1
-when a record was lost or duplicated. (Keys ``seal-*``: one record alone per partition when
-producers leave a cluster, for Tansu's end offsets; see :func:`seal`.)
+first commit on dr; the runs' outcomes; MM2's start times and resident sets; and the oracle.
+The exit status is 1 when a record was lost or duplicated. MM2's logs stay in the drill's
+temporary directory (printed first).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ from platform_assets.state import read_pipeline_state  # noqa: E402
 from resources.embedded import EmbeddedBroker, cluster_id_for  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
-from tests.support.mm2_standin import MirrorStandIn  # noqa: E402
+from tests.support.mirror_maker import MirrorMaker, count_records, wait_for  # noqa: E402
 
 PIPELINES = ROOT / "platform_assets" / "pipelines.yaml"
 CLUSTERS = {cluster_id_for("primary_cluster"): "primary", cluster_id_for("dr_cluster"): "dr"}
@@ -100,9 +101,8 @@ class Drill:
     iceberg: IcebergCatalogResource
     target: tuple[str, str]  # (bootstrap servers, topic) producers write to now
     acknowledged: set[str] = field(default_factory=set)
-    mirrors: list[MirrorStandIn] = field(default_factory=list)
-    runs: Counter[str] = field(default_factory=Counter)  # runs' and mirror steps' outcomes
-    copied_at: float = 0.0  # when a mirror flow last copied a record (monotonic)
+    runs: Counter[str] = field(default_factory=Counter)  # runs' outcomes
+    mm2: list[str] = field(default_factory=list)  # each MM2 start: seconds and resident set
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     producing: threading.Event = field(default_factory=threading.Event)
@@ -134,41 +134,24 @@ def produce(drill: Drill, rate: int) -> None:
             value = b"{not json" if rng.random() < 0.005 else encode_event(event)
             producer.produce(topic, key=key.encode(), value=value, on_delivery=acknowledge)
             sequence += 1
-        producer.flush(30)  # Tansu: acknowledged batches only, before the target moves
+        producer.flush(30)  # acknowledged batches only, before the target moves
         time.sleep(max(0.0, 0.1 - (time.monotonic() - started)))
 
 
-def seal(drill: Drill, partitions: int) -> None:
-    """One record alone per partition of the current target, acknowledged like the others:
-    Tansu reports a partition's end as its last batch's base offset + 1, so the rest of a
-    multi-record last batch stays unreadable until another batch follows (producers leaving a
-    cluster would strand it; a real broker does not do this)."""
-    from confluent_kafka import Producer
-
-    bootstrap, topic = drill.target
-    producer = Producer({"bootstrap.servers": bootstrap})
-    for partition in range(partitions):
-        key = f"seal-{topic}-{partition}-{time.monotonic_ns()}"
-        producer.produce(topic, key=key.encode(), value=b"{not json", partition=partition)
-        producer.flush(30)  # one record per batch
-        with drill.lock:
-            drill.acknowledged.add(key)
+def start_mm2(drill: Drill, mm2: MirrorMaker) -> MirrorMaker:
+    """Start an MM2 flow and note its start time and resident set."""
+    mm2.start()
+    flow = f"{mm2.source_alias} -> {mm2.target_alias}"
+    drill.mm2.append(
+        f"{flow}: started in {mm2.started_s:.1f} s, RSS {(mm2.rss_kb() or 0) // 1024} MB"
+    )
+    return mm2
 
 
-def mirror(drill: Drill) -> None:
-    """Every second, each running MM2 flow copies and checkpoints (errors: the cluster is down)."""
-    while not drill.stop.wait(1.0):
-        for flow in list(drill.mirrors):
-            name = f"{flow.source_alias} -> {flow.target_alias}"
-            try:
-                copied = flow.step()
-            except Exception as exc:  # the source is stopped: MM2 retries too
-                outcome = f"mirror {name}: {type(exc).__name__}"
-            else:
-                outcome = f"mirror {name}: {'copied' if copied else 'idle'}"
-                drill.copied_at = time.monotonic() if copied else drill.copied_at
-            with drill.lock:
-                drill.runs[outcome] += 1
+def note_rss(drill: Drill, mm2: MirrorMaker) -> None:
+    """Note the flow's resident set before it stops."""
+    flow = f"{mm2.source_alias} -> {mm2.target_alias}"
+    drill.mm2.append(f"{flow}: RSS {(mm2.rss_kb() or 0) // 1024} MB before its stop")
 
 
 def ingest(drill: Drill) -> None:
@@ -235,15 +218,18 @@ def operate(drill: Drill, args: list[str], attempts: int, pause_s: float) -> tup
     raise RuntimeError(f"platform {' '.join(args)} did not commit in {attempts} attempts")
 
 
-def drain(drill: Drill, skip: str | None = None, timeout_s: float = 600) -> None:
-    """Until the route's lag (but on topic ``skip``, where producers still write) is 0 and no
-    MM2 flow copied anything for 10 s."""
+def drain(
+    drill: Drill, skip: str | None = None, flow: MirrorMaker | None = None, timeout_s: float = 600
+) -> None:
+    """Until ``flow`` (an MM2 flow whose source no producer writes to now) has copied its topic
+    and the route's lag (but on topic ``skip``, where producers still write) is 0."""
     deadline = time.monotonic() + timeout_s
+    if flow is not None:
+        flow.wait_mirrored(flow.topics[0], timeout_s)
     while time.monotonic() < deadline:
         time.sleep(2)
         lag = read_pipeline_state(drill.spec, drill.kafka, drill.iceberg).lag()
-        behind = sum(n for (topic, _), n in lag.items() if topic != skip)
-        if behind == 0 and time.monotonic() - drill.copied_at > 10:
+        if sum(n for (topic, _), n in lag.items() if topic != skip) == 0:
             return
 
 
@@ -350,24 +336,31 @@ def main() -> int:
         if args.via == "dagster":  # the code location loads from the drill's PLATFORM_CONFIG
             drill.dagster = DagsterPath.open(workdir / "dagster_home", spec)
         group = spec.consumer_group_id
-        forward = MirrorStandIn(
-            p.bootstrap_servers, d.bootstrap_servers, ["orders"], [group],
-            target_alias="dr", sync_every=50, transactional=True,
+        clusters = {"primary": p.bootstrap_servers, "dr": d.bootstrap_servers}
+        forward = MirrorMaker(
+            workdir / "mm2-forward.log", clusters, "primary", "dr", ["orders"], [group],
             identity=args.naming == "identity",
-        ).setup()  # fmt: skip
-        drill.mirrors.append(forward)
+        )  # fmt: skip
+        copy = forward.remote("orders")  # dr's copy: primary.orders, or orders (identity)
+        reverse = MirrorMaker(
+            workdir / "mm2-reverse.log", clusters, "dr", "primary", [copy], [group],
+            identity=not forward.identity,
+        )  # fmt: skip
+        print(f"drill directory (logs, MM2's properties): {workdir}", flush=True)
+        start_mm2(drill, forward)
         threads = [
             threading.Thread(target=produce, args=(drill, args.rate), daemon=True),
-            threading.Thread(target=mirror, args=(drill,), daemon=True),
             threading.Thread(target=ingest, args=(drill,), daemon=True),
         ]
         for thread in threads:
             thread.start()
         try:
-            return run_drill(drill, args, p, d, forward, threads)
+            return run_drill(drill, args, p, d, (forward, reverse), threads)
         finally:
             drill.stop.set()
             os.kill(p.pid or 0, signal.SIGCONT)
+            forward.stop()
+            reverse.stop()
 
 
 def run_drill(
@@ -375,11 +368,12 @@ def run_drill(
     args: argparse.Namespace,
     p: EmbeddedBroker,
     d: EmbeddedBroker,
-    forward: MirrorStandIn,
+    flows: tuple[MirrorMaker, MirrorMaker],
     threads: list[threading.Thread],
 ) -> int:
     """The drill's timeline (module docstring); 0 when every record landed once."""
     spec, iceberg = drill.spec, drill.iceberg
+    forward, reverse = flows
     group = spec.consumer_group_id
     drill.producing.set()
     phase = args.phase_seconds
@@ -393,12 +387,14 @@ def run_drill(
     say(f"1. steady on the primary for {phase:.0f} s ({args.rate} records/s, "
         f"{args.partitions} partitions, 0.5 % malformed, 30 days of created_at)")  # fmt: skip
     time.sleep(phase)
-    drill.mirrors.remove(forward)  # MM2 falls behind: what is produced now is the RPO tail
+    for partition in range(args.partitions):  # what the replica check asks before a failover
+        forward.wait_checkpoint(spec.consumer_group_id, "orders", partition)
+    note_rss(drill, forward)
+    forward.stop()  # MM2 falls behind: what is produced now is the RPO tail
     time.sleep(3)
     drill.producing.clear()
     time.sleep(0.5)
-    seal(drill, args.partitions)
-    copy = forward.remote("orders")  # dr's copy: primary.orders, or orders (identity)
+    copy = forward.remote("orders")
     drill.target = (d.bootstrap_servers, copy)
     drill.producing.set()
     os.kill(p.pid or 0, signal.SIGSTOP)
@@ -414,21 +410,19 @@ def run_drill(
     os.kill(p.pid or 0, signal.SIGCONT)
     if args.forward_resumes:
         say("3b. primary back; MM2's forward flow resumes (late copies of the uncopied records)")
-        drill.mirrors.append(forward)
-        time.sleep(10)
-        drill.mirrors.remove(forward)
+        start_mm2(drill, forward)  # resumes from its committed source offsets
+        time.sleep(10)  # it copies the tail after what producers wrote on dr meanwhile
+        note_rss(drill, forward)
+        forward.stop()
         time.sleep(10)  # the route reads them
         say(f"   late copies skipped so far: {count_skipped(drill)}")
-    reverse = MirrorStandIn(
-        d.bootstrap_servers, p.bootstrap_servers, [copy], [group],
-        source_alias="dr", target_alias="primary", identity=not forward.identity,
-        sync_every=50, transactional=True,
-    ).setup()  # fmt: skip
-    drill.mirrors.append(reverse)
-    time.sleep(5)  # the reverse flow copies and checkpoints
+    start_mm2(drill, reverse)
+    wait_for(  # the reverse flow copies (it created its topic) and checkpoints
+        lambda: sum(count_records(p.bootstrap_servers, reverse.remote(copy)).values()) > 0, 120,
+        lambda: f"MM2's reverse copy {reverse.remote(copy)}", reverse,
+    )  # fmt: skip
     drill.producing.clear()
     time.sleep(0.5)
-    seal(drill, args.partitions)
     drill.target = (p.bootstrap_servers, "orders")
     drill.producing.set()
     say("4. primary back, reverse flow on; producers on the primary; failback")
@@ -446,21 +440,22 @@ def run_drill(
         f"returned) over {len(plans)} partition(s)")  # fmt: skip
     time.sleep(phase)
     say("5. the reverse copy drained: MM2's reverse flow stopped; platform complete-failback")
-    drain(drill, skip="orders")
-    drill.mirrors.remove(reverse)
+    drain(drill, skip="orders", flow=reverse)
+    note_rss(drill, reverse)
+    reverse.stop()
     end = ["complete-failback", "orders", "--reason", "reverse copy drained"]
     tries, seconds, _ = operate(drill, end, 12 * patience, 5.0)
     say(f"   completed after {tries} attempt(s), {seconds:.1f} s; producers keep writing")
     time.sleep(10)
     drill.producing.clear()
     time.sleep(0.5)
-    seal(drill, args.partitions)
     say("6. producers stopped; draining")
     drain(drill)
     drill.stop.set()
     for thread in threads:
         thread.join()
     print(f"runs: {dict(drill.runs)}")
+    print(f"MirrorMaker 2: {drill.mm2}")
     for failure in drill.dagster.describe_failures() if drill.dagster else []:
         print(f"failed runs: {failure}")
     print(f"late copies skipped (kafka.late-copies over the commits): {count_skipped(drill)}")

@@ -74,16 +74,25 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
 
 @pytest.fixture(scope="module")
 def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, ...]]:
-    """A source and a replica cluster of the module's own (a test may SIGSTOP the source)."""
+    """A source and a replica cluster of the module's own (a test may SIGSTOP the source).
+
+    No time-based retention: the failback tests stamp records from a fixed past instant
+    (``tests.support.failback_stack.STAMP``), and Kafka's default 7 days, enforced every second
+    by the embedded broker, deleted them before MM2 or a run read them."""
     logs = tmp_path_factory.mktemp("dr")
+    keep = {"log.retention.ms": "-1"}
     with (
         EmbeddedBroker(
-            log_path=logs / "source.log", name="source_cluster", stop_timeout_s=BROKER_STOP_S
+            log_path=logs / "source.log",
+            name="source_cluster",
+            stop_timeout_s=BROKER_STOP_S,
+            config=keep,
         ) as source,
         EmbeddedBroker(
             log_path=logs / "replica.log",
             name="replica_cluster",
             stop_timeout_s=BROKER_STOP_S,
+            config=keep,
         ) as replica,
     ):
         yield source, replica
@@ -96,12 +105,16 @@ def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
 @pytest.fixture
 def failback_stack(
     dr_clusters: tuple[EmbeddedBroker, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> StackFactory:
+) -> Iterator[StackFactory]:
     """Builds a pipeline with replica 'dr' on the module's cluster pair, its resources and the
-    forward MM2 stand-in (tests/support/failback_stack.py)."""
+    forward MM2 flow: real MirrorMaker 2 (``real_mm2=True``, stopped at teardown) or the
+    stand-in (tests/support/failback_stack.py)."""
     from tests.support.failback_stack import failback_factory
 
-    return failback_factory(dr_clusters, tmp_path, monkeypatch)
+    running: list[Any] = []
+    yield failback_factory(dr_clusters, tmp_path, monkeypatch, running)
+    for mirror in running:
+        mirror.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,15 @@
 """One failover/failback setup on two real clusters, shared by the failback tests.
 
 A pipeline reads ``topic`` on the source cluster with replica ``dr`` on the other one (the
-``dr_clusters`` pair of tests/conftest.py); the stack holds its spec, its resources, the forward
-MirrorMaker 2 stand-in (primary -> dr, set up here) and the reverse one (dr -> primary, started
-by the test where it starts MM2's reverse flow: :meth:`FailbackStack.start_reverse`). Tests get
-it from the ``failback_stack`` fixture::
+``dr_clusters`` pair of tests/conftest.py); the stack holds its spec, its resources and MM2's
+flows. With ``real_mm2=True`` they are real MirrorMaker 2 processes (tests/support/mirror_maker.py):
+:attr:`FailbackStack.mm2` forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2` (dr ->
+primary), created here, started and stopped by the test, stopped at the fixture's teardown.
+Otherwise the forward MirrorMaker 2 stand-in (set up here) and the reverse one
+(:meth:`FailbackStack.start_reverse`): the default, because most failback, completion, late-copy
+and CLI/Dagster failover tests are not converted to real MM2 yet (docs/disaster-recovery.md,
+"Verified on real MirrorMaker 2", lists what is), not because MM2 cannot be driven there.
+Tests get it from the ``failback_stack`` fixture::
 
     stack = failback_stack("cmpl", "dr_cmpl", replica={"source_alias": "eastc"})
     stack.ingest_route()  # one engine run on the active route
@@ -37,6 +42,7 @@ from platform_assets.route import active_route
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+from tests.support.mirror_maker import MirrorMaker
 from tests.support.mm2_standin import MirrorStandIn
 from tests.support.pipelines import make_spec, records
 
@@ -54,7 +60,10 @@ class FailbackStack:
     iceberg: IcebergCatalogResource
     kafka: KafkaResource
     catalog: Catalog
-    forward: MirrorStandIn
+    forward: MirrorStandIn  # with real_mm2: not set up, unused (``mm2`` is the forward flow)
+    mm2: MirrorMaker | None = None
+    tmp_path: Path | None = None
+    running: list[MirrorMaker] | None = None  # real MM2 flows the fixture stops
 
     @property
     def group(self) -> str:
@@ -120,6 +129,27 @@ class FailbackStack:
         source, target = self.replica.bootstrap_servers, self.source.bootstrap_servers
         return MirrorStandIn(source, target, [self.copy], [self.group], **settings).setup()
 
+    @property
+    def forward_mm2(self) -> MirrorMaker:
+        """The real forward flow (``real_mm2=True``)."""
+        assert self.mm2 is not None, "build the stack with real_mm2=True"
+        return self.mm2
+
+    def reverse_mm2(self, identity: bool = True, target_alias: str | None = None) -> MirrorMaker:
+        """MM2's real reverse flow dr -> primary of the copy (not started): the replica's
+        failback alias as the source alias, the forward flow's source alias (or
+        ``target_alias``) as the target alias, identity naming unless told otherwise."""
+        source_alias = self.spec.replicas[0].failback_alias
+        target = target_alias or self.forward_mm2.source_alias
+        clusters = {source_alias: self.replica.bootstrap_servers,
+                    target: self.source.bootstrap_servers}  # fmt: skip
+        assert self.tmp_path is not None
+        assert self.running is not None
+        reverse = MirrorMaker(self.tmp_path / "mm2-reverse.log", clusters, source_alias, target,
+                              [self.copy], [self.group], identity=identity)  # fmt: skip
+        self.running.append(reverse)
+        return reverse
+
     def head(self) -> Snapshot | None:
         """The table's current snapshot, freshly loaded."""
         return self.catalog.load_table(self.spec.table).current_snapshot()
@@ -145,12 +175,15 @@ def build_failback_stack(
     partitions: int = 2,
     replica_spec: dict[str, str] | None = None,
     forward: dict[str, Any] | None = None,
+    real_mm2: bool = False,
+    running: list[MirrorMaker] | None = None,
     **overrides: Any,
 ) -> FailbackStack:
     """Create ``topic`` on ``source``, a pipeline ``name`` reading it (``make_spec``, at most
     10,000 records in process, replica 'dr' with ``replica_spec``, then ``overrides``), its
     resources (the catalog under ``tmp_path/state``) and the forward stand-in (``forward``:
-    its options), set up."""
+    its options), set up; with ``real_mm2`` a real forward MM2 flow instead (``forward``: its
+    keyword options; not started), added to ``running``."""
     admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(10)
@@ -164,17 +197,34 @@ def build_failback_stack(
     )
     mirror = MirrorStandIn(
         source.bootstrap_servers, replica.bootstrap_servers, [topic], [spec.consumer_group_id],
-        source_alias=dr["source_alias"], **(forward or {}),
-    ).setup()  # fmt: skip
-    return FailbackStack(source, replica, spec, iceberg, kafka, iceberg.load_catalog(), mirror)
+        source_alias=dr["source_alias"], **({} if real_mm2 else forward or {}),
+    )  # fmt: skip
+    if not real_mm2:
+        mirror.setup()
+        return FailbackStack(source, replica, spec, iceberg, kafka, iceberg.load_catalog(), mirror)
+    options = dict(forward or {})
+    target_alias = options.pop("target_alias", "backup")
+    clusters = {dr["source_alias"]: source.bootstrap_servers,
+                target_alias: replica.bootstrap_servers}  # fmt: skip
+    mm2 = MirrorMaker(tmp_path / f"mm2-{name}.log", clusters, dr["source_alias"], target_alias,
+                      [topic], [spec.consumer_group_id], **options)  # fmt: skip
+    running = running if running is not None else []
+    running.append(mm2)
+    catalog = iceberg.load_catalog()
+    return FailbackStack(source, replica, spec, iceberg, kafka, catalog, mirror, mm2, tmp_path,
+                         running)  # fmt: skip
 
 
 def failback_factory(
-    clusters: tuple[EmbeddedBroker, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    clusters: tuple[EmbeddedBroker, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    running: list[MirrorMaker] | None = None,
 ) -> StackFactory:
     """The ``failback_stack`` fixture's factory on ``clusters`` (source, replica); with
     ``config=True`` it also writes the platform configuration (:func:`write_config`) and points
-    ``PLATFORM_CONFIG`` at it, for tests of the CLI and the Dagster jobs."""
+    ``PLATFORM_CONFIG`` at it, for tests of the CLI and the Dagster jobs; real MM2 flows go to
+    ``running`` (the fixture stops them)."""
     source, dr = clusters
 
     def build(
@@ -182,7 +232,7 @@ def failback_factory(
         **options: Any,
     ) -> FailbackStack:  # fmt: skip
         stack = build_failback_stack(source, dr, tmp_path, topic, name, replica_spec=replica,
-                                     **options)  # fmt: skip
+                                     running=running, **options)  # fmt: skip
         if config:
             path = write_config(tmp_path, source.bootstrap_servers, dr.bootstrap_servers,
                                 stack.spec)  # fmt: skip

@@ -1,13 +1,18 @@
 """Planning a failover to an MM2 replica on real brokers and a real table: where each partition
 resumes is the copy of the first record the table has not ingested, from an offset sync or from
-a conservative checkpoint alone (the source down), and a replica behind the table is refused."""
+a conservative checkpoint alone (the source down), and a replica behind the table is refused.
+Real MirrorMaker 2 (dedicated mode) mirrors, but for two states (each test says why)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingestion.dr.failover import plan_failover
 from ingestion.dr.replica_check import ReplicaTarget, read_checkpoints
@@ -20,11 +25,51 @@ from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
+from tests.support.mirror_maker import MirrorMaker
 from tests.support.mm2_standin import MirrorStandIn
 from tests.support.pipelines import records
 
 pytestmark = pytest.mark.integration
 JUNK = 5  # records already in each replica partition: replica offsets differ from the source's
+
+
+Mirror = MirrorMaker | MirrorStandIn
+
+
+@pytest.fixture
+def real_mm2(
+    broker: EmbeddedBroker, replica_broker: EmbeddedBroker, tmp_path: Path
+) -> Iterator[Any]:
+    """``real_mm2(topic, spec)``: real MM2 mirroring ``topic`` under source alias
+    'a<pipeline>', after JUNK records already in each partition of its copy (created before MM2
+    starts, which then appends to it: replica offsets differ from the source's); offset syncs
+    every 8 records (``offset.lag.max=7``), so MM2's translation is conservative."""
+    running: list[MirrorMaker] = []
+
+    def start(topic: str, spec: PipelineSpec) -> MirrorMaker:
+        alias = f"a{spec.name}"
+        clusters = {alias: broker.bootstrap_servers, "dr": replica_broker.bootstrap_servers}
+        mirror = MirrorMaker(tmp_path / "mm2.log", clusters, alias, "dr", [topic],
+                             [spec.consumer_group_id], offset_lag_max=7)  # fmt: skip
+        source = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        partitions = len(source.list_topics(topic, timeout=10).topics[topic].partitions)
+        add_junk(replica_broker, mirror.remote(topic), partitions)
+        running.append(mirror.start())
+        return mirror
+
+    yield start
+    for mirror in running:
+        mirror.stop()
+
+
+def add_junk(replica: EmbeddedBroker, copy: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": replica.bootstrap_servers})
+    admin.create_topics([NewTopic(copy, partitions, 1)])[copy].result(10)
+    junk = Producer({"bootstrap.servers": replica.bootstrap_servers})
+    for partition in range(partitions):
+        for i in range(JUNK):
+            junk.produce(copy, value=b"old", key=f"old{i}".encode(), partition=partition)
+    junk.flush(10)
 
 
 def start_mirror(
@@ -49,7 +94,7 @@ def start_mirror(
 
 
 def plan(
-    mirror: MirrorStandIn,
+    mirror: Mirror,
     spec: PipelineSpec,
     catalog: Any,
     with_syncs: bool,
@@ -80,8 +125,7 @@ def plan(
 
 @pytest.mark.parametrize("with_syncs", [True, False], ids=["offset-syncs", "checkpoints-only"])
 def test_a_failover_resumes_at_the_copy_of_the_first_record_not_ingested(
-    broker: EmbeddedBroker,
-    replica_broker: EmbeddedBroker,
+    real_mm2: Any,
     kafka: KafkaResource,
     catalog_resource: IcebergCatalogResource,
     new_pipeline: Any,
@@ -95,13 +139,15 @@ def test_a_failover_resumes_at_the_copy_of_the_first_record_not_ingested(
     ledger_producer.produce(
         topic, records(17, first=60)
     )  # not ingested: must come from the replica
-    mirror = start_mirror(broker, replica_broker, topic, spec)
-    mirror.step()  # copies all 77, checkpoints the group at the table's offsets
+    mirror = real_mm2(topic, spec)
+    mirror.wait_mirrored(topic)  # all 77 copied
     committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
     assert committed is not None
     source_next = committed.offsets[topic].next_offsets
-    # The stand-in copies partition for partition after JUNK records: the copy of source offset n
-    # sits at JUNK + n. The syncs fall every 7 records, so MM2's translation is conservative.
+    for partition, offset in source_next.items():  # the group at the table's offsets
+        mirror.wait_checkpoint(spec.consumer_group_id, topic, partition, offset)
+    # MM2 copies partition for partition after JUNK records: the copy of source offset n sits
+    # at JUNK + n. The syncs fall every 8 records, so MM2's translation is conservative.
     assert plan(mirror, spec, catalog, with_syncs) == {p: JUNK + n for p, n in source_next.items()}
 
 
@@ -113,6 +159,10 @@ def test_a_replica_behind_the_table_waits_for_mm2_unless_the_source_is_down(
     new_pipeline: Any,
     ledger_producer: LedgerProducer,
 ) -> None:
+    # The stand-in: this state needs MM2's checkpoint connector to checkpoint a group that is
+    # ahead of what its source connector copied. In dedicated mode both connectors run in one
+    # worker with no REST API to pause one of them; stopping MM2 stops both, so real MM2
+    # cannot be driven into it.
     topic, spec = new_pipeline("fo_behind", partitions=2, produce=40)
     catalog = catalog_resource.load_catalog()
     mirror = start_mirror(broker, replica_broker, topic, spec)
@@ -139,12 +189,21 @@ def test_repeated_records_at_the_checkpoint_are_refused_not_guessed(
     catalog_resource: IcebergCatalogResource,
     new_pipeline: Any,
 ) -> None:
+    # The stand-in: the state is an anchor among identical records from which several readings
+    # resume at different offsets. On real MM2 (offset.lag.max=7) its sync fell so that every
+    # reading resumed at the replica's end and the plan rightly placed the group there; at its
+    # default (100) no checkpoint came within 90 s. The stand-in's sync every 7 records gives
+    # the ambiguous anchor deterministically (docs/disaster-recovery.md, "Verified on real
+    # MirrorMaker 2").
     # A producer retrying without idempotence writes one payload twice with the same timestamp
     # and key (R39); here every record looks alike, so no copy singles out one position.
     topic, spec = new_pipeline("fo_same", partitions=1, key_format="raw")
     same = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    # One recent millisecond: Kafka's retention (7 days, checked every second by the embedded
+    # broker) would delete records stamped long ago.
+    stamp = int(time.time() * 1000)
     for _ in range(30):
-        same.produce(topic, value=b'{"id": 1}', key=b"same", timestamp=1_700_000_000_000)
+        same.produce(topic, value=b'{"id": 1}', key=b"same", timestamp=stamp)
         same.flush(10)
     catalog = catalog_resource.load_catalog()
     mirror = start_mirror(broker, replica_broker, topic, spec)

@@ -2,16 +2,18 @@
 switched to its MM2 replica from the checkpoints alone, ingestion continues there, and every
 source record is in the table exactly once (by source identity: its key), none lost, none twice.
 The stream holds malformed records (quarantined) near the switch and a partition that never got
-a record; the replica's copies are written in transactions, so their offsets drift from the
-source's."""
+a record; real MirrorMaker 2 (dedicated mode) appends its copies after records the replica topic
+already held, so their offsets differ from the source's."""
 
 from __future__ import annotations
 
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingestion.dr.failover import plan_failover
@@ -24,14 +26,16 @@ from ingestion.table.route import active_cluster
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from tests.support.failover_stream import oracle, produce
-from tests.support.mm2_standin import MirrorStandIn
+from tests.support.mirror_maker import MirrorMaker
 from tests.support.pipelines import make_spec
 
 pytestmark = pytest.mark.integration
 
 
 def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
-    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker], catalog_resource: IcebergCatalogResource
+    dr_clusters: tuple[EmbeddedBroker, EmbeddedBroker],
+    catalog_resource: IcebergCatalogResource,
+    tmp_path: Path,
 ) -> None:
     source, replica = dr_clusters
     src: dict[str, Any] = {"bootstrap.servers": source.bootstrap_servers}
@@ -42,16 +46,28 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
     spec = make_spec("orders", "failover_e2e", errors_tolerance="all", max_records_per_run=70)
     catalog = catalog_resource.load_catalog()
     produce(source.bootstrap_servers, "orders", 0, 100)
-    mirror = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, ["orders"], [spec.consumer_group_id],
-        sync_every=9, transactional=True,
-    ).setup()  # fmt: skip
+    clusters = {"primary": source.bootstrap_servers, "dr": replica.bootstrap_servers}
+    group = spec.consumer_group_id
+    mirror = MirrorMaker(tmp_path / "mm2.log", clusters, "primary", "dr", ["orders"], [group],
+                         offset_lag_max=8)  # fmt: skip
+    replica_admin = AdminClient({**dst})
+    replica_admin.create_topics([NewTopic("primary.orders", 3, 1)])["primary.orders"].result(10)
+    old = Producer({**dst})
+    # Records the replica topic held before MM2 copied into it; none in partition 2: the
+    # pipeline reads that one from its log start on the replica (nothing ingested there).
+    for partition in (0, 1):
+        old.produce("primary.orders", value=b"old", key=b"old", partition=partition)
+    old.flush(10)
     run_pipeline(spec, src, catalog, None, "source_cluster")  # 70 of 100 (the run cap)
-    mirror.step()  # all 100 copied; the checkpoint says the group is at the table's 70
-    produce(source.bootstrap_servers, "orders", 100, 30)
+    with mirror:
+        mirror.wait_mirrored("orders")  # all 100 copied
+        for partition in (0, 1):  # the checkpoint says the group is at the table's 70
+            mirror.wait_checkpoint(group, "orders", partition)
+        produce(source.bootstrap_servers, "orders", 100, 30)
+        mirror.wait_mirrored("orders")  # all 130 copied
+    # MM2 stopped: no newer checkpoint (MM2's checkpoints lag the group)
     capped = spec.model_copy(update={"max_records_per_run": 40})
     run_pipeline(capped, src, catalog, None, "source_cluster")  # 110 of 130: past the checkpoint
-    mirror.replicate()  # all 130 copied; no newer checkpoint (MM2's checkpoints lag)
     os.kill(source.pid or 0, signal.SIGSTOP)  # disaster: the source stops answering
 
     committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
@@ -67,7 +83,7 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
     )  # fmt: skip
     copied = [p for p in plans if p.partition < 2]
     assert all(p.anchor.startswith("checkpoint") for p in copied), plans
-    assert all(p.replica_start > p.source_next for p in copied)  # transaction markers in between
+    assert all(p.replica_start > p.source_next for p in copied)  # the older record first
     apply_failover(
         catalog, spec, plans, committed.offsets, target, "replica_cluster",
         AdminClient({**dst}), "ops@example.com", "source cluster down",

@@ -1,15 +1,18 @@
 """The replica readiness check as a Dagster asset check of the pipeline's table, on two real
-brokers with the MirrorMaker 2 stand-in between them: each way it fails names its fix, and it
-passes once MM2 has what a failover needs. The replica comes from the platform configuration."""
+brokers with real MirrorMaker 2 (dedicated mode) between them: each way it fails names its fix,
+and it passes once MM2 has what a failover needs. The replica comes from the platform
+configuration."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance
 
 from ingestion.spec.pipeline import PipelineSpec
@@ -22,7 +25,7 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.support.dagster_runs import materialize_pipeline
-from tests.support.mm2_standin import MirrorStandIn
+from tests.support.mirror_maker import MirrorMaker
 from tests.support.pipelines import make_spec
 
 pytestmark = pytest.mark.integration
@@ -40,7 +43,7 @@ def commit_group(bootstrap: str, group: str, topic: str, offsets: dict[int, int]
         consumer.close()
 
 
-Setup = Callable[..., tuple[PipelineSpec, MirrorStandIn, Callable[..., Any]]]
+Setup = Callable[..., tuple[PipelineSpec, MirrorMaker, Callable[..., Any]]]
 
 
 @pytest.fixture
@@ -51,11 +54,19 @@ def replicated(
     catalog_resource: IcebergCatalogResource,
     spark_resource: SparkResource,
     request: pytest.FixtureRequest,
-) -> Setup:
-    """A pipeline with replica 'dr' in its spec and the configuration, a stand-in for MM2,
-    and ``evaluate()``: the check through Dagster, returning its evaluation."""
+    tmp_path: Path,
+) -> Iterator[Setup]:
+    """A pipeline with replica 'dr' in its spec and the configuration, MM2 mirroring its topic
+    (started, the copy made; ``checkpoints``: (partitions, config) of a checkpoints topic
+    created before MM2 starts, which MM2 then uses as it is), and ``evaluate()``: the check
+    through Dagster, returning its evaluation."""
+    running: list[MirrorMaker] = []
 
-    def _make(policy: str = "default", max_age_s: float = 300, **standin: Any) -> Any:
+    def _make(
+        policy: str = "default",
+        max_age_s: float = 300,
+        checkpoints: tuple[int, dict[str, str]] | None = None,
+    ) -> Any:
         topic = create_topic(partitions=3)
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
         for i in range(12):
@@ -65,14 +76,17 @@ def replicated(
         replica = {"name": "dr", "source_alias": alias, "replication_policy": policy}
         name = f"rc{abs(hash(request.node.nodeid)) % 10**6}"
         spec = make_spec(topic, name, replicas=[{**replica, "max_checkpoint_age_seconds": 300}])
-        mirror = MirrorStandIn(
-            broker.bootstrap_servers,
-            replica_broker.bootstrap_servers,
-            [topic],
-            [spec.consumer_group_id],
-            source_alias=alias,
-            **standin,
-        ).setup()
+        clusters = {alias: broker.bootstrap_servers, "dr": replica_broker.bootstrap_servers}
+        group = spec.consumer_group_id
+        mirror = MirrorMaker(tmp_path / "mm2.log", clusters, alias, "dr", [topic], [group])
+        if checkpoints is not None:
+            partitions, config = checkpoints
+            admin = AdminClient({"bootstrap.servers": replica_broker.bootstrap_servers})
+            made = admin.create_topics([NewTopic(mirror.checkpoints_topic, partitions, 1,
+                                                 config=config)])  # fmt: skip
+            made[mirror.checkpoints_topic].result(10)
+        running.append(mirror.start())
+        mirror.wait_mirrored(topic)
         kafka = KafkaResource(
             bootstrap_servers=broker.bootstrap_servers,
             replicas={"dr": {"bootstrap.servers": replica_broker.bootstrap_servers}},
@@ -97,7 +111,9 @@ def replicated(
 
         return spec, mirror, evaluate
 
-    return _make
+    yield _make
+    for mirror in running:
+        mirror.stop()
 
 
 def test_the_check_is_one_of_the_pipelines_checks_and_alerts_like_them() -> None:
@@ -125,15 +141,15 @@ def test_the_check_runs_in_run_checks_not_in_every_ingestion_run() -> None:
 
 
 def test_a_group_that_never_committed_fails_then_passes_once_it_has(replicated: Setup) -> None:
-    spec, mirror, evaluate = replicated()
-    mirror.step()  # records copied, but the group has no offsets: MM2 writes no checkpoint
-    failing = evaluate()
+    spec, mirror, evaluate = replicated()  # records copied, but the group has no offsets:
+    failing = evaluate()  # MM2 writes no checkpoint
     assert not failing.passed
     assert failing.severity.value == "ERROR"
     assert "has no committed offsets on the source cluster" in (failing.description or "")
     assert "emits no checkpoints" in (failing.description or "")
     commit_group(mirror.source, spec.consumer_group_id, mirror.topics[0], {0: 2, 1: 2, 2: 2})
-    mirror.step()
+    for partition in range(3):
+        mirror.wait_checkpoint(spec.consumer_group_id, mirror.topics[0], partition, 2)
     passing = evaluate()
     assert passing.passed, passing.description
     assert passing.metadata["checkpoints_topic"].value == mirror.checkpoints_topic
@@ -142,7 +158,8 @@ def test_a_group_that_never_committed_fails_then_passes_once_it_has(replicated: 
 def test_a_stale_checkpoint_fails_the_check(replicated: Setup) -> None:
     spec, mirror, evaluate = replicated()
     commit_group(mirror.source, spec.consumer_group_id, mirror.topics[0], {0: 2})
-    mirror.step()
+    mirror.wait_checkpoint(spec.consumer_group_id, mirror.topics[0], 0, 2)
+    mirror.stop()  # the checkpoint connector stopped
     time.sleep(1.2)
     stale = evaluate(age_s=1)
     assert not stale.passed
@@ -151,24 +168,20 @@ def test_a_stale_checkpoint_fails_the_check(replicated: Setup) -> None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "standin", "fix"),
+    ("policy", "checkpoints", "fix"),
     [
-        ("default", {"checkpoints_partitions": 3}, "has 3 partitions; MM2 needs exactly 1"),
-        (
-            "default",
-            {"checkpoints_config": {"cleanup.policy": "delete"}},
-            "set cleanup.policy=compact",
-        ),
-        ("identity", {}, "add it to MM2's topics filter, or fix the replication policy"),
+        ("default", (3, {"cleanup.policy": "compact"}), "has 3 partitions; MM2 needs exactly 1"),
+        ("default", (1, {"cleanup.policy": "delete"}), "set cleanup.policy=compact"),
+        ("identity", None, "add it to MM2's topics filter, or fix the replication policy"),
     ],
     ids=["three-partitions", "not-compacted", "no-copy"],
 )
 def test_a_broken_mirror_fails_the_check_naming_the_fix(
-    replicated: Setup, policy: str, standin: dict[str, Any], fix: str
+    replicated: Setup, policy: str, checkpoints: tuple[int, dict[str, str]] | None, fix: str
 ) -> None:
-    spec, mirror, evaluate = replicated(policy, **standin)
+    spec, mirror, evaluate = replicated(policy, checkpoints=checkpoints)
     commit_group(mirror.source, spec.consumer_group_id, mirror.topics[0], {0: 2})
-    mirror.step()
+    mirror.wait_checkpoint(spec.consumer_group_id, mirror.topics[0], 0, 2)
     failing = evaluate()
     assert not failing.passed
     assert fix in (failing.description or "")
