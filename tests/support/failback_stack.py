@@ -35,6 +35,7 @@ from pyiceberg.table.snapshots import Snapshot
 
 from ingestion.dr.mm2 import replica_topic
 from ingestion.ops.maintenance import expire_snapshots
+from ingestion.pipeline.mirror import wait_for_group_coordinator
 from ingestion.pipeline.run import run_pipeline
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.dr.failover import failover_pipeline
@@ -273,6 +274,7 @@ def send(bootstrap: str, topic: str, numbers: list[int], stamp_ms: int) -> None:
 def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     """The Kafka group's committed offsets on one cluster."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    wait_for_group_coordinator(admin, group, 10)  # librdkafka #5040: see ingestion/pipeline/mirror
     (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
     listed = future.result(10).topic_partitions or []
     return {(tp.topic, tp.partition): tp.offset for tp in listed}

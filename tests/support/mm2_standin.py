@@ -40,6 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ingestion.dr.mm2 import Checkpoint, OffsetSync, encode_checkpoint, encode_offset_sync
 from ingestion.kafka.consumer import iter_range, open_consumer
 from ingestion.kafka.ranges import OffsetRange
+from ingestion.pipeline.mirror import wait_for_group_coordinator
 
 
 @dataclass
@@ -169,8 +170,12 @@ class MirrorStandIn:
     def checkpoint(self) -> int:
         written = 0
         producer = Producer({"bootstrap.servers": self.target})
-        listed = self._admin(self.source).list_consumer_group_offsets
+        admin = self._admin(self.source)
+        listed = admin.list_consumer_group_offsets
         for group in self.groups:
+            wait_for_group_coordinator(
+                admin, group, 10
+            )  # librdkafka #5040 (ingestion/pipeline/mirror)
             (future,) = listed([ConsumerGroupTopicPartitions(group)]).values()
             for tp in future.result(timeout=10).topic_partitions or []:
                 if tp.topic not in self.topics or tp.offset < 0:
