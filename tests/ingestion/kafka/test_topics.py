@@ -4,7 +4,10 @@ missing topic named or None, a pipeline's topics by list or pattern; on the sess
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from confluent_kafka import KafkaException
 
 from ingestion.exceptions import TopicNotFoundError
 from ingestion.kafka.topics import (
@@ -35,16 +38,34 @@ def test_recreated_topic_gets_a_new_topic_id(
     admin = kafka.get_admin_client()
     topic = create_topic(partitions=1)
     consumer = kafka.get_consumer()
+
+    def described_once_settled(present: bool) -> str | None:
+        """Kafka creates and deletes a topic asynchronously: its metadata follows within
+        seconds. The topic id once it is there, None once it is gone (TopicNotFoundError)."""
+        for _ in range(100):
+            try:
+                topic_id = describe_topic(admin, consumer, topic).topic_id
+            except TopicNotFoundError:
+                if not present:
+                    return None
+            except KafkaException:  # NOT_LEADER while the new partition elects its leader
+                pass
+            else:
+                if present:
+                    return topic_id
+            time.sleep(0.1)
+        raise AssertionError(f"{topic} still {'absent' if present else 'present'} after 10 s")
+
     try:
-        first = describe_topic(admin, consumer, topic).topic_id
+        first = described_once_settled(present=True)
         for future in admin.delete_topics([topic]).values():
             future.result(15)
-        with pytest.raises(TopicNotFoundError, match=topic):
-            describe_topic(admin, consumer, topic)
+        assert described_once_settled(present=False) is None
         create_topic(partitions=1, name=topic)
-        second = describe_topic(admin, consumer, topic).topic_id
+        second = described_once_settled(present=True)
     finally:
         consumer.close()
+    assert first is not None
     assert first != second
 
 
@@ -89,8 +110,14 @@ def test_topic_ends_stop_at_an_open_transaction_unless_it_counts(
     assert written["no-such-topic"] is None
     assert high.topic_id == stable.topic_id
     assert stable.ends[0][1] == 3 < high.ends[0][1]
-    committed = read_topic_ends(config, [topic], open_transactions=False)[topic]
-    assert committed == TopicEnds(stable.topic_id, {0: (0, 6)})  # its marker counts too
+    # The coordinator writes the commit marker just after the commit returns: the last stable
+    # offset follows within moments.
+    for _ in range(100):
+        committed = read_topic_ends(config, [topic], open_transactions=False)[topic]
+        if committed == TopicEnds(stable.topic_id, {0: (0, 6)}):  # its marker counts too
+            break
+        time.sleep(0.1)
+    assert committed == TopicEnds(stable.topic_id, {0: (0, 6)})
     assert "no-such-topic" not in kafka.get_admin_client().list_topics(timeout=10).topics
     assert read_topic_ends(config, [], open_transactions=False) == {}
 
