@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingestion.dr.replica_check import ReplicaTarget, check_replica, read_replica_facts
 from resources.embedded import EmbeddedBroker
@@ -61,11 +60,7 @@ def mirrored(
         clusters = {alias: broker.bootstrap_servers, "dr": replica_broker.bootstrap_servers}
         mirror = MirrorMaker(tmp_path / "mm2.log", clusters, alias, "dr", [topic], [GROUP])
         if checkpoints is not None:
-            partitions, config = checkpoints
-            admin = AdminClient({"bootstrap.servers": replica_broker.bootstrap_servers})
-            made = admin.create_topics([NewTopic(mirror.checkpoints_topic, partitions, 1,
-                                                 config=config)])  # fmt: skip
-            made[mirror.checkpoints_topic].result(10)
+            mirror.create_checkpoints_topic(*checkpoints)
         running.append(mirror.start())
         mirror.wait_mirrored(topic)
         replica = {"bootstrap.servers": replica_broker.bootstrap_servers}

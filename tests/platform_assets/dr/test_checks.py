@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetCheckKey, AssetSelection, DagsterInstance
 
 from ingestion.spec.pipeline import PipelineSpec
@@ -80,11 +79,7 @@ def replicated(
         group = spec.consumer_group_id
         mirror = MirrorMaker(tmp_path / "mm2.log", clusters, alias, "dr", [topic], [group])
         if checkpoints is not None:
-            partitions, config = checkpoints
-            admin = AdminClient({"bootstrap.servers": replica_broker.bootstrap_servers})
-            made = admin.create_topics([NewTopic(mirror.checkpoints_topic, partitions, 1,
-                                                 config=config)])  # fmt: skip
-            made[mirror.checkpoints_topic].result(10)
+            mirror.create_checkpoints_topic(*checkpoints)
         running.append(mirror.start())
         mirror.wait_mirrored(topic)
         kafka = KafkaResource(
