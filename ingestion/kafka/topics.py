@@ -21,6 +21,45 @@ if TYPE_CHECKING:
 Ranges = dict[Key, tuple[int, int]]  # (topic, partition) -> [start, end)
 
 
+# Errors a fresh consumer sees while the cluster's metadata settles (a broker just restarted or
+# resumed, a leader moving, a partition just created). The topic was described a moment before,
+# so they pass: ask again until the caller's timeout.
+_SETTLING = frozenset(
+    {
+        "_UNKNOWN_PARTITION",
+        "_TRANSPORT",
+        "_TIMED_OUT",
+        "LEADER_NOT_AVAILABLE",
+        "NOT_LEADER_OR_FOLLOWER",
+        "UNKNOWN_TOPIC_OR_PART",
+    }
+)
+
+
+def query_watermarks(
+    consumer: Consumer, topic: str, partition: int, timeout_s: float = 10.0
+) -> tuple[int, int]:
+    """Return a partition's (log start, end) offsets from the broker, never from a cache.
+
+    The end is the last stable offset under ``read_committed``. Errors of a cluster whose metadata
+    is settling (see ``_SETTLING``) are retried until ``timeout_s``; then the last one is raised.
+    """
+    from confluent_kafka import KafkaException, TopicPartition
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = max(0.5, deadline - time.monotonic())
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=remaining, cached=False
+            )
+            return int(low), int(high)
+        except KafkaException as exc:
+            if exc.args[0].name() not in _SETTLING or time.monotonic() + 0.2 >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 @dataclass(frozen=True)
 class PartitionState:
     """Offsets of one partition: first offset still in the log and end (last stable) offset."""
@@ -89,7 +128,7 @@ def read_topic_ends(
     Raises:
         KafkaException: a topic could not be described for another reason than not existing.
     """
-    from confluent_kafka import Consumer, KafkaException, TopicCollection, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicCollection
     from confluent_kafka.admin import AdminClient
 
     if not topics:
@@ -111,9 +150,7 @@ def read_topic_ends(
                 raise
             ends = {}
             for part in described.partitions:
-                tp = TopicPartition(topic, part.id)
-                low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
-                ends[part.id] = (int(low), int(high))
+                ends[part.id] = query_watermarks(consumer, topic, part.id, timeout_s)
             found[topic] = TopicEnds(str(described.topic_id), ends)
     finally:
         consumer.close()
@@ -148,7 +185,7 @@ def describe_topic(
         TimeoutError: the cluster did not answer within ``timeout_s`` (the message names the
             topic; without it a Dagster run failure shows a bare ``TimeoutError``).
     """
-    from confluent_kafka import KafkaException, TopicCollection, TopicPartition
+    from confluent_kafka import KafkaException, TopicCollection
 
     try:
         description = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout_s)
@@ -162,10 +199,8 @@ def describe_topic(
         ) from exc
     partitions = []
     for info in sorted(description.partitions, key=lambda p: p.id):
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(topic, info.id), timeout=timeout_s, cached=False
-        )
-        partitions.append(PartitionState(info.id, int(low), int(high)))
+        low, high = query_watermarks(consumer, topic, info.id, timeout_s)
+        partitions.append(PartitionState(info.id, low, high))
     return TopicState(topic, str(description.topic_id), tuple(partitions))
 
 
