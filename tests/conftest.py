@@ -34,6 +34,7 @@ from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 if TYPE_CHECKING:
     from tests.support.failback_stack import StackFactory
+    from tests.support.mirror_maker import MirrorMaker
     from tests.support.tls import SecureBroker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +58,23 @@ def replica_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedde
     ) as running:
         yield running
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
+
+
+@pytest.fixture(scope="session")
+def shared_mm2(
+    broker: EmbeddedBroker, replica_broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MirrorMaker]:
+    """Real MirrorMaker 2 from the session broker to the replica for the whole session, one
+    flow per lane (``tests.support.mirror_maker.LANES``): a test mirrors a topic by naming it
+    ``<lane>-...`` and gets checkpoints for a group named likewise."""
+    from tests.support.mirror_maker import shared_mirror_maker
+
+    log_path = tmp_path_factory.mktemp("mm2") / "mm2.log"
+    mirror = shared_mirror_maker(
+        log_path, broker.bootstrap_servers, replica_broker.bootstrap_servers
+    )
+    with mirror:
+        yield mirror
 
 
 @pytest.fixture(scope="session")

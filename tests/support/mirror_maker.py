@@ -34,6 +34,7 @@ from ingestion.dr.mm2 import Checkpoint, checkpoints_topic, offset_syncs_topic, 
 from ingestion.dr.replica_check import newest_checkpoints, read_checkpoints
 from ingestion.kafka.consumer import iter_range, open_consumer
 from ingestion.kafka.ranges import OffsetRange
+from ingestion.kafka.topics import query_watermarks
 from resources.jvm import LOG4J2_CONFIG, class_path, java_binary
 from resources.process import ManagedProcess
 
@@ -47,44 +48,40 @@ class MirrorMakerError(RuntimeError):
     """MirrorMaker 2 did not start, or did not mirror what a test waited for."""
 
 
-class MirrorMaker(ManagedProcess):
-    """One MM2 flow ``source_alias -> target_alias`` in dedicated mode, as a context manager.
+class Flow:
+    """One MM2 flow ``source_alias -> target_alias``: how MM2 names its topics, its
+    ``mm2.properties`` lines, and waits on what it wrote.
 
-    ``clusters`` maps both aliases to bootstrap servers. ``topics`` and ``groups`` are names
-    (escaped into MM2's regex lists). ``identity`` selects ``IdentityReplicationPolicy``;
-    otherwise MM2's default policy names copies ``<source alias>.<topic>``. ``config`` adds or
-    overrides properties (e.g. ``offset.lag.max``).
+    ``topics`` are names (escaped into MM2's regex list), ``patterns`` regexes added to them
+    (a shared flow mirrors every topic a test creates under its prefix); ``groups`` likewise
+    names, ``group_patterns`` regexes. ``identity`` selects ``IdentityReplicationPolicy`` (the
+    whole process's policy: every flow of one process shares it). ``config`` adds or overrides
+    this flow's properties (e.g. ``offset.lag.max``), written with the flow's prefix.
     """
 
     def __init__(
         self,
-        log_path: str | Path,
         clusters: dict[str, str],
         source_alias: str,
         target_alias: str,
         topics: list[str],
         groups: list[str],
         *,
+        patterns: list[str] | None = None,
+        group_patterns: list[str] | None = None,
         identity: bool = False,
-        sync_group_offsets: bool = False,
         offset_lag_max: int = 100,
-        heap_mb: int = 256,
-        start_timeout_s: float = 120.0,
-        stop_timeout_s: float = 20.0,
         config: dict[str, str] | None = None,
+        process: MirrorMaker | None = None,
     ) -> None:
-        self.log_path = Path(log_path)
         self.clusters = dict(clusters)
         self.source_alias, self.target_alias = source_alias, target_alias
         self.topics, self.groups = list(topics), list(groups)
+        self.patterns, self.group_patterns = list(patterns or []), list(group_patterns or [])
         self.identity = identity
-        self.sync_group_offsets = sync_group_offsets
         self.offset_lag_max = offset_lag_max
-        self.heap_mb = heap_mb
-        self.start_timeout_s = start_timeout_s
-        self.stop_timeout_s = stop_timeout_s
-        self.extra_config = dict(config or {})
-        self.started_s: float | None = None  # seconds from spawn to a running flow
+        self.flow_config = dict(config or {})
+        self.process = process  # the MM2 running the flow: its log goes into wait errors
         self._marks: dict[tuple[str, int], int] = {}  # source offsets the last waits reached
 
     # -- naming, as MM2 names things ------------------------------------------------------
@@ -122,84 +119,27 @@ class MirrorMaker(ManagedProcess):
         """``mm2-offset-syncs.<target alias>.internal`` on the source."""
         return offset_syncs_topic(self.target_alias)
 
-    # -- process ----------------------------------------------------------------------------
+    @property
+    def offsets_topic(self) -> str:
+        """Kafka Connect's offsets topic of this flow's worker, on the target."""
+        return f"mm2-offsets.{self.source_alias}.internal"
 
-    def properties(self) -> dict[str, str]:
-        """The ``mm2.properties`` of this flow."""
+    def flow_properties(self) -> dict[str, str]:
+        """This flow's lines of ``mm2.properties`` (prefixed ``source->target.``)."""
         flow = f"{self.source_alias}->{self.target_alias}"
-        back = f"{self.target_alias}->{self.source_alias}"
+        topics = [re.escape(t) for t in self.topics] + self.patterns
+        groups = [re.escape(g) for g in self.groups] + self.group_patterns
         config = {
-            "clusters": f"{self.source_alias}, {self.target_alias}",
-            f"{self.source_alias}.bootstrap.servers": self.source,
-            f"{self.target_alias}.bootstrap.servers": self.target,
-            f"{flow}.enabled": "true",
-            f"{back}.enabled": "false",
-            f"{flow}.topics": ",".join(re.escape(t) for t in self.topics) or "^$",
-            f"{flow}.groups": ",".join(re.escape(g) for g in self.groups) or "^$",
-            "replication.policy.class": IDENTITY if self.identity else DEFAULT,
-            # One broker per cluster: every topic MM2 creates has one replica.
-            "replication.factor": "1",
-            "checkpoints.topic.replication.factor": "1",
-            "heartbeats.topic.replication.factor": "1",
-            "offset-syncs.topic.replication.factor": "1",
-            "offset.storage.replication.factor": "1",
-            "status.storage.replication.factor": "1",
-            "config.storage.replication.factor": "1",
-            # Seconds instead of minutes; otherwise MM2's defaults.
-            "emit.checkpoints.interval.seconds": "1",
-            "sync.group.offsets.enabled": str(self.sync_group_offsets).lower(),
-            "sync.group.offsets.interval.seconds": "1",
-            "refresh.topics.interval.seconds": "1",
-            "refresh.groups.interval.seconds": "1",
-            "offset.flush.interval.ms": "1000",
+            "enabled": "true",
+            "topics": ",".join(topics) or "^$",
+            "groups": ",".join(groups) or "^$",
             "offset.lag.max": str(self.offset_lag_max),
-            # Heartbeats would add a heartbeats topic per cluster and start a herder for the
-            # disabled way back; ACL sync needs an authorizer the embedded brokers lack.
-            "emit.heartbeats.enabled": "false",
-            "sync.topic.acls.enabled": "false",
-        }
-        return config | self.extra_config
+        } | self.flow_config
+        return {f"{flow}.{key}": value for key, value in config.items()}
 
-    def start(self) -> Self:
-        """Write the properties, start MM2 and wait until its flow runs (bounded): its
-        'started' line, then the checkpoints topic and the copy of each mirrored topic that
-        exists on the source, which its connectors create once the worker leads its group."""
-        cp = class_path("mirror-maker")
-        props = self.log_path.with_suffix(".properties")
-        props.parent.mkdir(parents=True, exist_ok=True)
-        props.write_text("".join(f"{k} = {v}\n" for k, v in self.properties().items()))
-        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        spawned = time.monotonic()
-        process = self.spawn(
-            [
-                java_binary(),
-                f"-Xmx{self.heap_mb}m",
-                "-Xms32m",
-                "-XX:+UseSerialGC",  # one GC thread: 2 cores and many servers
-                "-XX:TieredStopAtLevel=1",  # C1 only: a faster start, a smaller code cache
-                "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
-                "-cp",
-                cp,
-                MAIN,
-                str(props),
-            ]
-        )
-        deadline = spawned + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                self._process = None
-                raise MirrorMakerError(f"MirrorMaker 2 exited ({process.returncode}):\n"
-                                       f"{self.read_log()}")  # fmt: skip
-            if STARTED in self._log_since(offset) and self._flow_running():
-                self.started_s = time.monotonic() - spawned
-                return self
-            time.sleep(0.5)
-        self.stop()
-        raise MirrorMakerError(f"MirrorMaker 2 did not start in {self.start_timeout_s} s:\n"
-                               f"{self.read_log()}")  # fmt: skip
-
-    def _flow_running(self) -> bool:
+    def running(self) -> bool:
+        """The flow's checkpoints topic and the copy of each of its named topics that exists
+        on the source are on the target (MM2's connectors make them once they run)."""
         from confluent_kafka.admin import AdminClient
 
         source = AdminClient({"bootstrap.servers": self.source}).list_topics(timeout=10).topics
@@ -207,26 +147,19 @@ class MirrorMaker(ManagedProcess):
         copies = [self.remote(t) for t in self.topics if t in source]
         return all(name in target for name in [self.checkpoints_topic, *copies])
 
-    def _log_since(self, offset: int) -> str:
-        with self.log_path.open("rb") as log:
-            log.seek(offset)
-            return log.read().decode(errors="replace")
-
-    def rss_kb(self) -> int | None:
-        """The resident set of MM2's JVM (kB), while it runs (Linux ``/proc``)."""
-        if self.pid is None:
-            return None
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return None
+    def narrowed(self, topics: list[str], groups: list[str]) -> Flow:
+        """This flow seen through one test's ``topics`` and ``groups`` (which its patterns
+        must match): the same alias, worker and checkpoints topic, the test's own waits."""
+        for name, allowed in [(t, self.topics + self.patterns) for t in topics] + [
+            (g, self.groups + self.group_patterns) for g in groups
+        ]:
+            assert any(re.fullmatch(rx, name) or rx == name for rx in allowed), (name, allowed)
+        return Flow(
+            self.clusters, self.source_alias, self.target_alias, topics, groups,
+            identity=self.identity, offset_lag_max=self.offset_lag_max, process=self.process,
+        )  # fmt: skip
 
     # -- waits: what MM2 wrote, read as the platform reads it -------------------------------
-
-    @property
-    def offsets_topic(self) -> str:
-        """Kafka Connect's offsets topic of this flow's worker, on the target."""
-        return f"mm2-offsets.{self.source_alias}.internal"
 
     def copied_offsets(self) -> dict[tuple[str, int], int]:
         """Per source (topic, partition): the last source offset MM2 committed as copied."""
@@ -266,7 +199,10 @@ class MirrorMaker(ManagedProcess):
             copied = self.copied_offsets()
             return all(copied.get((topic, p), -1) >= last for p, last in ends.items())
 
-        wait_for(done, timeout_s, lambda: f"{topic} copied through {ends} (at {copied})", self)
+        def what() -> str:
+            return f"{topic} copied through {ends} (at {copied})"
+
+        wait_for(done, timeout_s, what, self.process)
         marks = self._marks
         counts = count_records(self.source, topic, {p: marks.get((topic, p), -1) for p in ends})
         for partition, last in ends.items():
@@ -295,21 +231,207 @@ class MirrorMaker(ManagedProcess):
             return True
 
         what = f"a checkpoint of {group} for {key} at {upstream if upstream is not None else 'any'}"
-        wait_for(arrived, timeout_s, lambda: what, self)
+        wait_for(arrived, timeout_s, lambda: what, self.process)
         return found[0]
+
+
+class MirrorMaker(Flow, ManagedProcess):
+    """MM2 in dedicated mode running its own flow ``source_alias -> target_alias`` (the
+    constructor's arguments, as :class:`Flow`) and any ``lanes``: more flows into the same
+    process (one JVM, one herder each), as a context manager.
+
+    A lane is how a test session shares one MM2: each lane has its own source alias (several
+    aliases may name one cluster), so its own checkpoints topic and worker; it mirrors the
+    topics under its patterns as tests create them (``refresh.topics.interval.seconds`` 1).
+    """
+
+    def __init__(
+        self,
+        log_path: str | Path,
+        clusters: dict[str, str],
+        source_alias: str,
+        target_alias: str,
+        topics: list[str],
+        groups: list[str],
+        *,
+        identity: bool = False,
+        sync_group_offsets: bool = False,
+        offset_lag_max: int = 100,
+        heap_mb: int = 256,
+        start_timeout_s: float = 120.0,
+        stop_timeout_s: float = 20.0,
+        config: dict[str, str] | None = None,
+        patterns: list[str] | None = None,
+        group_patterns: list[str] | None = None,
+        lanes: list[Flow] | None = None,
+    ) -> None:
+        super().__init__(
+            clusters, source_alias, target_alias, topics, groups, patterns=patterns,
+            group_patterns=group_patterns, identity=identity, offset_lag_max=offset_lag_max,
+        )  # fmt: skip
+        self.process = self
+        self.log_path = Path(log_path)
+        self.sync_group_offsets = sync_group_offsets
+        self.heap_mb = heap_mb
+        self.start_timeout_s = start_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.extra_config = dict(config or {})
+        self.lanes = list(lanes or [])
+        for lane in self.lanes:
+            lane.process = self
+            self.clusters |= lane.clusters
+        self.started_s: float | None = None  # seconds from spawn to a running flow
+
+    @property
+    def flows(self) -> list[Flow]:
+        """Its own flow, then its lanes."""
+        return [self, *self.lanes]
+
+    def lane(self, source_alias: str) -> Flow:
+        """The flow (its own or a lane) whose source alias is ``source_alias``."""
+        (found,) = [flow for flow in self.flows if flow.source_alias == source_alias]
+        return found
+
+    # -- process ----------------------------------------------------------------------------
+
+    def properties(self) -> dict[str, str]:
+        """The ``mm2.properties`` of this process: every flow, no other way enabled."""
+        aliases = list(
+            dict.fromkeys(a for f in self.flows for a in (f.source_alias, f.target_alias))
+        )
+        config = {
+            "clusters": ", ".join(aliases),
+            **{f"{alias}.bootstrap.servers": self.clusters[alias] for alias in aliases},
+            "replication.policy.class": IDENTITY if self.identity else DEFAULT,
+            # One broker per cluster: every topic MM2 creates has one replica.
+            "replication.factor": "1",
+            "checkpoints.topic.replication.factor": "1",
+            "heartbeats.topic.replication.factor": "1",
+            "offset-syncs.topic.replication.factor": "1",
+            "offset.storage.replication.factor": "1",
+            "status.storage.replication.factor": "1",
+            "config.storage.replication.factor": "1",
+            # Seconds instead of minutes; otherwise MM2's defaults.
+            "emit.checkpoints.interval.seconds": "1",
+            "sync.group.offsets.enabled": str(self.sync_group_offsets).lower(),
+            "sync.group.offsets.interval.seconds": "1",
+            "refresh.topics.interval.seconds": "1",
+            "refresh.groups.interval.seconds": "1",
+            # Heartbeats would add a heartbeats topic per cluster and start a herder for the
+            # disabled way back; ACL sync needs an authorizer the embedded brokers lack.
+            "emit.heartbeats.enabled": "false",
+            "sync.topic.acls.enabled": "false",
+        }
+        for target in {flow.target_alias for flow in self.flows}:
+            # A worker setting: MM2 ignores it at the top level (MirrorMakerConfig.workerConfig
+            # takes the target cluster's prefixed properties), and Kafka Connect's default
+            # commits a source task's offsets every 60 s, which every wait_mirrored waited out.
+            config[f"{target}.offset.flush.interval.ms"] = "1000"
+        for flow in self.flows:
+            config |= flow.flow_properties()
+            back = f"{flow.target_alias}->{flow.source_alias}"
+            if f"{back}.enabled" not in config:
+                config[f"{back}.enabled"] = "false"
+        return config | self.extra_config
+
+    def start(self) -> Self:
+        """Write the properties, start MM2 and wait until its flows run (bounded): its
+        'started' line, then each flow's checkpoints topic and the copy of each named topic
+        that exists on the source, which its connectors create once the worker leads its group."""
+        cp = class_path("mirror-maker")
+        props = self.log_path.with_suffix(".properties")
+        props.parent.mkdir(parents=True, exist_ok=True)
+        props.write_text("".join(f"{k} = {v}\n" for k, v in self.properties().items()))
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        spawned = time.monotonic()
+        process = self.spawn(
+            [
+                java_binary(),
+                f"-Xmx{self.heap_mb}m",
+                "-Xms32m",
+                "-XX:+UseSerialGC",  # one GC thread: 2 cores and many servers
+                "-XX:TieredStopAtLevel=1",  # C1 only: a faster start, a smaller code cache
+                "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+                "-cp",
+                cp,
+                MAIN,
+                str(props),
+            ]
+        )
+        deadline = spawned + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                self._process = None
+                raise MirrorMakerError(f"MirrorMaker 2 exited ({process.returncode}):\n"
+                                       f"{self.read_log()}")  # fmt: skip
+            if STARTED in self._log_since(offset) and all(f.running() for f in self.flows):
+                self.started_s = time.monotonic() - spawned
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise MirrorMakerError(f"MirrorMaker 2 did not start in {self.start_timeout_s} s:\n"
+                               f"{self.read_log()}")  # fmt: skip
+
+    def _log_since(self, offset: int) -> str:
+        with self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+
+    def rss_kb(self) -> int | None:
+        """The resident set of MM2's JVM (kB), while it runs (Linux ``/proc``)."""
+        if self.pid is None:
+            return None
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return None
+
+
+LANES: dict[str, dict[str, Any]] = {
+    # source alias -> how its flow differs from MM2's defaults
+    "mm": {},
+    "mmlag": {"offset_lag_max": 7},  # an offset sync every 8 records: conservative translation
+    "mmcp3": {"checkpoints": (3, {"cleanup.policy": "compact"})},  # a wrong shape, made first
+    "mmcpdel": {"checkpoints": (1, {"cleanup.policy": "delete"})},  # likewise
+}
+"""The lanes of the session's shared MM2 (:func:`shared_mirror_maker`)."""
+
+
+def shared_mirror_maker(log_path: Path, source: str, target: str) -> MirrorMaker:
+    """One MM2 process for a test session, from ``source`` to ``target`` (alias ``dr``), with a
+    flow per :data:`LANES` entry: the lane ``<alias>`` mirrors every topic named
+    ``<alias>-...`` and checkpoints every group named ``<alias>-...``, as tests create them
+    (the process's own flow is ``mm``). Its wrong-shaped checkpoints topics are made before
+    it starts. Not started: the caller starts and stops it.
+
+    One JVM instead of one per test: a MirrorMaker 2 start costs 25-35 s here, every lane
+    shares it (one herder each, started together)."""
+    flows = []
+    for alias, options in LANES.items():
+        clusters = {alias: source, "dr": target}
+        mine = [f"{re.escape(alias)}-.*"]
+        flow = Flow(clusters, alias, "dr", [], [], patterns=mine, group_patterns=mine,
+                    offset_lag_max=options.get("offset_lag_max", 100))  # fmt: skip
+        if "checkpoints" in options:
+            flow.create_checkpoints_topic(*options["checkpoints"])
+        flows.append(flow)
+    main, *lanes = flows
+    return MirrorMaker(log_path, main.clusters, main.source_alias, "dr", [], [],
+                       patterns=main.patterns, group_patterns=main.group_patterns,
+                       lanes=lanes)  # fmt: skip
 
 
 def watermarks(consumer: Any, topic: str, timeout_s: float) -> list[tuple[int, int, int]]:
     """(partition, low, high) of each partition of ``topic``; [] if the topic is absent."""
-    from confluent_kafka import TopicPartition
 
     metadata = consumer.list_topics(timeout=timeout_s).topics.get(topic)
     if metadata is None or metadata.error is not None:
         return []
     bounds = []
     for partition in sorted(metadata.partitions):
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout_s)
-        bounds.append((partition, int(low), int(high)))
+        low, high = query_watermarks(consumer, topic, partition, timeout_s)
+        bounds.append((partition, low, high))
     return bounds
 
 

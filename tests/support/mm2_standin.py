@@ -33,13 +33,13 @@ from confluent_kafka import (
     KafkaError,
     KafkaException,
     Producer,
-    TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ingestion.dr.mm2 import Checkpoint, OffsetSync, encode_checkpoint, encode_offset_sync
 from ingestion.kafka.consumer import iter_range, open_consumer
 from ingestion.kafka.ranges import OffsetRange
+from ingestion.kafka.topics import query_watermarks
 from ingestion.pipeline.mirror import wait_for_group_coordinator
 
 
@@ -120,7 +120,7 @@ class MirrorStandIn:
             for topic in self.topics:
                 for partition in sorted(metadata[topic].partitions):
                     key = (topic, partition)
-                    _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+                    _, high = query_watermarks(consumer, topic, partition, 10)
                     start = self._positions.get(key, 0)
                     rng = OffsetRange(topic, partition, start, high)
                     if self.transactional and high > start:

@@ -6,8 +6,6 @@ Real MirrorMaker 2 (dedicated mode) mirrors, but for two states (each test says 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,47 +23,47 @@ from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import LedgerProducer
-from tests.support.mirror_maker import MirrorMaker
+from tests.support.mirror_maker import Flow, MirrorMaker
 from tests.support.mm2_standin import MirrorStandIn
-from tests.support.pipelines import records
+from tests.support.pipelines import make_spec, records
 
 pytestmark = pytest.mark.integration
 JUNK = 5  # records already in each replica partition: replica offsets differ from the source's
 
 
-Mirror = MirrorMaker | MirrorStandIn
+Mirror = Flow | MirrorStandIn
 
 
 @pytest.fixture
 def real_mm2(
-    broker: EmbeddedBroker, replica_broker: EmbeddedBroker, tmp_path: Path
-) -> Iterator[Any]:
-    """``real_mm2(topic, spec)``: real MM2 mirroring ``topic`` under source alias
-    'a<pipeline>', after JUNK records already in each partition of its copy (created before MM2
-    starts, which then appends to it: replica offsets differ from the source's); offset syncs
-    every 8 records (``offset.lag.max=7``), so MM2's translation is conservative."""
-    running: list[MirrorMaker] = []
+    shared_mm2: MirrorMaker,
+    create_topic: Any,
+    ledger_producer: LedgerProducer,
+    request: pytest.FixtureRequest,
+) -> Any:
+    """``real_mm2(name, partitions, produce)``: a topic the session's MM2 mirrors on its lane
+    with an offset sync every 8 records (``mmlag``: ``offset.lag.max=7``, so MM2's translation
+    is conservative), ``produce`` records in it, and a pipeline ``name`` on it, whose group MM2
+    checkpoints; JUNK records are in each partition of its copy before the topic exists (MM2
+    appends to a copy it finds: replica offsets differ from the source's). Returns
+    (mirror, topic, spec)."""
 
-    def start(topic: str, spec: PipelineSpec) -> MirrorMaker:
-        alias = f"a{spec.name}"
-        clusters = {alias: broker.bootstrap_servers, "dr": replica_broker.bootstrap_servers}
-        mirror = MirrorMaker(tmp_path / "mm2.log", clusters, alias, "dr", [topic],
-                             [spec.consumer_group_id], offset_lag_max=7)  # fmt: skip
-        source = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
-        partitions = len(source.list_topics(topic, timeout=10).topics[topic].partitions)
-        add_junk(replica_broker, mirror.remote(topic), partitions)
-        running.append(mirror.start())
-        return mirror
+    def start(name: str, partitions: int, produce: int, **overrides: Any) -> Any:
+        lane = shared_mm2.lane("mmlag")
+        topic = f"{lane.source_alias}-{abs(hash(request.node.nodeid)) % 10**8}"
+        add_junk(lane.target, lane.remote(topic), partitions)
+        create_topic(partitions=partitions, name=topic)
+        spec = make_spec(topic, name, consumer_group_id=f"{topic}-group", **overrides)
+        ledger_producer.produce(topic, records(produce))
+        return lane.narrowed([topic], [spec.consumer_group_id]), topic, spec
 
-    yield start
-    for mirror in running:
-        mirror.stop()
+    return start
 
 
-def add_junk(replica: EmbeddedBroker, copy: str, partitions: int) -> None:
-    admin = AdminClient({"bootstrap.servers": replica.bootstrap_servers})
+def add_junk(replica: str, copy: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": replica})
     admin.create_topics([NewTopic(copy, partitions, 1)])[copy].result(10)
-    junk = Producer({"bootstrap.servers": replica.bootstrap_servers})
+    junk = Producer({"bootstrap.servers": replica})
     for partition in range(partitions):
         for i in range(JUNK):
             junk.produce(copy, value=b"old", key=f"old{i}".encode(), partition=partition)
@@ -128,18 +126,16 @@ def test_a_failover_resumes_at_the_copy_of_the_first_record_not_ingested(
     real_mm2: Any,
     kafka: KafkaResource,
     catalog_resource: IcebergCatalogResource,
-    new_pipeline: Any,
     ledger_producer: LedgerProducer,
     with_syncs: bool,
 ) -> None:
     name = f"fo_{'s' if with_syncs else 'c'}"
-    topic, spec = new_pipeline(name, partitions=2, produce=60, errors_tolerance="all")
+    mirror, topic, spec = real_mm2(name, 2, 60, errors_tolerance="all")
     catalog = catalog_resource.load_catalog()
     run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
     ledger_producer.produce(
         topic, records(17, first=60)
     )  # not ingested: must come from the replica
-    mirror = real_mm2(topic, spec)
     mirror.wait_mirrored(topic)  # all 77 copied
     committed = find_committed_state(catalog.load_table(spec.table), spec.consumer_group_id)
     assert committed is not None
