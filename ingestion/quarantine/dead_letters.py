@@ -124,7 +124,9 @@ def create_topic_refusal(
     return None
 
 
-def ensure_dead_letter_topic(admin: AdminClient, spec: PipelineSpec, timeout_s: float = 30.0) -> bool:
+def ensure_dead_letter_topic(
+    admin: AdminClient, spec: PipelineSpec, timeout_s: float = 30.0
+) -> bool:
     """Create the spec's dead-letter topic when it does not exist and wait until its partitions
     are visible; return whether this call created it.
 

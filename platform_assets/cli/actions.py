@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
-from ingestion.exceptions import OperationRefusedError
 from platform_assets.ingest.liveness import clear_dead_runs
 from platform_assets.operations.actions import (
     ingestion_runs,

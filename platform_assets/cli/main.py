@@ -222,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load_platform_config()
     specs = {spec.name: spec for spec in load_pipelines()}
     kafka, iceberg = connect(
-        config, check_kafka=args.command not in ("failover", "release-late-copies", "clear-dead-runs")
+        config,
+        check_kafka=args.command not in ("failover", "release-late-copies", "clear-dead-runs"),
     )
     if args.command in ("status", "validate"):
         audit = args.command == "status" and not args.skip_audit

@@ -25,9 +25,7 @@ INGEST_ALL_JOB = "ingest_all"  # platform_assets.ingest.jobs.build_ingest_all_jo
 def ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[ActiveRun]:
     """Runs queued or in progress that may ingest ``spec`` (its own job and ``ingest_all``),
     each judged alive or provably dead (``platform_assets.ingest.liveness``)."""
-    return active_runs(
-        instance, [ingest_job_name(spec), INGEST_ALL_JOB], list(ACTIVE_RUN_STATUSES)
-    )
+    return active_runs(instance, [ingest_job_name(spec), INGEST_ALL_JOB], list(ACTIVE_RUN_STATUSES))
 
 
 def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:
