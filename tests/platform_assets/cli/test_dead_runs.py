@@ -74,6 +74,9 @@ def test_a_killed_run_stops_blocking_actions_and_a_live_one_still_blocks(
             time.sleep(0.02)
         os.killpg(process.pid, signal.SIGSTOP)
         (run,) = [r for r in instance.get_runs() if r.run_id not in known]
+        if run.status != DagsterRunStatus.STARTED:  # leave no stopped process behind
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
         assert run.status == DagsterRunStatus.STARTED, (run.status, run.tags)
         return process, run.run_id
 
