@@ -125,3 +125,7 @@ class EngineMismatchError(IngestionError):
 
 class LateCopyUnverifiedError(IngestionError):
     """A record may be MM2's late copy of one the table holds, and its source does not answer."""
+
+
+class DeadLetterTopicError(IngestionError):
+    """The pipeline's dead-letter topic does not exist and could not be created."""

@@ -47,6 +47,8 @@ concurrency:
     default_limit: 1
   runs:
     max_concurrent_runs: 4
+run_monitoring:  # the daemon fails runs that never start; killed runs: platform clear-dead-runs
+  enabled: true
 """
 
 

@@ -142,6 +142,25 @@ def check_group_consistency(state: PipelineState) -> Finding:
             {**meta, "rewound_from_snapshot": source.snapshot_id},
         )
     behind = {k for k, o in committed.items() if state.group_offsets.get(k, -1) < o}
+    if behind and state.dead_letters_owed:
+        owed = state.dead_letters_owed
+        why = state.dead_letter_problem or (
+            "the last copy failed or was interrupted; the warning 'copying dead letters of "
+            f"pipeline {spec.name!r} ... failed (...)' of the run (its dead_letter_topic_copy "
+            "metadata) says why, and each run copies them again before it mirrors"
+        )
+        return failed(
+            "WARN",
+            f"Kafka group {group!r} mirror is behind the table on {len(behind)} partition(s) "
+            f"because the dead-letter copy to topic {spec.dead_letter_topic!r} failed: the "
+            "mirror moves only once every committed dead letter is copied. Why: "
+            f"{why}.",
+            {
+                **meta,
+                "dead_letter_commits_owed": len(owed),
+                "dead_letters_owed": sum(p.records for p in owed),
+            },
+        )
     if behind:
         return failed(
             "WARN",

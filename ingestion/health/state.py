@@ -22,6 +22,13 @@ from ingestion.kafka.topics import (
     list_pipeline_topics,
     read_first_timestamps_ms,
 )
+from ingestion.quarantine.dead_letters import (
+    PendingCopy,
+    create_topic_refusal,
+    creation_refused,
+    dead_letter_topic_partitions,
+    unpublished_commits,
+)
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import (
     OFFSETS_PREFIX,
@@ -79,6 +86,11 @@ class PipelineState:
     # group is ahead of the table, to tell a recorded rewind from a foreign writer.
     rewinds: list[RewindSource] = field(default_factory=list)
     retirement: Retirement | None = None  # the migration that retired this group id
+    # With a dead_letter_topic and the mirror behind: commits whose dead letters are not
+    # copied yet (the mirror waits for their copy), and why a copy cannot be made, when the
+    # cause can be read without changing anything (the topic is missing and cannot be created).
+    dead_letters_owed: list[PendingCopy] = field(default_factory=list)
+    dead_letter_problem: str | None = None
 
     @property
     def last_action(self) -> Commit | None:
@@ -180,9 +192,35 @@ def read_state(
     committed = state.committed_offsets
     if table is not None and any(state.group_offsets.get(k, -1) > o for k, o in committed.items()):
         state.rewinds = find_rewinds(table, group)
+    behind = any(state.group_offsets.get(k, -1) < o for k, o in committed.items())
+    if table is not None and spec.dead_letter_topic and behind and state.group_error is None:
+        state.dead_letters_owed = unpublished_commits(table, group, state.group_offsets)
+        if state.dead_letters_owed:
+            state.dead_letter_problem = diagnose_dead_letter_topic(admin, spec)
     if kafka_config is not None:
         with open_consumer(kafka_config, f"{spec.name}-status") as reader:
             state.oldest_uncommitted_ms = read_first_timestamps_ms(
                 reader, state.uncommitted_ranges()
             )
     return state
+
+
+def diagnose_dead_letter_topic(admin: AdminClient, spec: PipelineSpec) -> str | None:
+    """Why the spec's dead-letter topic cannot receive copies, read without changing anything:
+    it does not exist and the broker would refuse to create it (a validate-only CreateTopics),
+    or it cannot be described; None when nothing is found wrong."""
+    topic = spec.dead_letter_topic
+    assert topic is not None
+    try:
+        if dead_letter_topic_partitions(admin, topic) is not None:
+            return None
+        refusal = create_topic_refusal(admin, spec, validate_only=True)
+    except Exception as exc:
+        return f"dead-letter topic {topic!r} could not be described ({exc})"
+    if refusal is not None:
+        return creation_refused(spec, refusal)
+    return (
+        f"dead-letter topic {topic!r} does not exist yet; the next run creates it (partitions "
+        f"{spec.dead_letter_topic_partitions}, replication factor "
+        f"{spec.dead_letter_topic_replication_factor})"
+    )

@@ -20,6 +20,7 @@ from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets, read_
 from ingestion.pipeline.plan import Plan, build_plan
 from ingestion.quarantine.dead_letters import (
     count_copies,
+    ensure_dead_letter_topic,
     publish_dead_letters,
     unpublished_commits,
 )
@@ -279,6 +280,12 @@ def _publish(
             pending = unpublished_commits(
                 catalog.load_table(spec.table), group, read_group_offsets(admin, group)
             )
+            if pending and ensure_dead_letter_topic(admin, spec):
+                report.notes.append(
+                    f"created dead-letter topic {spec.dead_letter_topic!r} (partitions "
+                    f"{spec.dead_letter_topic_partitions}, replication factor "
+                    f"{spec.dead_letter_topic_replication_factor})"
+                )
             copied = count_copies(kafka_config, spec.dead_letter_topic, pending, spec.name)
             report.dead_letter_copies = publish_dead_letters(
                 kafka_config,
@@ -288,7 +295,8 @@ def _publish(
             )
         except Exception as exc:
             report.dead_letter_error = (
-                f"copying dead letters to {spec.dead_letter_topic!r} failed ({exc}); the Kafka "
+                f"copying dead letters of pipeline {spec.name!r} to {spec.dead_letter_topic!r} "
+                f"failed ({exc}); the Kafka "
                 f"group {group!r} mirror was left behind so the next run copies them again"
             )
             return

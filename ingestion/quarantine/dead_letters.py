@@ -8,6 +8,11 @@ been copied yet. Before copying such a commit again, the run counts its copies a
 topic (by the ``__ingestion.commit.id`` header, from the commit's time on): a commit whose
 copies are all there is not sent twice, so a mirror that stays behind (foreign members in the
 group) does not multiply the copies. A partial copy is sent again whole (at least once).
+
+A topic that does not exist yet is created before the first copy (``ensure_dead_letter_topic``,
+with the pipeline's ``dead_letter_topic_partitions`` and ``dead_letter_topic_replication_factor``,
+as Kafka Connect creates its dead-letter queue); a broker that refuses names the pipeline, the
+topic and the reason, and the mirror stays behind until a run can copy.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ingestion.exceptions import DeadLetterTopicError
 from ingestion.kafka.consumer import open_consumer
 from ingestion.table.offsets import (
     COMMIT_ID,
@@ -28,7 +34,10 @@ from ingestion.table.offsets import (
 )
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
     from pyiceberg.table import Table
+
+    from ingestion.spec.pipeline import PipelineSpec
 
 HEADERS = {  # quarantine column -> Kafka Connect's dead-letter context header
     "_kafka_topic": "__connect.errors.topic",
@@ -72,6 +81,90 @@ def unpublished_commits(
     return pending
 
 
+def dead_letter_topic_partitions(
+    admin: AdminClient, topic: str, timeout_s: float = 10.0
+) -> int | None:
+    """The topic's partition count, None when it does not exist (describe: never creates it)."""
+    from confluent_kafka import KafkaException, TopicCollection
+
+    try:
+        described = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout_s)
+    except KafkaException as exc:
+        if exc.args[0].name() == "UNKNOWN_TOPIC_OR_PART":
+            return None
+        raise
+    return len(described.partitions)
+
+
+def create_topic_refusal(
+    admin: AdminClient, spec: PipelineSpec, timeout_s: float = 10.0, *, validate_only: bool
+) -> str | None:
+    """Ask the broker to create the spec's dead-letter topic (``validate_only``: only whether
+    it would); return why it refused, None when it created (or would create) it. A topic created
+    meanwhile by someone else is not a refusal."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    assert spec.dead_letter_topic is not None
+    new = NewTopic(
+        spec.dead_letter_topic,
+        num_partitions=spec.dead_letter_topic_partitions,
+        replication_factor=spec.dead_letter_topic_replication_factor,
+    )
+    future = admin.create_topics(
+        [new], operation_timeout=timeout_s, request_timeout=timeout_s, validate_only=validate_only
+    )[spec.dead_letter_topic]
+    try:
+        future.result(timeout_s + 5)
+    except KafkaException as exc:
+        error = exc.args[0]
+        return None if error.name() == "TOPIC_ALREADY_EXISTS" else str(error)
+    except Exception as exc:  # a timeout: the broker is unreachable
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def ensure_dead_letter_topic(
+    admin: AdminClient, spec: PipelineSpec, timeout_s: float = 30.0
+) -> bool:
+    """Create the spec's dead-letter topic when it does not exist and wait until its partitions
+    are visible; return whether this call created it.
+
+    Raises:
+        DeadLetterTopicError: the broker refused to create it (no CREATE permission on the
+            topic or cluster, a replication factor above the brokers, a policy), naming the
+            pipeline, the topic and the reason.
+    """
+    topic = spec.dead_letter_topic
+    assert topic is not None
+    if dead_letter_topic_partitions(admin, topic) is not None:
+        return False
+    refusal = create_topic_refusal(admin, spec, timeout_s, validate_only=False)
+    if refusal is not None:
+        raise DeadLetterTopicError(creation_refused(spec, refusal))
+    deadline = time.monotonic() + timeout_s
+    while not dead_letter_topic_partitions(admin, topic):  # creation is asynchronous
+        if time.monotonic() > deadline:
+            raise DeadLetterTopicError(
+                f"pipeline {spec.name!r}: dead-letter topic {topic!r} was created but its "
+                f"partitions did not show within {timeout_s:g} s"
+            )
+        time.sleep(0.2)
+    return True
+
+
+def creation_refused(spec: PipelineSpec, reason: str) -> str:
+    """The message of a refused creation of the spec's dead-letter topic: what, why, the fix."""
+    return (
+        f"pipeline {spec.name!r}: dead-letter topic {spec.dead_letter_topic!r} does not exist and "
+        f"the broker refused to create it ({reason}). Create it yourself (partitions "
+        f"{spec.dead_letter_topic_partitions}, replication factor "
+        f"{spec.dead_letter_topic_replication_factor}; -1: the broker's default), or grant the "
+        "platform's principal CREATE on it, or fix dead_letter_topic_partitions / "
+        "dead_letter_topic_replication_factor"
+    )
+
+
 def count_copies(
     kafka_config: dict[str, Any],
     topic: str,
@@ -90,7 +183,15 @@ def count_copies(
     since = min(p.committed_at_ms for p in pending)
     counts = {p.commit_id: 0 for p in pending}
     with open_consumer(kafka_config, f"{pipeline}-dead-letter-count") as consumer:
-        partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        metadata = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
+        if metadata.error is not None or not metadata.partitions:
+            # An empty query fails with _INVALID_ARG; counting nothing would send every copy
+            # again: refuse, so the mirror stays behind and a later run counts again.
+            raise DeadLetterTopicError(
+                f"dead-letter topic {topic!r} has no partitions to count copies in "
+                f"({metadata.error or 'it does not exist'})"
+            )
+        partitions = metadata.partitions
         query = [TopicPartition(topic, p, since) for p in sorted(partitions)]
         starts = [s for s in consumer.offsets_for_times(query, timeout=timeout_s) if s.offset >= 0]
         consumer.assign(starts)

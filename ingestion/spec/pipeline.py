@@ -157,7 +157,22 @@ class PipelineSpec(_Model):
     quarantine_table: str = Field(
         default="", description="The quarantine (dead-letter) table; '<table>_quarantine' if unset."
     )
-    dead_letter_topic: str | None = None
+    dead_letter_topic: str | None = Field(
+        default=None,
+        description="A Kafka copy of the quarantined records, with Kafka Connect's context "
+        "headers; a run creates it when it does not exist (dead_letter_topic_partitions, "
+        "dead_letter_topic_replication_factor).",
+    )
+    dead_letter_topic_partitions: PositiveInt = Field(
+        default=1,
+        description="Partitions of the dead-letter topic when a run creates it (as Kafka "
+        "Connect's errors.deadletterqueue.topic.* do); an existing topic is left as is.",
+    )
+    dead_letter_topic_replication_factor: int = Field(
+        default=-1,
+        description="Replication factor of the dead-letter topic when a run creates it; -1: the "
+        "broker's default.replication.factor (Kafka's CreateTopics).",
+    )
     on_data_loss: Literal["fail", "skip"] = "fail"
     max_lag_records: PositiveInt = 10_000
     max_lag_seconds: PositiveInt = 300
@@ -255,6 +270,15 @@ class PipelineSpec(_Model):
             )
         if self.replicas and self.topic_pattern is not None:
             raise ValueError("replicas need a topic list (topics: [...]), not a topic_pattern")
+        if self.dead_letter_topic_replication_factor == 0 or (
+            self.dead_letter_topic_replication_factor < -1
+        ):
+            raise ValueError(
+                f"dead_letter_topic_replication_factor {self.dead_letter_topic_replication_factor}"
+                ": set a positive number of replicas, or -1 for the broker's default"
+            )
+        if self.dead_letter_topic is not None and not self.dead_letter_topic.strip():
+            raise ValueError("dead_letter_topic is empty: name a topic, or remove the key")
         if self.value_format == "avro" and not self.schema_registry_url:
             raise ValueError("value_format 'avro' needs schema_registry_url")
         if self.value_format == "json" and not self.schema_fields:

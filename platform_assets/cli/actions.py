@@ -2,7 +2,8 @@
 complete-failback.
 
 Each commit of an action first counts the pipeline's active Dagster runs (see
-:func:`count_active_ingestion_runs`) and refuses while there are any.
+:func:`count_active_ingestion_runs`) and refuses while one may be alive, naming them;
+``clear-dead-runs`` marks failed those whose process is provably gone.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 
+from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from platform_assets.ingest.liveness import clear_dead_runs
 from platform_assets.operations.actions import (
-    count_ingestion_runs,
+    ingestion_runs,
     maintain_pipeline_table,
     migrate_group_offsets,
+    refusal_naming_runs,
     reset_offsets,
 )
 from resources.iceberg import IcebergCatalogResource
@@ -58,7 +62,15 @@ def count_active_ingestion_runs(
     spec: PipelineSpec, iceberg: IcebergCatalogResource
 ) -> tuple[int, str]:
     """The pipeline's active ingestion runs in the Dagster instance, and a line saying where
-    they were counted (0 without an instance: the action's compare-and-set is then the guard)."""
+    they were counted (0 without an instance: the action's compare-and-set is then the guard).
+
+    Runs whose process is provably gone (``platform_assets.ingest.liveness``) do not count, and
+    the line names them.
+
+    Raises:
+        OperationRefusedError: a run may still be alive; the message names each run (id, job,
+            start) and the command that clears a dead one.
+    """
     from dagster import DagsterInstance
 
     home = dagster_home(iceberg)
@@ -68,8 +80,38 @@ def count_active_ingestion_runs(
             "flight aborts at its own commit instead (compare-and-set)"
         )
     with DagsterInstance.from_config(home) as instance:
-        count = count_ingestion_runs(instance, spec)
-    return count, f"{count} active ingestion run(s) of {spec.name!r} in the Dagster instance {home}"
+        runs = ingestion_runs(instance, spec)
+    if any(not run.dead for run in runs):
+        raise OperationRefusedError(refusal_naming_runs(spec, runs, "run this command"))
+    line = f"0 active ingestion run(s) of {spec.name!r} in the Dagster instance {home}"
+    dead = [run.describe() for run in runs]
+    if dead:
+        line += (
+            f"; ignored {len(dead)} run(s) whose process is gone ({'; '.join(dead)}): "
+            f"`platform clear-dead-runs {spec.name}` marks them failed"
+        )
+    return 0, line
+
+
+def clear_dead_ingestion_runs(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> list[str]:
+    """``platform clear-dead-runs``: mark failed the pipeline's active ingestion runs whose
+    process is provably gone; name the others, which are left alone."""
+    from dagster import DagsterInstance
+
+    home = dagster_home(iceberg)
+    if not home:
+        raise OperationRefusedError("no Dagster instance: set DAGSTER_HOME to the instance's")
+    with DagsterInstance.from_config(home) as instance:
+        runs = ingestion_runs(instance, spec)
+        cleared = clear_dead_runs(instance, runs)
+    lines = [f"marked failed: {run.describe()}" for run in cleared]
+    lines += [
+        f"left alone (it may be alive: another host, no process record, or running): "
+        f"{run.describe()}"
+        for run in runs
+        if not run.dead
+    ]
+    return lines or [f"no active ingestion run of {spec.name!r} in the Dagster instance {home}"]
 
 
 def parse_position(text: str) -> StartingPosition:
@@ -103,6 +145,8 @@ def run_action(
             keep_after=cursor,
         )
         return [where, *lines]
+    if args.command == "clear-dead-runs":
+        return clear_dead_ingestion_runs(spec, iceberg)
     if args.command in DR_COMMANDS:  # the disaster-recovery add-on, loaded when asked for
         from platform_assets.dr.actions import run_dr_action
 

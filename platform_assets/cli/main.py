@@ -212,11 +212,18 @@ def main(argv: list[str] | None = None) -> int:
     release.add_argument("pipeline")
     release.add_argument("--by", default=os.environ.get("USER", "operator"))
     release.add_argument("--reason", required=True)
+    clear = commands.add_parser(
+        "clear-dead-runs",
+        help="mark failed the pipeline's ingestion runs that Dagster shows in progress but whose "
+        "process is provably gone (killed on this host); runs that may be alive are left alone",
+    )
+    clear.add_argument("pipeline")
     args = parser.parse_args(argv)
     config = load_platform_config()
     specs = {spec.name: spec for spec in load_pipelines()}
     kafka, iceberg = connect(
-        config, check_kafka=args.command not in ("failover", "release-late-copies")
+        config,
+        check_kafka=args.command not in ("failover", "release-late-copies", "clear-dead-runs"),
     )
     if args.command in ("status", "validate"):
         audit = args.command == "status" and not args.skip_audit

@@ -23,6 +23,7 @@ from ingestion.kafka.topics import describe_topic, list_matching_topics, read_ne
 from ingestion.pipeline.run import run_pipeline
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.checks import check_spec, to_result
+from platform_assets.ingest.liveness import record_run_process
 from platform_assets.ingest.metadata import commit_log_metadata, run_metadata, topic_metadata
 from platform_assets.pipelines import (
     commit_state_key,
@@ -146,6 +147,9 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
         iceberg: IcebergCatalogResource,
         spark: SparkResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
+        # Where this run's process runs: an operator action can then tell it is dead once
+        # it was killed (platform_assets.ingest.liveness).
+        record_run_process(context.instance, context.run_id)
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if context.selected_asset_check_keys:
             yield to_result(spec, GROUP_CHECK.name, finding)

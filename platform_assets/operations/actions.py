@@ -13,7 +13,8 @@ from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.maintenance import maintain_pipeline
 from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.ingest.jobs import OPERATOR_TAG, count_active_runs, ingest_job_name
+from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG, ingest_job_name
+from platform_assets.ingest.liveness import ActiveRun, active_runs
 from platform_assets.route import PRIMARY, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -21,10 +22,31 @@ from resources.kafka import KafkaResource
 INGEST_ALL_JOB = "ingest_all"  # platform_assets.ingest.jobs.build_ingest_all_job: every pipeline
 
 
+def ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[ActiveRun]:
+    """Runs queued or in progress that may ingest ``spec`` (its own job and ``ingest_all``),
+    each judged alive or provably dead (``platform_assets.ingest.liveness``)."""
+    return active_runs(instance, [ingest_job_name(spec), INGEST_ALL_JOB], list(ACTIVE_RUN_STATUSES))
+
+
 def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:
-    """Runs queued or in progress that may ingest ``spec``: its own job and ``ingest_all``."""
-    return count_active_runs(instance, ingest_job_name(spec)) + count_active_runs(
-        instance, INGEST_ALL_JOB
+    """Runs queued or in progress that may ingest ``spec``, but those whose process is provably
+    gone (killed): a run that may be alive counts."""
+    return sum(1 for run in ingestion_runs(instance, spec) if not run.dead)
+
+
+def refusal_naming_runs(spec: PipelineSpec, runs: list[ActiveRun], action: str) -> str:
+    """Why ``action`` is refused while ``runs`` may be alive: each run, and how to clear it."""
+    alive = [run for run in runs if not run.dead]
+    named = "; ".join(run.describe() for run in alive)
+    return (
+        f"pipeline {spec.name!r}: {len(alive)} ingestion run(s) in progress ({named}); nothing "
+        f"was changed. Wait for them, or stop them (a stream run: stop its stream sensor "
+        f"first), then {action} again. A run whose process was killed (SIGKILL, OOM) stays "
+        "STARTED in Dagster: `platform clear-dead-runs "
+        f"{spec.name}` marks it failed when it can prove its process is gone (a run on this "
+        "host); otherwise, once you know it is gone, mark it failed in the Dagster UI (the "
+        "run's Terminate, then 'Force termination immediately'), and turn on run_monitoring "
+        "in dagster.yaml (docs/production.md)"
     )
 
 
@@ -48,10 +70,10 @@ def hold_ingestion(
         time.sleep(poll_s)
         active = count_ingestion_runs(instance, spec)
     if active:
+        runs = ingestion_runs(instance, spec)
         raise OperationRefusedError(
-            f"pipeline {spec.name!r}: {active} ingestion run(s) still in progress after waiting "
-            f"{wait_s:g} s (config wait_for_runs_seconds); nothing was changed. Wait for them or "
-            "stop them (a stream run: stop its stream sensor first), then run the action again"
+            f"after waiting {wait_s:g} s (config wait_for_runs_seconds): "
+            + refusal_naming_runs(spec, runs, "run the action")
         )
     return active
 

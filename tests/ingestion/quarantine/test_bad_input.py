@@ -233,3 +233,107 @@ def test_one_bad_record_in_20k_lands_the_rest_once_on_the_fast_path(
     stats = report.decode_stats
     assert (stats.screen_rejected, stats.single_parses) == (1, 0)
     assert stats.bulk_parses <= 2
+
+
+def read_letters(harness: Harness, topic: str) -> list[bytes | None]:
+    """Every record of ``topic``, read to the end by a plain read_committed consumer."""
+    from confluent_kafka import TopicPartition
+
+    metadata = harness.kafka.get_admin_client().list_topics(topic, timeout=10).topics[topic]
+    consumer = harness.kafka.get_consumer()  # read_committed (ingestion.kafka.consumer)
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
+        letters: list[bytes | None] = []
+        while batch := consumer.consume(100, timeout=3):
+            letters += [m.value() for m in batch if m.error() is None]
+    finally:
+        consumer.close()
+    return letters
+
+
+def test_missing_dead_letter_topic_is_created_and_gets_each_letter_once(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """A dead_letter_topic that does not exist yet (Kafka Connect creates its own): the run
+    creates it, copies each dead letter once and mirrors the group to the table's offsets."""
+    from ingestion.health.checks import check_group_consistency
+    from ingestion.health.state import read_state
+    from ingestion.pipeline.mirror import read_group_offsets
+    from ingestion.table.offsets import find_committed_state, flatten
+
+    topic = create_topic(partitions=2)
+    dead = f"{topic}-new-dlq"  # not created: the run must create it
+    spec = make_spec(
+        topic, "dlq_missing", errors_tolerance="all", dead_letter_topic=dead,
+        in_process_max_records=1_000,
+    )  # fmt: skip
+    bad: list[Record] = [(f"bad{i}".encode(), b"{oops" + bytes([48 + i]), i % 2) for i in range(3)]
+    ledger_producer.produce(topic, [*records(20), *bad, *records(10, 20)])
+
+    report = harness.run(spec)
+
+    assert report.dead_letter_error is None
+    assert report.dead_letter_copies == len(bad)
+    assert sorted(v or b"" for v in read_letters(harness, dead)) == sorted(b[1] or b"" for b in bad)
+    group = spec.consumer_group_id
+    committed = find_committed_state(harness.table(spec), group)
+    assert committed is not None
+    admin = harness.kafka.get_admin_client()
+    assert read_group_offsets(admin, group) == flatten(committed.offsets)
+    consumer = harness.kafka.get_consumer()
+    try:
+        state = read_state(spec, harness.table(spec), admin, consumer)
+    finally:
+        consumer.close()
+    assert check_group_consistency(state).passed, check_group_consistency(state).message
+    assert harness.run(spec).dead_letter_copies == 0  # nothing owed: nothing sent again
+    assert len(read_letters(harness, dead)) == len(bad)
+    harness.assert_exactly_once(spec, ledger)
+
+
+def test_refused_dead_letter_topic_creation_names_pipeline_topic_and_why(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """A broker that refuses to create the dead-letter topic (here: 3 replicas on a one-broker
+    cluster; ACLs or a policy alike): the data commit stands, the run's error names the pipeline,
+    the topic and the broker's reason, the mirror waits, and the group check says that the
+    dead-letter copy failed and why, not that "the next run repairs it"."""
+    from ingestion.health.checks import check_group_consistency
+    from ingestion.health.state import read_state
+
+    topic = create_topic(partitions=1)
+    dead = f"{topic}-refused-dlq"
+    spec = make_spec(
+        topic, "dlq_refused", errors_tolerance="all", dead_letter_topic=dead,
+        dead_letter_topic_replication_factor=3, in_process_max_records=1_000,
+    )  # fmt: skip
+    ledger_producer.produce(topic, [*records(5), (b"bad", b"{oops", None), *records(5, 5)])
+
+    report = harness.run(spec)
+
+    assert report.committed
+    assert report.dead_letter_error is not None
+    assert f"pipeline 'dlq_refused': dead-letter topic {dead!r} does not exist" in (
+        report.dead_letter_error
+    )
+    assert "INVALID_REPLICATION_FACTOR" in report.dead_letter_error
+    admin = harness.kafka.get_admin_client()
+    consumer = harness.kafka.get_consumer()
+    try:
+        state = read_state(spec, harness.table(spec), admin, consumer)
+    finally:
+        consumer.close()
+    finding = check_group_consistency(state)
+    assert not finding.passed
+    assert f"the dead-letter copy to topic {dead!r} failed" in finding.message
+    assert "INVALID_REPLICATION_FACTOR" in finding.message
+    assert "the next run repairs it" not in finding.message
+    assert finding.metadata["dead_letters_owed"] == 1
+    assert dead not in admin.list_topics(timeout=10).topics  # the check created nothing
+
+    fixed = spec.model_copy(update={"dead_letter_topic_replication_factor": -1})
+    repaired = harness.run(fixed)
+    assert repaired.dead_letter_error is None
+    assert repaired.dead_letter_copies == 1
+    assert read_letters(harness, dead) == [b"{oops"]
+    harness.assert_exactly_once(spec, ledger)

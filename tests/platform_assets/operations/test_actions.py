@@ -135,14 +135,18 @@ def test_an_operator_job_waits_for_the_run_in_progress_instead_of_refusing(
         )
 
         # A run that does not end within the wait still refuses the action, by name.
-        instance.add_run(DagsterRun(job_name="ingest_held_job", status=DagsterRunStatus.STARTED))
+        alive = instance.add_run(
+            DagsterRun(job_name="ingest_held_job", status=DagsterRunStatus.STARTED)
+        )
         started = time.monotonic()
         refused = reset_to_latest(reset_job, instance, resources, wait_s=2)
         assert not refused.success
         assert time.monotonic() - started >= 2
         (failure,) = refused.get_step_failure_events()
         message = str(failure.step_failure_data.error)
-        assert "1 ingestion run(s) still in progress after waiting 2 s" in message, message
+        assert "after waiting 2 s" in message, message
+        assert f"1 ingestion run(s) in progress (run {alive.run_id}" in message, message
+        assert "platform clear-dead-runs held" in message
         assert "wait_for_runs_seconds" in message
 
 
@@ -170,7 +174,10 @@ def test_the_hold_marks_the_operator_run_and_refuses_while_a_run_stays_active() 
         )
         instance.add_run(DagsterRun(job_name="ingest_acting_job", status=DagsterRunStatus.STARTED))
         started = time.monotonic()
-        refusal = re.escape("1 ingestion run(s) still in progress after waiting 0.3 s")
+        refusal = re.escape(
+            "after waiting 0.3 s (config wait_for_runs_seconds): pipeline 'acting': "
+            "1 ingestion run(s) in progress (run "
+        )
         with pytest.raises(OperationRefusedError, match=refusal):
             hold_ingestion(instance, operator.run_id, SPEC, wait_s=0.3, poll_s=0.05)
         assert time.monotonic() - started >= 0.3
