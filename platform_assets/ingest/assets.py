@@ -149,7 +149,7 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
         # Where this run's process runs: an operator action can then tell it is dead once
         # it was killed (platform_assets.ingest.liveness).
-        record_run_process(context.instance, context.run_id)
+        record_run_process(context.instance, context.run.run_id)
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if context.selected_asset_check_keys:
             yield to_result(spec, GROUP_CHECK.name, finding)
