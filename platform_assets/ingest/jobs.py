@@ -20,6 +20,7 @@ from dagster import (
 from ingestion.health.checks import AUDIT_CHECK, GROUP_CHECK, replica_check_def
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.assets import observe_topic
+from platform_assets.ingest.liveness import active_runs, clear_dead_runs
 from platform_assets.pipelines import ingestion_keys, table_key, topic_asset_keys
 from resources.kafka import KafkaResource
 
@@ -44,8 +45,17 @@ OPERATOR_TAG = "platform/operator-action"  # an operator job's run: the pipeline
 
 
 def count_active_runs(instance: DagsterInstance, job_name: str) -> int:
-    """Runs of ``job_name`` queued or in progress."""
-    return len(instance.get_runs(RunsFilter(job_name=job_name, statuses=ACTIVE_RUN_STATUSES)))
+    """Runs of ``job_name`` queued or in progress that may be alive.
+
+    A run whose process is provably gone (killed on this machine:
+    ``platform_assets.ingest.liveness``) is marked failed here instead, as Dagster's run
+    monitoring would if it could see a dead worker of the default run launcher: otherwise it
+    stays STARTED for ever, the sensors that ask launch nothing more for the pipeline, and it
+    holds its concurrency slot. A run that may be alive (another host, no tag) counts.
+    """
+    runs = active_runs(instance, [job_name], list(ACTIVE_RUN_STATUSES))
+    clear_dead_runs(instance, [run for run in runs if run.dead], by="a sensor of the platform")
+    return sum(1 for run in runs if not run.dead)
 
 
 OPERATOR_HOLD_LIMIT = dt.timedelta(minutes=20)  # above the wait (2 min) plus a failback's plan

@@ -148,9 +148,11 @@ def active_runs(
     return found
 
 
-def clear_dead_runs(instance: DagsterInstance, runs: list[ActiveRun]) -> list[ActiveRun]:
-    """Mark the provably dead ``runs`` failed in the instance (the others are left alone);
-    return those marked."""
+def clear_dead_runs(
+    instance: DagsterInstance, runs: list[ActiveRun], by: str = "`platform clear-dead-runs`"
+) -> list[ActiveRun]:
+    """Mark the provably dead ``runs`` failed in the instance (the others are left alone),
+    saying ``by`` whom; return those marked."""
     cleared = []
     for run in runs:
         dagster_run = instance.get_run_by_id(run.run_id) if run.dead else None
@@ -158,7 +160,7 @@ def clear_dead_runs(instance: DagsterInstance, runs: list[ActiveRun]) -> list[Ac
             continue
         instance.report_run_failed(
             dagster_run,
-            f"marked failed by `platform clear-dead-runs`: its {run.dead} (SIGKILL or OOM kill)",
+            f"marked failed by {by}: its {run.dead} (SIGKILL or OOM kill)",
         )
         cleared.append(run)
     return cleared

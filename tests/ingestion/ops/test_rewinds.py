@@ -497,7 +497,7 @@ def test_cli_counts_active_dagster_runs_before_a_reset_or_migration(
         ["migrate-group", "orders", "cli-active-new", "--reason", "x"],
     ]
     for command in commands:
-        with pytest.raises(SystemExit, match=r"1 run\(s\) in progress"):
+        with pytest.raises(SystemExit, match=r"1 ingestion run\(s\) in progress \(run "):
             main(command)
     with DagsterInstance.get() as instance:
         instance.delete_run(run.run_id)

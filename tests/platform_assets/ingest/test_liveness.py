@@ -8,7 +8,10 @@ import os
 import subprocess
 import sys
 
-from platform_assets.ingest.liveness import death_evidence, process_identity
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+
+from platform_assets.ingest.jobs import count_active_runs
+from platform_assets.ingest.liveness import PROCESS_TAG, death_evidence, process_identity
 
 
 def test_a_live_process_is_alive_and_a_reaped_one_is_dead() -> None:
@@ -27,3 +30,32 @@ def test_a_reused_pid_another_host_or_no_record_never_prove_death() -> None:
     assert death_evidence(None) is None
     assert death_evidence("not json") is None
     assert os.getpid() == here["pid"]
+
+
+def test_the_sensors_count_fails_a_provably_dead_run_and_counts_a_live_one() -> None:
+    """``count_active_runs`` (what the lag and stream sensors ask) marks a run whose process is
+    gone failed, as Dagster's run monitoring would, and counts the others: one of this live
+    process and one without the tag (which may be alive anywhere)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = json.dumps(process_identity(child.pid))
+    child.wait()
+    job = "ingest_liveness_job"
+    with DagsterInstance.ephemeral() as instance:
+        runs = {
+            name: instance.add_run(
+                DagsterRun(job_name=job, status=DagsterRunStatus.STARTED, tags=tags)
+            ).run_id
+            for name, tags in [
+                ("dead", {PROCESS_TAG: gone}),
+                ("live", {PROCESS_TAG: json.dumps(process_identity())}),
+                ("untagged", {}),
+            ]
+        }
+        assert count_active_runs(instance, job) == 2
+        status = {name: instance.get_run_by_id(run_id) for name, run_id in runs.items()}
+        assert {name: run.status for name, run in status.items() if run} == {
+            "dead": DagsterRunStatus.FAILURE,
+            "live": DagsterRunStatus.STARTED,
+            "untagged": DagsterRunStatus.STARTED,
+        }
+        assert count_active_runs(instance, job) == 2  # nothing more to mark
