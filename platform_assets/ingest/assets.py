@@ -148,8 +148,14 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
         spark: SparkResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
         # Where this run's process runs: an operator action can then tell it is dead once
-        # it was killed (platform_assets.ingest.liveness).
-        record_run_process(context.instance, context.run.run_id)
+        # it was killed (platform_assets.ingest.liveness). Only in the pipeline's own job,
+        # whose executor runs the step in the run's process; ingest_all's multiprocess
+        # executor runs it in a child, which may end while the run goes on (such a run
+        # stays untagged and always counts as alive).
+        from platform_assets.ingest.jobs import ingest_job_name  # jobs.py imports this module
+
+        if context.run.job_name == ingest_job_name(spec):
+            record_run_process(context.instance, context.run.run_id)
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if context.selected_asset_check_keys:
             yield to_result(spec, GROUP_CHECK.name, finding)

@@ -28,7 +28,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster import DagsterInstance, RunsFilter
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 PROCESS_TAG = "platform/run-process"  # where the run's process runs: see the module docstring
 
@@ -72,13 +72,19 @@ def process_identity(pid: int | None = None) -> dict[str, str | int]:
 
 
 def record_run_process(instance: DagsterInstance, run_id: str) -> None:
-    """Tag run ``run_id`` with this process's identity (its steps run in the run's process)."""
-    instance.add_run_tags(run_id, {PROCESS_TAG: json.dumps(process_identity(), sort_keys=True)})
+    """Tag run ``run_id`` with this process's identity and the run's id. Call it only from a
+    step that runs in the run's own process (an in-process executor): a step in a child
+    process would name the child, which may end while the run goes on. The run id matters
+    because Dagster copies a run's tags into its re-execution and retries: an inherited tag
+    names another run's process and proves nothing."""
+    identity = {**process_identity(), "run_id": run_id}
+    instance.add_run_tags(run_id, {PROCESS_TAG: json.dumps(identity, sort_keys=True)})
 
 
-def death_evidence(tag: str | None) -> str | None:
+def death_evidence(tag: str | None, run_id: str | None = None) -> str | None:
     """Why the process a run's ``PROCESS_TAG`` names is provably gone; None when it may be alive
-    (no tag, another host, boot or PID namespace, no /proc, or the process is there)."""
+    (no tag, a tag of another run than ``run_id``, another host, boot or PID namespace, no
+    /proc, or the process is there, also when /proc hides it from this user)."""
     if not tag:
         return None
     try:
@@ -86,6 +92,8 @@ def death_evidence(tag: str | None) -> str | None:
         pid, start = int(recorded["pid"]), str(recorded["start"])
     except (ValueError, KeyError, TypeError):
         return None
+    if run_id is not None and recorded.get("run_id") != run_id:
+        return None  # inherited by a re-execution or retry: it names another run's process
     here = process_identity()
     same = all(recorded.get(k) == here[k] and here[k] for k in ("host", "boot_id", "pid_ns"))
     if not same or not start:
@@ -95,7 +103,13 @@ def death_evidence(tag: str | None) -> str | None:
     except OSError:
         return None
     if stat is None:
-        return f"process {pid} on {here['host']} is gone"
+        try:  # /proc mounted hidepid hides other users' processes: ask the kernel itself
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return f"process {pid} on {here['host']} is gone"
+        except PermissionError:
+            return None  # it exists, under another user
+        return None
     state, started = stat
     if started != start:
         return f"process {pid} on {here['host']} is gone (the pid now belongs to another process)"
@@ -142,7 +156,11 @@ def active_runs(
                     job_name,
                     run.status.value,
                     record.start_time,
-                    death_evidence(run.tags.get(PROCESS_TAG)),
+                    # Only a STARTED run is judged: one queued or starting has no process of
+                    # its own yet (a tag it carries was inherited).
+                    death_evidence(run.tags.get(PROCESS_TAG), run.run_id)
+                    if run.status == DagsterRunStatus.STARTED
+                    else None,
                 )
             )
     return found

@@ -65,17 +65,16 @@ def hold_ingestion(
     """
     instance.add_run_tags(run_id, {OPERATOR_TAG: spec.name})
     deadline = time.monotonic() + wait_s
-    active = count_ingestion_runs(instance, spec)
-    while active and time.monotonic() < deadline:
+    runs = ingestion_runs(instance, spec)
+    while any(not run.dead for run in runs) and time.monotonic() < deadline:
         time.sleep(poll_s)
-        active = count_ingestion_runs(instance, spec)
-    if active:
         runs = ingestion_runs(instance, spec)
+    if any(not run.dead for run in runs):  # the same list counts and names them
         raise OperationRefusedError(
             f"after waiting {wait_s:g} s (config wait_for_runs_seconds): "
             + refusal_naming_runs(spec, runs, "run the action")
         )
-    return active
+    return 0
 
 
 def refuse_off_route(

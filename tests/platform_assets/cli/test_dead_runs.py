@@ -77,12 +77,12 @@ def test_a_killed_run_stops_blocking_actions_and_a_live_one_still_blocks(
                     break
             time.sleep(0.02)
         os.killpg(process.pid, signal.SIGSTOP)
-        (run,) = [r for r in instance.get_runs() if r.run_id not in known]
-        if run.status != DagsterRunStatus.STARTED:  # leave no stopped process behind
-            os.killpg(process.pid, signal.SIGKILL)
+        runs = [r for r in instance.get_runs() if r.run_id not in known]
+        if len(runs) != 1 or runs[0].status != DagsterRunStatus.STARTED:
+            os.killpg(process.pid, signal.SIGKILL)  # leave no stopped process behind
             process.wait(30)
-        assert run.status == DagsterRunStatus.STARTED, (run.status, run.tags)
-        return process, run.run_id
+        assert [r.status for r in runs] == [DagsterRunStatus.STARTED], [r.tags for r in runs]
+        return process, runs[0].run_id
 
     def reset() -> int:
         return main(["reset", spec.name, "--to", "earliest", "--apply", "--reason", "test"])

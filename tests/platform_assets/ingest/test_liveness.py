@@ -35,27 +35,43 @@ def test_a_reused_pid_another_host_or_no_record_never_prove_death() -> None:
 def test_the_sensors_count_fails_a_provably_dead_run_and_counts_a_live_one() -> None:
     """``count_active_runs`` (what the lag and stream sensors ask) marks a run whose process is
     gone failed, as Dagster's run monitoring would, and counts the others: one of this live
-    process and one without the tag (which may be alive anywhere)."""
+    process, one without the tag (which may be alive anywhere), and a re-execution that
+    inherited the dead run's tag (Dagster copies a run's tags into its re-execution)."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone = json.dumps(process_identity(child.pid))
+    gone = process_identity(child.pid)
     child.wait()
     job = "ingest_liveness_job"
     with DagsterInstance.ephemeral() as instance:
+
+        def add(identity: dict[str, str | int] | None, run_id: str | None = None) -> str:
+            run = instance.add_run(DagsterRun(job_name=job, status=DagsterRunStatus.STARTED))
+            if identity is not None:
+                tag = {**identity, "run_id": run_id or run.run_id}
+                instance.add_run_tags(run.run_id, {PROCESS_TAG: json.dumps(tag)})
+            return run.run_id
+
+        dead = add(gone)
         runs = {
-            name: instance.add_run(
-                DagsterRun(job_name=job, status=DagsterRunStatus.STARTED, tags=tags)
-            ).run_id
-            for name, tags in [
-                ("dead", {PROCESS_TAG: gone}),
-                ("live", {PROCESS_TAG: json.dumps(process_identity())}),
-                ("untagged", {}),
-            ]
+            "dead": dead,
+            "live": add(process_identity()),
+            "untagged": add(None),
+            "re-executed": add(gone, run_id=dead),
         }
-        assert count_active_runs(instance, job) == 2
+        assert count_active_runs(instance, job) == 3
         status = {name: instance.get_run_by_id(run_id) for name, run_id in runs.items()}
         assert {name: run.status for name, run in status.items() if run} == {
             "dead": DagsterRunStatus.FAILURE,
             "live": DagsterRunStatus.STARTED,
             "untagged": DagsterRunStatus.STARTED,
+            "re-executed": DagsterRunStatus.STARTED,
         }
-        assert count_active_runs(instance, job) == 2  # nothing more to mark
+        assert count_active_runs(instance, job) == 3  # nothing more to mark
+
+
+def test_a_tag_of_another_run_or_another_pid_namespace_proves_nothing() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = {**process_identity(child.pid), "run_id": "r1"}
+    child.wait()
+    assert "is gone" in (death_evidence(json.dumps(gone), "r1") or "")
+    assert death_evidence(json.dumps(gone), "r2") is None  # inherited by a re-execution
+    assert death_evidence(json.dumps({**gone, "pid_ns": "other"}), "r1") is None
