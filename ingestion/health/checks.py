@@ -144,17 +144,23 @@ def check_group_consistency(state: PipelineState) -> Finding:
     behind = {k for k, o in committed.items() if state.group_offsets.get(k, -1) < o}
     if behind and state.dead_letters_owed:
         owed = state.dead_letters_owed
-        why = state.dead_letter_problem or (
-            "the last copy failed or was interrupted; the warning 'copying dead letters of "
-            f"pipeline {spec.name!r} ... failed (...)' of the run (its dead_letter_topic_copy "
-            "metadata) says why, and each run copies them again before it mirrors"
-        )
+        if state.dead_letter_problem:
+            cause = (
+                f"because the dead-letter copy to topic {spec.dead_letter_topic!r} cannot be "
+                f"made: {state.dead_letter_problem}"
+            )
+        else:
+            cause = (
+                f"waiting for the dead-letter copy to topic {spec.dead_letter_topic!r}: a run "
+                "is copying, or its copy failed or was interrupted (its warning 'copying dead "
+                f"letters of pipeline {spec.name!r} ... failed (...)' and its "
+                "dead_letter_topic_copy metadata say why), or the mirror failed after the "
+                "copy; each run copies what is owed again before it mirrors"
+            )
         return failed(
             "WARN",
             f"Kafka group {group!r} mirror is behind the table on {len(behind)} partition(s) "
-            f"because the dead-letter copy to topic {spec.dead_letter_topic!r} failed: the "
-            "mirror moves only once every committed dead letter is copied. Why: "
-            f"{why}.",
+            f"{cause}. The mirror moves only once every committed dead letter is copied.",
             {
                 **meta,
                 "dead_letter_commits_owed": len(owed),

@@ -325,7 +325,7 @@ def test_refused_dead_letter_topic_creation_names_pipeline_topic_and_why(
         consumer.close()
     finding = check_group_consistency(state)
     assert not finding.passed
-    assert f"the dead-letter copy to topic {dead!r} failed" in finding.message
+    assert f"the dead-letter copy to topic {dead!r} cannot be made" in finding.message
     assert "INVALID_REPLICATION_FACTOR" in finding.message
     assert "the next run repairs it" not in finding.message
     assert finding.metadata["dead_letters_owed"] == 1
