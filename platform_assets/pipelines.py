@@ -38,6 +38,11 @@ def topic_asset_keys(spec: PipelineSpec) -> list[AssetKey]:
     return [AssetKey(["kafka", topic]) for topic in spec.source_topics]
 
 
+def ingest_job_name(spec: PipelineSpec) -> str:
+    """Name of the job that ingests one pipeline."""
+    return f"ingest_{spec.name}_job"
+
+
 def table_key(spec: PipelineSpec) -> AssetKey:
     """The Iceberg table asset: ``iceberg/<namespace>/<table>``."""
     return AssetKey(["iceberg", *spec.table.split(".")])

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from dagster import DagsterInstance, Definitions, ExecuteInProcessResult
 
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.ingest.jobs import active_operator_runs, ingest_job_name
-from platform_assets.pipelines import table_key
+from platform_assets.ingest.jobs import active_operator_runs
+from platform_assets.pipelines import ingest_job_name, table_key
 
 if TYPE_CHECKING:
     from dagster_shared.error import SerializableErrorInfo  # dagster's own error record

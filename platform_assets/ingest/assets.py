@@ -27,6 +27,7 @@ from platform_assets.ingest.liveness import record_run_process
 from platform_assets.ingest.metadata import commit_log_metadata, run_metadata, topic_metadata
 from platform_assets.pipelines import (
     commit_state_key,
+    ingest_job_name,
     quarantine_key,
     table_key,
     topic_asset_keys,
@@ -152,8 +153,6 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
         # whose executor runs the step in the run's process; ingest_all's multiprocess
         # executor runs it in a child, which may end while the run goes on (such a run
         # stays untagged and always counts as alive).
-        from platform_assets.ingest.jobs import ingest_job_name  # jobs.py imports this module
-
         if context.run.job_name == ingest_job_name(spec):
             record_run_process(context.instance, context.run.run_id)
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))

@@ -21,7 +21,7 @@ from ingestion.health.checks import AUDIT_CHECK, GROUP_CHECK, replica_check_def
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.assets import observe_topic
 from platform_assets.ingest.liveness import active_runs, clear_dead_runs
-from platform_assets.pipelines import ingestion_keys, table_key, topic_asset_keys
+from platform_assets.pipelines import ingest_job_name, ingestion_keys, table_key, topic_asset_keys
 from resources.kafka import KafkaResource
 
 if TYPE_CHECKING:
@@ -75,11 +75,6 @@ def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[
         )
     )
     return [run.run_id for run in runs]
-
-
-def ingest_job_name(spec: PipelineSpec) -> str:
-    """Name of the job that ingests one pipeline."""
-    return f"ingest_{spec.name}_job"
 
 
 def ingestion_selection(spec: PipelineSpec) -> AssetSelection:

@@ -13,8 +13,9 @@ from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.maintenance import maintain_pipeline
 from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG, ingest_job_name
+from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG
 from platform_assets.ingest.liveness import ActiveRun, active_runs
+from platform_assets.pipelines import ingest_job_name
 from platform_assets.route import PRIMARY, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource

@@ -34,9 +34,9 @@ from dagster import (
 from ingestion.health.checks import GROUP_CHECK, check_group_consistency
 from ingestion.health.triggers import MAX_COMMIT_INTERVAL_SECONDS, is_continuous
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, count_active_runs, ingest_job_name
+from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, count_active_runs
 from platform_assets.ingest.sensors import blocked_reason, latest_outcome
-from platform_assets.pipelines import table_key
+from platform_assets.pipelines import ingest_job_name, table_key
 from platform_assets.state import read_pipeline_state
 from platform_assets.streaming.jobs import (
     GENERATION_TAG,
