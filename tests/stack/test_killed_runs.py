@@ -13,17 +13,16 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import duckdb
 import pytest
-import yaml
 
 from ingestion.table.offsets import find_committed_state
 from resources.iceberg import IcebergCatalogResource
+from tests.support.dagster_runs import job_execute_setup
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, records
 
@@ -49,22 +48,10 @@ def test_runs_killed_at_random_lose_and_duplicate_nothing(
         max_records_per_task=100,
         in_process_max_records=1_000,  # runs read in their own process: no Spark JVM per run
     )  # (SIGKILLed Spark executors: tests/stack/test_bounces.py)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    pipelines = tmp_path / "pipelines.yaml"
-    raw = spec.model_dump(mode="json", by_alias=True)
-    pipelines.write_text(yaml.safe_dump({"pipelines": [raw]}))
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "KAFKA_BOOTSTRAP_SERVERS": harness.kafka.bootstrap_servers,
-        "PLATFORM_STATE_DIR": catalog_resource.state_dir,
-        "PLATFORM_PIPELINES_FILE": str(pipelines),
-        "PLATFORM_SPARK_REMOTE": "",
-    }
-    command = [str(Path(sys.executable).with_name("dagster")), "job", "execute"]
-    command += ["-m", "platform_assets.definitions", "-j", f"ingest_{spec.name}_job"]
+    added, command = job_execute_setup(
+        tmp_path, spec, harness.kafka.bootstrap_servers, catalog_resource.state_dir
+    )
+    env = {**os.environ, **added}
 
     def execute(kill_after_s: float | None, limit_s: float = 600) -> int:
         with (tmp_path / "runs.log").open("ab") as log:

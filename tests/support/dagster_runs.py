@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
+import yaml
 from dagster import AssetSelection, DagsterInstance, ExecuteInProcessResult, materialize
 
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.assets import build_pipeline_assets
 from platform_assets.ingest.checks import build_pipeline_checks
+from platform_assets.pipelines import ingest_job_name
 
 
 def materialize_pipeline(
@@ -28,3 +32,28 @@ def materialize_pipeline(
         instance=instance,
         tags=tags,
     )
+
+
+def job_execute_setup(
+    tmp_path: Path, spec: PipelineSpec, bootstrap_servers: str, state_dir: str
+) -> tuple[dict[str, str], list[str]]:
+    """What a user's ``dagster job execute`` of ``spec``'s ingest job needs: a DAGSTER_HOME
+    (telemetry off) and a pipelines file holding ``spec`` under ``tmp_path``; return the
+    environment to add to the caller's (the broker, the catalog's state, no Spark Connect) and
+    the command."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    pipelines = tmp_path / "pipelines.yaml"
+    raw = spec.model_dump(mode="json", by_alias=True)
+    pipelines.write_text(yaml.safe_dump({"pipelines": [raw]}))
+    env = {
+        "DAGSTER_HOME": str(home),
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap_servers,
+        "PLATFORM_STATE_DIR": state_dir,
+        "PLATFORM_PIPELINES_FILE": str(pipelines),
+        "PLATFORM_SPARK_REMOTE": "",
+    }
+    command = [str(Path(sys.executable).with_name("dagster")), "job", "execute"]
+    command += ["-m", "platform_assets.definitions", "-j", ingest_job_name(spec)]
+    return env, command

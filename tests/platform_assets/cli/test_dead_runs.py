@@ -8,17 +8,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from platform_assets.cli.main import main
 from platform_assets.ingest.liveness import PROCESS_TAG
 from resources.iceberg import IcebergCatalogResource
+from tests.support.dagster_runs import job_execute_setup
 from tests.support.pipelines import Harness, NewPipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -38,24 +37,12 @@ def test_a_killed_run_stops_blocking_actions_and_a_live_one_still_blocks(
         max_records_per_task=100_000,
     )  # fmt: skip
     harness.run(spec.model_copy(update={"max_records_per_run": 10}))  # the table exists
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    pipelines = tmp_path / "pipelines.yaml"
-    pipelines.write_text(
-        yaml.safe_dump({"pipelines": [spec.model_dump(mode="json", by_alias=True)]})
+    env, command = job_execute_setup(
+        tmp_path, spec, harness.kafka.bootstrap_servers, catalog_resource.state_dir
     )
-    env = {
-        "DAGSTER_HOME": str(home),
-        "KAFKA_BOOTSTRAP_SERVERS": harness.kafka.bootstrap_servers,
-        "PLATFORM_STATE_DIR": catalog_resource.state_dir,
-        "PLATFORM_PIPELINES_FILE": str(pipelines),
-        "PLATFORM_SPARK_REMOTE": "",
-    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    command = [str(Path(sys.executable).with_name("dagster")), "job", "execute"]
-    command += ["-m", "platform_assets.definitions", "-j", f"ingest_{spec.name}_job"]
+    home = env["DAGSTER_HOME"]
 
     def start_and_stop() -> tuple[subprocess.Popen[bytes], str]:
         """A run stopped (SIGSTOP) once its step recorded its process (without the tag: 1 s
@@ -87,7 +74,7 @@ def test_a_killed_run_stops_blocking_actions_and_a_live_one_still_blocks(
     def reset() -> int:
         return main(["reset", spec.name, "--to", "earliest", "--apply", "--reason", "test"])
 
-    with DagsterInstance.from_config(str(home)) as instance:
+    with DagsterInstance.from_config(home) as instance:
         live, live_id = start_and_stop()
         try:  # a live run (stopped, not dead) blocks, named
             with pytest.raises(SystemExit) as refused:
