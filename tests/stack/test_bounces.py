@@ -28,6 +28,7 @@ from ingestion.pipeline.hooks import FailureHooks
 from ingestion.table.offsets import find_committed_state
 from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
+from tests.support.brokers import wait_until_serving
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, records
 
@@ -130,24 +131,6 @@ def broker_paused_for(broker: EmbeddedBroker, seconds: float) -> Iterator[thread
         os.kill(pid, signal.SIGCONT)
 
 
-def wait_until_serving(harness: Harness, topic: str, timeout_s: float = 90.0) -> None:
-    """Until the broker describes ``topic`` and reports its offsets again."""
-    from ingestion.kafka.consumer import open_consumer
-    from ingestion.kafka.topics import describe_topic
-
-    deadline = time.monotonic() + timeout_s
-    admin = harness.kafka.get_admin_client()
-    with open_consumer(harness.kafka.client_config(), "bounce-wait") as consumer:
-        while True:
-            try:
-                describe_topic(admin, consumer, topic, timeout_s=5)
-                return
-            except (TimeoutError, KafkaException):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
-
-
 @pytest.mark.parametrize(("pause_s", "read_timeout_s"), [(4.0, 60.0), (12.0, 3.0)])
 def test_broker_paused_during_a_task(
     pause_s: float,
@@ -186,7 +169,7 @@ def test_broker_paused_during_a_task(
         # Paused longer than broker.session.timeout.ms (9 s), the KRaft node fences itself on
         # resume and serves the topic again only once it is unfenced: wait for that, as an
         # operator would, before the next run.
-        wait_until_serving(harness, spec.source_topics[0])
+        wait_until_serving(broker.bootstrap_servers)
         assert harness.run(spec).records == 300
     harness.assert_exactly_once(spec, ledger)
     harness.assert_mirror_matches_table(spec)

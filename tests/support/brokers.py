@@ -1,6 +1,61 @@
 """What the tests' embedded brokers share."""
 
+import os
+import signal
+import time
+from typing import TYPE_CHECKING
+
+from confluent_kafka import KafkaException
+
+if TYPE_CHECKING:
+    from resources.embedded import EmbeddedBroker
+
 BROKER_STOP_S = 0.5
 """How long a test broker gets to exit on SIGTERM before SIGKILL (``stop_timeout_s``). On
 SIGTERM Kafka shuts down in a controlled way (seconds, more while clients are connected); the
 tests' brokers and their storage are thrown away, so nothing is lost by not waiting."""
+
+
+def resume_broker(broker: "EmbeddedBroker", timeout_s: float = 90.0) -> None:
+    """SIGCONT a SIGSTOPped broker and wait until it serves every partition again.
+
+    A KRaft node stopped for longer than ``broker.session.timeout.ms`` (9 s) fences itself when
+    it resumes: until its controller unfences it, every partition has no leader and clients get
+    ``LEADER_NOT_AVAILABLE`` / timeouts. A test that resumes a "lost" cluster waits for this, as
+    an operator would, before it talks to the cluster again (CI failed on a stand-in's watermark
+    query made in that window)."""
+    assert broker.pid is not None
+    os.kill(broker.pid, signal.SIGCONT)
+    wait_until_serving(broker.bootstrap_servers, timeout_s)
+
+
+def wait_until_serving(bootstrap_servers: str, timeout_s: float = 90.0) -> None:
+    """Until every partition of every topic on the cluster has a leader (the node is unfenced)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
+    deadline, last = time.monotonic() + timeout_s, "no answer"
+    serving_since: float | None = None
+    while time.monotonic() < deadline:
+        try:
+            metadata = admin.list_topics(timeout=5)
+        except KafkaException as exc:
+            serving_since, last = None, str(exc)
+        else:
+            leaderless = [
+                f"{t.topic}[{p.id}]"
+                for t in metadata.topics.values()
+                for p in t.partitions.values()
+                if p.leader < 0 or p.error is not None
+            ]
+            if not leaderless and metadata.brokers:
+                # Serving for 2 s in a row: right after SIGCONT the controller may not have
+                # fenced the node yet (its stale-session check and the node's heartbeat race).
+                serving_since = serving_since or time.monotonic()
+                if time.monotonic() - serving_since >= 2.0:
+                    return
+            else:
+                serving_since = None
+                last = f"no leader for {', '.join(leaderless[:5])}"
+        time.sleep(0.5)
+    raise TimeoutError(f"broker {bootstrap_servers} not serving after {timeout_s:.0f} s: {last}")

@@ -42,6 +42,7 @@ from platform_assets.ingest.checks import audit_finding
 from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+from tests.support.brokers import resume_broker
 from tests.support.failback_stack import StackFactory, expire_all
 from tests.support.failover_stream import oracle, produce
 from tests.support.ledger import Ledger, LedgerProducer
@@ -296,7 +297,7 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
         assert stack.ingest_route() == {"orders"}  # dr's offsets 50.. of each partition
         oracle(catalog, spec, 150)
     finally:
-        os.kill(source.pid or 0, signal.SIGCONT)  # the primary is back; MM2's forward flow
+        resume_broker(source)  # the primary is back; MM2's forward flow
         # stays stopped (the --source-lost precondition)
     data = cluster_offsets(catalog.load_table(spec.table), labelled=True)
     dead = cluster_offsets(catalog.load_table(spec.quarantine_table), labelled=True)

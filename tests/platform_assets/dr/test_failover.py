@@ -38,6 +38,7 @@ from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
 from resources.spark import SparkResource
+from tests.support.brokers import resume_broker
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
 from tests.support.failover_stream import oracle, produce
@@ -124,7 +125,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     oracle(catalog, spec, 130)
 
     # The primary is back; producers write to the replica; a reverse flow copies it back.
-    os.kill(source.pid or 0, signal.SIGCONT)
+    resume_broker(source)
     # A producer that failed over wrote to dr's own `orders`, which the route (MM2's copy under
     # default naming) does not read: the check says so, naming the topic.
     way_back = replica_finding(spec, spec.replicas[0], kafka, iceberg)
@@ -361,7 +362,7 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
         with pytest.raises(FailoverRefusedError, match="the replica cluster does not answer"):
             fail_back()
     finally:
-        os.kill(replica.pid or 0, signal.SIGCONT)
+        resume_broker(replica)
     assert stack.head() == before
 
     planned = failover_module.plan_failback_origin

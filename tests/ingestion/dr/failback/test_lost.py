@@ -29,6 +29,7 @@ from platform_assets.dr.failover import complete_failback, failover_pipeline
 from platform_assets.dr.jobs import build_failover_job
 from platform_assets.ingest.checks import audit_finding
 from platform_assets.route import active_route
+from tests.support.brokers import resume_broker
 from tests.support.failback_stack import (
     STAMP,
     FailbackStack,
@@ -204,7 +205,7 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
             still_there += [42, 43]
             assert stack.landed_keys() == keys(still_there)
     finally:
-        os.kill(replica.pid or 0, signal.SIGCONT)
+        resume_broker(replica)
 
     if case == "behind":
         # dr was not lost for good: MM2's reverse flow copies on, k32 and k33 (read on dr) late,
@@ -281,7 +282,7 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
             source_lost=True,
         )  # fmt: skip
     finally:
-        os.kill(source.pid or 0, signal.SIGCONT)
+        resume_broker(source)
     reverse = stack.start_reverse(target_alias=alias)
     send(replica.bootstrap_servers, copy, [30, 32], STAMP + 10_000)
     if anchor == "after-start":
@@ -311,7 +312,7 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
         stack.ingest_route()  # the origin's k24, k26
         assert stack.landed_keys() == keys([*even[:14], 30, 32, 34, 36])
     finally:
-        os.kill(replica.pid or 0, signal.SIGCONT)
+        resume_broker(replica)
 
     # dr was not lost for good: its reverse flow copies on, k34, k36 (read on dr), then the
     # forward flow's copies of k20..k26. Each is a late copy of a record the table holds.

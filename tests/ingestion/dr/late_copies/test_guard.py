@@ -47,6 +47,7 @@ from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.spark import SparkResource
 from tests.platform_assets.dr.test_failover import ingest
+from tests.support.brokers import resume_broker
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.failback_stack import FailbackStack, StackFactory
 from tests.support.failover_stream import oracle, produce
@@ -196,7 +197,7 @@ def test_late_copies_after_a_source_lost_failover_land_once(
         ingest(spec, resources)
         oracle(catalog, spec, 140)
     finally:
-        os.kill(source.pid or 0, signal.SIGCONT)  # the primary is back...
+        resume_broker(source)  # the primary is back...
 
     forward.replicate()  # ...and MM2's forward flow copies the tail to dr, after k120..k139
     produce(replica.bootstrap_servers, "primary.orders", 140, 10)
@@ -270,7 +271,7 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
         ingest(spec, resources)
         oracle(catalog, spec, 100)
     finally:
-        os.kill(source.pid or 0, signal.SIGCONT)
+        resume_broker(source)
     forward.replicate()  # the late copies reach dr; the route has not read them yet
     reverse = stack.start_reverse(sync_every=7, transactional=True)
     reverse.step()  # dr's primary.payments, late copies included, back on the primary
@@ -338,7 +339,7 @@ def test_a_release_lets_runs_ingest_a_record_that_only_looks_like_a_late_copy(
         assert "released the 2 uncopied record(s)" in capsys.readouterr().out  # k6, k7
         stack.ingest_route()
     finally:
-        os.kill(source.pid or 0, signal.SIGCONT)
+        resume_broker(source)
     table = catalog.load_table(spec.table)
     names = table.scan(row_filter="_kafka_key = 'k6'").to_arrow().column("name").to_pylist()
     assert sorted(names) == ["n6", "n6 (corrected)"]  # the original and the re-sent, once each
