@@ -139,7 +139,9 @@ def mirror_offsets(
     it is ahead at a position ``rewinds`` (read only then) says the table left behind.
 
     Kafka rejects a commit from a non-member while the group has active members
-    (UNKNOWN_MEMBER_ID): that is reported as ``foreign_members``, not raised (R23).
+    (UNKNOWN_MEMBER_ID): that is reported as ``foreign_members``, not raised (R23). Every failure,
+    a broker that stops answering mid-call included, is returned in ``error``, never raised: the
+    table has committed, and the next run (or the operator's action) moves the group.
     """
     from confluent_kafka import (
         ConsumerGroupTopicPartitions,
@@ -156,7 +158,11 @@ def mirror_offsets(
             request = ConsumerGroupTopicPartitions(
                 group_id, [TopicPartition(t, p, o) for (t, p), o in sorted(plan.moves.items())]
             )
-            result = admin.alter_consumer_group_offsets([request])[group_id].result(timeout_s)
+            future = admin.alter_consumer_group_offsets([request])[group_id]
+            try:
+                result = future.result(timeout_s)
+            except TimeoutError as exc:  # a broker that hangs mid-call: an error, not a crash
+                raise _timed_out(f"the offset commit of group {group_id!r}", timeout_s) from exc
             failed = [tp for tp in result.topic_partitions or [] if tp.error is not None]
             if failed:
                 raise KafkaException(failed[0].error)
