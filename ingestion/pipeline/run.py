@@ -275,11 +275,17 @@ def _publish(
     """
     sync_quarantine(catalog, spec)
     group = spec.consumer_group_id
+    try:
+        # One read of the table for the copy and the mirror: the mirror moves the group only
+        # past commits this read saw, so a commit landing meanwhile (a zombie's) is never
+        # passed before its letters were copied (issue 29 item 1).
+        table = catalog.load_table(spec.table)
+    except Exception as exc:  # best effort, as the mirror itself: the next run repairs it
+        report.mirror = MirrorOutcome(group, error=f"reading {spec.table} failed ({exc})")
+        return
     if spec.dead_letter_topic and catalog.table_exists(spec.quarantine_table):
         try:
-            pending = unpublished_commits(
-                catalog.load_table(spec.table), group, read_group_offsets(admin, group)
-            )
+            pending = unpublished_commits(table, group, read_group_offsets(admin, group))
             if pending and ensure_dead_letter_topic(admin, spec):
                 report.notes.append(
                     f"created dead-letter topic {spec.dead_letter_topic!r} (partitions "
@@ -300,11 +306,6 @@ def _publish(
                 f"group {group!r} mirror was left behind so the next run copies them again"
             )
             return
-    try:
-        table = catalog.load_table(spec.table)
-    except Exception as exc:  # best effort, as the mirror itself: the next run repairs it
-        report.mirror = MirrorOutcome(group, error=f"reading {spec.table} failed ({exc})")
-        return
     report.mirror = mirror_table_offsets(admin, table, group)
 
 
