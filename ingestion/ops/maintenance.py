@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Set
+from collections.abc import Collection, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,11 @@ from ingestion import exceptions
 from ingestion.ops.compaction import CompactionReport, compact_small_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.recovery import OrphanFile, remove_orphan_files
-from ingestion.quarantine.sync import sync_quarantine, unsynced_snapshot_ids
+from ingestion.quarantine.sync import (
+    named_quarantine_files,
+    sync_quarantine,
+    unsynced_snapshot_ids,
+)
 from ingestion.table.offsets import (
     MIGRATED_FROM,
     OFFSETS_PREFIX,
@@ -60,6 +64,7 @@ class MaintenanceReport:
     orphan_window_s: float = 0.0
     orphan_window_reason: str = ""
     errors: list[str] = field(default_factory=list)
+    quarantine: MaintenanceReport | None = None  # the pipeline's quarantine table, maintained alike
 
     @property
     def files_compacted(self) -> int:
@@ -94,7 +99,11 @@ class MaintenanceReport:
             f"{self.orphan_window_s / 3600:.2f} h ({self.orphan_window_reason})",
         ]
         lines += [f"skipped compaction of {s}" for s in c.groups_skipped]
-        return lines + [f"FAILED {e}" for e in self.errors]
+        lines += [f"FAILED {e}" for e in self.errors]
+        if self.quarantine is not None:
+            own = [line for line in self.quarantine.describe() if not line.startswith("FAILED")]
+            lines += [f"quarantine table: {line}" for line in own]  # its errors are ours
+        return lines
 
 
 def live_groups(ancestry: list[Snapshot], keep: Set[str]) -> set[str]:
@@ -255,10 +264,12 @@ def maintain_table(
     min_orphan_window_s: float = MIN_ORPHAN_WINDOW_S,
     quarantine: Table | None = None,
     keep_after: int | None = None,
+    keep_files: Collection[str] = (),
 ) -> MaintenanceReport:
     """Compact, expire, then remove orphans older than the safety window (see the module
     docstring); ``group_id`` is the pipeline's current group, whose watermark is always kept;
-    ``keep_after`` the exactly-once audit's cursor, after which nothing is expired (R47).
+    ``keep_after`` the exactly-once audit's cursor, after which nothing is expired (R47);
+    ``keep_files`` files orphan removal keeps though no snapshot of ``table`` names them.
 
     Delivery: every step is a compare-and-set or provably safe, and is safe to repeat; a step
     that fails (a lost race, a refusal) is reported in ``errors`` and the next steps still run.
@@ -292,7 +303,7 @@ def maintain_table(
         report.errors.append(f"snapshot expiry: {exc}")
     try:
         table.refresh()
-        report.orphans_removed = remove_orphan_files(table, report.orphan_window_s)
+        report.orphans_removed = remove_orphan_files(table, report.orphan_window_s, keep_files)
     except Exception as exc:
         report.errors.append(f"orphan removal: {exc}")
     return report
@@ -306,23 +317,51 @@ def maintain_pipeline(
     compact: bool = True,
     hooks: FailureHooks = NO_HOOKS,
     keep_after: int | None = None,
+    min_orphan_window_s: float = MIN_ORPHAN_WINDOW_S,
 ) -> MaintenanceReport:
     """Maintain the pipeline's table: bring its quarantine table up to date first (so expiry
     has as little as possible to keep for it), then :func:`maintain_table` with the pipeline's
-    current group, its quarantine table and the audit's cursor (``keep_after``)."""
+    current group, its quarantine table and the audit's cursor (``keep_after``); then the
+    quarantine table the same way (R33), so a dirty stream's quarantine commits do not grow its
+    history without bound.
+
+    The quarantine table's state lives in its table properties, not its snapshots
+    (ingestion.quarantine.sync), so its snapshots expire like any; its orphan removal keeps
+    every file a data commit names (one not synced yet names files no quarantine snapshot
+    references) and uses the data table's window (its runs write those files). Its errors
+    are the report's errors too: the run alerts.
+    """
     quarantine = None
     if catalog.table_exists(spec.quarantine_table):
         # On failure expiry still keeps every commit not yet followed; the next run syncs.
         with contextlib.suppress(exceptions.QuarantineSyncError):
             sync_quarantine(catalog, spec)
         quarantine = catalog.load_table(spec.quarantine_table)
-    return maintain_table(
+    report = maintain_table(
         catalog.load_table(spec.table),
         snapshot_retention_s,
         orphan_window_s,
         compact,
         hooks,
         group_id=spec.consumer_group_id,
+        min_orphan_window_s=min_orphan_window_s,
         quarantine=quarantine,
         keep_after=keep_after,
     )
+    if quarantine is not None:
+        try:
+            named = named_quarantine_files(catalog.load_table(spec.table), quarantine)
+        except Exception as exc:  # without the list, no orphan of it may be judged
+            report.errors.append(f"quarantine table: reading the files data commits name: {exc}")
+            return report
+        report.quarantine = maintain_table(
+            quarantine,
+            snapshot_retention_s,
+            report.orphan_window_s,
+            compact,
+            hooks,
+            min_orphan_window_s=min_orphan_window_s,
+            keep_files=named,
+        )
+        report.errors += [f"quarantine table: {e}" for e in report.quarantine.errors]
+    return report

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -121,11 +122,13 @@ def table_filesystem(table: Table, uri: str) -> tuple[Any, str]:
 
 
 def list_orphan_files(
-    table: Table, older_than_s: float, now_s: float | None = None
+    table: Table, older_than_s: float, now_s: float | None = None, keep: Collection[str] = ()
 ) -> list[OrphanFile]:
     """Files under the table's data path that no snapshot references, older than the window.
 
-    Paths are those of the data path's filesystem (as listed).
+    Paths are those of the data path's filesystem (as listed). ``keep``: paths that count as
+    referenced though no snapshot of this table names them (a quarantine table's files that a
+    data commit names and the sync has not applied yet, ingestion.quarantine.sync).
 
     Raises:
         OrphanRemovalRefusedError: the references and the listing do not match
@@ -141,6 +144,7 @@ def list_orphan_files(
     listed = {normalize_path(info.path): info for info in files}
     referenced = {normalize_path(p) for p in referenced_paths(table)}
     check_listing_matches(referenced, set(listed), data_path, ".".join(table.name()))
+    referenced |= {normalize_path(p) for p in keep}
     orphans = []
     for path, info in listed.items():
         modified_ms = int(info.mtime.timestamp() * 1000) if info.mtime else 0
@@ -149,13 +153,16 @@ def list_orphan_files(
     return sorted(orphans, key=lambda o: o.path)
 
 
-def remove_orphan_files(table: Table, older_than_s: float = 3 * 24 * 3600) -> list[OrphanFile]:
-    """Delete the orphans of :func:`list_orphan_files`; return what was deleted.
+def remove_orphan_files(
+    table: Table, older_than_s: float = 3 * 24 * 3600, keep: Collection[str] = ()
+) -> list[OrphanFile]:
+    """Delete the orphans of :func:`list_orphan_files` (never a path in ``keep``); return what
+    was deleted.
 
     Delivery: safe to run at any time and repeatedly; it never touches a referenced file, and
     deletes nothing when the references and the listing do not match (it raises instead).
     """
-    orphans = list_orphan_files(table, older_than_s)
+    orphans = list_orphan_files(table, older_than_s, keep=keep)
     filesystem, _ = table_filesystem(table, table.location_provider().data_path)
     for orphan in orphans:
         filesystem.delete_file(orphan.path)

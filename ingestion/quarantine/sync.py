@@ -174,6 +174,22 @@ def unsynced_snapshot_ids(table: Table, quarantine: Table) -> set[int]:
     return path
 
 
+def named_quarantine_files(table: Table, quarantine: Table) -> set[str]:
+    """Every quarantine file a snapshot of ``table`` still in its metadata names: orphan removal
+    on the quarantine table keeps them (a commit not synced yet names files no quarantine
+    snapshot references; expiry keeps such commits, :func:`unsynced_snapshot_ids`). Files of
+    commits already synced are referenced anyway or were cut by a rewind: keeping them until
+    their data snapshot expires costs nothing."""
+    location = quarantine.metadata.location
+    return {
+        path
+        for snapshot in table.metadata.snapshots
+        for path in decode_file_list(
+            location, snapshot_properties(snapshot).get(QUARANTINE_FILES, "[]")
+        )
+    }
+
+
 def sync_quarantine(catalog: Catalog, spec: PipelineSpec, max_conflicts: int = 5) -> int:
     """Bring the pipeline's quarantine table up to its data table; return the commits made.
 

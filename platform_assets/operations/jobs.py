@@ -168,6 +168,15 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
                 "snapshots_kept_for_watermark": report.kept_for_watermark,
                 "orphan_window_hours": round(report.orphan_window_s / 3600, 3),
                 "orphans_removed": len(report.orphans_removed),
+                **(
+                    {
+                        "quarantine_files_compacted": report.quarantine.files_compacted,
+                        "quarantine_snapshots_expired": report.quarantine.expired_snapshots,
+                        "quarantine_orphans_removed": len(report.quarantine.orphans_removed),
+                    }
+                    if report.quarantine is not None
+                    else {}
+                ),
             }
         )
         if report.errors:  # every step ran; the run still fails so that it alerts

@@ -386,3 +386,63 @@ def test_maintenance_expiry_keeps_what_the_quarantine_has_not_followed(
     assert not report.errors, report.errors
     assert unsynced_snapshot_ids(harness.table(spec), quarantine.refresh()) == set()
     pipeline.assert_dead_letters_once()
+
+
+def test_maintenance_bounds_the_quarantine_tables_history(
+    harness: Harness, quarantining: NewQuarantining
+) -> None:
+    """Issue 29 item 4 (R33): a dirty pipeline adds a quarantine snapshot per commit; before,
+    maintenance compacted and expired the data table only, so that history grew without bound.
+    Now the pipeline's maintenance expires and compacts the quarantine table too, and every dead
+    letter stays once."""
+    from ingestion.ops.maintenance import maintain_pipeline
+
+    pipeline = quarantining("q_maintained")
+    spec = pipeline.spec
+    for i in range(4):
+        pipeline.produce([*records(3, 10 * i), *bad(1, i)])
+        harness.run(spec)
+    quarantine = harness.catalog.load_table(spec.quarantine_table)
+    before = len(quarantine.metadata.snapshots)
+    files_before = len(quarantine.inspect.files())
+    assert before >= 4
+    report = maintain_pipeline(harness.catalog, spec, 0, 3600)
+    assert not report.errors, report.errors
+    assert report.quarantine is not None
+    quarantine.refresh()
+    assert len(quarantine.metadata.snapshots) == 1, report.describe()  # the head alone
+    assert report.quarantine.expired_snapshots >= before - 2  # compaction added one, kept the head
+    assert len(quarantine.inspect.files()) < files_before  # four small files compacted
+    assert any(line.startswith("quarantine table: expired") for line in report.describe())
+    pipeline.assert_dead_letters_once()
+    harness.assert_exactly_once(spec, pipeline.producer.ledger)
+
+
+def test_quarantine_orphan_removal_keeps_files_a_data_commit_names_before_the_sync(
+    harness: Harness, quarantining: NewQuarantining
+) -> None:
+    """A data commit names quarantine files the sync has not applied yet: no quarantine
+    snapshot references them, so to the quarantine table they look like orphans. Its orphan
+    removal keeps every file a data commit names (``named_quarantine_files``); the next sync
+    applies them and each dead letter is there once. Removing them would lose those letters."""
+    from ingestion.ops.maintenance import maintain_table
+    from ingestion.quarantine.sync import named_quarantine_files
+
+    pipeline = quarantining("q_orphans_kept")
+    spec = pipeline.spec
+    pipeline.produce([*records(3), *bad(1)])
+    harness.run(spec)
+    pipeline.produce([*records(3, 10), *bad(2, 1)])
+    commit_without_sync(harness, spec)
+    quarantine = harness.catalog.load_table(spec.quarantine_table)
+    named = named_quarantine_files(harness.table(spec), quarantine)
+    pending = {o.path for o in list_orphan_files(quarantine, 0)}
+    assert pending, "the unsynced commit's quarantine file is not referenced yet"
+    assert {o.path for o in list_orphan_files(quarantine, 0, keep=named)} == set()
+    report = maintain_table(
+        quarantine, 0, 0, compact=False, min_orphan_window_s=0, keep_files=named
+    )
+    assert not report.errors, report.errors
+    assert report.orphans_removed == []
+    harness.run(spec)  # syncs the commit: its files reach the quarantine table
+    pipeline.assert_dead_letters_once()
