@@ -8,8 +8,12 @@ stops (a SIGKILLed run process); the stream shares the pipeline's pool with the 
 so only one ingestion of a pipeline runs at a time.
 """
 
+import contextlib
 import hashlib
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from dagster import (
     AssetMaterialization,
@@ -90,6 +94,31 @@ def is_stale(run: DagsterRun, spec: PipelineSpec, now: float, started_at: float 
     return last is not None and now - last > stale_after_seconds(spec)
 
 
+@contextmanager
+def beating(instance: DagsterInstance, run_id: str, every_s: float) -> Iterator[None]:
+    """Write the run's heartbeat every ``every_s`` seconds while the body runs (a thread).
+
+    A stream beats while its process lives, also inside an iteration that catches up a long
+    backlog on Spark: before, it beat only between iterations, so an iteration longer than
+    :func:`stale_after_seconds` was judged dead, marked failed and replaced while it still ran
+    (issue 29 item 5). A write that fails is retried at the next beat; a killed process stops
+    beating, which is what the sensor looks for."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every_s):
+            with contextlib.suppress(Exception):  # the run storage hiccuped: the next beat
+                instance.add_run_tags(run_id, {HEARTBEAT_TAG: str(int(time.time()))})
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{run_id[:8]}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(every_s + 10)
+
+
 def build_stream_job(spec: PipelineSpec) -> JobDefinition:
     """The long-lived run of a continuous pipeline (see the module docstring)."""
     interval_s = commit_interval_seconds(spec)
@@ -164,28 +193,29 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
                 )
             )
 
-        summary = stream_pipeline(
-            route.spec,
-            source.client_config(),
-            catalog,
-            source.get_cluster_id(),
-            interval_s,
-            should_stop,
-            on_report,
-            spark=lambda: spark.spark_session,
-            run_id=run_id,
-            io_properties=iceberg.io_properties(),
-            schema_registry=(
-                source.get_schema_registry_client(spec.schema_registry_url)
-                if spec.value_format == "avro"
-                else None
-            ),
-            on_conflict=lambda message: context.log.warning(
-                f"re-planning after a concurrent commit: {message}"
-            ),
-            cluster_config=lambda name: kafka.for_cluster(name).client_config(),
-            cluster=route.cluster,
-        )
+        with beating(instance, run_id, stale_after_seconds(spec) / 4):
+            summary = stream_pipeline(
+                route.spec,
+                source.client_config(),
+                catalog,
+                source.get_cluster_id(),
+                interval_s,
+                should_stop,
+                on_report,
+                spark=lambda: spark.spark_session,
+                run_id=run_id,
+                io_properties=iceberg.io_properties(),
+                schema_registry=(
+                    source.get_schema_registry_client(spec.schema_registry_url)
+                    if spec.value_format == "avro"
+                    else None
+                ),
+                on_conflict=lambda message: context.log.warning(
+                    f"re-planning after a concurrent commit: {message}"
+                ),
+                cluster_config=lambda name: kafka.for_cluster(name).client_config(),
+                cluster=route.cluster,
+            )
         context.log.info(
             f"stream of {spec.name!r} stopped ({summary.stopped_because}) after "
             f"{summary.commits} commits, {summary.records} records, {summary.conflicts} re-plans"

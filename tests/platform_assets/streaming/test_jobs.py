@@ -36,7 +36,9 @@ from platform_assets.streaming.jobs import (
     HEARTBEAT_TAG,
     STOP_TAG,
     active_stream_runs,
+    beating,
     build_stream_job,
+    is_stale,
     stream_job_name,
 )
 from tests.support.ledger import Ledger, LedgerProducer
@@ -271,3 +273,37 @@ def test_stream_of_a_pipeline_that_no_longer_streams_is_stopped(
     ledger_producer.produce(topic, records(10, first=20))
     assert harness.run(slowed, use_spark=False).records == 10  # run per commit takes over
     harness.assert_exactly_once(slowed, ledger)
+
+
+def test_a_stream_beats_inside_a_long_iteration() -> None:
+    """Issue 29 item 5: the heartbeat was written only between iterations, so one iteration
+    catching up a backlog for longer than ``stale_after_seconds`` looked dead: the sensor marked
+    the live run failed and started a second stream beside it. The stream op now beats from a
+    thread (``beating``) for as long as its process lives; once the body ends it stops."""
+    from ingestion.spec.pipeline import parse_pipeline_spec
+
+    spec = parse_pipeline_spec(
+        {"name": "beat", "topic": "t", "table": "n.t", "consumer_group_id": "g",
+         "value_format": "raw", "freshness_target_seconds": 5}
+    )  # fmt: skip
+    old = str(int(time.time()) - 3600)
+    with instance_for_test(overrides=NO_COMPUTE_LOGS) as instance:
+        run = DagsterRun(
+            job_name=stream_job_name(spec), status=DagsterRunStatus.STARTED,
+            tags={HEARTBEAT_TAG: old},
+        )  # fmt: skip
+        instance.add_run(run)
+
+        def current() -> DagsterRun:
+            found = instance.get_run_by_id(run.run_id)
+            assert found is not None
+            return found
+
+        assert is_stale(current(), spec, time.time(), None)  # an hour without a beat
+        with beating(instance, run.run_id, every_s=0.2):
+            time.sleep(1.5)  # one long iteration: should_stop (the old beat) is not called
+            assert current().tags[HEARTBEAT_TAG] != old
+            assert not is_stale(current(), spec, time.time(), None)
+        last = current().tags[HEARTBEAT_TAG]
+        time.sleep(1.5)
+        assert current().tags[HEARTBEAT_TAG] == last, "it beat after the stream ended"
