@@ -8,6 +8,7 @@ ingestion, see assets.py); the others are here.
 """
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -66,14 +67,26 @@ def audit_finding(
     return check_exactly_once(spec.table, audit, previous)
 
 
+MEMORY_SEARCH_LIMIT = 100  # check records read back for the audit's memory
+
+
 def previous_audit_memory(instance: DagsterInstance, key: AssetCheckKey) -> AuditMemory | None:
     """What the check's last completed evaluation left: its ``audit_cursor``, and the commit it
     could not recount with ``recount_attempts`` (None: audit afresh).
 
     The memory lives in the check's own results, so it follows the check wherever Dagster
-    stores its history; a lost cursor costs one evaluation of the newest commits only.
+    stores its history. Every result carries it: an evaluation writes the new one, a result
+    "not evaluated" while the group check blocks carries the previous one on
+    (:func:`memory_metadata`). Before, blocked results carried none, so after ten of them the
+    cursor was gone, maintenance kept nothing for the audit and the audit restarted at the
+    newest commits and passed (issue 29 item 3). The search reads up to
+    :data:`MEMORY_SEARCH_LIMIT` records past executions that yielded no result (the table did
+    not exist yet).
     """
-    for record in instance.event_log_storage.get_asset_check_execution_history(key, limit=10):
+    history = instance.event_log_storage.get_asset_check_execution_history(
+        key, limit=MEMORY_SEARCH_LIMIT
+    )
+    for record in history:
         event = record.event.dagster_event if record.event else None
         metadata = getattr(event.event_specific_data, "metadata", None) if event else None
         if metadata and "audit_cursor" in metadata:  # an evaluation (not a planned one)
@@ -90,6 +103,17 @@ def previous_audit_memory(instance: DagsterInstance, key: AssetCheckKey) -> Audi
         unrecounted_snapshot=number("unrecounted_snapshot"),
         attempts=number("recount_attempts") or 0,
     )
+
+
+def memory_metadata(memory: AuditMemory | None) -> dict[str, str]:
+    """The check metadata that hands ``memory`` to the next evaluation (empty without one)."""
+    if memory is None:
+        return {}
+    carried = {"audit_cursor": "" if memory.cursor is None else str(memory.cursor)}
+    if memory.unrecounted_snapshot is not None:
+        carried["unrecounted_snapshot"] = str(memory.unrecounted_snapshot)
+        carried["recount_attempts"] = str(memory.attempts)
+    return carried
 
 
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
@@ -138,11 +162,14 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
         evaluated = evaluate_state_checks(state)
         findings = {name: f for name, f in evaluated.items() if name in selected}
         if AUDIT_CHECK.name in selected:
-            if evaluated[GROUP_CHECK.name].blocks:
-                findings[AUDIT_CHECK.name] = not_evaluated(state)
+            key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+            previous = previous_audit_memory(context.instance, key)
+            if evaluated[GROUP_CHECK.name].blocks:  # the memory is carried on, never dropped
+                blocked = not_evaluated(state)
+                findings[AUDIT_CHECK.name] = replace(
+                    blocked, metadata={**blocked.metadata, **memory_metadata(previous)}
+                )
             else:
-                key = AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
-                previous = previous_audit_memory(context.instance, key)
                 findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, previous=previous)
         for name, replica in replicas.items():  # a pipeline with replicas only: the DR add-on
             if name in selected:
