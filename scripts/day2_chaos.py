@@ -197,6 +197,7 @@ def act(kafka: KafkaResource, catalog: Any, shared: Shared, rng: random.Random) 
             "chaos",
             f"chaos {action}",
             admin=kafka.get_admin_client(),
+            kafka_config=kafka.client_config(),
         )
         with shared.lock:  # a reset "back" to a timestamp may still move a lagging partition on
             for (topic, partition), (before, after) in reset.changes.items():
@@ -206,8 +207,9 @@ def act(kafka: KafkaResource, catalog: Any, shared: Shared, rng: random.Random) 
     if action == "migrate":
         new_group = f"chaos-{int(time.time() * 1000) % 10**8}"
         migration = migrate_group(
-            catalog, spec, new_group, kafka.get_admin_client(), "chaos", "chaos migration"
-        )
+            catalog, spec, new_group, kafka.get_admin_client(), "chaos", "chaos migration",
+            kafka_config=kafka.client_config(),
+        )  # fmt: skip
         with shared.lock:
             shared.spec = make_spec(new_group)
         return f"migrated to {new_group!r} in snapshot {migration.snapshot_id}"

@@ -17,13 +17,15 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
 from ingestion.kafka.ranges import Key
 from ingestion.pipeline.commit import commit_view, load_table_with_retry
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
+from ingestion.quarantine.dead_letters import copy_pending_dead_letters
+from ingestion.quarantine.sync import sync_quarantine
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import COMMIT_ID, OffsetMap, find_commit, find_committed_state
 from ingestion.table.rewind import find_retirement
@@ -174,6 +176,49 @@ def read_group_before(admin: AdminClient | None, group_id: str) -> dict[Key, int
         return read_group_offsets(admin, group_id)
     except KafkaException:
         return None
+
+
+def copy_dead_letters_before(
+    catalog: Catalog,
+    spec: PipelineSpec,
+    admin: AdminClient | None,
+    kafka_config: dict[str, Any] | None,
+    action: str,
+) -> int:
+    """Before an action that moves the Kafka group (``admin`` given): copy the dead letters of
+    the commits the group has not passed yet; return how many records were copied.
+
+    The search for uncopied commits stops at the first commit the group has passed, so an
+    action that moved the group over a commit whose copy had failed lost its letters for good
+    (issue 29 item 1). Without ``admin`` the action leaves the group alone, and the next run
+    copies first.
+
+    Raises:
+        OperationRefusedError: the copy failed; nothing was changed.
+    """
+    topic = spec.dead_letter_topic
+    if admin is None or topic is None or not catalog.table_exists(spec.quarantine_table):
+        return 0
+    refused = (
+        f"pipeline {spec.name!r}: {action} moves Kafka group {spec.consumer_group_id!r} past "
+        f"commits whose dead letters are not copied to {topic!r} yet"
+    )
+    if kafka_config is None:
+        raise exceptions.OperationRefusedError(
+            f"{refused}, and no Kafka client configuration was given to copy them; nothing was "
+            "changed"
+        )
+    try:
+        sync_quarantine(catalog, spec)
+        return copy_pending_dead_letters(
+            catalog, spec, catalog.load_table(spec.table), admin, kafka_config
+        ).copies
+    except Exception as exc:
+        raise exceptions.OperationRefusedError(
+            f"{refused}, and copying them failed ({exc}). Nothing was changed: fix what the "
+            "error names (the topic, its ACLs or the broker) and retry; every run retries the "
+            "copy too."
+        ) from exc
 
 
 def mirror_after(

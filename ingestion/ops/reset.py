@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
 from ingestion.kafka.ranges import Key
@@ -23,6 +23,7 @@ from ingestion.ops.action import (
     ActionCommit,
     ActionOutcome,
     commit_action,
+    copy_dead_letters_before,
     mirror_after,
     read_group_before,
     refuse_active_runs,
@@ -172,8 +173,12 @@ def apply_reset(
     active_runs: int = 0,
     hooks: FailureHooks = NO_HOOKS,
     admin: AdminClient | None = None,
+    kafka_config: dict[str, Any] | None = None,
 ) -> ActionOutcome:
     """Commit ``reset``, then (with ``admin``) move the Kafka group to the table's offsets.
+    With a dead-letter topic, the letters the group has not passed yet are copied first
+    (``kafka_config``), and a copy that fails refuses the reset
+    (:func:`ingestion.ops.action.copy_dead_letters_before`).
 
     Delivery: compare-and-set (:func:`ingestion.ops.action.commit_action`). If the offsets moved
     since the reset was planned, nothing is written and :class:`CommitConflictError` names the
@@ -207,6 +212,7 @@ def apply_reset(
             f"pipeline {spec.name!r}: offsets or table changed since the reset was planned (by "
             f"the {mover}); plan it again"
         )
+    copy_dead_letters_before(catalog, spec, admin, kafka_config, "the reset")
     delete_filter = _rewound_filter(table, reset.changes)
     properties = props.commit_properties(
         group_id=reset.group_id,
@@ -256,9 +262,12 @@ def migrate_group(
     reason: str,
     active_runs: int = 0,
     hooks: FailureHooks = NO_HOOKS,
+    kafka_config: dict[str, Any] | None = None,
 ) -> Migration:
     """Carry the pipeline's offsets over to ``new_group_id`` in one commit that retires the old
-    group, and move the new Kafka group to them; the old Kafka group is left untouched.
+    group, and move the new Kafka group to them; the old Kafka group is left untouched. With a
+    dead-letter topic, the letters the old group has not passed yet are copied first
+    (``kafka_config``; a copy that fails refuses the migration, nothing changed).
 
     Then set ``consumer_group_id: <new>`` in the spec: the next run reads nothing twice. Until
     then runs under the old group are refused (retired, R22).
@@ -290,6 +299,7 @@ def migrate_group(
             f"pipeline {spec.name!r}: group {old_group!r} was already retired by the "
             f"{retirement.description}"
         )
+    copy_dead_letters_before(catalog, spec, admin, kafka_config, "the group migration")
     properties = props.commit_properties(
         group_id=new_group_id,
         offsets=old.offsets,

@@ -16,13 +16,10 @@ from ingestion.kafka.ranges import Key
 from ingestion.pipeline.commit import commit_data, delete_files
 from ingestion.pipeline.execute import build_task_specs, prepare_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
-from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
+from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets
 from ingestion.pipeline.plan import Plan, build_plan
 from ingestion.quarantine.dead_letters import (
-    count_copies,
-    ensure_dead_letter_topic,
-    publish_dead_letters,
-    unpublished_commits,
+    copy_pending_dead_letters,
 )
 from ingestion.quarantine.sync import quarantine_properties, sync_quarantine
 from ingestion.replicas import replica_support
@@ -283,22 +280,9 @@ def _publish(
     except Exception as exc:  # best effort, as the mirror itself: the next run repairs it
         report.mirror = MirrorOutcome(group, error=f"reading {spec.table} failed ({exc})")
         return
-    if spec.dead_letter_topic and catalog.table_exists(spec.quarantine_table):
+    if spec.dead_letter_topic:
         try:
-            pending = unpublished_commits(table, group, read_group_offsets(admin, group))
-            if pending and ensure_dead_letter_topic(admin, spec):
-                report.notes.append(
-                    f"created dead-letter topic {spec.dead_letter_topic!r} (partitions "
-                    f"{spec.dead_letter_topic_partitions}, replication factor "
-                    f"{spec.dead_letter_topic_replication_factor})"
-                )
-            copied = count_copies(kafka_config, spec.dead_letter_topic, pending, spec.name)
-            report.dead_letter_copies = publish_dead_letters(
-                kafka_config,
-                spec.dead_letter_topic,
-                catalog.load_table(spec.quarantine_table),
-                [p.commit_id for p in pending if copied[p.commit_id] < p.records],
-            )
+            copy = copy_pending_dead_letters(catalog, spec, table, admin, kafka_config)
         except Exception as exc:
             report.dead_letter_error = (
                 f"copying dead letters of pipeline {spec.name!r} to {spec.dead_letter_topic!r} "
@@ -306,6 +290,13 @@ def _publish(
                 f"group {group!r} mirror was left behind so the next run copies them again"
             )
             return
+        report.dead_letter_copies = copy.copies
+        if copy.created_topic:
+            report.notes.append(
+                f"created dead-letter topic {spec.dead_letter_topic!r} (partitions "
+                f"{spec.dead_letter_topic_partitions}, replication factor "
+                f"{spec.dead_letter_topic_replication_factor})"
+            )
     report.mirror = mirror_table_offsets(admin, table, group)
 
 

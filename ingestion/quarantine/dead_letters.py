@@ -35,6 +35,7 @@ from ingestion.table.offsets import (
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
+    from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
     from ingestion.spec.pipeline import PipelineSpec
@@ -244,3 +245,51 @@ def publish_dead_letters(
     if failures or remaining:
         raise KafkaException(failures[0] if failures else f"{remaining} records unacknowledged")
     return len(rows)
+
+
+@dataclass(frozen=True)
+class DeadLetterCopy:
+    """What :func:`copy_pending_dead_letters` did: records produced, and whether it created
+    the topic."""
+
+    copies: int = 0
+    created_topic: bool = False
+
+
+def copy_pending_dead_letters(
+    catalog: Catalog,
+    spec: PipelineSpec,
+    table: Table,
+    admin: AdminClient,
+    kafka_config: dict[str, Any],
+) -> DeadLetterCopy:
+    """Copy to the spec's dead-letter topic the letters of every commit of ``table`` ahead of
+    the group's mirror whose copies are not all in the topic yet (the quarantine table must be
+    synced first). Runs call it before they move the group; so do the operator actions that
+    move it (reset, migration), since a commit the group has passed is never searched again.
+
+    Delivery: at least once (see the module docstring); a commit whose copies are all there is
+    not sent again.
+
+    Raises:
+        DeadLetterTopicError, KafkaException: the topic cannot be created or a record was not
+            acknowledged; the group must then stay where it is.
+    """
+    from ingestion.pipeline.mirror import read_group_offsets
+
+    topic = spec.dead_letter_topic
+    if topic is None or not catalog.table_exists(spec.quarantine_table):
+        return DeadLetterCopy()
+    group = spec.consumer_group_id
+    pending = unpublished_commits(table, group, read_group_offsets(admin, group))
+    if not pending:
+        return DeadLetterCopy()
+    created = ensure_dead_letter_topic(admin, spec)
+    copied = count_copies(kafka_config, topic, pending, spec.name)
+    copies = publish_dead_letters(
+        kafka_config,
+        topic,
+        catalog.load_table(spec.quarantine_table),
+        [p.commit_id for p in pending if copied[p.commit_id] < p.records],
+    )
+    return DeadLetterCopy(copies, created)

@@ -132,6 +132,7 @@ def reset_offsets(
         reason,
         active_runs,
         admin=admin,
+        kafka_config=kafka.client_config(),
     )
     assert outcome.mirror is not None
     return [*lines, f"committed in snapshot {outcome.snapshot_id}", outcome.mirror.describe()]
@@ -156,6 +157,7 @@ def migrate_group_offsets(
         requested_by,
         reason,
         active_runs,
+        kafka_config=kafka.client_config(),
     )
     return [
         f"offsets carried to {new_group!r} in snapshot {migration.snapshot_id}; "

@@ -123,6 +123,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
             f"dagster run {context.run_id}",
             config.reason,
             hold_for_action(context, spec, config.wait_for_runs_seconds),
+            kafka_config=kafka.client_config(),
         )
         context.log.info(
             f"{spec.consumer_group_id!r} is retired; now set consumer_group_id: "

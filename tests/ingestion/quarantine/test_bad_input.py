@@ -7,6 +7,7 @@ import pytest
 from ingestion import exceptions
 from ingestion.audit.oracle import read_coordinates
 from ingestion.pipeline.hooks import FailureHooks
+from ingestion.spec.pipeline import PipelineSpec
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 
@@ -337,3 +338,72 @@ def test_refused_dead_letter_topic_creation_names_pipeline_topic_and_why(
     assert repaired.dead_letter_copies == 1
     assert read_letters(harness, dead) == [b"{oops"]
     harness.assert_exactly_once(spec, ledger)
+
+
+@pytest.mark.parametrize("action", ["migrate", "reset"])
+def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
+    action: str,
+    harness: Harness,
+    create_topic: CreateTopic,
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
+    """Issue 29 item 1: a commit's dead-letter copy failed, so the group stayed behind it on
+    purpose. A migration (or a forward reset) then moved the group to the table's offsets
+    without copying, and the search for uncopied commits, which stops at the first commit the
+    group has passed, never found that commit again: its letter never reached the topic. Now
+    the action copies first; while the copy fails it is refused with nothing changed, and once
+    the topic can be made the letter is copied once."""
+    from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
+    from ingestion.spec.pipeline import StartingPosition
+
+    topic = create_topic(partitions=1)
+    dead = f"{topic}-owed-dlq"
+    spec = make_spec(
+        topic, f"dlq_owed_{action}", errors_tolerance="all", dead_letter_topic=dead,
+        dead_letter_topic_replication_factor=3, in_process_max_records=1_000,
+    )  # fmt: skip
+    ledger_producer.produce(topic, [*records(5), (b"bad", b"{owed", None), *records(5, 5)])
+    assert harness.run(spec).dead_letter_error is not None  # refused: 3 replicas on one broker
+    fixed = spec.model_copy(update={"dead_letter_topic_replication_factor": -1})
+    admin, config = harness.kafka.get_admin_client(), harness.kafka.client_config()
+    catalog = harness.catalog
+
+    def act(on: PipelineSpec) -> None:
+        if action == "migrate":
+            migrate_group(
+                catalog, on, f"{on.consumer_group_id}-new", admin, "ops", "new group",
+                kafka_config=config,
+            )  # fmt: skip
+            return
+        ledger_producer.produce(topic, records(2, 10))  # skipped by the forward reset
+        consumer = harness.kafka.get_consumer()
+        try:
+            reset = plan_reset(
+                on, harness.table(on), admin, consumer, StartingPosition(mode="latest")
+            )
+        finally:
+            consumer.close()
+        apply_reset(
+            catalog, on, reset, harness.cluster_id, "ops", "skip ahead", admin=admin,
+            kafka_config=config,
+        )  # fmt: skip
+
+    head = harness.table(spec).metadata.current_snapshot_id
+    with pytest.raises(exceptions.OperationRefusedError) as refused:
+        act(spec)
+    message = str(refused.value)
+    assert f"pipeline {spec.name!r}" in message, message
+    assert f"not copied to {dead!r} yet" in message, message
+    assert "INVALID_REPLICATION_FACTOR" in message, message
+    assert "Nothing was changed" in message, message
+    assert harness.table(spec).metadata.current_snapshot_id == head
+
+    act(fixed)
+    assert read_letters(harness, dead) == [b"{owed"]
+    if action == "migrate":  # runs under the new group copy nothing twice, lose nothing
+        moved = fixed.model_copy(update={"consumer_group_id": f"{spec.consumer_group_id}-new"})
+        ledger_producer.produce(topic, [*records(2, 20), (b"bad2", b"{later", None)])
+        assert harness.run(moved).dead_letter_error is None
+        assert sorted(read_letters(harness, dead), key=str) == [b"{later", b"{owed"]
+        harness.assert_exactly_once(moved, ledger)
