@@ -81,6 +81,7 @@ class AuditMemory:
     cursor: int | None = None
     unrecounted_snapshot: int | None = None
     attempts: int = 0
+    group: str | None = None  # the consumer group audited (a cursor under another says nothing)
 
 
 def _log_starts(

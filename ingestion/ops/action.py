@@ -209,15 +209,15 @@ def copy_dead_letters_before(
             "changed"
         )
     try:
+        table = catalog.load_table(spec.table)  # before the sync: it reflects all this read saw
         sync_quarantine(catalog, spec)
-        return copy_pending_dead_letters(
-            catalog, spec, catalog.load_table(spec.table), admin, kafka_config
-        ).copies
+        return copy_pending_dead_letters(catalog, spec, table, admin, kafka_config).copies
     except Exception as exc:
         raise exceptions.OperationRefusedError(
-            f"{refused}, and copying them failed ({exc}). Nothing was changed: fix what the "
-            "error names (the topic, its ACLs or the broker) and retry; every run retries the "
-            "copy too."
+            f"{refused}, and copying them failed ({exc}). The offsets were not changed: fix "
+            "what the error names (the topic, its ACLs or the broker) and retry; every run "
+            "retries the copy too. To act without the copy, remove dead_letter_topic from the "
+            "pipeline first (its letters stay in the quarantine table)."
         ) from exc
 
 

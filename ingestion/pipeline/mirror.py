@@ -139,9 +139,9 @@ def mirror_offsets(
     it is ahead at a position ``rewinds`` (read only then) says the table left behind.
 
     Kafka rejects a commit from a non-member while the group has active members
-    (UNKNOWN_MEMBER_ID): that is reported as ``foreign_members``, not raised (R23). Every failure,
-    a broker that stops answering mid-call included, is returned in ``error``, never raised: the
-    table has committed, and the next run (or the operator's action) moves the group.
+    (UNKNOWN_MEMBER_ID): that is reported as ``foreign_members``, not raised (R23). Every Kafka
+    failure, a broker that stops answering mid-call included, is returned in ``error``, not
+    raised: the table has committed, and the next run (or the operator's action) moves the group.
     """
     from confluent_kafka import (
         ConsumerGroupTopicPartitions,

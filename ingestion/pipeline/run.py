@@ -270,16 +270,17 @@ def _publish(
     run's plan: a run that wakes late can only set the group to where the table is, and after a
     recorded rewind the group is moved back (R8, R48).
     """
-    sync_quarantine(catalog, spec)
     group = spec.consumer_group_id
     try:
-        # One read of the table for the copy and the mirror: the mirror moves the group only
-        # past commits this read saw, so a commit landing meanwhile (a zombie's) is never
-        # passed before its letters were copied (issue 29 item 1).
+        # One read of the table, before the quarantine sync, for the copy and the mirror: the
+        # sync then reflects every commit this read saw (a commit whose rows it had not synced
+        # would be "copied" as nothing), and the mirror moves the group only past commits this
+        # read saw, never past one that landed meanwhile, its letters not copied (issue 29).
         table = catalog.load_table(spec.table)
     except Exception as exc:  # best effort, as the mirror itself: the next run repairs it
         report.mirror = MirrorOutcome(group, error=f"reading {spec.table} failed ({exc})")
         return
+    sync_quarantine(catalog, spec)
     if spec.dead_letter_topic:
         try:
             copy = copy_pending_dead_letters(catalog, spec, table, admin, kafka_config)

@@ -102,6 +102,7 @@ def previous_audit_memory(instance: DagsterInstance, key: AssetCheckKey) -> Audi
         cursor=number("audit_cursor"),
         unrecounted_snapshot=number("unrecounted_snapshot"),
         attempts=number("recount_attempts") or 0,
+        group=str(metadata["audit_group"].value) if "audit_group" in metadata else None,
     )
 
 
@@ -110,6 +111,8 @@ def memory_metadata(memory: AuditMemory | None) -> dict[str, str]:
     if memory is None:
         return {}
     carried = {"audit_cursor": "" if memory.cursor is None else str(memory.cursor)}
+    if memory.group is not None:
+        carried["audit_group"] = memory.group
     if memory.unrecounted_snapshot is not None:
         carried["unrecounted_snapshot"] = str(memory.unrecounted_snapshot)
         carried["recount_attempts"] = str(memory.attempts)
@@ -170,7 +173,19 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
                     blocked, metadata={**blocked.metadata, **memory_metadata(previous)}
                 )
             else:
-                findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, previous=previous)
+                group = spec.consumer_group_id
+                if previous is not None and previous.group not in (None, group):
+                    # a migration: the cursor walks another group's commits (each would read
+                    # as another writer's); the audit starts again under the new group
+                    context.log.warning(
+                        f"exactly_once_audit: the last cursor audited group {previous.group!r}, "
+                        f"the pipeline now commits under {group!r}: auditing afresh"
+                    )
+                    previous = None
+                found = audit_finding(spec, iceberg, kafka, previous=previous)
+                findings[AUDIT_CHECK.name] = replace(
+                    found, metadata={**found.metadata, "audit_group": group}
+                )
         for name, replica in replicas.items():  # a pipeline with replicas only: the DR add-on
             if name in selected:
                 from platform_assets.dr.checks import replica_finding

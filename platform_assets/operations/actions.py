@@ -17,6 +17,7 @@ from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG
 from platform_assets.ingest.liveness import ActiveRun, active_runs
 from platform_assets.pipelines import ingest_job_name
 from platform_assets.route import PRIMARY, active_route
+from platform_assets.streaming.jobs import STOP_TAG, active_stream_runs
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -59,23 +60,49 @@ def hold_ingestion(
     ingestion runs in progress to end; return 0, or refuse (``OperationRefusedError``, nothing
     changed) when one is still active after it.
 
-    Runs back to back would otherwise refuse the action for ever (it refuses while a run is
-    active). A run that slips in after the wait (a request the sensor made before the mark)
-    meets the compare-and-set of the offsets: one of the two commits fails, nothing lands
-    twice (rule 1).
+    A live stream of the pipeline is asked to stop (:func:`stop_streams`) and waited for the
+    same way: an action racing a stream would otherwise lose to its next commit (a failover
+    re-reads offsets the stream keeps moving). Runs back to back would otherwise refuse the
+    action for ever (it refuses while a run is active). A run that slips in after the wait (a
+    request the sensor made before the mark) meets the compare-and-set of the offsets: one of
+    the two commits fails, nothing lands twice (rule 1).
     """
     instance.add_run_tags(run_id, {OPERATOR_TAG: spec.name})
     deadline = time.monotonic() + wait_s
+    stop_streams(instance, spec, f"operator action (run {run_id})")
     runs = ingestion_runs(instance, spec)
-    while any(not run.dead for run in runs) and time.monotonic() < deadline:
+    streams = active_stream_runs(instance, spec)
+    while (any(not run.dead for run in runs) or streams) and time.monotonic() < deadline:
         time.sleep(poll_s)
         runs = ingestion_runs(instance, spec)
+        streams = active_stream_runs(instance, spec)
     if any(not run.dead for run in runs):  # the same list counts and names them
         raise OperationRefusedError(
             f"after waiting {wait_s:g} s (config wait_for_runs_seconds): "
             + refusal_naming_runs(spec, runs, "run the action")
         )
+    if streams:
+        raise OperationRefusedError(
+            f"pipeline {spec.name!r}: its stream run(s) {[r.run_id for r in streams]} were asked "
+            f"to stop and had not stopped after {wait_s:g} s (config wait_for_runs_seconds); "
+            "nothing was changed. A stream stops between two commits: raise the wait above "
+            "one catch-up iteration, or, if its process is gone, wait for the stream sensor to "
+            "mark it failed (its heartbeat stops), then run the action again. The stream "
+            "sensor starts a new stream once no operator action is in progress."
+        )
     return 0
+
+
+def stop_streams(instance: DagsterInstance, spec: PipelineSpec, reason: str) -> list[str]:
+    """Ask the pipeline's live stream runs to stop (the tag their ``should_stop`` reads: each
+    ends between two commits); return their ids. The stream sensor starts none while an
+    operator run holds the pipeline (``active_operator_runs``), and a new one after it ends.
+    Delivery: nothing is consumed or committed here."""
+    streams = active_stream_runs(instance, spec)
+    for run in streams:
+        if STOP_TAG not in run.tags:
+            instance.add_run_tags(run.run_id, {STOP_TAG: reason})
+    return [run.run_id for run in streams]
 
 
 def refuse_off_route(

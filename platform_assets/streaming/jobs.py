@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 from dagster import (
     AssetMaterialization,
@@ -94,19 +95,53 @@ def is_stale(run: DagsterRun, spec: PipelineSpec, now: float, started_at: float 
     return last is not None and now - last > stale_after_seconds(spec)
 
 
+ITERATION_LIMIT_SECONDS = 900.0
+"""An iteration running longer than this (or 10 x ``stale_after_seconds``) is hung: its stream
+stops beating, so the sensor marks it failed and replaces it."""
+
+
+def iteration_limit_seconds(spec: PipelineSpec) -> float:
+    """How long one stream iteration may run before its stream stops beating (hung)."""
+    return max(ITERATION_LIMIT_SECONDS, 10 * stale_after_seconds(spec))
+
+
+@dataclass
+class Heartbeat:
+    """The stream's heartbeat, written by a thread (:func:`beating`): every ``every_s`` seconds
+    while the current iteration (``iteration_started``, set by :meth:`iteration`) has run for
+    less than ``limit_s``."""
+
+    every_s: float
+    limit_s: float
+    iteration_started: float = field(default_factory=time.monotonic)
+
+    def iteration(self) -> None:
+        """An iteration starts (``should_stop`` calls it)."""
+        self.iteration_started = time.monotonic()
+
+    def hung(self) -> bool:
+        """Whether the current iteration has run past the limit."""
+        return time.monotonic() - self.iteration_started > self.limit_s
+
+
 @contextmanager
-def beating(instance: DagsterInstance, run_id: str, every_s: float) -> Iterator[None]:
-    """Write the run's heartbeat every ``every_s`` seconds while the body runs (a thread).
+def beating(instance: DagsterInstance, run_id: str, heartbeat: Heartbeat) -> Iterator[None]:
+    """Write the run's heartbeat every ``heartbeat.every_s`` seconds while the body runs (a
+    thread), unless the current iteration is hung.
 
     A stream beats while its process lives, also inside an iteration that catches up a long
     backlog on Spark: before, it beat only between iterations, so an iteration longer than
     :func:`stale_after_seconds` was judged dead, marked failed and replaced while it still ran
-    (issue 29 item 5). A write that fails is retried at the next beat; a killed process stops
-    beating, which is what the sensor looks for."""
+    (issue 29 item 5). An iteration past ``heartbeat.limit_s`` (a Spark job or a client call
+    that never returns) stops the beat, so a hung stream is still marked failed and replaced
+    (R52; the two then race on the compare-and-set, rule 1). A write that fails is retried at the
+    next beat; a killed process stops beating, which is what the sensor looks for."""
     stop = threading.Event()
 
     def beat() -> None:
-        while not stop.wait(every_s):
+        while not stop.wait(heartbeat.every_s):
+            if heartbeat.hung():
+                continue
             with contextlib.suppress(Exception):  # the run storage hiccuped: the next beat
                 instance.add_run_tags(run_id, {HEARTBEAT_TAG: str(int(time.time()))})
 
@@ -116,7 +151,7 @@ def beating(instance: DagsterInstance, run_id: str, every_s: float) -> Iterator[
         yield
     finally:
         stop.set()
-        thread.join(every_s + 10)
+        thread.join(heartbeat.every_s + 10)
 
 
 def build_stream_job(spec: PipelineSpec) -> JobDefinition:
@@ -141,7 +176,10 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
         route = active_route(spec, kafka, iceberg)  # a failover moves it to a replica
         source = route.kafka
 
+        heartbeat = Heartbeat(stale_after_seconds(spec) / 4, iteration_limit_seconds(spec))
+
         def should_stop() -> str | None:
+            heartbeat.iteration()
             instance.add_run_tags(run_id, {HEARTBEAT_TAG: str(int(time.time()))})
             run = instance.get_run_by_id(run_id)
             if run is None or run.status != DagsterRunStatus.STARTED:
@@ -193,7 +231,7 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
                 )
             )
 
-        with beating(instance, run_id, stale_after_seconds(spec) / 4):
+        with beating(instance, run_id, heartbeat):
             summary = stream_pipeline(
                 route.spec,
                 source.client_config(),

@@ -34,7 +34,7 @@ from dagster import (
 from ingestion.health.checks import GROUP_CHECK, check_group_consistency
 from ingestion.health.triggers import MAX_COMMIT_INTERVAL_SECONDS, is_continuous
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, count_active_runs
+from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, active_operator_runs, count_active_runs
 from platform_assets.ingest.sensors import blocked_reason, latest_outcome
 from platform_assets.pipelines import ingest_job_name, table_key
 from platform_assets.state import read_pipeline_state
@@ -80,6 +80,12 @@ def build_stream_sensor(
             return SkipReason(stop or f"the stream of {spec.name!r} is alive")
         if stop:
             return SkipReason(stop)
+        held = active_operator_runs(context.instance, spec)
+        if held:  # the operator job asked the stream to stop (operations.hold_ingestion)
+            return SkipReason(
+                f"{spec.name!r}: operator action in progress (run {held[0]}); the stream "
+                "restarts when it ends"
+            )
         if count_active_runs(context.instance, ingest_job_name(spec)):
             return SkipReason(f"a run of {ingest_job_name(spec)} is active; the stream follows")
         failed_ago = seconds_since_failure(context.instance, spec, time.time())

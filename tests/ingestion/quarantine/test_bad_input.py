@@ -396,7 +396,7 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
     assert f"pipeline {spec.name!r}" in message, message
     assert f"not copied to {dead!r} yet" in message, message
     assert "INVALID_REPLICATION_FACTOR" in message, message
-    assert "Nothing was changed" in message, message
+    assert "The offsets were not changed" in message, message
     assert harness.table(spec).metadata.current_snapshot_id == head
 
     act(fixed)

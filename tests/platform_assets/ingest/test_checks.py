@@ -65,6 +65,7 @@ def test_the_audit_cursor_survives_a_long_block(
         memory = previous_audit_memory(instance, key)
         assert memory is not None
         assert str(memory.cursor) == cursor
+        assert memory.group == spec.consumer_group_id  # a migration's new group audits afresh
         again = evaluate_audit(spec, resources, instance)
         assert again.passed, again.description
         assert again.metadata["audit_cursor"].value == cursor

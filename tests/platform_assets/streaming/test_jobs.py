@@ -35,6 +35,7 @@ from platform_assets.streaming.jobs import (
     GENERATION_TAG,
     HEARTBEAT_TAG,
     STOP_TAG,
+    Heartbeat,
     active_stream_runs,
     beating,
     build_stream_job,
@@ -279,7 +280,8 @@ def test_a_stream_beats_inside_a_long_iteration() -> None:
     """Issue 29 item 5: the heartbeat was written only between iterations, so one iteration
     catching up a backlog for longer than ``stale_after_seconds`` looked dead: the sensor marked
     the live run failed and started a second stream beside it. The stream op now beats from a
-    thread (``beating``) for as long as its process lives; once the body ends it stops."""
+    thread (``beating``) for as long as its process lives, unless an iteration runs past the
+    limit (hung: the sensor must still replace it); once the body ends it stops."""
     from ingestion.spec.pipeline import parse_pipeline_spec
 
     spec = parse_pipeline_spec(
@@ -300,10 +302,67 @@ def test_a_stream_beats_inside_a_long_iteration() -> None:
             return found
 
         assert is_stale(current(), spec, time.time(), None)  # an hour without a beat
-        with beating(instance, run.run_id, every_s=0.2):
+        heartbeat = Heartbeat(every_s=0.2, limit_s=3.0)
+        with beating(instance, run.run_id, heartbeat):
             time.sleep(1.5)  # one long iteration: should_stop (the old beat) is not called
             assert current().tags[HEARTBEAT_TAG] != old
             assert not is_stale(current(), spec, time.time(), None)
+            time.sleep(2.0)  # past the iteration limit: hung, the beat stops
+            hung = current().tags[HEARTBEAT_TAG]
+            time.sleep(1.5)
+            assert current().tags[HEARTBEAT_TAG] == hung, "a hung iteration kept beating"
+            heartbeat.iteration()  # the next iteration starts: beating again
+            time.sleep(1.5)
+            assert current().tags[HEARTBEAT_TAG] != hung
         last = current().tags[HEARTBEAT_TAG]
         time.sleep(1.5)
         assert current().tags[HEARTBEAT_TAG] == last, "it beat after the stream ended"
+
+
+def test_an_operator_action_stops_the_stream_acts_and_the_stream_comes_back(
+    harness: Harness,
+    resources: dict[str, Any],
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+) -> None:
+    """Issue 29 item 2: an operator job's hold counted ingestion runs, not the stream, so a reset,
+    migration or failover planned beside a live stream raced its commits (a failover re-read
+    offsets the stream kept moving, then refused). Now the hold asks the stream to stop and waits
+    for it, the stream sensor starts none while the operator run is in progress, and starts one
+    again after it; the records produced meanwhile land once."""
+    from platform_assets.operations.actions import hold_ingestion
+
+    topic, spec = new_pipeline("stream_hold", partitions=2, produce=20, freshness_target_seconds=4)
+    # Resolved before any instance is entered (see test_stream_of_a_pipeline_that_no_longer_...)
+    sensor = build_definitions([spec]).resolve_sensor_def(f"{spec.name}_stream_sensor")
+    with instance_for_test(overrides=NO_COMPUTE_LOGS) as instance:
+        operator = DagsterRun(job_name="reset_offsets", status=DagsterRunStatus.STARTED)
+        instance.add_run(operator)
+        with stream_run(spec, resources, instance) as (run, thread, messages):
+            wait_for(lambda: commit_count(harness, spec) >= 1, "the stream's first commit")
+            assert hold_ingestion(instance, operator.run_id, spec, wait_s=60, poll_s=0.2) == 0
+            thread.join(30)  # the run ends once its op returned
+            assert not thread.is_alive(), "the stream kept running beside the operator action"
+            stopped = instance.get_run_by_id(run.run_id)
+            assert stopped is not None
+            assert stopped.tags[STOP_TAG] == f"operator action (run {operator.run_id})"
+            ledger_producer.produce(topic, records(10, first=20))
+            context = build_sensor_context(
+                instance=instance, resources={"kafka": resources["kafka"],
+                                              "iceberg": resources["iceberg"]},
+            )  # fmt: skip
+            held = sensor.evaluate_tick(context)
+            assert not held.run_requests
+            assert f"operator action in progress (run {operator.run_id})" in (
+                held.skip_message or ""
+            )
+        assert any("operator action" in m for m in messages), messages
+        instance.report_run_failed(operator, message="test: the action ended")  # any end counts
+        resumed = sensor.evaluate_tick(build_sensor_context(
+            instance=instance, resources={"kafka": resources["kafka"],
+                                          "iceberg": resources["iceberg"]},
+        ))  # fmt: skip
+        assert len(resumed.run_requests or []) == 1, resumed.skip_message
+    assert harness.run(spec, use_spark=False).records == 10  # what the stream did not ingest
+    harness.assert_exactly_once(spec, ledger)
