@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dagster import DagsterInstance
+from dagster import DagsterInstance, DagsterRun
 
 from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.maintenance import maintain_pipeline
@@ -69,9 +69,8 @@ def hold_ingestion(
     """
     instance.add_run_tags(run_id, {OPERATOR_TAG: spec.name})
     deadline = time.monotonic() + wait_s
-    stop_streams(instance, spec, f"operator action (run {run_id})")
+    streams = stop_streams(instance, spec, f"operator action (run {run_id})")
     runs = ingestion_runs(instance, spec)
-    streams = active_stream_runs(instance, spec)
     while (any(not run.dead for run in runs) or streams) and time.monotonic() < deadline:
         time.sleep(poll_s)
         runs = ingestion_runs(instance, spec)
@@ -93,16 +92,16 @@ def hold_ingestion(
     return 0
 
 
-def stop_streams(instance: DagsterInstance, spec: PipelineSpec, reason: str) -> list[str]:
+def stop_streams(instance: DagsterInstance, spec: PipelineSpec, reason: str) -> list[DagsterRun]:
     """Ask the pipeline's live stream runs to stop (the tag their ``should_stop`` reads: each
-    ends between two commits); return their ids. The stream sensor starts none while an
+    ends between two commits); return them. The stream sensor starts none while an
     operator run holds the pipeline (``active_operator_runs``), and a new one after it ends.
     Delivery: nothing is consumed or committed here."""
     streams = active_stream_runs(instance, spec)
     for run in streams:
         if STOP_TAG not in run.tags:
             instance.add_run_tags(run.run_id, {STOP_TAG: reason})
-    return [run.run_id for run in streams]
+    return streams
 
 
 def refuse_off_route(
