@@ -45,7 +45,7 @@ from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 
 STOP_TAG = "stream/stop"  # set by the sensor: the reason the stream must stop
-HEARTBEAT_TAG = "stream/heartbeat"  # epoch seconds of the stream's last iteration
+HEARTBEAT_TAG = "stream/heartbeat"  # epoch seconds of the stream's last beat (beating)
 GENERATION_TAG = "stream/generation"  # the definitions (and spec) the stream was started from
 
 
@@ -179,8 +179,7 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
         heartbeat = Heartbeat(stale_after_seconds(spec) / 4, iteration_limit_seconds(spec))
 
         def should_stop() -> str | None:
-            heartbeat.iteration()
-            instance.add_run_tags(run_id, {HEARTBEAT_TAG: str(int(time.time()))})
+            heartbeat.iteration()  # the beat itself is the thread's (beating)
             run = instance.get_run_by_id(run_id)
             if run is None or run.status != DagsterRunStatus.STARTED:
                 # The sensor marked this run failed (a stale heartbeat: it was slow, not dead)
