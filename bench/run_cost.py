@@ -126,31 +126,20 @@ def child(config: dict[str, Any]) -> dict[str, Any]:
 
 def launch_cli(config: dict[str, Any]) -> dict[str, Any]:
     """A real run of the ingest job with ``dagster job execute``; what its instance recorded."""
-    import yaml
     from dagster import DagsterEventType, DagsterInstance
 
     from ingestion.spec.pipeline import PipelineSpec
     from platform_assets.pipelines import table_key
+    from tests.support.dagster_runs import job_execute_setup
 
     spec = spec_for("cost_cli", config["topic"], None)
     default = PipelineSpec.model_fields["in_process_max_records"].default
     spec = spec.model_copy(update={"in_process_max_records": default})
-    home = Path(config["instance_dir"])
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    pipelines = home / "pipelines.yaml"
-    raw = spec.model_dump(mode="json", by_alias=True)
-    pipelines.write_text(yaml.safe_dump({"pipelines": [raw]}))
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "KAFKA_BOOTSTRAP_SERVERS": config["bootstrap"],
-        "PLATFORM_STATE_DIR": config["state_dir"],
-        "PLATFORM_SPARK_REMOTE": config["remote"],
-        "PLATFORM_PIPELINES_FILE": str(pipelines),
-    }
-    command = [str(Path(sys.executable).with_name("dagster")), "job", "execute"]
-    command += ["-m", "platform_assets.definitions", "-j", f"ingest_{spec.name}_job"]
+    added, command = job_execute_setup(
+        Path(config["instance_dir"]), spec, config["bootstrap"], config["state_dir"]
+    )
+    home = added["DAGSTER_HOME"]
+    env = {**os.environ, **added, "PLATFORM_SPARK_REMOTE": config["remote"]}
     started = time.time()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -42,7 +42,7 @@ def job_execute_setup(
     environment to add to the caller's (the broker, the catalog's state, no Spark Connect) and
     the command."""
     home = tmp_path / "dagster_home"
-    home.mkdir()
+    home.mkdir(parents=True, exist_ok=True)  # a benchmark repeats its runs in one instance
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     pipelines = tmp_path / "pipelines.yaml"
     raw = spec.model_dump(mode="json", by_alias=True)
