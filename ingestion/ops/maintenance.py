@@ -317,7 +317,6 @@ def maintain_pipeline(
     compact: bool = True,
     hooks: FailureHooks = NO_HOOKS,
     keep_after: int | None = None,
-    min_orphan_window_s: float = MIN_ORPHAN_WINDOW_S,
 ) -> MaintenanceReport:
     """Maintain the pipeline's table: bring its quarantine table up to date first (so expiry
     has as little as possible to keep for it), then :func:`maintain_table` with the pipeline's
@@ -344,7 +343,6 @@ def maintain_pipeline(
         compact,
         hooks,
         group_id=spec.consumer_group_id,
-        min_orphan_window_s=min_orphan_window_s,
         quarantine=quarantine,
         keep_after=keep_after,
     )
@@ -360,7 +358,6 @@ def maintain_pipeline(
             report.orphan_window_s,
             compact,
             hooks,
-            min_orphan_window_s=min_orphan_window_s,
             keep_files=named,
         )
         report.errors += [f"quarantine table: {e}" for e in report.quarantine.errors]
