@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
 
-from resources.jvm import LOG4J2_CONFIG, class_path, java_binary
+from resources.jvm import LOG4J2_CONFIG, ClassDataSharing, class_path, java_binary
 from resources.process import ManagedProcess
 
 FORMAT_TIMEOUT_S = 120.0
@@ -173,12 +173,13 @@ class EmbeddedBroker(ManagedProcess):
             self._owned_dir = Path(tempfile.mkdtemp(prefix=f"kafka-{self.name}-"))
         return self._owned_dir / "kraft"
 
-    def _java(self, cp: str, main: str, *args: str) -> list[str]:
+    def _java(self, cp: str, main: str, *args: str, sharing: list[str] | None = None) -> list[str]:
         return [
             java_binary(),
             f"-Xmx{self.heap_mb}m",
             "-Xms64m",
             "-XX:+UseSerialGC",  # one GC thread: these machines have 2 cores and many servers
+            *(sharing if sharing is not None else self.class_sharing_options(main, cp)),
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
             "-cp",
@@ -188,8 +189,10 @@ class EmbeddedBroker(ManagedProcess):
         ]
 
     def _format(self, cp: str, properties: Path) -> None:
-        command = self._java(cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-                             "-t", self.cluster_id, "-c", str(properties))  # fmt: skip
+        tool = "kafka.tools.StorageTool"
+        sharing = ClassDataSharing.for_server(tool, cp)  # a JVM that exits: it dumps at once
+        command = self._java(cp, tool, "format", "--ignore-formatted", "-t", self.cluster_id,
+                             "-c", str(properties), sharing=sharing.options)  # fmt: skip
         if self.sasl_ssl:  # SCRAM users exist from the first start (no admin call before auth)
             for user, password in self.sasl_ssl.users.items():
                 command += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
@@ -199,9 +202,11 @@ class EmbeddedBroker(ManagedProcess):
                 command, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, check=False
             )
         except subprocess.TimeoutExpired as exc:
+            sharing.publish(complete=False)  # killed: whatever it dumped may be half written
             raise BrokerStartError(
                 f"formatting the storage of broker {self.name!r} took over {FORMAT_TIMEOUT_S} s"
             ) from exc
+        sharing.publish()
         if result.returncode != 0:
             raise BrokerStartError(
                 f"formatting the storage of broker {self.name!r} failed after "

@@ -6,19 +6,33 @@ part's class path: the jars land in Maven's local repository (``~/.m2``, outside
 and the class path is remembered in the cache directory (``$PLATFORM_JVM_CACHE``, else
 ``~/.cache/kafka-iceberg-platform``) under the pom's hash, so a second start costs no Maven run
 and an edited pom resolves again.
+
+:class:`ClassDataSharing` shortens each start by mapping the classes a server loaded on an
+earlier start from a class data sharing archive (the JDK's AppCDS: ``-XX:ArchiveClassesAtExit``
+writes it when the first JVM of that main class and class path exits, ``-XX:SharedArchiveFile``
+maps it afterwards). Measured with ``tests/support/mirror_maker.py`` on 2 idle cores: a
+MirrorMaker 2 start 5.0 s -> 3.6 s. The JVM checks the archive against its own build and the
+class path; one that does not match is ignored (the start is then as slow as without one).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 JVM_DIR = Path(__file__).resolve().parent / "jvm"
 LOG4J2_CONFIG = JVM_DIR / "log4j2.properties"
 MAVEN_HINT = "install Maven with: sudo apt-get install -y maven (Java 17+ is needed as well)"
+
+
+_archive_numbers = itertools.count()
+DUMP_GRACE_S = 30.0
+"""How long a JVM that dumps its class data sharing archive at exit may take to stop."""
 
 
 class JvmSetupError(RuntimeError):
@@ -78,3 +92,49 @@ def class_path(part: str) -> str:
         )
     partial.replace(cached)
     return cached.read_text().strip()
+
+
+@dataclass(frozen=True)
+class ClassDataSharing:
+    """The class data sharing archive of one JVM server: ``main`` started on ``cp``.
+
+    :attr:`options` go on the ``java`` command line. Without an archive yet, the JVM dumps one
+    when it exits (a clean stop; a killed JVM dumps nothing) into a file of its own, which
+    :meth:`publish` renames into place once the JVM is gone: JVMs started at the same time
+    never write one file, and a half-written archive is never mapped.
+    """
+
+    archive: Path
+    dump: Path | None
+
+    @classmethod
+    def for_server(cls, main: str, cp: str) -> ClassDataSharing:
+        """The archive of ``main`` on ``cp`` with this ``java`` (a new ``java`` build, class
+        path or main class gets an archive of its own)."""
+        java = Path(java_binary()).resolve()
+        identity = f"{java}:{java.stat().st_mtime_ns}:{main}:{cp}"
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+        archive = cache_dir() / "cds" / f"{main.rsplit('.', 1)[-1]}-{digest}.jsa"
+        if archive.exists():
+            return cls(archive, None)
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        return cls(archive, archive.with_suffix(f".{os.getpid()}-{next(_archive_numbers)}.tmp"))
+
+    @property
+    def options(self) -> list[str]:
+        """``java`` options: map the archive, or dump one at exit; CDS's own warnings (classes
+        it cannot archive) stay out of the server's log."""
+        quiet = ["-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+        if self.dump is None:
+            return [f"-XX:SharedArchiveFile={self.archive}", *quiet]
+        return [f"-XX:ArchiveClassesAtExit={self.dump}", *quiet]
+
+    def publish(self, complete: bool = True) -> None:
+        """After the JVM exited: its dumped archive becomes the archive (the first one wins);
+        one that may be incomplete (the JVM was killed) is removed."""
+        if self.dump is None or not self.dump.exists():
+            return
+        if complete and self.dump.stat().st_size > 0 and not self.archive.exists():
+            self.dump.replace(self.archive)
+        else:
+            self.dump.unlink(missing_ok=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from resources.jvm import DUMP_GRACE_S, ClassDataSharing
+
 
 class ManagedProcess:
     """The start/stop/log plumbing of a server process; subclasses define :meth:`start`."""
@@ -27,6 +29,9 @@ class ManagedProcess:
     stop_timeout_s: float = 5.0
     stop_signal: signal.Signals = signal.SIGTERM
     _process: subprocess.Popen[bytes] | None = None
+    # A JVM server's class data sharing archive (resources.jvm.ClassDataSharing): set by
+    # :meth:`class_sharing_options`, published once the process is gone.
+    sharing: ClassDataSharing | None = None
 
     @property
     def pid(self) -> int | None:
@@ -72,21 +77,38 @@ class ManagedProcess:
             time.sleep(interval_s)
         return False
 
+    def class_sharing_options(self, main: str, cp: str) -> list[str]:
+        """The ``java`` options that share ``main``'s classes on ``cp`` across starts (a JVM
+        server's next start maps them: faster), remembered for :meth:`stop`."""
+        self.sharing = ClassDataSharing.for_server(main, cp)
+        return self.sharing.options
+
     def stop(self) -> None:
-        """Stop the process group; a no-op when it is not running."""
+        """Stop the process group; a no-op when it is not running. A JVM that dumps its class
+        data sharing archive at exit is given :data:`~resources.jvm.DUMP_GRACE_S` to stop
+        cleanly (once per archive), and the archive is published."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        sharing, self.sharing = self.sharing, None
+        if process is None:
             return
-        for sig in (self.stop_signal, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, sig)
-            try:
-                process.wait(self.stop_timeout_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError):  # children that outlived it, if any
-            os.killpg(process.pid, signal.SIGKILL)
+        timeout = self.stop_timeout_s
+        if sharing is not None and sharing.dump is not None:
+            timeout = max(timeout, DUMP_GRACE_S)
+        killed = False
+        if process.poll() is None:
+            for sig in (self.stop_signal, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, sig)
+                killed = sig == signal.SIGKILL
+                try:
+                    process.wait(timeout)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            with contextlib.suppress(ProcessLookupError):  # children that outlived it, if any
+                os.killpg(process.pid, signal.SIGKILL)
+        if sharing is not None:
+            sharing.publish(complete=not killed)  # a JVM killed while dumping left half a file
 
     def read_log(self, max_chars: int = 20_000) -> str:
         """The tail of the process's log."""

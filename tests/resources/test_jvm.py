@@ -42,3 +42,61 @@ def test_rest_catalog_class_path_resolves_once(monkeypatch: pytest.MonkeyPatch) 
     assert any(name.startswith("postgresql-42.") for name in names)
     monkeypatch.setenv("PATH", "/nonexistent")
     assert class_path("rest-catalog").split(os.pathsep) == entries
+
+
+def test_class_data_sharing_dumps_once_then_maps_the_archive(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A real JVM (Kafka's storage tool, which exits at once) dumps its classes at exit into
+    a file of its own; published, the archive is what the next start maps: ``-Xshare:on``
+    makes that start fail unless the archive maps."""
+    import subprocess
+
+    from resources.jvm import ClassDataSharing, java_binary
+
+    cp = class_path("kafka")  # resolved in the real cache, before the cache is moved
+    monkeypatch.setenv("PLATFORM_JVM_CACHE", str(tmp_path))
+    main = "kafka.tools.StorageTool"
+
+    def run(sharing: ClassDataSharing, *extra: str) -> subprocess.CompletedProcess[str]:
+        command = [java_binary(), *sharing.options, *extra, "-cp", cp, main, "random-uuid"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+    first = ClassDataSharing.for_server(main, cp)
+    assert first.dump is not None
+    assert not first.archive.exists()
+    assert run(first).returncode == 0
+    assert first.dump.exists()  # written at exit, under its own name
+    first.publish()
+    assert first.archive.exists()
+    assert not first.dump.exists()
+
+    second = ClassDataSharing.for_server(main, cp)
+    assert (second.archive, second.dump) == (first.archive, None)
+    mapped = run(second, "-Xshare:on")
+    assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+    assert ClassDataSharing.for_server("another.Main", cp).archive != first.archive
+
+
+def test_an_archive_that_may_be_half_written_is_never_published(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A JVM killed while it dumped left a file that may be half written: removed, not mapped
+    by the next start; of two complete dumps the first published wins."""
+    from resources.jvm import ClassDataSharing
+
+    monkeypatch.setenv("PLATFORM_JVM_CACHE", str(tmp_path))
+    killed = ClassDataSharing.for_server("some.Main", "a.jar")
+    assert killed.dump is not None
+    killed.dump.write_bytes(b"half")
+    killed.publish(complete=False)
+    assert not killed.dump.exists()
+    assert not killed.archive.exists()
+    one, two = (ClassDataSharing.for_server("some.Main", "a.jar") for _ in range(2))
+    assert one.dump is not None and two.dump is not None and one.dump != two.dump
+    one.dump.write_bytes(b"one")
+    two.dump.write_bytes(b"two")
+    one.publish()
+    two.publish()
+    assert one.archive.read_bytes() == b"one"
+    assert not two.dump.exists()

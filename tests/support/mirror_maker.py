@@ -321,6 +321,10 @@ class MirrorMaker(Flow, ManagedProcess):
             # disabled way back; ACL sync needs an authorizer the embedded brokers lack.
             "emit.heartbeats.enabled": "false",
             "sync.topic.acls.enabled": "false",
+            # Kafka Connect finds MM2's connectors through their ServiceLoader manifests instead
+            # of scanning every jar of the class path (its "hybrid" default; Connect's own log
+            # suggests this): 6.7 s -> 5.1 s per start here.
+            "plugin.discovery": "service_load",
         }
         for target in {flow.target_alias for flow in self.flows}:
             # A worker setting: MM2 ignores it at the top level (MirrorMakerConfig.workerConfig
@@ -351,6 +355,7 @@ class MirrorMaker(Flow, ManagedProcess):
                 "-Xms32m",
                 "-XX:+UseSerialGC",  # one GC thread: 2 cores and many servers
                 "-XX:TieredStopAtLevel=1",  # C1 only: a faster start, a smaller code cache
+                *self.class_sharing_options(MAIN, cp),
                 "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
                 "-cp",

@@ -110,6 +110,7 @@ class RestCatalogServer(ManagedProcess):
                 "-Xms32m",
                 "-XX:+UseSerialGC",  # one GC thread: these machines have 2 cores and many servers
                 "-XX:TieredStopAtLevel=1",  # C1 only: a test catalog starts sooner, runs enough
+                *self.class_sharing_options(MAIN_CLASS, cp),
                 "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
                 "-cp",

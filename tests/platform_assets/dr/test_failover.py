@@ -73,27 +73,38 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     spark_resource: SparkResource,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # On the primary, mirrored by MM2 (transactional copies: replica offsets drift).
+    # On the primary, mirrored by real MM2 (an offset sync every 9 records).
     stack = failback_stack(
-        "orders", NAME, partitions=3, config=True, forward={"sync_every": 9, "transactional": True},
+        "orders", NAME, partitions=3, config=True, real_mm2=True, forward={"offset_lag_max": 8},
         errors_tolerance="all", max_records_per_run=70,
     )  # fmt: skip
-    source, replica, forward = stack.source, stack.replica, stack.forward
+    source, replica, forward = stack.source, stack.replica, stack.forward_mm2
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
+    group = stack.group
+
+    def committed(cluster: Any, topic: str) -> list[tuple[int, int]]:
+        """The group's committed offsets of ``topic`` on ``cluster``, for the partitions MM2
+        can checkpoint (it checkpoints only a partition it wrote an offset sync for)."""
+        offsets = group_offsets(cluster.bootstrap_servers, group)
+        return [(p, n) for (t, p), n in sorted(offsets.items()) if t == topic and n > 0]
+
     resources = {**stack.resources, "spark": spark_resource}
+    dr_admin = AdminClient({"bootstrap.servers": replica.bootstrap_servers})
     produce(source.bootstrap_servers, "orders", 0, 100)
     ingest(spec, resources)  # 70 of 100
-    forward.step()  # all copied; the checkpoint says the group is at the table's 70
-    produce(source.bootstrap_servers, "orders", 100, 30)
+    with forward:
+        assert forward.wait_mirrored("orders") == 100
+        for partition, upstream in committed(source, "orders"):  # the table's 70
+            forward.wait_checkpoint(group, "orders", partition, upstream)
+        produce(source.bootstrap_servers, "orders", 100, 30)
+        assert forward.wait_mirrored("orders") == 30
+    # MM2 stopped (it falls behind): no newer checkpoint, and what follows is never copied.
     ingest(spec, resources, cap=40)  # 110 of 130: past the checkpoint
-    forward.replicate()  # all 130 copied, no newer checkpoint
-    # MM2 copies asynchronously: the last records reach the primary only (the RPO tail).
-    produce(source.bootstrap_servers, "orders", 130, 10)
+    produce(source.bootstrap_servers, "orders", 130, 10)  # the RPO tail
     os.kill(source.pid or 0, signal.SIGSTOP)  # disaster
 
     # dr has its own `orders` too (a producer that failed over early wrote there): under MM2's
     # default naming the route reads `primary.orders`, and the plan says so.
-    dr_admin = AdminClient({"bootstrap.servers": replica.bootstrap_servers})
     for future in dr_admin.create_topics([NewTopic("orders", 3, 1)]).values():
         future.result(10)
     produce(replica.bootstrap_servers, "orders", 900, 1)
@@ -140,13 +151,15 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
         future.result(10)
     produce(replica.bootstrap_servers, "primary.orders", 140, 20)
     ingest(spec, resources, cap=10)  # 140 of 150 on the replica (k130..k139 are on the primary)
-    # Source alias "dr" (the replica's failback alias), target alias "primary".
-    reverse = stack.start_reverse(sync_every=7, transactional=True)
-    reverse.step()
+    # Source alias "dr" (the replica's failback alias), target alias "primary", identity naming.
+    reverse = stack.reverse_mm2().start()
+    reverse.wait_mirrored("primary.orders")
+    for partition, upstream in committed(replica, "primary.orders"):
+        reverse.wait_checkpoint(group, "primary.orders", partition, upstream)
     ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert ready.passed, ready.message
-    ingest(spec, resources, cap=5)  # 145 of 150: past the reverse checkpoint
-    reverse.replicate()
+    ingest(spec, resources, cap=5)  # 145 of 150, while MM2 checkpoints the group
+    reverse.wait_mirrored("primary.orders")
 
     assert main([*back_args, "--dry-run"]) == 0  # the job below commits it (the same code)
     shown = capsys.readouterr().out
@@ -184,6 +197,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     assert sorted((o["partition"], o["tail"]) for o in origin) == [(0, 5), (1, 5), (2, 0)]
     ingest(spec, resources)  # the last 5 from the primary's copy, and the 10 of the tail
     oracle(catalog, spec, 160)
+    reverse.stop()  # the operator stops the reverse flow once the pipeline is back
     produce(source.bootstrap_servers, "orders", 160, 20)  # producers are back on the primary
     lag = read_pipeline_state(spec, kafka, iceberg).lag()
     assert sum(n for (topic, _), n in lag.items() if topic == "orders") == 20  # the sensor sees it
@@ -197,15 +211,22 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     # the way back), so its coordinates may occur once per cluster whose ranges hold them.
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
-    forward.step()  # MM2 primary -> dr runs again: the replica check judges the origin topic
-    ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
-    assert ready.passed, ready.message
-    # Nobody stopped the reverse flow: new records of `orders` loop back into its reverse copy
-    # (primary -> dr -> primary); the check names both topics before the next run reads them.
-    produce(source.bootstrap_servers, "orders", 180, 6)
-    forward.replicate()
-    reverse.replicate()
-    looping = replica_finding(spec, spec.replicas[0], kafka, iceberg)
+    # MM2 primary -> dr runs again, from where it stopped: it copies the tail k130..k139 and
+    # k160..k179 to dr; the replica check judges the origin topic.
+    with forward:
+        assert forward.wait_mirrored("orders") == 30
+        for partition, upstream in committed(source, "orders"):
+            forward.wait_checkpoint(group, "orders", partition, upstream)
+        ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
+        assert ready.passed, ready.message
+        # The reverse flow is started again by mistake: new records of `orders` loop back into
+        # its reverse copy (primary -> dr -> primary), and so do the forward flow's copies of
+        # k130..k139 and k160..k179; the check names both topics before the next run reads them.
+        reverse.start()
+        produce(source.bootstrap_servers, "orders", 180, 6)
+        assert forward.wait_mirrored("orders") == 6
+        reverse.wait_mirrored("primary.orders")
+        looping = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert not looping.passed
     assert "records of 'orders' come back through 'primary.orders'" in looping.message
     assert len(looping.metadata["looped_records"]) == 5  # examples; the message has no offsets
