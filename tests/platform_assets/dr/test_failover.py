@@ -3,12 +3,17 @@
 The primary stops (SIGSTOP) in the middle of a stream, with records MM2 had not copied yet (the
 RPO tail); ``platform failover --dry-run`` shows the plan and commits nothing, ``platform
 failover --to dr`` switches, and the pipeline's Dagster ingestion asset then reads the replica
-with no configuration change. The primary comes back, a reverse MirrorMaker 2 flow (the
-stand-in) copies the replica's topic to it, producers keep writing to the replica, and the
+with no configuration change. The primary comes back, a reverse MirrorMaker 2 flow copies
+the replica's topic to it, producers keep writing to the replica, and the
 Dagster ``failover`` job fails the pipeline back to primary in the middle of that stream: it
 reads the reverse copy and the origin topic again, from the unreplicated tail on, where
 producers write once more. The oracle, by source record identity: every record once. The
-exactly-once audit recounts each commit on the cluster it read."""
+exactly-once audit recounts each commit on the cluster it read.
+
+Every flow here is Apache Kafka's MirrorMaker 2 (tests/support/mirror_maker.py), forward and
+reverse, each started and stopped where the story needs MM2 running or behind: a tail MM2 never
+copied is made by stopping it, and a copy that lands between the failback's plan and its commit
+by starting it there."""
 
 from __future__ import annotations
 
@@ -37,11 +42,13 @@ from platform_assets.operations.actions import reset_offsets
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
+from resources.embedded import EmbeddedBroker
 from resources.spark import SparkResource
 from tests.support.brokers import resume_broker
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
 from tests.support.failover_stream import oracle, produce
+from tests.support.mirror_maker import MirrorMaker
 
 pytestmark = pytest.mark.integration
 NAME = "dr_wired"
@@ -57,6 +64,19 @@ def documented_failover_commands() -> list[list[str]]:
     assert "--dry-run" in commands[0]
     assert "--dry-run" not in commands[1] + commands[2]
     return [[NAME if word == "PIPELINE" else word for word in c] for c in commands]
+
+
+def committed(cluster: EmbeddedBroker, group: str, topic: str) -> list[tuple[int, int]]:
+    """``group``'s committed offsets of ``topic`` on ``cluster``, for the partitions MM2 can
+    checkpoint (a partition it wrote an offset sync for: one that holds a copied record)."""
+    offsets = group_offsets(cluster.bootstrap_servers, group)
+    return [(p, n) for (t, p), n in sorted(offsets.items()) if t == topic and n > 0]
+
+
+def wait_checkpointed(mm2: MirrorMaker, cluster: EmbeddedBroker, group: str, topic: str) -> None:
+    """Until ``mm2`` has checkpointed ``group`` where it stands now on ``topic``."""
+    for partition, upstream in committed(cluster, group, topic):
+        mm2.wait_checkpoint(group, topic, partition, upstream)
 
 
 def ingest(spec: PipelineSpec, resources: dict[str, Any], cap: int | None = None) -> None:
@@ -82,20 +102,13 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
     group = stack.group
 
-    def committed(cluster: Any, topic: str) -> list[tuple[int, int]]:
-        """The group's committed offsets of ``topic`` on ``cluster``, for the partitions MM2
-        can checkpoint (it checkpoints only a partition it wrote an offset sync for)."""
-        offsets = group_offsets(cluster.bootstrap_servers, group)
-        return [(p, n) for (t, p), n in sorted(offsets.items()) if t == topic and n > 0]
-
     resources = {**stack.resources, "spark": spark_resource}
     dr_admin = AdminClient({"bootstrap.servers": replica.bootstrap_servers})
     produce(source.bootstrap_servers, "orders", 0, 100)
     ingest(spec, resources)  # 70 of 100
     with forward:
         assert forward.wait_mirrored("orders") == 100
-        for partition, upstream in committed(source, "orders"):  # the table's 70
-            forward.wait_checkpoint(group, "orders", partition, upstream)
+        wait_checkpointed(forward, source, group, "orders")  # the table's 70
         produce(source.bootstrap_servers, "orders", 100, 30)
         assert forward.wait_mirrored("orders") == 30
     # MM2 stopped (it falls behind): no newer checkpoint, and what follows is never copied.
@@ -154,8 +167,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     # Source alias "dr" (the replica's failback alias), target alias "primary", identity naming.
     reverse = stack.reverse_mm2().start()
     reverse.wait_mirrored("primary.orders")
-    for partition, upstream in committed(replica, "primary.orders"):
-        reverse.wait_checkpoint(group, "primary.orders", partition, upstream)
+    wait_checkpointed(reverse, replica, group, "primary.orders")
     ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert ready.passed, ready.message
     ingest(spec, resources, cap=5)  # 145 of 150, while MM2 checkpoints the group
@@ -215,8 +227,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
     # k160..k179 to dr; the replica check judges the origin topic.
     with forward:
         assert forward.wait_mirrored("orders") == 30
-        for partition, upstream in committed(source, "orders"):
-            forward.wait_checkpoint(group, "orders", partition, upstream)
+        wait_checkpointed(forward, source, group, "orders")
         ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
         assert ready.passed, ready.message
         # The reverse flow is started again by mistake: new records of `orders` loop back into
@@ -271,17 +282,21 @@ def test_a_failback_whose_copies_contradict_the_origin_is_refused_nothing_change
     Kafka group are unchanged."""
     name = "dr_refused"
     aliases = {"source_alias": "west", "failback_source_alias": "back"}
-    stack = failback_stack("payments", name, replica=aliases)
-    source, group = stack.source.bootstrap_servers, stack.group
+    stack = failback_stack("payments", name, replica=aliases, real_mm2=True)
+    source, group, forward = stack.source.bootstrap_servers, stack.group, stack.forward_mm2
     send(source, "payments", list(range(20)), STAMP)
     stack.ingest_route()
-    stack.forward.step()  # all 20 copied and checkpointed
-    send(source, "payments", [20, 21, 22, 23], STAMP)  # never copied
+    with forward:  # all 20 copied and checkpointed
+        assert forward.wait_mirrored("payments") == 20
+        wait_checkpointed(forward, stack.source, group, "payments")
+    send(source, "payments", [20, 21, 22, 23], STAMP)  # never copied: MM2 stopped
     stack.fail_over()
     # A retry of k22, and records of the replica's producers on both partitions.
     send(stack.replica.bootstrap_servers, "west.payments", [22, 30, 31], STAMP)
     stack.ingest_route()
-    stack.start_reverse(target_alias="primary").step()
+    with stack.reverse_mm2(target_alias="primary") as reverse:
+        reverse.wait_mirrored("west.payments")
+        wait_checkpointed(reverse, stack.replica, group, "west.payments")  # the table's end
     before = stack.head()
     group_before = group_offsets(source, group)
 
@@ -308,13 +323,15 @@ def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
     n = int(with_syncs)
     topic, alias = f"refunds{n}", f"east{n}"
     aliases = {"source_alias": alias, "failback_source_alias": f"home{n}"}
-    stack = failback_stack(topic, f"dr_quiet{n}", replica=aliases)
+    stack = failback_stack(topic, f"dr_quiet{n}", replica=aliases, real_mm2=True)
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
     source, group, ingest_route = stack.source.bootstrap_servers, stack.group, stack.ingest_route
     send(source, topic, list(range(20)), STAMP)
     ingest_route()
-    stack.forward.step()
-    send(source, topic, [20, 21, 22, 23], STAMP)  # never copied
+    with stack.forward_mm2 as forward:
+        assert forward.wait_mirrored(topic) == 20
+        wait_checkpointed(forward, stack.source, group, topic)
+    send(source, topic, [20, 21, 22, 23], STAMP)  # never copied: MM2 stopped
     stack.fail_over()
     send(stack.replica.bootstrap_servers, f"{alias}.{topic}", [30], STAMP)  # partition 0 only
     ingest_route()
@@ -328,12 +345,17 @@ def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
     # The reverse flow's offset syncs live on the replica, named after the forward alias when
     # MM2 calls the primary that (the failback reads them there).
     syncs_alias = alias if with_syncs else f"nowhere{n}"
-    stack.start_reverse(target_alias=syncs_alias).step()  # source alias f"home{n}"
+    with stack.reverse_mm2(target_alias=syncs_alias) as reverse:  # source alias f"home{n}"
+        reverse.wait_mirrored(f"{alias}.{topic}")
+        wait_checkpointed(reverse, stack.replica, group, f"{alias}.{topic}")
 
     lines = stack.fail_back()
     quiet = next(line for line in lines if line.startswith(f"{alias}.{topic}[1] "))
     assert "read before the failover" in quiet, lines
-    assert "from 10 (9 copies already ingested" in quiet, lines
+    # MM2's anchor is the copy of the last record (k19, replica 9): on each offset commit its
+    # source task writes the offset sync it held back for a partition's last copy, so the
+    # checkpoint of a group at the end translates exactly (10 -> 10), not to a sync before it.
+    assert "from 10 (0 copies already ingested" in quiet, lines
     route = active_route(spec, kafka, iceberg)
     assert (route.cluster, route.spec.source_topics) == ("primary", [f"{alias}.{topic}", topic])
     send(source, topic, [40, 41], STAMP)  # producers are back
@@ -363,19 +385,25 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
 
     topic, alias, name = "fwdres", "eastf", "dr_fwdres"
     aliases = {"source_alias": alias, "failback_source_alias": "homef"}
-    stack = failback_stack(topic, name, replica=aliases)
-    spec, kafka, iceberg = stack.spec, stack.kafka, stack.iceberg
-    source, replica, forward = stack.source, stack.replica, stack.forward
+    stack = failback_stack(topic, name, replica=aliases, real_mm2=True)
+    spec, kafka, iceberg, group = stack.spec, stack.kafka, stack.iceberg, stack.group
+    source, replica, forward = stack.source, stack.replica, stack.forward_mm2
     ingest_route, fail_back = stack.ingest_route, stack.fail_back
+    copy = f"{alias}.{topic}"
     send(source.bootstrap_servers, topic, list(range(20)), STAMP)
     ingest_route()
-    forward.step()
-    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)  # the RPO tail, not copied
+    with forward:
+        assert forward.wait_mirrored(topic) == 20
+        wait_checkpointed(forward, source, group, topic)
+    # The RPO tail: MM2 stopped (it fell behind), the primary stops answering.
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)
     stack.fail_over()
-    send(replica.bootstrap_servers, f"{alias}.{topic}", [30, 31], STAMP + 10_000)
+    send(replica.bootstrap_servers, copy, [30, 31], STAMP + 10_000)
     ingest_route()
-    reverse = stack.start_reverse()  # source alias "homef", target alias "eastf"
-    reverse.step()
+    reverse = stack.reverse_mm2()  # source alias "homef", target alias "eastf"
+    with reverse:
+        reverse.wait_mirrored(copy)
+        wait_checkpointed(reverse, replica, group, copy)
     before = stack.head()
 
     os.kill(replica.pid or 0, signal.SIGSTOP)  # the replica does not answer
@@ -390,7 +418,8 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
 
     def plan_then_copy(*args: Any, **kwargs: Any) -> Any:
         plans = planned(*args, **kwargs)
-        assert forward.replicate() == 4  # the forward flow copies the tail after the plan
+        forward.start()  # MM2's forward flow is back: it copies the tail after the plan
+        assert forward.wait_mirrored(topic) == 4
         return plans
 
     monkeypatch.setattr(failover_module, "plan_failback_origin", plan_then_copy)
@@ -404,6 +433,7 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
     assert stack.head() == before
     assert active_route(spec, kafka, iceberg).cluster == "dr"
     monkeypatch.undo()
+    forward.stop()
 
     # The copies of k20..k23 are on the replica after k30 and k31, not ingested: the origin
     # resumes after them, and the reverse copy brings them.
@@ -415,7 +445,8 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
             f"were copied to 'dr' since the failover and arrive through the reverse copy of "
             f"{alias}.{topic}[{partition}]"
         ) in lines, lines
-    reverse.step()
+    with reverse:  # the reverse flow brings the copies of the tail
+        reverse.wait_mirrored(copy)
     ingest_route()
     send(source.bootstrap_servers, topic, [40, 41], STAMP)  # producers are back on the primary
     ingest_route()
