@@ -6,9 +6,9 @@ flows. With ``real_mm2=True`` they are real MirrorMaker 2 processes (tests/suppo
 :attr:`FailbackStack.mm2` forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2` (dr ->
 primary), created here, started and stopped by the test, stopped at the fixture's teardown.
 Otherwise the forward MirrorMaker 2 stand-in (set up here) and the reverse one
-(:meth:`FailbackStack.start_reverse`): the default, because most failback, completion, late-copy
-and CLI/Dagster failover tests are not converted to real MM2 yet (docs/disaster-recovery.md,
-"Verified on real MirrorMaker 2", lists what is), not because MM2 cannot be driven there.
+(:meth:`FailbackStack.start_reverse`): the default, because most failback, completion and
+late-copy tests are not converted to real MM2 yet (docs/disaster-recovery.md, "Verified on real
+MirrorMaker 2", lists what is), not because MM2 cannot be driven there.
 Tests get it from the ``failback_stack`` fixture::
 
     stack = failback_stack("cmpl", "dr_cmpl", replica={"source_alias": "eastc"})

@@ -19,10 +19,13 @@ pytestmark = pytest.mark.integration
 def test_a_bounded_replica_read_is_the_start_of_the_full_read(
     failback_stack: StackFactory,
 ) -> None:
-    stack = failback_stack("fbreads", "dr_fbreads", forward={"transactional": True})
-    for first in (0, 10, 20):  # three transactions per partition: markers between the copies
-        send(stack.source.bootstrap_servers, "fbreads", list(range(first, first + 10)), STAMP)
-        stack.forward.step()
+    # MM2 with exactly-once support: it copies in transactions (markers between the copies).
+    eos = {"backup.exactly.once.source.support": "enabled"}
+    stack = failback_stack("fbreads", "dr_fbreads", real_mm2=True, forward={"config": eos})
+    with stack.forward_mm2 as forward:
+        for first in (0, 10, 20):  # three batches, each copied in its own transactions
+            send(stack.source.bootstrap_servers, "fbreads", list(range(first, first + 10)), STAMP)
+            assert forward.wait_mirrored("fbreads") == 10
     replica = Replica({"bootstrap.servers": stack.replica.bootstrap_servers})
     full, end = replica.read(stack.copy, 0, 0, sys.maxsize)
     assert [r.key for _, r in full] == [f"k{n}".encode() for n in range(0, 30, 2)]
