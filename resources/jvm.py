@@ -104,20 +104,29 @@ class ClassDataSharing:
     never write one file, and a half-written archive is never mapped.
     """
 
-    archive: Path
+    archive: Path | None  # None: no sharing (turned off, or the cache is not writable)
     dump: Path | None
 
     @classmethod
     def for_server(cls, main: str, cp: str) -> ClassDataSharing:
         """The archive of ``main`` on ``cp`` with this ``java`` (a new ``java`` build, class
-        path or main class gets an archive of its own)."""
+        path or main class gets an archive of its own). ``PLATFORM_JVM_CLASS_SHARING=off``
+        turns sharing off; so does a cache directory that cannot be written (the server then
+        starts as it would without it)."""
+        if os.environ.get("PLATFORM_JVM_CLASS_SHARING", "on").lower() in ("off", "0", "false"):
+            return cls(None, None)
         java = Path(java_binary()).resolve()
-        identity = f"{java}:{java.stat().st_mtime_ns}:{main}:{cp}"
-        digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-        archive = cache_dir() / "cds" / f"{main.rsplit('.', 1)[-1]}-{digest}.jsa"
-        if archive.exists():
-            return cls(archive, None)
-        archive.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            identity = f"{java}:{java.stat().st_mtime_ns}:{main}:{cp}"
+            digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+            archive = cache_dir() / "cds" / f"{main.rsplit('.', 1)[-1]}-{digest}.jsa"
+            if archive.exists():
+                return cls(archive, None)
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            if not os.access(archive.parent, os.W_OK):
+                return cls(None, None)
+        except OSError:
+            return cls(None, None)
         return cls(archive, archive.with_suffix(f".{os.getpid()}-{next(_archive_numbers)}.tmp"))
 
     @property
@@ -125,6 +134,8 @@ class ClassDataSharing:
         """``java`` options: map the archive, or dump one at exit; CDS's own warnings (classes
         it cannot archive) stay out of the server's log."""
         quiet = ["-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+        if self.archive is None:
+            return []
         if self.dump is None:
             return [f"-XX:SharedArchiveFile={self.archive}", *quiet]
         return [f"-XX:ArchiveClassesAtExit={self.dump}", *quiet]
@@ -132,7 +143,7 @@ class ClassDataSharing:
     def publish(self, complete: bool = True) -> None:
         """After the JVM exited: its dumped archive becomes the archive (the first one wins);
         one that may be incomplete (the JVM was killed) is removed."""
-        if self.dump is None or not self.dump.exists():
+        if self.archive is None or self.dump is None or not self.dump.exists():
             return
         if complete and self.dump.stat().st_size > 0 and not self.archive.exists():
             self.dump.replace(self.archive)

@@ -64,6 +64,7 @@ def test_class_data_sharing_dumps_once_then_maps_the_archive(
 
     first = ClassDataSharing.for_server(main, cp)
     assert first.dump is not None
+    assert first.archive is not None
     assert not first.archive.exists()
     assert run(first).returncode == 0
     assert first.dump.exists()  # written at exit, under its own name
@@ -88,15 +89,35 @@ def test_an_archive_that_may_be_half_written_is_never_published(
     monkeypatch.setenv("PLATFORM_JVM_CACHE", str(tmp_path))
     killed = ClassDataSharing.for_server("some.Main", "a.jar")
     assert killed.dump is not None
+    assert killed.archive is not None
     killed.dump.write_bytes(b"half")
     killed.publish(complete=False)
     assert not killed.dump.exists()
     assert not killed.archive.exists()
     one, two = (ClassDataSharing.for_server("some.Main", "a.jar") for _ in range(2))
-    assert one.dump is not None and two.dump is not None and one.dump != two.dump
+    assert one.dump is not None
+    assert two.dump is not None
+    assert one.dump != two.dump
     one.dump.write_bytes(b"one")
     two.dump.write_bytes(b"two")
     one.publish()
     two.publish()
+    assert one.archive is not None
     assert one.archive.read_bytes() == b"one"
     assert not two.dump.exists()
+
+
+def test_class_sharing_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``PLATFORM_JVM_CLASS_SHARING=off``, or a cache that cannot be written: no options, the
+    server starts as without sharing, nothing is published."""
+    from resources.jvm import ClassDataSharing
+
+    monkeypatch.setenv("PLATFORM_JVM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PLATFORM_JVM_CLASS_SHARING", "off")
+    off = ClassDataSharing.for_server("some.Main", "a.jar")
+    assert off.options == []
+    off.publish()
+    assert not (tmp_path / "cache").exists()
+    monkeypatch.delenv("PLATFORM_JVM_CLASS_SHARING")
+    (tmp_path / "cache").write_text("a file where the cache directory should be")
+    assert ClassDataSharing.for_server("some.Main", "a.jar").options == []
