@@ -126,16 +126,17 @@ class EmbeddedBroker(ManagedProcess):
         """
         cp = class_path("kafka")
         try:
-            for _ in range(attempts):
-                if self._start_once(cp):
+            for attempt in range(attempts):
+                if self._start_once(cp, share_classes=attempt == 0):
                     return self
-                self.stop()  # exited (a port race) or never served
+                self.stop()  # exited (a port race) or never served; the next try shares no
+                # classes, should the archive be what failed it
         except BaseException:
             self.stop()
             raise
         raise BrokerStartError(f"Kafka did not start; its log follows:\n{self.read_log()}")
 
-    def _start_once(self, cp: str) -> bool:
+    def _start_once(self, cp: str, share_classes: bool = True) -> bool:
         port = self.port or find_free_port()
         controller = find_free_port()
         secure = (self.sasl_ssl.port or find_free_port()) if self.sasl_ssl else None
@@ -150,7 +151,8 @@ class EmbeddedBroker(ManagedProcess):
                 log.seek(log_from)
                 return b"Kafka Server started" in log.read()
 
-        self.spawn(self._java(cp, "kafka.Kafka", str(properties)))
+        sharing: list[str] | None = None if share_classes else []
+        self.spawn(self._java(cp, "kafka.Kafka", str(properties), sharing=sharing))
         if not self.wait_listening(port, self.start_timeout_s, interval_s=0.1, ready=started):
             return False
         self.port, self.sasl_ssl_port = port, secure
@@ -189,29 +191,44 @@ class EmbeddedBroker(ManagedProcess):
         ]
 
     def _format(self, cp: str, properties: Path) -> None:
+        """Format the storage with Kafka's ``StorageTool`` (a JVM that exits at once: its first
+        run dumps the class data sharing archive). A run that fails with sharing runs again
+        without it (a dump the disk had no room for exits with 1), so sharing never costs a
+        start."""
         tool = "kafka.tools.StorageTool"
-        sharing = ClassDataSharing.for_server(tool, cp)  # a JVM that exits: it dumps at once
-        command = self._java(cp, tool, "format", "--ignore-formatted", "-t", self.cluster_id,
-                             "-c", str(properties), sharing=sharing.options)  # fmt: skip
-        if self.sasl_ssl:  # SCRAM users exist from the first start (no admin call before auth)
-            for user, password in self.sasl_ssl.users.items():
-                command += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
+        sharing = ClassDataSharing.for_server(tool, cp)
         started = time.monotonic()
-        try:
-            result = subprocess.run(
-                command, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            sharing.publish(complete=False)  # killed: whatever it dumped may be half written
-            raise BrokerStartError(
-                f"formatting the storage of broker {self.name!r} took over {FORMAT_TIMEOUT_S} s"
-            ) from exc
-        sharing.publish()
+        result = self._run_format(cp, properties, tool, sharing)
+        if result.returncode != 0 and sharing.options:
+            result = self._run_format(cp, properties, tool, None)
         if result.returncode != 0:
             raise BrokerStartError(
                 f"formatting the storage of broker {self.name!r} failed after "
                 f"{time.monotonic() - started:.1f} s:\n{result.stdout}{result.stderr}"
             )
+
+    def _run_format(
+        self, cp: str, properties: Path, tool: str, sharing: ClassDataSharing | None
+    ) -> subprocess.CompletedProcess[str]:
+        command = self._java(cp, tool, "format", "--ignore-formatted", "-t", self.cluster_id,
+                             "-c", str(properties),
+                             sharing=sharing.options if sharing else [])  # fmt: skip
+        if self.sasl_ssl:  # SCRAM users exist from the first start (no admin call before auth)
+            for user, password in self.sasl_ssl.users.items():
+                command += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=FORMAT_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            if sharing is not None:
+                sharing.publish(complete=False)  # killed: whatever it dumped may be half written
+            raise BrokerStartError(
+                f"formatting the storage of broker {self.name!r} took over {FORMAT_TIMEOUT_S} s"
+            ) from exc
+        if sharing is not None:
+            sharing.publish(complete=result.returncode == 0)
+        return result
 
     def _server_properties(self, port: int, controller: int, secure: int | None, data: Path) -> str:
         advertised = self.advertised_port or port

@@ -17,11 +17,13 @@ class path; one that does not match is ignored (the start is then as slow as wit
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import itertools
 import os
 import shutil
 import subprocess
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,9 +32,15 @@ LOG4J2_CONFIG = JVM_DIR / "log4j2.properties"
 MAVEN_HINT = "install Maven with: sudo apt-get install -y maven (Java 17+ is needed as well)"
 
 
-_archive_numbers = itertools.count()
 DUMP_GRACE_S = 30.0
-"""How long a JVM that dumps its class data sharing archive at exit may take to stop."""
+"""How long a running JVM that dumps its class data sharing archive at exit may take to stop
+(its stop timeout first, then up to this while it is not stopped by a signal)."""
+DUMP_MIN_FREE_BYTES = 512 * 2**20
+"""No dump with less free space in the cache: an archive is 20-50 MB."""
+ARCHIVE_KEEP_S = 7 * 86_400
+"""An archive not used for a week (another class path, an old ``java``) is removed."""
+DUMP_KEEP_S = 3_600
+"""A dump not published within an hour was left by a process that died."""
 
 
 class JvmSetupError(RuntimeError):
@@ -99,35 +107,50 @@ class ClassDataSharing:
     """The class data sharing archive of one JVM server: ``main`` started on ``cp``.
 
     :attr:`options` go on the ``java`` command line. Without an archive yet, the JVM dumps one
-    when it exits (a clean stop; a killed JVM dumps nothing) into a file of its own, which
-    :meth:`publish` renames into place once the JVM is gone: JVMs started at the same time
-    never write one file, and a half-written archive is never mapped.
+    when it exits cleanly into a file of its own (a unique name), which :meth:`publish` checks
+    and renames into place once the JVM is gone: JVMs started at the same time never write one
+    file, and an archive is published only after a JVM mapped it (``-Xshare:on``), so a
+    half-written or foreign file is never used by a server start.
     """
 
-    archive: Path | None  # None: no sharing (turned off, or the cache is not writable)
+    archive: Path | None  # None: no sharing (turned off, the cache not writable, disk short)
     dump: Path | None
+    main: str = ""
+    cp: str = ""
 
     @classmethod
     def for_server(cls, main: str, cp: str) -> ClassDataSharing:
-        """The archive of ``main`` on ``cp`` with this ``java`` (a new ``java`` build, class
-        path or main class gets an archive of its own). ``PLATFORM_JVM_CLASS_SHARING=off``
-        turns sharing off; so does a cache directory that cannot be written (the server then
-        starts as it would without it)."""
+        """The archive of ``main`` on ``cp`` with this ``java``: a new ``java`` build, main
+        class, class path or jar (its size and time) gets an archive of its own, and older
+        archives of ``main`` are removed after :data:`ARCHIVE_KEEP_S`.
+        ``PLATFORM_JVM_CLASS_SHARING=off`` turns sharing off; so does a cache directory that
+        cannot be written or has less than :data:`DUMP_MIN_FREE_BYTES` free (a dump that
+        cannot be written makes the JVM exit with 1): the server then starts without it."""
+        off = cls(None, None, main, cp)
         if os.environ.get("PLATFORM_JVM_CLASS_SHARING", "on").lower() in ("off", "0", "false"):
-            return cls(None, None)
-        java = Path(java_binary()).resolve()
+            return off
         try:
-            identity = f"{java}:{java.stat().st_mtime_ns}:{main}:{cp}"
+            java = Path(java_binary()).resolve()
+            jars = [Path(entry) for entry in cp.split(os.pathsep) if entry]
+            stamps = [f"{jar}:{st.st_size}:{st.st_mtime_ns}" for jar in jars
+                      if (st := jar.stat())]  # fmt: skip
+            identity = "\n".join([f"{java}:{java.stat().st_mtime_ns}", main, *stamps])
             digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
-            archive = cache_dir() / "cds" / f"{main.rsplit('.', 1)[-1]}-{digest}.jsa"
+            name = main.rsplit(".", 1)[-1]
+            folder = cache_dir() / "cds"
+            archive = folder / f"{name}-{digest}.jsa"
             if archive.exists():
-                return cls(archive, None)
-            archive.parent.mkdir(parents=True, exist_ok=True)
-            if not os.access(archive.parent, os.W_OK):
-                return cls(None, None)
+                return cls(archive, None, main, cp)
+            folder.mkdir(parents=True, exist_ok=True)
+            _remove_stale(folder, name)
+            if not os.access(folder, os.W_OK):
+                return off
+            if shutil.disk_usage(folder).free < DUMP_MIN_FREE_BYTES:
+                return off
         except OSError:
-            return cls(None, None)
-        return cls(archive, archive.with_suffix(f".{os.getpid()}-{next(_archive_numbers)}.tmp"))
+            return off
+        dump = archive.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        return cls(archive, dump, main, cp)
 
     @property
     def options(self) -> list[str]:
@@ -141,11 +164,40 @@ class ClassDataSharing:
         return [f"-XX:ArchiveClassesAtExit={self.dump}", *quiet]
 
     def publish(self, complete: bool = True) -> None:
-        """After the JVM exited: its dumped archive becomes the archive (the first one wins);
-        one that may be incomplete (the JVM was killed) is removed."""
+        """After the JVM exited: its dumped archive becomes the archive once a JVM maps it
+        (the first one wins); one that may be incomplete (the JVM was killed or failed) or
+        does not map is removed."""
         if self.archive is None or self.dump is None or not self.dump.exists():
             return
-        if complete and self.dump.stat().st_size > 0 and not self.archive.exists():
-            self.dump.replace(self.archive)
-        else:
+        try:
+            if complete and not self.archive.exists() and self._maps(self.dump):
+                with self.dump.open("rb") as written:
+                    os.fsync(written.fileno())  # on disk before its name says "complete"
+                self.dump.replace(self.archive)
+        except OSError:
+            pass
+        finally:
             self.dump.unlink(missing_ok=True)
+
+    def _maps(self, archive: Path) -> bool:
+        """A JVM on the same class path starts with ``archive`` mapped (``-Xshare:on`` fails
+        the start otherwise; a truncated archive crashes it)."""
+        command = [java_binary(), "-Xshare:on", f"-XX:SharedArchiveFile={archive}",
+                   "-Xlog:disable", "-cp", self.cp, "-version"]  # fmt: skip
+        try:
+            checked = subprocess.run(command, capture_output=True, timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return checked.returncode == 0
+
+
+def _remove_stale(folder: Path, name: str) -> None:
+    """Remove ``name``'s archives unused for :data:`ARCHIVE_KEEP_S` (another class path or
+    ``java`` build) and dumps left by a process that died before publishing one."""
+    now = time.time()
+    for path in [*folder.glob(f"{name}-*.jsa"), *folder.glob(f"{name}-*.tmp")]:
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            keep = ARCHIVE_KEEP_S if path.suffix == ".jsa" else DUMP_KEEP_S
+            if now - max(stat.st_atime, stat.st_mtime) > keep:
+                path.unlink()

@@ -84,31 +84,33 @@ class ManagedProcess:
         return self.sharing.options
 
     def stop(self) -> None:
-        """Stop the process group; a no-op when it is not running. A JVM that dumps its class
-        data sharing archive at exit is given :data:`~resources.jvm.DUMP_GRACE_S` to stop
-        cleanly (once per archive), and the archive is published."""
+        """Stop the process group; a no-op when it is not running (a dump a JVM left when it
+        exited on its own is discarded). A JVM that dumps its class data sharing archive at
+        exit gets its stop timeout, then up to :data:`~resources.jvm.DUMP_GRACE_S` while it is
+        not stopped by a signal, to exit cleanly; its archive is published if it exited cleanly
+        (0, or 143 after SIGTERM). Interrupted (a second Ctrl-C), it is killed, never left."""
         process, self._process = self._process, None
         sharing, self.sharing = self.sharing, None
         if process is None:
+            if sharing is not None:
+                sharing.publish(complete=False)
             return
-        timeout = self.stop_timeout_s
-        if sharing is not None and sharing.dump is not None:
-            timeout = max(timeout, DUMP_GRACE_S)
-        killed = False
-        if process.poll() is None:
-            for sig in (self.stop_signal, signal.SIGKILL):
+        dumping = sharing is not None and sharing.dump is not None
+        try:
+            if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, sig)
-                killed = sig == signal.SIGKILL
-                try:
-                    process.wait(timeout)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+                    os.killpg(process.pid, self.stop_signal)
+                if not _exited(process, self.stop_timeout_s):
+                    graced = dumping and not _stopped_by_signal(process.pid)
+                    if not (graced and _exited(process, DUMP_GRACE_S - self.stop_timeout_s)):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(process.pid, signal.SIGKILL)
+                        _exited(process, self.stop_timeout_s)
+        finally:
             with contextlib.suppress(ProcessLookupError):  # children that outlived it, if any
                 os.killpg(process.pid, signal.SIGKILL)
         if sharing is not None:
-            sharing.publish(complete=not killed)  # a JVM killed while dumping left half a file
+            sharing.publish(complete=process.poll() in (0, 143))
 
     def read_log(self, max_chars: int = 20_000) -> str:
         """The tail of the process's log."""
@@ -126,3 +128,21 @@ class ManagedProcess:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _exited(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Whether ``process`` exited within ``timeout_s``."""
+    try:
+        process.wait(max(0.0, timeout_s))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _stopped_by_signal(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP: it would never exit on its own), per ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] in ("T", "t")

@@ -50,6 +50,7 @@ def test_class_data_sharing_dumps_once_then_maps_the_archive(
     """A real JVM (Kafka's storage tool, which exits at once) dumps its classes at exit into
     a file of its own; published, the archive is what the next start maps: ``-Xshare:on``
     makes that start fail unless the archive maps."""
+    import dataclasses
     import subprocess
 
     from resources.jvm import ClassDataSharing, java_binary
@@ -76,35 +77,42 @@ def test_class_data_sharing_dumps_once_then_maps_the_archive(
     assert (second.archive, second.dump) == (first.archive, None)
     mapped = run(second, "-Xshare:on")
     assert mapped.returncode == 0, mapped.stdout + mapped.stderr
+    published = first.archive.stat().st_mtime_ns
+    late = dataclasses.replace(first, dump=first.archive.with_suffix(".late.tmp"))
+    assert late.dump is not None
+    assert run(late).returncode == 0  # a second dump of the same server
+    late.publish()
+    assert first.archive.stat().st_mtime_ns == published  # the first one stays
+    assert not late.dump.exists()
     assert ClassDataSharing.for_server("another.Main", cp).archive != first.archive
 
 
 def test_an_archive_that_may_be_half_written_is_never_published(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A JVM killed while it dumped left a file that may be half written: removed, not mapped
-    by the next start; of two complete dumps the first published wins."""
+    """A JVM killed while it dumped left a file that may be half written, and a file a JVM
+    cannot map is no archive: both removed, never published; every dump has a name of its
+    own."""
     from resources.jvm import ClassDataSharing
 
     monkeypatch.setenv("PLATFORM_JVM_CACHE", str(tmp_path))
-    killed = ClassDataSharing.for_server("some.Main", "a.jar")
+    cp = str(tmp_path / "a.jar")
+    (tmp_path / "a.jar").write_bytes(b"")
+    killed = ClassDataSharing.for_server("some.Main", cp)
     assert killed.dump is not None
     assert killed.archive is not None
     killed.dump.write_bytes(b"half")
     killed.publish(complete=False)
     assert not killed.dump.exists()
     assert not killed.archive.exists()
-    one, two = (ClassDataSharing.for_server("some.Main", "a.jar") for _ in range(2))
+    one, two = (ClassDataSharing.for_server("some.Main", cp) for _ in range(2))
     assert one.dump is not None
     assert two.dump is not None
     assert one.dump != two.dump
-    one.dump.write_bytes(b"one")
-    two.dump.write_bytes(b"two")
-    one.publish()
-    two.publish()
-    assert one.archive is not None
-    assert one.archive.read_bytes() == b"one"
-    assert not two.dump.exists()
+    one.dump.write_bytes(b"not an archive")
+    one.publish()  # complete, but no JVM maps it
+    assert not one.dump.exists()
+    assert not killed.archive.exists()
 
 
 def test_class_sharing_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

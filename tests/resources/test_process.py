@@ -5,6 +5,7 @@ timeout when it ignores its stop signal, and children that outlived their parent
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import sys
@@ -124,3 +125,23 @@ def test_a_managed_process_without_start_refuses(tmp_path: Path) -> None:
         bare.start()
     assert bare.pid is None
     assert bare.stop_signal == signal.SIGTERM
+
+
+def test_a_dumping_process_gets_its_grace_unless_a_signal_stopped_it(tmp_path: Path) -> None:
+    """A JVM that dumps its class data sharing archive at exit may take longer than its stop
+    timeout to exit (``DUMP_GRACE_S``), but a SIGSTOPped one would never exit: it is killed
+    after the stop timeout, and its dump, if any, is discarded, never published. Stand-in:
+    a Python server that ignores SIGTERM plays the JVM (no JVM exits on cue)."""
+    from resources.jvm import ClassDataSharing
+
+    archive, dump = tmp_path / "Main-x.jsa", tmp_path / "Main-x.dump.tmp"
+    server = Server(tmp_path / "server.log", ignore_term=True).start()
+    server.sharing = ClassDataSharing(archive, dump, "Main", "a.jar")
+    assert server.pid is not None
+    dump.write_bytes(b"half")
+    os.kill(server.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    server.stop()
+    assert time.monotonic() - began < 5  # not DUMP_GRACE_S
+    assert not dump.exists()
+    assert not archive.exists()
