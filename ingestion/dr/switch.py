@@ -171,6 +171,7 @@ def apply_failover(
         properties[FAILOVER_SOURCE_LOST] = orjson.dumps(assertion).decode()
     if origin:
         properties[FAILOVER_ORIGIN] = orjson.dumps([line.__dict__ for line in origin]).decode()
+    guard = uncopied_property(group, target.name, source, plans, carried, read)
     commit = ActionCommit(
         spec.name,
         f"failover to {target.name!r}",
@@ -178,7 +179,9 @@ def apply_failover(
         str(table.metadata.table_uuid),
         {group: planned_from},
         properties,
-        table_properties=uncopied_property(group, target.name, source, plans, carried, read),
+        table_properties=guard,
+        # As `carried` read it: a release committed since is refused, never undone.
+        planned_properties={key: table.properties.get(key) for key in guard},
     )
     snapshot_id = commit_action(catalog, commit)
     return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], None)

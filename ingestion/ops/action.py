@@ -43,7 +43,10 @@ class ActionCommit:
     ``expected`` maps each guarded group id to the offsets the action was planned from (None:
     the group must have none); ``retired`` maps a guarded group to the snapshot that retired it
     when the action was planned (None: not retired), so a migration racing it is caught too.
-    ``table_properties`` are set in the same transaction (they outlive snapshot expiry).
+    ``table_properties`` are set in the same transaction (they outlive snapshot expiry);
+    ``planned_properties`` are the values they had when the action was planned (None: absent):
+    a retry on a new head never overwrites one changed since (a ``release-late-copies`` cleared
+    the failover's record of uncopied records).
     """
 
     pipeline: str
@@ -55,6 +58,7 @@ class ActionCommit:
     delete_filter: str | None = None
     retired: dict[str, int | None] = field(default_factory=dict)
     table_properties: dict[str, str] = field(default_factory=dict)  # set in the same commit
+    planned_properties: dict[str, str | None] = field(default_factory=dict)
 
 
 @contextmanager
@@ -75,6 +79,13 @@ def _check_planned_state(table: Table, commit: ActionCommit) -> None:
                 f"pipeline {commit.pipeline!r}: the {commit.action} was aborted: group {group!r} "
                 f"offsets moved since it was planned, by the {mover}; nothing was committed. "
                 "Plan it again."
+            )
+    for key, planned_value in commit.planned_properties.items():
+        if table.properties.get(key) != planned_value:
+            raise exceptions.CommitConflictError(
+                f"pipeline {commit.pipeline!r}: the {commit.action} was aborted: table property "
+                f"{key!r} changed since it was planned (a release-late-copies, or another "
+                "switch); nothing was committed. Plan it again."
             )
     for group, planned in commit.retired.items():
         retirement = find_retirement(table, group)

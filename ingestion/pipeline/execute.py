@@ -80,13 +80,21 @@ def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskRes
         rows = frame.mapInArrow(prepare, "i int, result binary").collect()
     except Exception as exc:
         raise exceptions.TaskFailedError(task_failure_message(specs[0].pipeline, exc)) from exc
-    ordered = sorted(rows, key=lambda row: row["i"])
-    if [row["i"] for row in ordered] != list(range(len(specs))):  # never commit a partial set
+    return collected_results(pipeline, [(row["i"], row["result"]) for row in rows], len(specs))
+
+
+def collected_results(pipeline: str, rows: list[tuple[int, bytes]], count: int) -> list[TaskResult]:
+    """The tasks' results in task order, from what Spark collected: ``(task index, pickled
+    result)`` rows. Exactly one result per task, or :class:`~ingestion.exceptions.TaskFailedError`:
+    a missing task would commit a partial set (records skipped), a task twice (a speculative or
+    retried attempt whose output Spark kept) its files twice (records duplicated)."""
+    ordered = sorted(rows, key=lambda row: row[0])
+    if [index for index, _ in ordered] != list(range(count)):  # never commit a partial set
         raise exceptions.TaskFailedError(
-            f"pipeline {specs[0].pipeline!r}: Spark returned results for tasks "
-            f"{[row['i'] for row in ordered]} of {len(specs)}; nothing was committed"
+            f"pipeline {pipeline!r}: Spark returned results for tasks "
+            f"{[index for index, _ in ordered]} of {count}; nothing was committed"
         )
-    return [pickle.loads(row["result"]) for row in ordered]  # noqa: S301 - our own payload
+    return [pickle.loads(result) for _, result in ordered]  # noqa: S301 - our own payload
 
 
 def task_failure_message(pipeline: str, exc: Exception) -> str:

@@ -149,3 +149,27 @@ def test_a_spark_failure_is_named_by_the_engines_own_error_line(text: str, line:
 
 def test_a_failure_without_text_is_named_by_its_type() -> None:
     assert task_failure_message("p", DecodeError("")).endswith(": DecodeError('')")
+
+
+def test_spark_results_must_be_one_per_task() -> None:
+    """What Spark collected becomes the run's results only when every task returned exactly
+    once: a missing task (its records would be skipped) or a task twice (its files committed
+    twice) fails the run by name, nothing committed. Pure: real Spark returns each task once,
+    so the rows are built here."""
+    import pickle
+
+    from ingestion.exceptions import TaskFailedError
+    from ingestion.pipeline.execute import collected_results
+    from ingestion.task.spec import TaskResult
+
+    def row(index: int) -> tuple[int, bytes]:
+        return index, pickle.dumps(TaskResult(OffsetRange("t", index, 0, 1), records=index))
+
+    results = collected_results("orders", [row(2), row(0), row(1)], 3)
+    assert [r.records for r in results] == [0, 1, 2]  # task order, whatever Spark's order
+    for rows, shown in (([row(0), row(2)], "[0, 2] of 3"), ([row(0), row(1), row(1), row(2)],
+                                                          "[0, 1, 1, 2] of 3")):  # fmt: skip
+        with pytest.raises(TaskFailedError) as failed:
+            collected_results("orders", rows, 3)
+        assert f"pipeline 'orders': Spark returned results for tasks {shown}" in str(failed.value)
+        assert "nothing was committed" in str(failed.value)

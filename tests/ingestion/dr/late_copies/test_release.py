@@ -101,3 +101,33 @@ def test_the_record_of_a_route_no_longer_in_force_is_not_released(catalog: Catal
         release_guard(catalog, SPEC, "ops", "late")
     value = orjson.loads(catalog.load_table(SPEC.table).properties[UNCOPIED_PREFIX + GROUP])
     assert len(value["partitions"]) == 3
+
+
+def test_a_switch_planned_before_a_release_is_refused_not_undoing_it(catalog: Catalog) -> None:
+    """A failover read the record (to carry it over) and planned; a release committed; the
+    switch's commit then finds the head moved without the group's offsets moving. It must not
+    write back the record the release cleared: refused, the release stands (the switch's
+    commit as ``ingestion.dr.switch.apply_failover`` builds it)."""
+    import uuid
+
+    from ingestion.exceptions import CommitConflictError
+    from ingestion.ops.action import ActionCommit, commit_action
+    from ingestion.table.offsets import COMMIT_ID, find_committed_state
+
+    key = UNCOPIED_PREFIX + GROUP
+    planned = catalog.load_table(SPEC.table)
+    state = find_committed_state(planned, GROUP)
+    assert state is not None
+    carried = planned.properties[key]
+    switch = ActionCommit(
+        SPEC.name, "failover to 'primary'", SPEC.table, str(planned.metadata.table_uuid),
+        {GROUP: state.offsets}, {COMMIT_ID: uuid.uuid4().hex, FAILOVER_TO: "primary"},
+        table_properties={key: carried}, planned_properties={key: carried},
+    )  # fmt: skip
+    release_guard(catalog, SPEC, "ops", "primary rebuilt")
+    released = catalog.load_table(SPEC.table)
+    with pytest.raises(CommitConflictError, match=f"table property '{key}' changed"):
+        commit_action(catalog, switch)
+    after = catalog.load_table(SPEC.table)
+    assert after.current_snapshot() == released.current_snapshot()
+    assert read_guard(after, GROUP, SPEC.name) is None  # still released
