@@ -42,6 +42,11 @@ class ReplicaSupport(Protocol):
         ``IngestionError`` before anything is read; nothing is committed."""
         ...
 
+    def check_cluster(self, table: Table, group_id: str, spec: PipelineSpec, cluster: str) -> None:
+        """Refuse a run told it reads ``cluster`` while the table's route reads another
+        (``RouteClusterError``): a switch landed since the caller read the route."""
+        ...
+
     def run_guard(
         self,
         table: Table,

@@ -63,6 +63,10 @@ class DisasterRecovery:
         refuse_ended_topics(table, group_id, spec.source_topics, unplanned, spec.name)
         refuse_other_cluster(table, group_id, cluster, spec.name)  # rows record it
 
+    def check_cluster(self, table: Table, group_id: str, spec: PipelineSpec, cluster: str) -> None:
+        """A run told another cluster than the route's is refused (a switch landed since)."""
+        refuse_other_cluster(table, group_id, cluster, spec.name)
+
     def run_guard(
         self,
         table: Table,

@@ -142,9 +142,14 @@ def run_pipeline(
     table = _open_table(catalog, spec, registry)
     admin = AdminClient(dict(kafka_config))
     # read_committed: the planned end offsets are the last stable offsets (R16).
-    with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
-        plan = build_plan(spec, table, admin, consumer, cluster_id)
     replicas = replica_support(spec)  # None without replicas: no disaster-recovery code runs
+    with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
+        try:
+            plan = build_plan(spec, table, admin, consumer, cluster_id)
+        except exceptions.ClusterChangedError:
+            if replicas is not None:  # a switch to another cluster landed: say that instead
+                replicas.check_cluster(table, spec.consumer_group_id, spec, cluster)
+            raise
     if replicas is not None:  # planned on a route that changed since (R49)
         replicas.check_route(table, plan.group_id, spec, list(plan.committed or {}), cluster)
     timings["plan"] = time.monotonic() - started

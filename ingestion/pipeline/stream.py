@@ -77,7 +77,10 @@ def stream_pipeline(
     table's offsets. A commit that loses its compare-and-set (an operator's reset, rewind or
     quarantine replay, or another run, committed first) deletes its files and raises
     :class:`CommitConflictError`; the stream then plans again from the new offsets, never
-    overwriting them. Any other error ends the stream (the orchestrator restarts it).
+    overwriting them. A failover or failback that lands after ``should_stop`` read the route
+    makes the next plan refuse (:class:`RouteClusterError`, nothing read): counted as a conflict,
+    and ``should_stop`` (which compares the route) ends the stream. Any other error ends the
+    stream (the orchestrator restarts it).
     """
     summary = StreamSummary()
     spec = stream_spec(spec)
@@ -103,6 +106,12 @@ def stream_pipeline(
                 cluster=cluster,
             )
         except exceptions.CommitConflictError as exc:  # re-plan at once from the new head
+            summary.conflicts += 1
+            on_conflict(str(exc))
+            continue
+        except exceptions.RouteClusterError as exc:  # a switch landed since should_stop read
+            # the route: nothing was committed; should_stop sees the new route and stops the
+            # stream (its caller starts the next one there) instead of failing it.
             summary.conflicts += 1
             on_conflict(str(exc))
             continue

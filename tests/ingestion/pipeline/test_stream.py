@@ -122,3 +122,57 @@ def test_stream_replans_when_another_commit_lands_first(
     assert summary.records == 25, summary
     assert summary.stopped_because == "done"
     harness.assert_exactly_once(spec, ledger)
+
+
+def test_a_switch_landing_after_should_stop_stops_the_stream_not_fails_it(
+    harness: Harness, new_pipeline: NewPipeline
+) -> None:
+    """A failover commits between the stream's route check (``should_stop``) and its commit:
+    the commit loses its compare-and-set, the next plan is refused (the table's route reads
+    'dr'), nothing committed, and the stream goes on to ``should_stop``, which sees the route
+    moved and stops it (the sensor starts the next stream there). Before, the refusal failed
+    the stream with developer advice an operator could not follow. The switch is an empty
+    commit carrying a failover's properties (a real switch needs two clusters:
+    tests/platform_assets/dr/test_failover.py)."""
+    from ingestion.table.offsets import (
+        FAILOVER_TO,
+        RESET_BY,
+        TopicOffsets,
+        commit_properties,
+        snapshot_properties,
+    )
+
+    dr = {"name": "dr", "source_alias": "primary"}
+    topic, spec = new_pipeline("stream_switched", partitions=1, produce=10, replicas=[dr])
+
+    def fail_over_first(point: str, **context: Any) -> None:
+        table = harness.catalog.load_table(spec.table)
+        if any(FAILOVER_TO in snapshot_properties(s) for s in table.snapshots()):
+            return
+        offsets = {f"primary.{topic}": TopicOffsets("i", {0: 0})}
+        properties = commit_properties(
+            group_id=spec.consumer_group_id, offsets=offsets, commit_id="switch",
+            cluster_id="k-dr", pipeline=spec.name,
+        )  # fmt: skip
+        properties |= {FAILOVER_TO: "dr", RESET_BY: "ops"}
+        with (
+            table.transaction() as transaction,
+            transaction.update_snapshot(snapshot_properties=properties).fast_append(),
+        ):
+            pass
+
+    conflicts: list[str] = []
+    checks = iter([None, None, None])
+    summary = stream_pipeline(
+        spec,
+        harness.kafka.client_config(),
+        harness.catalog,
+        harness.cluster_id,
+        0.1,
+        should_stop=lambda: next(checks, "route moved"),
+        on_report=lambda report: None,
+        hooks=FailureHooks({"before_commit": fail_over_first}),
+        on_conflict=conflicts.append,
+    )
+    assert (summary.commits, summary.stopped_because) == (0, "route moved"), summary
+    assert any("the table's route reads 'dr'" in message for message in conflicts), conflicts
