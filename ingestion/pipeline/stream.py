@@ -114,6 +114,7 @@ def stream_pipeline(
             # stream (its caller starts the next one there) instead of failing it.
             summary.conflicts += 1
             on_conflict(str(exc))
+            sleep(interval_s)  # no hot loop should the caller's route check lag behind
             continue
         if report.committed:
             summary.commits += 1
