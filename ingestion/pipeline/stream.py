@@ -41,6 +41,10 @@ class StreamSummary:
     stopped_because: str = ""
 
 
+ROUTE_MOVED_LIMIT = 3
+"""Plans refused in a row on a moved route before the stream fails: should_stop ends it first."""
+
+
 def stream_spec(spec: PipelineSpec) -> PipelineSpec:
     """The spec a stream iterates with: small batches in process (same task code, delivery)."""
     in_process = max(spec.in_process_max_records, STREAM_IN_PROCESS_RECORDS)
@@ -84,6 +88,7 @@ def stream_pipeline(
     """
     summary = StreamSummary()
     spec = stream_spec(spec)
+    moved = 0  # plans refused in a row because the route moved
     while True:
         reason = should_stop()
         if reason is not None:
@@ -111,11 +116,16 @@ def stream_pipeline(
             continue
         except exceptions.RouteClusterError as exc:  # a switch landed since should_stop read
             # the route: nothing was committed; should_stop sees the new route and stops the
-            # stream (its caller starts the next one there) instead of failing it.
+            # stream (its caller starts the next one there) instead of failing it. A should_stop
+            # that does not (a caller passing the wrong cluster) ends the stream the third time.
+            moved += 1
+            if moved >= ROUTE_MOVED_LIMIT:
+                raise
             summary.conflicts += 1
             on_conflict(str(exc))
-            sleep(interval_s)  # no hot loop should the caller's route check lag behind
+            sleep(interval_s)
             continue
+        moved = 0
         if report.committed:
             summary.commits += 1
             summary.records += report.records

@@ -176,3 +176,12 @@ def test_a_switch_landing_after_should_stop_stops_the_stream_not_fails_it(
     )
     assert (summary.commits, summary.stopped_because) == (0, "route moved"), summary
     assert any("the table's route reads 'dr'" in message for message in conflicts), conflicts
+    # A caller whose should_stop never notices (it passes the wrong cluster): the stream
+    # fails on the third refused plan instead of looping without committing.
+    from ingestion.exceptions import RouteClusterError
+
+    with pytest.raises(RouteClusterError, match="the table's route reads 'dr'"):
+        stream_pipeline(
+            spec, harness.kafka.client_config(), harness.catalog, harness.cluster_id, 0.1,
+            should_stop=lambda: None, on_report=lambda report: None, sleep=lambda s: None,
+        )  # fmt: skip
