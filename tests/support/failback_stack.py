@@ -2,16 +2,17 @@
 
 A pipeline reads ``topic`` on the source cluster with replica ``dr`` on the other one (the
 ``dr_clusters`` pair of tests/conftest.py); the stack holds its spec, its resources and MM2's
-flows. With ``real_mm2=True`` they are real MirrorMaker 2 processes (tests/support/mirror_maker.py):
-:attr:`FailbackStack.mm2` forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2` (dr ->
-primary), created here, started and stopped by the test, stopped at the fixture's teardown.
-Otherwise the forward MirrorMaker 2 stand-in (set up here) and the reverse one
-(:meth:`FailbackStack.start_reverse`): the default, because most failback, completion and
-late-copy tests are not converted to real MM2 yet (docs/disaster-recovery.md, "Verified on real
-MirrorMaker 2", lists what is), not because MM2 cannot be driven there.
+flows: real MirrorMaker 2 processes (tests/support/mirror_maker.py), :attr:`FailbackStack.mm2`
+forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2` (dr -> primary), created here,
+started and stopped by the test (a flow stopped is MM2 falling behind: what producers write
+meanwhile is the RPO tail), stopped at the fixture's teardown. With ``real_mm2=False`` the
+MirrorMaker 2 stand-in instead (tests/support/mm2_standin.py: the forward flow set up here, the
+reverse one from :meth:`FailbackStack.start_reverse`), only for a test that says why.
 Tests get it from the ``failback_stack`` fixture::
 
     stack = failback_stack("cmpl", "dr_cmpl", replica={"source_alias": "eastc"})
+    with stack.forward_mm2 as forward:  # MM2 primary -> dr runs
+        forward.wait_mirrored("cmpl")
     stack.ingest_route()  # one engine run on the active route
 
 Nothing is mocked: the topics, the MM2 records, the SQL catalog and the engine runs are real.
@@ -61,7 +62,7 @@ class FailbackStack:
     iceberg: IcebergCatalogResource
     kafka: KafkaResource
     catalog: Catalog
-    forward: MirrorStandIn  # with real_mm2: not set up, unused (``mm2`` is the forward flow)
+    forward: MirrorStandIn  # the stand-in (real_mm2=False); otherwise not set up, unused
     mm2: MirrorMaker | None = None
     tmp_path: Path | None = None
     running: list[MirrorMaker] | None = None  # real MM2 flows the fixture stops
@@ -132,14 +133,17 @@ class FailbackStack:
 
     @property
     def forward_mm2(self) -> MirrorMaker:
-        """The real forward flow (``real_mm2=True``)."""
-        assert self.mm2 is not None, "build the stack with real_mm2=True"
+        """The real forward flow (not started)."""
+        assert self.mm2 is not None, "a stack built with real_mm2=False has the stand-in"
         return self.mm2
 
-    def reverse_mm2(self, identity: bool = True, target_alias: str | None = None) -> MirrorMaker:
+    def reverse_mm2(
+        self, identity: bool = True, target_alias: str | None = None, **options: Any
+    ) -> MirrorMaker:
         """MM2's real reverse flow dr -> primary of the copy (not started): the replica's
         failback alias as the source alias, the forward flow's source alias (or
-        ``target_alias``) as the target alias, identity naming unless told otherwise."""
+        ``target_alias``) as the target alias, identity naming unless told otherwise;
+        ``options``: :class:`~tests.support.mirror_maker.MirrorMaker`'s keyword options."""
         source_alias = self.spec.replicas[0].failback_alias
         target = target_alias or self.forward_mm2.source_alias
         clusters = {source_alias: self.replica.bootstrap_servers,
@@ -147,7 +151,7 @@ class FailbackStack:
         assert self.tmp_path is not None
         assert self.running is not None
         reverse = MirrorMaker(self.tmp_path / "mm2-reverse.log", clusters, source_alias, target,
-                              [self.copy], [self.group], identity=identity)  # fmt: skip
+                              [self.copy], [self.group], identity=identity, **options)  # fmt: skip
         self.running.append(reverse)
         return reverse
 
@@ -176,15 +180,15 @@ def build_failback_stack(
     partitions: int = 2,
     replica_spec: dict[str, str] | None = None,
     forward: dict[str, Any] | None = None,
-    real_mm2: bool = False,
+    real_mm2: bool = True,
     running: list[MirrorMaker] | None = None,
     **overrides: Any,
 ) -> FailbackStack:
     """Create ``topic`` on ``source``, a pipeline ``name`` reading it (``make_spec``, at most
     10,000 records in process, replica 'dr' with ``replica_spec``, then ``overrides``), its
-    resources (the catalog under ``tmp_path/state``) and the forward stand-in (``forward``:
-    its options), set up; with ``real_mm2`` a real forward MM2 flow instead (``forward``: its
-    keyword options; not started), added to ``running``."""
+    resources (the catalog under ``tmp_path/state``) and the real forward MM2 flow
+    (``forward``: its keyword options; not started), added to ``running``; with
+    ``real_mm2=False`` the forward stand-in instead (``forward``: its options), set up."""
     admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(10)
@@ -278,6 +282,26 @@ def group_offsets(bootstrap: str, group: str) -> dict[tuple[str, int], int]:
     (future,) = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)]).values()
     listed = future.result(10).topic_partitions or []
     return {(tp.topic, tp.partition): tp.offset for tp in listed}
+
+
+def exactly_once(target_alias: str) -> dict[str, str]:
+    """MM2 properties that make a flow into ``target_alias`` copy in transactions (Kafka
+    Connect's exactly-once source support, a worker setting: under the target's prefix)."""
+    return {f"{target_alias}.exactly.once.source.support": "enabled"}
+
+
+def committed(cluster: EmbeddedBroker, group: str, topic: str) -> list[tuple[int, int]]:
+    """``group``'s committed offsets of ``topic`` on ``cluster``, for the partitions MM2 can
+    checkpoint (a partition it wrote an offset sync for: one that holds a copied record)."""
+    offsets = group_offsets(cluster.bootstrap_servers, group)
+    return [(p, n) for (t, p), n in sorted(offsets.items()) if t == topic and n > 0]
+
+
+def wait_checkpointed(mm2: MirrorMaker, cluster: EmbeddedBroker, group: str, topic: str) -> None:
+    """Until real MM2 (``mm2``, whose source is ``cluster``) has checkpointed ``group`` where
+    it stands now on ``topic``."""
+    for partition, upstream in committed(cluster, group, topic):
+        mm2.wait_checkpoint(group, topic, partition, upstream)
 
 
 def expire_all(table: Table, group: str) -> int:

@@ -1,9 +1,8 @@
 """A stand-in for MirrorMaker 2 between two embedded brokers, for the states real MM2 cannot be
 driven into (e.g. its checkpoint connector checkpointing a group ahead of what its source
 connector copied: dedicated mode cannot pause one connector). Everything else runs real MM2
-(``tests/support/mirror_maker.py``); where the two differ: docs/disaster-recovery.md, "Verified
-on real MirrorMaker 2", which also lists the tests not converted yet; a converted test module
-that still uses the stand-in for one state says why at that test.
+(``tests/support/mirror_maker.py``); where the two differ, and the three tests that keep the
+stand-in: docs/disaster-recovery.md, "Verified on real MirrorMaker 2"; each of them says why.
 
 It does what MM2's three connectors do, in MM2's formats and with MM2's semantics:
 

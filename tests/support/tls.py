@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import secrets
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -193,13 +194,27 @@ def load_group_coordinator(kafka: KafkaResource, timeout_s: float = 60.0) -> Non
     On a fresh broker the first OffsetFetch may be answered NOT_COORDINATOR while the offsets
     topic is created and loaded; an *admin* client's ListConsumerGroupOffsets then crashes
     librdkafka 2.16 (SIGSEGV in ``rd_kafka_cgrp_op`` on the admin client's NULL group handle,
-    confluentinc/librdkafka#5040, seen here in the platform's group mirror). A consumer with a
-    group retries that error, so one committed() call through it makes the coordinator ready.
+    confluentinc/librdkafka#5040, seen here in the platform's group mirror). A consumer's
+    committed() creates the topic; it may itself be answered NOT_COORDINATOR (a broker that
+    started sooner than the topic loads), so it is asked again until the coordinator answers.
     """
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+    deadline = time.monotonic() + timeout_s
     consumer = Consumer({**kafka.client_config(), "group.id": "platform-test-warmup"})
     try:
-        consumer.committed([TopicPartition("platform-test-warmup", 0)], timeout=timeout_s)
+        while True:
+            try:
+                consumer.committed([TopicPartition("platform-test-warmup", 0)], timeout=10)
+                return
+            except KafkaException as exc:
+                retriable = exc.args[0].name() in NOT_READY
+                if not retriable or time.monotonic() >= deadline:
+                    raise
+            time.sleep(0.5)
     finally:
         consumer.close()
+
+
+NOT_READY = {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE",
+             "_TIMED_OUT"}  # fmt: skip

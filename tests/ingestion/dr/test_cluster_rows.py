@@ -43,7 +43,7 @@ from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.brokers import resume_broker
-from tests.support.failback_stack import StackFactory, expire_all
+from tests.support.failback_stack import StackFactory, expire_all, wait_checkpointed
 from tests.support.failover_stream import oracle, produce
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import NewPipeline, make_spec, records
@@ -272,14 +272,17 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     stack = failback_stack(
         "orders", NAME, config=True, errors_tolerance="all",
         replica={"replication_policy": "identity", "failback_replication_policy": "default"},
-        forward={"identity": True, "sync_every": 9},
+        forward={"identity": True, "offset_lag_max": 8},
     )  # fmt: skip
     source, replica, spec, catalog = stack.source, stack.replica, stack.spec, stack.catalog
+    group = stack.group
     assert stack.copy == "orders"
 
     produce(source.bootstrap_servers, "orders", 0, 100)
     stack.ingest_route()
-    stack.forward.step()  # all 100 copied, at the same offsets; the checkpoint at the table's
+    with stack.forward_mm2 as forward:  # real MM2: all 100 copied, at the same offsets
+        assert forward.wait_mirrored("orders") == 100
+        wait_checkpointed(forward, source, group, "orders")  # at the table's position
     produce(source.bootstrap_servers, "orders", 100, 20)  # the RPO tail: never copied...
     stack.ingest_route()  # ...but ingested: the table is at offset 60 of each partition
     os.kill(source.pid or 0, signal.SIGSTOP)  # the disaster
@@ -305,8 +308,10 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     overlap = (data["primary"] | dead["primary"]) & data["dr"]  # one name, two clusters
     assert overlap == {(p, o) for p in (0, 1) for o in range(50, 60)}
     produce(source.bootstrap_servers, "orders", 150, 6)  # a producer left on the primary
-    reverse = stack.start_reverse(identity=False)  # dr's orders -> the primary's dr.orders
-    reverse.step()
+    # MM2's reverse flow, default naming: dr's orders -> the primary's dr.orders.
+    with stack.reverse_mm2(identity=False) as reverse:
+        reverse.wait_mirrored("orders")
+        wait_checkpointed(reverse, replica, group, "orders")
 
     assert main(["failover", NAME, "--to", "primary", "--reason", "primary is back"]) == 0
     out = capsys.readouterr().out

@@ -21,7 +21,7 @@ def test_a_bounded_replica_read_is_the_start_of_the_full_read(
 ) -> None:
     # MM2 with exactly-once support: it copies in transactions (markers between the copies).
     eos = {"backup.exactly.once.source.support": "enabled"}
-    stack = failback_stack("fbreads", "dr_fbreads", real_mm2=True, forward={"config": eos})
+    stack = failback_stack("fbreads", "dr_fbreads", forward={"config": eos})
     with stack.forward_mm2 as forward:
         for first in (0, 10, 20):  # three batches, each copied in its own transactions
             send(stack.source.bootstrap_servers, "fbreads", list(range(first, first + 10)), STAMP)

@@ -42,13 +42,18 @@ from platform_assets.operations.actions import reset_offsets
 from platform_assets.pipelines import quarantine_key, table_key
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
-from resources.embedded import EmbeddedBroker
 from resources.spark import SparkResource
 from tests.support.brokers import resume_broker
 from tests.support.dagster_runs import materialize_pipeline
-from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
+from tests.support.failback_stack import (
+    STAMP,
+    StackFactory,
+    expire_all,
+    group_offsets,
+    send,
+    wait_checkpointed,
+)
 from tests.support.failover_stream import oracle, produce
-from tests.support.mirror_maker import MirrorMaker
 
 pytestmark = pytest.mark.integration
 NAME = "dr_wired"
@@ -64,19 +69,6 @@ def documented_failover_commands() -> list[list[str]]:
     assert "--dry-run" in commands[0]
     assert "--dry-run" not in commands[1] + commands[2]
     return [[NAME if word == "PIPELINE" else word for word in c] for c in commands]
-
-
-def committed(cluster: EmbeddedBroker, group: str, topic: str) -> list[tuple[int, int]]:
-    """``group``'s committed offsets of ``topic`` on ``cluster``, for the partitions MM2 can
-    checkpoint (a partition it wrote an offset sync for: one that holds a copied record)."""
-    offsets = group_offsets(cluster.bootstrap_servers, group)
-    return [(p, n) for (t, p), n in sorted(offsets.items()) if t == topic and n > 0]
-
-
-def wait_checkpointed(mm2: MirrorMaker, cluster: EmbeddedBroker, group: str, topic: str) -> None:
-    """Until ``mm2`` has checkpointed ``group`` where it stands now on ``topic``."""
-    for partition, upstream in committed(cluster, group, topic):
-        mm2.wait_checkpoint(group, topic, partition, upstream)
 
 
 def ingest(spec: PipelineSpec, resources: dict[str, Any], cap: int | None = None) -> None:
@@ -95,7 +87,7 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
 ) -> None:
     # On the primary, mirrored by real MM2 (an offset sync every 9 records).
     stack = failback_stack(
-        "orders", NAME, partitions=3, config=True, real_mm2=True, forward={"offset_lag_max": 8},
+        "orders", NAME, partitions=3, config=True, forward={"offset_lag_max": 8},
         errors_tolerance="all", max_records_per_run=70,
     )  # fmt: skip
     source, replica, forward = stack.source, stack.replica, stack.forward_mm2
@@ -282,7 +274,7 @@ def test_a_failback_whose_copies_contradict_the_origin_is_refused_nothing_change
     Kafka group are unchanged."""
     name = "dr_refused"
     aliases = {"source_alias": "west", "failback_source_alias": "back"}
-    stack = failback_stack("payments", name, replica=aliases, real_mm2=True)
+    stack = failback_stack("payments", name, replica=aliases)
     source, group, forward = stack.source.bootstrap_servers, stack.group, stack.forward_mm2
     send(source, "payments", list(range(20)), STAMP)
     stack.ingest_route()
@@ -323,7 +315,7 @@ def test_a_partition_quiet_on_the_replica_fails_back_and_the_tail_lands_once(
     n = int(with_syncs)
     topic, alias = f"refunds{n}", f"east{n}"
     aliases = {"source_alias": alias, "failback_source_alias": f"home{n}"}
-    stack = failback_stack(topic, f"dr_quiet{n}", replica=aliases, real_mm2=True)
+    stack = failback_stack(topic, f"dr_quiet{n}", replica=aliases)
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
     source, group, ingest_route = stack.source.bootstrap_servers, stack.group, stack.ingest_route
     send(source, topic, list(range(20)), STAMP)
@@ -385,7 +377,7 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
 
     topic, alias, name = "fwdres", "eastf", "dr_fwdres"
     aliases = {"source_alias": alias, "failback_source_alias": "homef"}
-    stack = failback_stack(topic, name, replica=aliases, real_mm2=True)
+    stack = failback_stack(topic, name, replica=aliases)
     spec, kafka, iceberg, group = stack.spec, stack.kafka, stack.iceberg, stack.group
     source, replica, forward = stack.source, stack.replica, stack.forward_mm2
     ingest_route, fail_back = stack.ingest_route, stack.fail_back

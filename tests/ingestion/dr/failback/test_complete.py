@@ -1,7 +1,8 @@
 """A failback ends: ``platform complete-failback`` (and the ``failover`` job's ``complete``) drops
 the drained reverse copies and ends the route (docs/reliability.md, R49).
 
-End to end on two real clusters (Tansu), a real SQL catalog and the engine: failover, failback,
+End to end on two real clusters (Apache Kafka), real MirrorMaker 2 both ways, a real SQL catalog
+and the engine: failover, failback,
 the reverse copy drained, then the completion; runs read the origin topic only, commits carry
 no route, expiry keeps nothing for it, a reset is accepted, every record once and the audits
 pass. Refused, nothing changed: on a failover to the replica, while the reverse copy has unread
@@ -50,7 +51,14 @@ from platform_assets.ingest.checks import audit_finding
 from platform_assets.operations.actions import reset_offsets
 from platform_assets.route import active_route
 from platform_assets.state import read_pipeline_state
-from tests.support.failback_stack import STAMP, StackFactory, expire_all, group_offsets, send
+from tests.support.failback_stack import (
+    STAMP,
+    StackFactory,
+    expire_all,
+    group_offsets,
+    send,
+    wait_checkpointed,
+)
 from tests.support.history import group_commit, table_with_history
 
 GROUP = "g"
@@ -241,7 +249,7 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     aliases = {"source_alias": "eastc", "failback_source_alias": "homec"}
     stack = failback_stack(topic, name, replica=aliases, config=True)
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
-    source, replica, group = stack.source, stack.replica, stack.group
+    source, replica, group, forward = stack.source, stack.replica, stack.group, stack.forward_mm2
     copy = stack.copy  # on the replica, and its reverse copy on the primary (identity)
     ingest_route = stack.ingest_route
 
@@ -252,8 +260,11 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
 
     send(source.bootstrap_servers, topic, list(range(20)), STAMP)
     ingest_route()
-    stack.forward.step()
-    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)  # the RPO tail, not copied
+    with forward:
+        assert forward.wait_mirrored(topic) == 20
+        wait_checkpointed(forward, source, group, topic)
+    # MM2 stopped: the RPO tail is never copied.
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)
     stack.fail_over()
     send(replica.bootstrap_servers, copy, [30, 31], STAMP + 10_000)
     ingest_route()
@@ -265,12 +276,13 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     assert f"platform failover {name} --to primary" in message
     assert catalog.load_table(spec.table).current_snapshot() == before
 
-    reverse = stack.start_reverse()  # source alias "homec", target alias "eastc"
-    reverse.step()
+    reverse = stack.reverse_mm2().start()  # source alias "homec", target alias "eastc"
+    reverse.wait_mirrored(copy)
+    wait_checkpointed(reverse, replica, group, copy)
     stack.fail_back()
     assert active_route(spec, kafka, iceberg).spec.source_topics == [copy, topic]
     send(replica.bootstrap_servers, copy, [32, 33], STAMP + 10_000)  # the last replica records
-    reverse.step()  # copied back to the primary, not ingested yet
+    assert reverse.wait_mirrored(copy) == 2  # copied back to the primary, not ingested yet
 
     # The reverse copy holds records the table has not read: refused, nothing changed.
     before = catalog.load_table(spec.table).current_snapshot()
@@ -284,7 +296,7 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     assert group_offsets(source.bootstrap_servers, group) == group_before
 
     assert ingest_route() == {copy, topic}  # drains the reverse copy, and the tail k20..k23
-    # MM2's reverse flow is stopped here (the stand-in copies nothing more).
+    reverse.stop()  # the operator stops MM2's reverse flow, as the refusal said
     assert main(["complete-failback", name, "--reason", "drained", "--dry-run"]) == 0
     assert catalog.load_table(spec.table).current_snapshot() != before  # the run, not the plan
     planned = catalog.load_table(spec.table).current_snapshot()
@@ -372,8 +384,10 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
     assert audit.passed, audit.message
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
-    stack.forward.step()  # MM2 primary -> dr runs again: the replica check judges the forward flow
-    ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
+    with forward:  # MM2 primary -> dr runs again: the replica check judges the forward flow
+        forward.wait_mirrored(topic)
+        wait_checkpointed(forward, source, group, topic)
+        ready = replica_finding(spec, spec.replicas[0], kafka, iceberg)
     assert ready.passed, ready.message
 
 
@@ -386,23 +400,28 @@ def test_a_completion_waits_until_mm2_copied_everything_the_replica_holds(
     topic, name = "lagc", "dr_lagc"
     aliases = {"source_alias": "eastl", "failback_source_alias": "homel"}
     stack = failback_stack(topic, name, replica=aliases, config=True)
-    replica, copy = stack.replica.bootstrap_servers, stack.copy
+    replica, copy, group = stack.replica.bootstrap_servers, stack.copy, stack.group
     send(stack.source.bootstrap_servers, topic, list(range(20)), STAMP)
     stack.ingest_route()
-    stack.forward.step()
+    with stack.forward_mm2 as forward:
+        assert forward.wait_mirrored(topic) == 20
+        wait_checkpointed(forward, stack.source, group, topic)
     stack.fail_over()
     send(replica, copy, [30, 31], STAMP + 10_000)
     stack.ingest_route()
-    reverse = stack.start_reverse()  # source alias "homel", target alias "eastl"
-    reverse.step()
-    stack.fail_back()
-    send(replica, copy, [32, 33], STAMP + 10_000)  # not copied back yet
+    reverse = stack.reverse_mm2()  # source alias "homel", target alias "eastl"
+    with reverse:
+        reverse.wait_mirrored(copy)
+        wait_checkpointed(reverse, stack.replica, group, copy)
+        stack.fail_back()
+    send(replica, copy, [32, 33], STAMP + 10_000)  # not copied back: MM2's reverse flow lags
     stack.ingest_route()
     head = stack.head()
     with pytest.raises(SystemExit, match="reverse flow has not copied into the reverse copy"):
         main(["complete-failback", name, "--reason", "drained", "--by", "ops"])
     assert stack.head() == head  # nothing changed
-    reverse.step()  # MM2 catches up; the pipeline reads the copies; then the completion holds
+    with reverse:  # MM2 catches up; the pipeline reads the copies; then the completion holds
+        assert reverse.wait_mirrored(copy) == 2
     stack.ingest_route()
     assert main(["complete-failback", name, "--reason", "drained", "--by", "ops"]) == 0
     stack.ingest_route()

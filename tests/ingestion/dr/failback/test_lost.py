@@ -9,7 +9,8 @@ origin after the records whose copies the table or the reverse copy holds. Produ
 the primary again. Oracle by record key (plain pyiceberg scans): every record that still exists
 once; missing exactly the 'dr' records the reverse flow had not copied (the operator's loss).
 The identity-naming cases fail back through the Dagster ``failover`` job (``source_lost:
-true``). Real brokers (two), a real catalog, real engine runs; nothing mocked.
+true``). Real brokers (two), real MirrorMaker 2 both ways (each flow started and stopped where
+the story needs it running or behind), a real catalog, real engine runs; nothing mocked.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.support.failback_stack import (
     StackFactory,
     group_offsets,
     send,
+    wait_checkpointed,
 )
 
 pytestmark = pytest.mark.integration
@@ -87,33 +89,41 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         )  # fmt: skip
     else:
         stack = failback_stack(
-            topic, name, replica={"source_alias": alias, "failback_source_alias": f"home{case}"}
-        )
+            topic, name,
+            replica={"source_alias": alias, "failback_source_alias": f"home{case}"},
+        )  # fmt: skip
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
-    source, replica, group = stack.source, stack.replica, stack.group
+    source, replica, group, forward = stack.source, stack.replica, stack.group, stack.forward_mm2
     copy = topic if identity else f"{alias}.{topic}"
     reverse_copy = f"dr.{topic}" if identity else copy
     assert stack.copy == copy
     send(source.bootstrap_servers, topic, list(range(20)), STAMP)
     stack.ingest_route()
-    stack.forward.step()  # k0..k19 copied and checkpointed
-    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)  # the RPO tail: never copied
+    with forward:  # k0..k19 copied and checkpointed
+        assert forward.wait_mirrored(topic) == 20
+        wait_checkpointed(forward, source, group, topic)
+    send(source.bootstrap_servers, topic, [20, 21, 22, 23], STAMP)  # the RPO tail: MM2 stopped
     stack.fail_over()
     # dr -> primary: dr's copy as `dr.t` (identity naming), else under its own name.
     reverse = (
-        stack.start_reverse(identity=False) if identity else stack.start_reverse(target_alias=alias)
+        stack.reverse_mm2(identity=False) if identity else stack.reverse_mm2(target_alias=alias)
     )
     send(replica.bootstrap_servers, copy, [30, 31], STAMP + 10_000)
     if case == "complete":
         send(replica.bootstrap_servers, copy, [32, 33], STAMP + 10_000)
         stack.ingest_route()  # k30..k33 on dr
-        # The primary answers again and MM2's forward flow, not stopped yet, copies the RPO
-        # tail k20..k23 to dr after k33 (not ingested there: the reverse copy brings them).
-        assert stack.forward.replicate() == 4
+        # The primary answers again and MM2's forward flow, started again, copies the RPO tail
+        # k20..k23 to dr after k33 (not ingested there: the reverse copy brings them).
+        with forward:
+            assert forward.wait_mirrored(topic) == 4
         send(replica.bootstrap_servers, copy, [34, 35], STAMP + 10_000)  # not ingested
-        reverse.step()  # k30..k33, k20..k23, k34, k35 back on the primary
+        with reverse:  # k0..k19, k30..k33, k20..k23, k34, k35 back on the primary
+            assert reverse.wait_mirrored(copy) == 30
+            wait_checkpointed(reverse, replica, group, copy)
     else:
-        reverse.step()  # k30, k31 back on the primary
+        with reverse:  # k0..k19, k30, k31 back on the primary
+            assert reverse.wait_mirrored(copy) == 22
+            wait_checkpointed(reverse, replica, group, copy)
         send(replica.bootstrap_servers, copy, [32, 33], STAMP + 10_000)
         stack.ingest_route()  # k30..k33 on dr: the table is ahead of the reverse copy
     send(replica.bootstrap_servers, copy, lost, STAMP + 10_000)  # never copied back
@@ -210,7 +220,8 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
     if case == "behind":
         # dr was not lost for good: MM2's reverse flow copies on, k32 and k33 (read on dr) late,
         # then k34, k35 (never read). The late copies are recognised byte for byte, skipped.
-        reverse.replicate()
+        with reverse:
+            assert reverse.wait_mirrored(copy) == 4
         stack.ingest_route(other_clusters=True)  # reads dr to compare
         assert stack.landed_keys() == keys([*range(24), *range(30, 36), 40, 41])
         table = catalog.load_table(spec.table)
@@ -267,10 +278,13 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
     )
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
     source, replica, group, copy = stack.source, stack.replica, stack.group, stack.copy
+    forward = stack.forward_mm2
     even = range(0, 40, 2)  # `send` puts k<n> on partition n % 2: even numbers, partition 0
     send(source.bootstrap_servers, topic, list(even[:10]), STAMP)
     stack.ingest_route()
-    stack.forward.step()  # k0..k18 copied and checkpointed
+    with forward:  # k0..k18 copied and checkpointed; then MM2 stops (falls behind)
+        assert forward.wait_mirrored(topic) == 10
+        wait_checkpointed(forward, source, group, topic)
     send(source.bootstrap_servers, topic, [20, 22], STAMP)
     stack.ingest_route()  # ingested, never copied: the failover's uncopied tail
     send(source.bootstrap_servers, topic, [24, 26], STAMP)  # neither ingested nor copied
@@ -283,14 +297,19 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
         )  # fmt: skip
     finally:
         resume_broker(source)
-    reverse = stack.start_reverse(target_alias=alias)
+    reverse = stack.reverse_mm2(target_alias=alias)
     send(replica.bootstrap_servers, copy, [30, 32], STAMP + 10_000)
     if anchor == "after-start":
         stack.ingest_route()  # k30, k32 on dr: the reverse checkpoint names them
-    reverse.step()  # k30, k32 back on the primary
+    with reverse:  # k0..k18, k30, k32 back on the primary
+        assert reverse.wait_mirrored(copy) == 12
+        # The group at 10 (before-start: mid-copy, MM2 translates it to its first sync + 1)
+        # or at 12 (after-start: its sync for the last copy, exact).
+        wait_checkpointed(reverse, replica, group, copy)
     send(replica.bootstrap_servers, copy, [34, 36], STAMP + 10_000)
     stack.ingest_route()  # k30..k36 on dr: ahead of the reverse copy
-    assert stack.forward.replicate() == 4  # the primary is back: k20..k26 to dr, after k36
+    with forward:  # the primary is back: MM2 copies k20..k26 to dr, after k36
+        assert forward.wait_mirrored(topic) == 4
 
     os.kill(replica.pid or 0, signal.SIGSTOP)  # the second disaster
     try:
@@ -316,7 +335,8 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
 
     # dr was not lost for good: its reverse flow copies on, k34, k36 (read on dr), then the
     # forward flow's copies of k20..k26. Each is a late copy of a record the table holds.
-    assert reverse.replicate() == 6
+    with reverse:
+        assert reverse.wait_mirrored(copy) == 6
     stack.ingest_route(other_clusters=True)  # compares on dr and on the primary
     assert stack.landed_keys() == keys([*even[:14], 30, 32, 34, 36])
     table = catalog.load_table(spec.table)

@@ -49,7 +49,12 @@ from resources.spark import SparkResource
 from tests.platform_assets.dr.test_failover import ingest
 from tests.support.brokers import resume_broker
 from tests.support.dagster_runs import materialize_pipeline
-from tests.support.failback_stack import FailbackStack, StackFactory
+from tests.support.failback_stack import (
+    FailbackStack,
+    StackFactory,
+    exactly_once,
+    wait_checkpointed,
+)
 from tests.support.failover_stream import oracle, produce
 from tests.support.pipelines import make_spec
 
@@ -158,11 +163,11 @@ def test_a_failback_keeps_every_entry_of_a_partition() -> None:
 def late_copy_stack(
     factory: StackFactory, topic: str, name: str, **overrides: Any
 ) -> FailbackStack:
-    """Three partitions, bad records quarantined, MM2's forward flow transactional with sparse
-    offset syncs; ``overrides`` change the spec."""
+    """Three partitions, bad records quarantined, MM2's forward flow (real, not started)
+    transactional with sparse offset syncs; ``overrides`` change the spec."""
     return factory(
         topic, name, partitions=3, config=True, errors_tolerance="all",
-        forward={"sync_every": 9, "transactional": True}, **overrides,
+        forward={"config": exactly_once("backup"), "offset_lag_max": 8}, **overrides,
     )  # fmt: skip
 
 
@@ -177,12 +182,14 @@ def test_late_copies_after_a_source_lost_failover_land_once(
         stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
     )  # fmt: skip
     resources = {**stack.resources, "spark": spark_resource}
-    catalog, forward = stack.catalog, stack.forward
+    catalog, forward, group = stack.catalog, stack.forward_mm2, stack.group
 
     produce(source.bootstrap_servers, "orders", 0, 100)
     ingest(spec, resources)
-    forward.step()  # all 100 copied; the checkpoint is at the table's offsets
-    produce(source.bootstrap_servers, "orders", 100, 20)  # the RPO tail: never copied...
+    with forward:  # all 100 copied; the checkpoint is at the table's offsets
+        assert forward.wait_mirrored("orders") == 100
+        wait_checkpointed(forward, source, group, "orders")
+    produce(source.bootstrap_servers, "orders", 100, 20)  # the RPO tail: MM2 stopped...
     ingest(spec, resources)  # ...but ingested
     os.kill(source.pid or 0, signal.SIGSTOP)  # the disaster
     try:
@@ -199,7 +206,8 @@ def test_late_copies_after_a_source_lost_failover_land_once(
     finally:
         resume_broker(source)  # the primary is back...
 
-    forward.replicate()  # ...and MM2's forward flow copies the tail to dr, after k120..k139
+    with forward:  # ...and MM2's forward flow copies the tail to dr, after k120..k139
+        assert forward.wait_mirrored("orders") == 20
     produce(replica.bootstrap_servers, "primary.orders", 140, 10)
     route = active_route(spec, kafka, iceberg)
     head = catalog.load_table(spec.table).current_snapshot()
@@ -257,12 +265,14 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
         stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
     )  # fmt: skip
     resources = {**stack.resources, "spark": spark_resource}
-    catalog, forward, group, copy = stack.catalog, stack.forward, stack.group, stack.copy
+    catalog, forward, group, copy = stack.catalog, stack.forward_mm2, stack.group, stack.copy
 
     produce(source.bootstrap_servers, topic, 0, 60)
     ingest(spec, resources)
-    forward.step()
-    produce(source.bootstrap_servers, topic, 60, 20)  # ingested, never copied
+    with forward:
+        assert forward.wait_mirrored(topic) == 60
+        wait_checkpointed(forward, source, group, topic)
+    produce(source.bootstrap_servers, topic, 60, 20)  # ingested, never copied: MM2 stopped
     ingest(spec, resources)
     os.kill(source.pid or 0, signal.SIGSTOP)
     try:
@@ -272,9 +282,13 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
         oracle(catalog, spec, 100)
     finally:
         resume_broker(source)
-    forward.replicate()  # the late copies reach dr; the route has not read them yet
-    reverse = stack.start_reverse(sync_every=7, transactional=True)
-    reverse.step()  # dr's primary.payments, late copies included, back on the primary
+    with forward:  # the late copies reach dr; the route has not read them yet
+        assert forward.wait_mirrored(topic) == 20
+    # dr's primary.payments, late copies included, back on the primary (in transactions)
+    reverse = stack.reverse_mm2(config=exactly_once("primary"), offset_lag_max=6)
+    with reverse:
+        reverse.wait_mirrored(copy)
+        wait_checkpointed(reverse, replica, group, copy)
     assert main(["failover", name, "--to", "primary", "--reason", "primary is back"]) == 0
     route = active_route(spec, kafka, iceberg)
     assert route.cluster == "primary"
@@ -317,8 +331,10 @@ def test_a_release_lets_runs_ingest_a_record_that_only_looks_like_a_late_copy(
     source, replica, spec, catalog = stack.source, stack.replica, stack.spec, stack.catalog
     produce(source.bootstrap_servers, topic, 0, 6)  # partition 0: k0, k2, k4
     stack.ingest_route()
-    stack.forward.step()
-    produce(source.bootstrap_servers, topic, 6, 2)  # k6: ingested, never copied
+    with stack.forward_mm2 as forward:
+        assert forward.wait_mirrored(topic) == 6
+        wait_checkpointed(forward, source, stack.group, topic)
+    produce(source.bootstrap_servers, topic, 6, 2)  # k6: ingested, never copied: MM2 stopped
     stack.ingest_route()
     original = catalog.load_table(spec.table).scan(row_filter="_kafka_key = 'k6'").to_arrow()
     stamp = original.column("_kafka_timestamp").cast(pa.int64()).to_pylist()[0] // 1000
