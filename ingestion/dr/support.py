@@ -61,7 +61,7 @@ class DisasterRecovery:
         than the route's, is refused (R49): nothing read, nothing committed."""
         unplanned = [t for t in spec.source_topics if t not in planned]
         refuse_ended_topics(table, group_id, spec.source_topics, unplanned, spec.name)
-        refuse_other_cluster(table, group_id, cluster, spec.name)  # rows record it
+        self.check_cluster(table, group_id, spec, cluster)  # rows record it
 
     def check_cluster(self, table: Table, group_id: str, spec: PipelineSpec, cluster: str) -> None:
         """A run told another cluster than the route's is refused (a switch landed since)."""
