@@ -2,12 +2,16 @@
 
 import os
 import signal
+import socket
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
 if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
+
     from resources.embedded import EmbeddedBroker
 
 BROKER_STOP_S = 0.5
@@ -23,24 +27,32 @@ def resume_broker(broker: "EmbeddedBroker", timeout_s: float = 90.0) -> None:
     it resumes: until its controller unfences it, every partition has no leader and clients get
     ``LEADER_NOT_AVAILABLE`` / timeouts. A test that resumes a "lost" cluster waits for this, as
     an operator would, before it talks to the cluster again (CI failed on a stand-in's watermark
-    query made in that window)."""
+    query made in that window). A timeout names the process's state, whether its port accepts
+    connections and the end of its log (CI once saw a resumed broker refuse metadata for 90 s,
+    never seen here: the evidence decides the next fix)."""
     assert broker.pid is not None
     os.kill(broker.pid, signal.SIGCONT)
-    wait_until_serving(broker.bootstrap_servers, timeout_s)
+    try:
+        wait_until_serving(broker.bootstrap_servers, timeout_s)
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}\n{describe_broker(broker)}") from None
 
 
 def wait_until_serving(bootstrap_servers: str, timeout_s: float = 90.0) -> None:
-    """Until every partition of every topic on the cluster has a leader (the node is unfenced)."""
-    from confluent_kafka.admin import AdminClient
+    """Until every partition of every topic on the cluster has a leader (the node is unfenced).
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
+    After a failed probe the next one uses a new client: a client whose only broker answered
+    while fenced (no brokers in its metadata) may wait for librdkafka's re-bootstrap (minutes)
+    before it connects again."""
     deadline, last = time.monotonic() + timeout_s, "no answer"
     serving_since: float | None = None
+    admin = new_admin(bootstrap_servers)
     while time.monotonic() < deadline:
         try:
             metadata = admin.list_topics(timeout=5)
         except KafkaException as exc:
             serving_since, last = None, str(exc)
+            admin = new_admin(bootstrap_servers)
         else:
             leaderless = [
                 f"{t.topic}[{p.id}]"
@@ -56,6 +68,35 @@ def wait_until_serving(bootstrap_servers: str, timeout_s: float = 90.0) -> None:
                     return
             else:
                 serving_since = None
-                last = f"no leader for {', '.join(leaderless[:5])}"
+                last = f"no leader for {', '.join(leaderless[:5])}" if leaderless else "no broker"
+                admin = new_admin(bootstrap_servers)
         time.sleep(0.5)
     raise TimeoutError(f"broker {bootstrap_servers} not serving after {timeout_s:.0f} s: {last}")
+
+
+def new_admin(bootstrap_servers: str) -> "AdminClient":
+    """An admin client that logs errors only (a probe expects refusals)."""
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 3})
+
+
+def describe_broker(broker: "EmbeddedBroker") -> str:
+    """The broker process's state (/proc), whether its port accepts a TCP connection, and the
+    last lines of its log: what a test prints when a broker does not serve."""
+    state = "no process"
+    if broker.pid is not None:
+        status = Path(f"/proc/{broker.pid}/status")
+        lines = status.read_text().splitlines() if status.exists() else []
+        state = next((line for line in lines if line.startswith("State:")), "exited")
+    host, _, port = broker.bootstrap_servers.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            accepts = "accepts connections"
+    except OSError as exc:
+        accepts = f"refuses connections ({exc})"
+    log = (
+        broker.log_path.read_text(errors="replace").splitlines() if broker.log_path.exists() else []
+    )
+    tail = "\n".join(log[-30:])
+    return f"pid {broker.pid}: {state}; port {port} {accepts}; {broker.log_path} ends:\n{tail}"
