@@ -1,13 +1,23 @@
-"""The optional dead-letter topic: a Kafka copy of quarantined records, at least once.
+"""The optional dead-letter topic: a Kafka copy of quarantined records, exactly once for
+``read_committed`` consumers.
 
 The quarantine table is the exactly-once home of a bad record; Kafka Connect users also expect
 a dead-letter topic. The copy is produced after the data commit and before the group mirror,
-with Kafka Connect's context headers, so a consumer can recognise repeats. Because the mirror
-only moves after the copy is out, a commit whose offsets are ahead of the mirror may not have
-been copied yet. Before copying such a commit again, the run counts its copies already in the
-topic (by the ``__ingestion.commit.id`` header, from the commit's time on): a commit whose
-copies are all there is not sent twice, so a mirror that stays behind (foreign members in the
-group) does not multiply the copies. A partial copy is sent again whole (at least once).
+with Kafka Connect's context headers, so a consumer can tell where each letter came from.
+Because the mirror only moves after the copy is out, a commit whose offsets are ahead of the
+mirror may not have been copied yet.
+
+Each copy is one Kafka transaction of the pipeline's transactional id
+(``kafka-iceberg-<pipeline>-dead-letters``): all the letters it sends, or none. Before it
+counts what is already in the topic, the copier initialises that id, which fences any earlier
+copier of the pipeline (a run killed mid-copy, a concurrent run or operator action) and
+completes or aborts its transaction. It then counts the copies of each pending commit (by the
+``__ingestion.commit.id`` header, from the commit's time on, read to the end of each partition
+with ``read_committed``) and sends, in one transaction, the letters of the commits whose copies
+are not there. So on retry a commit is never sent twice: a failed copy was aborted whole, a
+copy whose commit outcome was unknown is found by the count. A copier fenced between its count
+and its commit fails and sends nothing. ``read_uncommitted`` consumers also see aborted letters.
+The platform's principal needs ``Write`` and ``Describe`` on the transactional id.
 
 A topic that does not exist yet is created before the first copy (``ensure_dead_letter_topic``,
 with the pipeline's ``dead_letter_topic_partitions`` and ``dead_letter_topic_replication_factor``,
@@ -17,6 +27,7 @@ topic and the reason, and the mirror stays behind until a run can copy.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,6 +45,7 @@ from ingestion.table.offsets import (
 )
 
 if TYPE_CHECKING:
+    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
@@ -49,6 +61,8 @@ HEADERS = {  # quarantine column -> Kafka Connect's dead-letter context header
     "commit_id": "__ingestion.commit.id",
 }
 COMMIT_HEADER = HEADERS["commit_id"]
+TRANSACTIONAL_ID = "kafka-iceberg-{pipeline}-dead-letters"
+"""The transactional id of a pipeline's dead-letter copies (fences an earlier copier)."""
 
 
 @dataclass(frozen=True)
@@ -172,11 +186,16 @@ def count_copies(
     pending: list[PendingCopy],
     pipeline: str,
     timeout_s: float = 30.0,
-    idle_s: float = 1.0,
 ) -> dict[str, int]:
     """Copies of each pending commit already in ``topic``, counted by their commit-id header
-    from the oldest pending commit's time until the topic has nothing more for ``idle_s``
-    (joins no group, commits nothing). An undercount only means a copy is sent again."""
+    from the oldest pending commit's time to the end of each partition (its last stable offset:
+    ``read_committed``, so aborted copies are not counted); joins no group, commits nothing.
+
+    Raises:
+        DeadLetterTopicError: the topic has no partitions, or could not be read to its end
+            within ``timeout_s`` (an undercount would send copies twice: nothing is sent, the
+            mirror stays behind and a later run counts again).
+    """
     from confluent_kafka import TopicPartition
 
     if not pending:
@@ -192,58 +211,95 @@ def count_copies(
                 f"dead-letter topic {topic!r} has no partitions to count copies in "
                 f"({metadata.error or 'it does not exist'})"
             )
-        partitions = metadata.partitions
-        query = [TopicPartition(topic, p, since) for p in sorted(partitions)]
+        query = [TopicPartition(topic, p, since) for p in sorted(metadata.partitions)]
         starts = [s for s in consumer.offsets_for_times(query, timeout=timeout_s) if s.offset >= 0]
-        consumer.assign(starts)
+        ends = {
+            s.partition: consumer.get_watermark_offsets(s, timeout=timeout_s, cached=False)[1]
+            for s in starts
+        }
+        unread = [s for s in starts if s.offset < ends[s.partition]]
+        consumer.assign(unread)
         deadline = time.monotonic() + timeout_s
-        while starts and time.monotonic() < deadline:
-            batch = consumer.consume(num_messages=1000, timeout=idle_s)
-            if not batch:
-                break
-            for message in batch:
+        while unread:
+            if time.monotonic() > deadline:
+                raise DeadLetterTopicError(
+                    f"pipeline {pipeline!r}: dead-letter topic {topic!r} could not be read to "
+                    f"its end within {timeout_s:g} s to count the copies already sent "
+                    f"({', '.join(f'[{s.partition}]' for s in unread)} unread); nothing was "
+                    "sent, the next run counts again"
+                )
+            for message in consumer.consume(num_messages=1000, timeout=1.0):
                 value = dict(message.headers() or []).get(COMMIT_HEADER)
                 commit = value.decode() if isinstance(value, bytes) else value
                 if message.error() is None and commit in counts:
                     counts[commit] += 1
+            # The position, not the last record: a transaction marker ends many partitions.
+            positions = consumer.position(unread)
+            unread = [s for s in positions if s.offset < ends[s.partition]]
     return counts
 
 
+def dead_letter_producer(
+    kafka_config: dict[str, Any], pipeline: str, timeout_s: float = 30.0
+) -> Producer:
+    """The pipeline's transactional dead-letter producer, initialised: an earlier producer of
+    the pipeline's letters is fenced, and its open transaction aborted (a committing one
+    completed), so what :func:`count_copies` reads next is final.
+
+    Raises:
+        KafkaException: the transactional id could not be initialised (ACLs, the broker).
+    """
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            **kafka_config,
+            "transactional.id": TRANSACTIONAL_ID.format(pipeline=pipeline),
+            "enable.idempotence": True,
+            "acks": "all",
+        }
+    )
+    producer.init_transactions(timeout_s)
+    return producer
+
+
 def publish_dead_letters(
-    kafka_config: dict[str, Any],
+    producer: Producer,
     topic: str,
     quarantine: Table,
     commit_ids: list[str],
     timeout_s: float = 30.0,
 ) -> int:
-    """Produce the quarantined records of ``commit_ids`` to ``topic``; return how many.
+    """Produce the quarantined records of ``commit_ids`` to ``topic`` in one transaction of
+    ``producer`` (:func:`dead_letter_producer`); return how many.
+
+    Delivery: all of them or none for ``read_committed`` consumers; on any failure the
+    transaction is aborted (or, if the broker cannot be reached, left to the coordinator's
+    timeout and the next copier's fencing) and nothing counts as sent.
 
     Raises:
-        KafkaException: a record was not acknowledged (the mirror then stays behind, so the
-            next run copies again).
+        KafkaException: a record was not acknowledged or the commit failed (the mirror then
+            stays behind, so the next run counts and copies again).
     """
-    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka import KafkaException
 
     if not commit_ids:
         return 0
     listed = ", ".join(f"'{commit_id}'" for commit_id in commit_ids)  # hex ids: safe to quote
     rows = quarantine.scan(row_filter=f"commit_id IN ({listed})").to_arrow().to_pylist()
-    failures: list[Any] = []
-    producer = Producer({**kafka_config, "enable.idempotence": True, "acks": "all"})
-    for row in rows:
-        headers: list[tuple[str, str | bytes | None]] = [
-            (name, str(row[column]).encode()) for column, name in HEADERS.items()
-        ]
-        producer.produce(
-            topic,
-            key=row["_kafka_key"],
-            value=row["value"],
-            headers=headers,
-            on_delivery=lambda error, _message: failures.append(error) if error else None,
-        )
-    remaining = producer.flush(timeout_s)
-    if failures or remaining:
-        raise KafkaException(failures[0] if failures else f"{remaining} records unacknowledged")
+    producer.begin_transaction()
+    try:
+        for row in rows:
+            headers: list[tuple[str, str | bytes | None]] = [
+                (name, str(row[column]).encode()) for column, name in HEADERS.items()
+            ]
+            producer.produce(topic, key=row["_kafka_key"], value=row["value"], headers=headers)
+            producer.poll(0)  # serve delivery reports: a long copy never fills the queue
+        producer.commit_transaction(timeout_s)  # flushes: fails if any record failed
+    except Exception:
+        with contextlib.suppress(KafkaException):
+            producer.abort_transaction(timeout_s)
+        raise
     return len(rows)
 
 
@@ -268,8 +324,8 @@ def copy_pending_dead_letters(
     synced first). Runs call it before they move the group; so do the operator actions that
     move it (reset, migration), since a commit the group has passed is never searched again.
 
-    Delivery: at least once (see the module docstring); a commit whose copies are all there is
-    not sent again.
+    Delivery: exactly once for ``read_committed`` consumers (see the module docstring): the
+    copy is one transaction, after a count that fencing made final.
 
     Raises:
         DeadLetterTopicError, KafkaException: the topic cannot be created or a record was not
@@ -285,9 +341,10 @@ def copy_pending_dead_letters(
     if not pending:
         return DeadLetterCopy()
     created = ensure_dead_letter_topic(admin, spec)
+    producer = dead_letter_producer(kafka_config, spec.name)  # fences earlier copiers first
     copied = count_copies(kafka_config, topic, pending, spec.name)
     copies = publish_dead_letters(
-        kafka_config,
+        producer,
         topic,
         catalog.load_table(spec.quarantine_table),
         [p.commit_id for p in pending if copied[p.commit_id] < p.records],

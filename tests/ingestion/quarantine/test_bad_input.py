@@ -105,7 +105,7 @@ def test_valid_promotions_evolve_the_table(
     harness.assert_exactly_once(spec, ledger)
 
 
-def test_dead_letter_topic_copy_at_least_once_with_headers(
+def test_dead_letter_topic_copy_after_a_crash_with_headers(
     harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """R33 + dead-letter topic: a crash after the commit loses no copy; the next run sends it,

@@ -1,15 +1,20 @@
 """The dead-letter topic's parts on their own: which commits still owe their copies (those with
 quarantined records whose offsets are ahead of the group mirror, on a real SQL catalog), and the
-copies themselves with Kafka Connect's context headers, counted back by commit id (the session
-broker). The copy as a run makes it, crash and repeat included, is in test_bad_input.py."""
+copies themselves with Kafka Connect's context headers, counted back by commit id, and their
+transactions: a failed copy and a killed copier leave nothing a read_committed consumer reads
+(the session broker). The copy as a run makes it, crash and repeat included, is in
+test_bad_input.py."""
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from pyiceberg.io.pyarrow import schema_to_pyarrow
 from pyiceberg.table import Table
 
@@ -17,6 +22,7 @@ from ingestion.quarantine.dead_letters import (
     COMMIT_HEADER,
     PendingCopy,
     count_copies,
+    dead_letter_producer,
     publish_dead_letters,
     unpublished_commits,
 )
@@ -75,7 +81,7 @@ def test_nothing_pending_reads_and_sends_nothing(table: Table) -> None:
     """No Kafka client is even created: the settings point nowhere."""
     nowhere = {"bootstrap.servers": "nowhere:1"}
     assert count_copies(nowhere, "dlq", [], "p") == {}
-    assert publish_dead_letters(nowhere, "dlq", table, []) == 0
+    assert publish_dead_letters(Producer(nowhere), "dlq", table, []) == 0  # never initialised
 
 
 @pytest.mark.integration
@@ -94,10 +100,11 @@ def test_the_copies_carry_connects_headers_and_are_counted_back_by_commit_id(
     dead = create_topic(partitions=2)
     config = kafka.client_config()
 
-    assert publish_dead_letters(config, dead, quarantine, ["c1", "c2"]) == 3
+    producer = dead_letter_producer(config, SPEC.name)
+    assert publish_dead_letters(producer, dead, quarantine, ["c1", "c2"]) == 3
 
     pending = [PendingCopy(c, 0, 1) for c in ("c1", "c2", "c3")]
-    assert count_copies(config, dead, pending, SPEC.name, idle_s=0.5) == {
+    assert count_copies(config, dead, pending, SPEC.name) == {
         "c1": 2, "c2": 1, "c3": 0,
     }  # fmt: skip
     consumer = kafka.get_consumer()
@@ -122,3 +129,96 @@ def test_the_copies_carry_connects_headers_and_are_counted_back_by_commit_id(
     }
     assert {m.value() for m in messages} == {b"{oops"}
     assert {m.key() for m in messages} == {b"k"}
+
+
+def letter_rows(
+    quarantine: Table, rows: list[tuple[int, int, str, bytes]], key: Callable[[bytes], bytes]
+) -> None:
+    """Quarantine rows (partition, offset, commit id, value) of topic ``orders``, keyed."""
+    table = [
+        {"_kafka_topic": "orders", "_kafka_partition": p, "_kafka_offset": o, "_kafka_key": key(v),
+         "value": v, "error_class": "ArrowInvalid", "error_message": "not JSON",
+         "pipeline": SPEC.name, "commit_id": c}
+        for p, o, c, v in rows
+    ]  # fmt: skip
+    quarantine.append(pa.Table.from_pylist(table, schema=schema_to_pyarrow(quarantine.schema())))
+
+
+def read_committed(kafka: KafkaResource, topic: str, partitions: int) -> list[bytes]:
+    """Every value of ``topic`` a plain read_committed consumer reads, to the end."""
+    consumer = kafka.get_consumer()  # read_committed (ingestion.kafka.consumer)
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        values: list[bytes] = []
+        while batch := consumer.consume(100, timeout=3):
+            values += [m.value() or b"" for m in batch if m.error() is None]
+    finally:
+        consumer.close()
+    return sorted(values)
+
+
+@pytest.mark.integration
+def test_a_copy_the_broker_refuses_in_part_is_aborted_whole_and_retried_once(
+    tmp_path: Path, kafka: KafkaResource, create_topic: CreateTopic
+) -> None:
+    """A letter larger than the topic's ``max.message.bytes`` fails the copy after the small
+    ones were accepted: the transaction is aborted, so a read_committed consumer sees none of
+    them and the count finds none; once the operator raises the limit, the retry sends each
+    letter once (a non-transactional copy re-sent the small ones: a reader saw them twice)."""
+    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
+    quarantine = load_or_create_quarantine_table(catalog, SPEC)
+    big = b"{" + b"x" * 20_000
+    # librdkafka's default partitioner: CRC-32 of the key. The big letter alone on partition 1,
+    # so the small ones' batch on partition 0 is accepted (a plain producer made them visible).
+    keys = {b"{a": b"d", big: b"a", b"{b": b"d"}
+    assert [zlib.crc32(k) % 2 for k in keys.values()] == [0, 1, 0]
+    letter_rows(
+        quarantine, [(0, 1, "c1", b"{a"), (0, 2, "c1", big), (1, 3, "c1", b"{b")], keys.__getitem__
+    )
+    dead = create_topic(partitions=2, **{"max.message.bytes": "10000"})
+    config = kafka.client_config()
+    pending = [PendingCopy("c1", 0, 3)]
+
+    with pytest.raises(KafkaException, match=r"MSG_SIZE_TOO_LARGE|too large"):
+        publish_dead_letters(dead_letter_producer(config, SPEC.name), dead, quarantine, ["c1"])
+    assert count_copies(config, dead, pending, SPEC.name) == {"c1": 0}
+    assert read_committed(kafka, dead, 2) == []
+
+    admin = kafka.get_admin_client()
+    entry = ConfigEntry("max.message.bytes", "100000", incremental_operation=AlterConfigOpType.SET)
+    raised = ConfigResource("topic", dead, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([raised]).values():
+        future.result(10)
+    producer = dead_letter_producer(config, SPEC.name)
+    assert count_copies(config, dead, pending, SPEC.name) == {"c1": 0}
+    assert publish_dead_letters(producer, dead, quarantine, ["c1"]) == 3
+    assert read_committed(kafka, dead, 2) == sorted([b"{a", big, b"{b"])
+    assert count_copies(config, dead, pending, SPEC.name) == {"c1": 3}
+
+
+@pytest.mark.integration
+def test_a_copier_killed_mid_copy_is_fenced_and_its_letters_never_read(
+    tmp_path: Path, kafka: KafkaResource, create_topic: CreateTopic
+) -> None:
+    """A copier that produced its letters and died before its commit (its transaction left
+    open): the next copier's initialisation aborts it, so the count is final and the letters
+    are read once; the dead copier, had it come back, could not commit (fenced)."""
+    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
+    quarantine = load_or_create_quarantine_table(catalog, SPEC)
+    letter_rows(quarantine, [(0, 1, "c9", b"{a"), (1, 2, "c9", b"{b")], lambda _: b"k")
+    dead = create_topic(partitions=2)
+    config = kafka.client_config()
+    pending = [PendingCopy("c9", 0, 2)]
+
+    killed = dead_letter_producer(config, SPEC.name)
+    killed.begin_transaction()
+    for value in (b"{a", b"{b"):
+        killed.produce(dead, value=value, headers=[(COMMIT_HEADER, b"c9")])
+    assert killed.flush(10) == 0  # written to the log, never committed
+
+    producer = dead_letter_producer(config, SPEC.name)  # fences the killed one
+    assert count_copies(config, dead, pending, SPEC.name) == {"c9": 0}
+    assert publish_dead_letters(producer, dead, quarantine, ["c9"]) == 2
+    with pytest.raises(KafkaException):
+        killed.commit_transaction(10)
+    assert read_committed(kafka, dead, 2) == [b"{a", b"{b"]
