@@ -16,6 +16,8 @@ commit; retrying a refused or failed switch is safe (nothing was changed, plan a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ingestion.dr.failback.complete import apply_completion, plan_completion
 from ingestion.dr.failback.copies import recheck_copies
 from ingestion.dr.failback.lost import LostReplica, describe_lost, lost_summary
@@ -30,7 +32,7 @@ from ingestion.dr.scanned_rows import Floors, Scans
 from ingestion.dr.switch import apply_failover
 from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
 from ingestion.kafka.topics import TopicEnds, read_topic_ends
-from ingestion.ops.action import mirror_after
+from ingestion.ops.action import copy_dead_letters_before, mirror_after
 from ingestion.pipeline.mirror import mirror_table_offsets
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import find_committed_state, flatten
@@ -47,9 +49,12 @@ from platform_assets.dr.target import (
     describe_plan,
     failover_target,
 )
-from platform_assets.route import PRIMARY, active_route
+from platform_assets.route import PRIMARY, Route, active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 
 def scan_since(switch: UndoneSwitch | None) -> dict[str, Floors]:
@@ -193,6 +198,7 @@ def failover_pipeline(
     if origin and not down:  # MM2's forward flow must not have copied tail records (R49)
         replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
         recheck_copies(origin, replica, Replica(goal.kafka.client_config()), spec.name)
+    lines += copy_owed_dead_letters(catalog, route, down, "the failover")
     # The origin records a failback from a lost replica reads: MM2 may have copied them there.
     read = origin_entries(lost.reverse, origin, plans, spec.name) if lost else None
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
@@ -221,6 +227,37 @@ def failover_pipeline(
         f"(reason {reason!r}); the pipeline now reads there",
         mirrored.describe(),
     ]
+
+
+def copy_owed_dead_letters(catalog: Catalog, route: Route, lost: bool, action: str) -> list[str]:
+    """Before a switch that moves the Kafka group: copy to the dead-letter topic on the route's
+    cluster the letters of the commits its group has not passed (a run whose copy failed left
+    them owed; after the switch no run searches those commits again); the lines saying so.
+
+    A cluster the operator asserted ``lost``, or one that does not answer, is not waited for
+    (a disaster must not wait on a copy): its owed letters stay in the quarantine table only,
+    and the line says so.
+
+    Raises:
+        OperationRefusedError: the copy failed on a cluster that answers (its ACLs, the topic);
+            nothing was changed.
+    """
+    spec, kafka = route.spec, route.kafka
+    topic = spec.dead_letter_topic
+    if topic is None:
+        return []
+    if lost or not cluster_answers(kafka.client_config(), SYNCS_TIMEOUT_S):
+        return [
+            f"dead letters owed on {route.cluster!r} (of commits its group had not passed) are "
+            f"not copied to {topic!r} there ({'lost' if lost else 'it does not answer'}): they "
+            f"stay in {spec.quarantine_table}"
+        ]
+    copied = copy_dead_letters_before(
+        catalog, spec, kafka.get_admin_client(), kafka.client_config(), action
+    )
+    if not copied:
+        return []
+    return [f"copied {copied} owed dead letter(s) to {topic!r} on {route.cluster!r} first"]
 
 
 def complete_failback(
@@ -260,6 +297,8 @@ def complete_failback(
     notes = check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
     if dry_run:
         return [*plan.describe(spec.name), *notes, "dry run: nothing committed"]
+    route = active_route(spec, kafka, iceberg)
+    owed = copy_owed_dead_letters(catalog, route, False, "the failback completion")
     plan, snapshot_id = apply_completion(
         catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs
     )
@@ -267,6 +306,7 @@ def complete_failback(
     return [
         *plan.describe(spec.name),
         *notes,
+        *owed,
         f"completed in snapshot {snapshot_id} by {requested_by!r} (reason {reason!r}): the "
         f"pipeline reads {spec.source_topics} on the primary, as before the failover",
         *([mirrored.describe()] if mirrored else []),

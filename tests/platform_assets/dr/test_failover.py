@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from dagster import AssetSelection, DagsterInstance
 
@@ -448,3 +449,46 @@ def test_tail_records_the_forward_flow_copied_to_the_replica_land_once(
     assert audit.passed, audit.message
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
+
+
+def test_a_failover_copies_the_dead_letters_its_source_owed_first(
+    failback_stack: StackFactory,
+) -> None:
+    """A run quarantined a record and its dead-letter copy failed (the broker refused to create
+    the topic), so the group stayed behind. The operator creates the topic and fails over: the
+    failover copies the owed letter to the primary's dead-letter topic before the switch (after
+    it, runs read the replica and no run searches that commit again: before, the letter never
+    reached the topic). A plain read_committed consumer reads it once; the route moved."""
+    from confluent_kafka import Producer
+
+    topic, dead = "dlqowed", "dlqowed-dlq"
+    stack = failback_stack(
+        topic, "dr_dlq_owed", replica={"source_alias": "westq"}, errors_tolerance="all",
+        dead_letter_topic=dead, dead_letter_topic_replication_factor=3,
+    )  # fmt: skip
+    source, group, forward = stack.source.bootstrap_servers, stack.group, stack.forward_mm2
+    send(source, topic, list(range(10)), STAMP)
+    stack.ingest_route()  # clean: the group follows the table
+    producer = Producer({"bootstrap.servers": source})
+    producer.produce(topic, key=b"bad", value=b"{oops", partition=0, timestamp=STAMP + 50)
+    assert producer.flush(10) == 0
+    send(source, topic, list(range(10, 14)), STAMP)
+    stack.ingest_route()  # 1 quarantined; the copy refused (3 replicas on one broker)
+    assert group_offsets(source, group) == {(topic, 0): 5, (topic, 1): 5}
+    with forward:
+        assert forward.wait_mirrored(topic) == 15
+        wait_checkpointed(forward, stack.source, group, topic)
+    admin = AdminClient({"bootstrap.servers": source})
+    admin.create_topics([NewTopic(dead, 1, 1)])[dead].result(15)  # the operator's fix
+
+    lines = stack.fail_over()
+
+    assert f"copied 1 owed dead letter(s) to {dead!r} on 'primary' first" in lines, lines
+    assert active_route(stack.spec, stack.kafka, stack.iceberg).cluster == "dr"
+    consumer = stack.kafka.get_consumer()  # read_committed (ingestion.kafka.consumer)
+    try:
+        consumer.assign([TopicPartition(dead, 0, 0)])
+        letters = [m.value() for m in consumer.consume(10, timeout=5) if m.error() is None]
+    finally:
+        consumer.close()
+    assert letters == [b"{oops"]
