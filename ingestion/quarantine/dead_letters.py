@@ -7,17 +7,21 @@ with Kafka Connect's context headers, so a consumer can tell where each letter c
 Because the mirror only moves after the copy is out, a commit whose offsets are ahead of the
 mirror may not have been copied yet.
 
-Each copy is one Kafka transaction of the pipeline's transactional id
-(``kafka-iceberg-<pipeline>-dead-letters``): all the letters it sends, or none. Before it
-counts what is already in the topic, the copier initialises that id, which fences any earlier
-copier of the pipeline (a run killed mid-copy, a concurrent run or operator action) and
-completes or aborts its transaction. It then counts the copies of each pending commit (by the
-``__ingestion.commit.id`` header, from the commit's time on, read to the end of each partition
-with ``read_committed``) and sends, in one transaction, the letters of the commits whose copies
-are not there. So on retry a commit is never sent twice: a failed copy was aborted whole, a
-copy whose commit outcome was unknown is found by the count. A copier fenced between its count
-and its commit fails and sends nothing. ``read_uncommitted`` consumers also see aborted letters.
-The platform's principal needs ``Write`` and ``Describe`` on the transactional id.
+Each commit's copy is one Kafka transaction of the pipeline's transactional id
+(``kafka-iceberg-<pipeline>-dead-letters``): all its letters, or none. Before it counts what is
+already in the topic, the copier initialises that id, which fences any earlier copier of the
+pipeline (a run killed mid-copy, a concurrent run or operator action) and completes or aborts
+its transaction. It then reads, with ``read_committed``, from the oldest pending commit's time
+(less an hour for clocks) to each partition's end as it was when the count began (every record
+counted: another producer's open transaction is waited for, not read past), collects the source
+coordinates each pending commit's letters name (``__ingestion.commit.id`` and Kafka Connect's
+topic, partition and offset headers), and sends only the letters not there. So on retry a
+letter is never sent twice: a failed copy was aborted whole, a copy whose commit outcome was
+unknown is found by the count, and a letter doubled by an older at-least-once copy is counted
+once. A copier fenced between its count and its commit fails and sends nothing. A count that
+makes no progress for its timeout refuses (an undercount would send copies twice) and the next
+run counts again. ``read_uncommitted`` consumers also see aborted letters. The platform's
+principal needs ``Write`` and ``Describe`` on the transactional id.
 
 A topic that does not exist yet is created before the first copy (``ensure_dead_letter_topic``,
 with the pipeline's ``dead_letter_topic_partitions`` and ``dead_letter_topic_replication_factor``,
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ingestion.exceptions import DeadLetterTopicError
-from ingestion.kafka.consumer import open_consumer
+from ingestion.kafka.consumer import consumer_config, open_consumer
 from ingestion.table.offsets import (
     COMMIT_ID,
     OFFSETS_PREFIX,
@@ -180,28 +184,47 @@ def creation_refused(spec: PipelineSpec, reason: str) -> str:
     )
 
 
+Coordinates = tuple[bytes, bytes, bytes]
+"""A letter's source record as its headers name it: topic, partition, offset."""
+
+CLOCK_MARGIN_MS = 3_600_000
+"""The count reads from an hour before the oldest pending commit: a letter is stamped by its
+copier's clock (or the broker's, ``LogAppendTime``), which may run behind the committer's. Only
+extra reading: the count is by commit id."""
+
+TRANSACTION_TIMEOUT_MS = 60_000
+"""The copy's ``transaction.timeout.ms`` (Kafka's default), set explicitly: librdkafka refuses a
+``message.timeout.ms``, ``delivery.timeout.ms`` or ``socket.timeout.ms`` above it, so those of
+the shared client settings are clamped for this producer."""
+
+
 def count_copies(
     kafka_config: dict[str, Any],
     topic: str,
     pending: list[PendingCopy],
     pipeline: str,
     timeout_s: float = 30.0,
-) -> dict[str, int]:
-    """Copies of each pending commit already in ``topic``, counted by their commit-id header
-    from the oldest pending commit's time to the end of each partition (its last stable offset:
-    ``read_committed``, so aborted copies are not counted); joins no group, commits nothing.
+) -> dict[str, set[Coordinates]]:
+    """The letters of each pending commit already in ``topic``: the source coordinates their
+    headers name, per commit id; read from the oldest pending commit's time (less
+    :data:`CLOCK_MARGIN_MS`) to each partition's end as it is now, every record included
+    (``read_uncommitted`` watermark), through a ``read_committed`` consumer: aborted copies
+    are not counted, and another producer's open transaction is waited for, not read past.
+    Joins no group, commits nothing.
 
     Raises:
-        DeadLetterTopicError: the topic has no partitions, or could not be read to its end
-            within ``timeout_s`` (an undercount would send copies twice: nothing is sent, the
-            mirror stays behind and a later run counts again).
+        DeadLetterTopicError: the topic has no partitions, the broker answered a partition with
+            an error, or the read made no progress for ``timeout_s`` (an undercount would send
+            copies twice: nothing is sent, the mirror stays behind and a later run counts
+            again).
     """
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import Consumer, TopicPartition
 
     if not pending:
         return {}
-    since = min(p.committed_at_ms for p in pending)
-    counts = {p.commit_id: 0 for p in pending}
+    since = max(0, min(p.committed_at_ms for p in pending) - CLOCK_MARGIN_MS)
+    found: dict[str, set[Coordinates]] = {p.commit_id: set() for p in pending}
+    where = f"pipeline {pipeline!r}: dead-letter topic {topic!r}"
     with open_consumer(kafka_config, f"{pipeline}-dead-letter-count") as consumer:
         metadata = consumer.list_topics(topic, timeout=timeout_s).topics[topic]
         if metadata.error is not None or not metadata.partitions:
@@ -212,31 +235,61 @@ def count_copies(
                 f"({metadata.error or 'it does not exist'})"
             )
         query = [TopicPartition(topic, p, since) for p in sorted(metadata.partitions)]
-        starts = [s for s in consumer.offsets_for_times(query, timeout=timeout_s) if s.offset >= 0]
-        ends = {
-            s.partition: consumer.get_watermark_offsets(s, timeout=timeout_s, cached=False)[1]
-            for s in starts
-        }
-        unread = [s for s in starts if s.offset < ends[s.partition]]
-        consumer.assign(unread)
-        deadline = time.monotonic() + timeout_s
-        while unread:
-            if time.monotonic() > deadline:
+        # Every record, committed or not: read_committed answers stop at the last stable offset,
+        # so another producer's open transaction would hide letters committed after it.
+        everything = Consumer({**consumer_config(kafka_config, f"{pipeline}-dead-letter-ends"),
+                               "isolation.level": "read_uncommitted"})  # fmt: skip
+        try:
+            starts = everything.offsets_for_times(query, timeout=timeout_s)
+            failed = [s for s in starts if s.error is not None]
+            if failed:
                 raise DeadLetterTopicError(
-                    f"pipeline {pipeline!r}: dead-letter topic {topic!r} could not be read to "
-                    f"its end within {timeout_s:g} s to count the copies already sent "
-                    f"({', '.join(f'[{s.partition}]' for s in unread)} unread); nothing was "
+                    f"{where}: the broker could not say where to count copies from "
+                    f"({', '.join(f'[{s.partition}]: {s.error}' for s in failed)}); nothing was "
                     "sent, the next run counts again"
                 )
+            starts = [s for s in starts if s.offset >= 0]  # -1: nothing since
+            ends = {
+                s.partition: everything.get_watermark_offsets(s, timeout=timeout_s, cached=False)[1]
+                for s in starts
+            }
+        finally:
+            everything.close()
+        unread = [s for s in starts if s.offset < ends[s.partition]]
+        consumer.assign(unread)
+        last_progress, behind = time.monotonic(), sum(ends[s.partition] - s.offset for s in unread)
+        while unread:
             for message in consumer.consume(num_messages=1000, timeout=1.0):
-                value = dict(message.headers() or []).get(COMMIT_HEADER)
+                if message.error() is not None:
+                    continue
+                headers = dict(message.headers() or [])
+                value = headers.get(COMMIT_HEADER)
                 commit = value.decode() if isinstance(value, bytes) else value
-                if message.error() is None and commit in counts:
-                    counts[commit] += 1
+                if commit in found:
+                    found[commit].add(coordinates(headers))
             # The position, not the last record: a transaction marker ends many partitions.
             positions = consumer.position(unread)
             unread = [s for s in positions if s.offset < ends[s.partition]]
-    return counts
+            left = sum(ends[s.partition] - max(s.offset, 0) for s in unread)
+            if left < behind:
+                last_progress, behind = time.monotonic(), left
+            elif time.monotonic() - last_progress > timeout_s:
+                stuck = ", ".join(f"[{s.partition}] at {s.offset}" for s in unread)
+                raise DeadLetterTopicError(
+                    f"{where}: counting the copies already sent made no progress for "
+                    f"{timeout_s:g} s ({stuck}; another producer's open transaction, or the "
+                    "broker); nothing was sent, the next run counts again"
+                )
+    return found
+
+
+def coordinates(headers: dict[str, Any]) -> Coordinates:
+    """A letter's source coordinates from its Kafka Connect context headers."""
+    return (
+        headers.get(HEADERS["_kafka_topic"]) or b"",
+        headers.get(HEADERS["_kafka_partition"]) or b"",
+        headers.get(HEADERS["_kafka_offset"]) or b"",
+    )
 
 
 def dead_letter_producer(
@@ -247,14 +300,22 @@ def dead_letter_producer(
     completed), so what :func:`count_copies` reads next is final.
 
     Raises:
-        KafkaException: the transactional id could not be initialised (ACLs, the broker).
+        KafkaException: the transactional id could not be initialised (its ACLs, a broker
+            without transactions or with too few brokers for ``__transaction_state``).
     """
     from confluent_kafka import Producer
 
+    config = {**kafka_config}
+    for key in ("message.timeout.ms", "delivery.timeout.ms"):
+        if key in config:
+            config[key] = min(int(config[key]), TRANSACTION_TIMEOUT_MS)
+    if "socket.timeout.ms" in config:
+        config["socket.timeout.ms"] = min(int(config["socket.timeout.ms"]), TRANSACTION_TIMEOUT_MS)
     producer = Producer(
         {
-            **kafka_config,
+            **config,
             "transactional.id": TRANSACTIONAL_ID.format(pipeline=pipeline),
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
             "enable.idempotence": True,
             "acks": "all",
         }
@@ -268,17 +329,19 @@ def publish_dead_letters(
     topic: str,
     quarantine: Table,
     commit_ids: list[str],
+    present: dict[str, set[Coordinates]] | None = None,
     timeout_s: float = 30.0,
 ) -> int:
-    """Produce the quarantined records of ``commit_ids`` to ``topic`` in one transaction of
-    ``producer`` (:func:`dead_letter_producer`); return how many.
+    """Produce the quarantined records of ``commit_ids`` to ``topic``, one transaction of
+    ``producer`` (:func:`dead_letter_producer`) per commit, skipping the letters ``present``
+    already holds (by their source coordinates); return how many were sent.
 
-    Delivery: all of them or none for ``read_committed`` consumers; on any failure the
-    transaction is aborted (or, if the broker cannot be reached, left to the coordinator's
-    timeout and the next copier's fencing) and nothing counts as sent.
+    Delivery: each commit's letters all or none for ``read_committed`` consumers; on any
+    failure the open transaction is aborted (or, if the broker cannot be reached, left to the
+    coordinator's timeout and the next copier's fencing); the commits before it stay sent.
 
     Raises:
-        KafkaException: a record was not acknowledged or the commit failed (the mirror then
+        KafkaException: a record was not acknowledged or a commit failed (the mirror then
             stays behind, so the next run counts and copies again).
     """
     from confluent_kafka import KafkaException
@@ -287,20 +350,42 @@ def publish_dead_letters(
         return 0
     listed = ", ".join(f"'{commit_id}'" for commit_id in commit_ids)  # hex ids: safe to quote
     rows = quarantine.scan(row_filter=f"commit_id IN ({listed})").to_arrow().to_pylist()
-    producer.begin_transaction()
-    try:
-        for row in rows:
-            headers: list[tuple[str, str | bytes | None]] = [
-                (name, str(row[column]).encode()) for column, name in HEADERS.items()
-            ]
+    by_commit: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_commit.setdefault(row["commit_id"], []).append(row)
+    sent = 0
+    for commit_id in commit_ids:
+        there = (present or {}).get(commit_id, set())
+        letters = []
+        for row in by_commit.get(commit_id, []):
+            headers = [(name, str(row[column]).encode()) for column, name in HEADERS.items()]
+            if coordinates(dict(headers)) not in there:
+                letters.append((row, headers))
+        if not letters:
+            continue
+        producer.begin_transaction()
+        try:
+            for row, headers in letters:
+                produce(producer, topic, row, headers)
+            producer.commit_transaction(timeout_s)  # flushes: fails if any record failed
+        except Exception:
+            with contextlib.suppress(KafkaException):
+                producer.abort_transaction(timeout_s)
+            raise
+        sent += len(letters)
+    return sent
+
+
+def produce(producer: Producer, topic: str, row: dict[str, Any], headers: list[Any]) -> None:
+    """One letter; while the producer's queue is full, wait for deliveries and try again."""
+    while True:
+        try:
             producer.produce(topic, key=row["_kafka_key"], value=row["value"], headers=headers)
-            producer.poll(0)  # serve delivery reports: a long copy never fills the queue
-        producer.commit_transaction(timeout_s)  # flushes: fails if any record failed
-    except Exception:
-        with contextlib.suppress(KafkaException):
-            producer.abort_transaction(timeout_s)
-        raise
-    return len(rows)
+        except BufferError:
+            producer.poll(1.0)
+        else:
+            producer.poll(0)
+            return
 
 
 @dataclass(frozen=True)
@@ -324,8 +409,8 @@ def copy_pending_dead_letters(
     synced first). Runs call it before they move the group; so do the operator actions that
     move it (reset, migration), since a commit the group has passed is never searched again.
 
-    Delivery: exactly once for ``read_committed`` consumers (see the module docstring): the
-    copy is one transaction, after a count that fencing made final.
+    Delivery: exactly once for ``read_committed`` consumers (see the module docstring): each
+    commit's missing letters are one transaction, after a count that fencing made final.
 
     Raises:
         DeadLetterTopicError, KafkaException: the topic cannot be created or a record was not
@@ -342,11 +427,12 @@ def copy_pending_dead_letters(
         return DeadLetterCopy()
     created = ensure_dead_letter_topic(admin, spec)
     producer = dead_letter_producer(kafka_config, spec.name)  # fences earlier copiers first
-    copied = count_copies(kafka_config, topic, pending, spec.name)
+    present = count_copies(kafka_config, topic, pending, spec.name)
     copies = publish_dead_letters(
         producer,
         topic,
         catalog.load_table(spec.quarantine_table),
-        [p.commit_id for p in pending if copied[p.commit_id] < p.records],
+        [p.commit_id for p in pending if len(present[p.commit_id]) < p.records],
+        present,
     )
     return DeadLetterCopy(copies, created)

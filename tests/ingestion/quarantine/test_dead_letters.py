@@ -7,6 +7,7 @@ test_bad_input.py."""
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ from pyiceberg.table import Table
 
 from ingestion.quarantine.dead_letters import (
     COMMIT_HEADER,
+    HEADERS,
+    Coordinates,
     PendingCopy,
     count_copies,
     dead_letter_producer,
@@ -104,7 +107,7 @@ def test_the_copies_carry_connects_headers_and_are_counted_back_by_commit_id(
     assert publish_dead_letters(producer, dead, quarantine, ["c1", "c2"]) == 3
 
     pending = [PendingCopy(c, 0, 1) for c in ("c1", "c2", "c3")]
-    assert count_copies(config, dead, pending, SPEC.name) == {
+    assert sizes(count_copies(config, dead, pending, SPEC.name)) == {
         "c1": 2, "c2": 1, "c3": 0,
     }  # fmt: skip
     consumer = kafka.get_consumer()
@@ -129,6 +132,11 @@ def test_the_copies_carry_connects_headers_and_are_counted_back_by_commit_id(
     }
     assert {m.value() for m in messages} == {b"{oops"}
     assert {m.key() for m in messages} == {b"k"}
+
+
+def sizes(found: dict[str, set[Coordinates]]) -> dict[str, int]:
+    """How many distinct letters of each commit the count found."""
+    return {commit: len(letters) for commit, letters in found.items()}
 
 
 def letter_rows(
@@ -181,7 +189,7 @@ def test_a_copy_the_broker_refuses_in_part_is_aborted_whole_and_retried_once(
 
     with pytest.raises(KafkaException, match=r"MSG_SIZE_TOO_LARGE|too large"):
         publish_dead_letters(dead_letter_producer(config, SPEC.name), dead, quarantine, ["c1"])
-    assert count_copies(config, dead, pending, SPEC.name) == {"c1": 0}
+    assert sizes(count_copies(config, dead, pending, SPEC.name)) == {"c1": 0}
     assert read_committed(kafka, dead, 2) == []
 
     admin = kafka.get_admin_client()
@@ -190,10 +198,10 @@ def test_a_copy_the_broker_refuses_in_part_is_aborted_whole_and_retried_once(
     for future in admin.incremental_alter_configs([raised]).values():
         future.result(10)
     producer = dead_letter_producer(config, SPEC.name)
-    assert count_copies(config, dead, pending, SPEC.name) == {"c1": 0}
+    assert sizes(count_copies(config, dead, pending, SPEC.name)) == {"c1": 0}
     assert publish_dead_letters(producer, dead, quarantine, ["c1"]) == 3
     assert read_committed(kafka, dead, 2) == sorted([b"{a", big, b"{b"])
-    assert count_copies(config, dead, pending, SPEC.name) == {"c1": 3}
+    assert sizes(count_copies(config, dead, pending, SPEC.name)) == {"c1": 3}
 
 
 @pytest.mark.integration
@@ -217,8 +225,76 @@ def test_a_copier_killed_mid_copy_is_fenced_and_its_letters_never_read(
     assert killed.flush(10) == 0  # written to the log, never committed
 
     producer = dead_letter_producer(config, SPEC.name)  # fences the killed one
-    assert count_copies(config, dead, pending, SPEC.name) == {"c9": 0}
+    assert sizes(count_copies(config, dead, pending, SPEC.name)) == {"c9": 0}
     assert publish_dead_letters(producer, dead, quarantine, ["c9"]) == 2
     with pytest.raises(KafkaException):
         killed.commit_transaction(10)
     assert read_committed(kafka, dead, 2) == [b"{a", b"{b"]
+
+
+def old_copy(config: dict[str, str], topic: str, commit: str, offsets: list[int]) -> None:
+    """Letters as an at-least-once copy left them: plain producer, Kafka Connect's headers."""
+    producer = Producer(config)
+    for offset in offsets:
+        headers = {
+            HEADERS["_kafka_topic"]: b"orders",
+            HEADERS["_kafka_partition"]: b"0",
+            HEADERS["_kafka_offset"]: str(offset).encode(),
+            COMMIT_HEADER: commit.encode(),
+        }
+        producer.produce(topic, value=f"{{v{offset}".encode(), headers=list(headers.items()))
+    assert producer.flush(10) == 0
+
+
+@pytest.mark.integration
+def test_a_letter_an_older_copy_doubled_is_counted_once_and_only_the_missing_are_sent(
+    tmp_path: Path, kafka: KafkaResource, create_topic: CreateTopic
+) -> None:
+    """An at-least-once copy (before this design) sent a commit's first letter twice and never
+    its other two: 3 letters in the topic for a commit of 3. The count collects distinct source
+    coordinates (1 of 3), so the copy sends the two missing letters, not nothing (a count by
+    number) and not all three again."""
+    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
+    quarantine = load_or_create_quarantine_table(catalog, SPEC)
+    letter_rows(quarantine, [(0, o, "c5", f"{{v{o}".encode()) for o in (1, 2, 3)], lambda _: b"k")
+    dead = create_topic(partitions=1)
+    config = kafka.client_config()
+    old_copy(config, dead, "c5", [1, 1, 1])
+    pending = [PendingCopy("c5", 0, 3)]
+
+    present = count_copies(config, dead, pending, SPEC.name)
+    assert sizes(present) == {"c5": 1}
+    producer = dead_letter_producer(config, SPEC.name)
+    assert publish_dead_letters(producer, dead, quarantine, ["c5"], present) == 2
+    assert read_committed(kafka, dead, 1) == [b"{v1"] * 3 + [b"{v2", b"{v3"]
+    assert sizes(count_copies(config, dead, pending, SPEC.name)) == {"c5": 3}
+
+
+@pytest.mark.integration
+def test_the_count_waits_for_another_producers_open_transaction_instead_of_missing_copies(
+    tmp_path: Path, kafka: KafkaResource, create_topic: CreateTopic
+) -> None:
+    """Another producer (a pipeline sharing the topic, a connector) holds a transaction open on
+    the dead-letter topic; the pipeline's letters committed after it sit beyond the last stable
+    offset. The count waits until that transaction ends and finds them (a count that stopped at
+    the last stable offset found none and sent them again)."""
+    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
+    quarantine = load_or_create_quarantine_table(catalog, SPEC)
+    letter_rows(quarantine, [(0, 1, "c7", b"{a"), (0, 2, "c7", b"{b")], lambda _: b"k")
+    dead = create_topic(partitions=1)
+    config = kafka.client_config()
+    other = Producer({**config, "transactional.id": f"other-{dead}"})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(dead, value=b"someone else's")
+    assert other.flush(10) == 0
+    producer = dead_letter_producer(config, SPEC.name)
+    assert publish_dead_letters(producer, dead, quarantine, ["c7"]) == 2
+    ends = threading.Timer(3.0, other.abort_transaction)
+    ends.start()
+    try:
+        found = count_copies(config, dead, [PendingCopy("c7", 0, 2)], SPEC.name, timeout_s=20)
+    finally:
+        ends.join()
+    assert sizes(found) == {"c7": 2}
+    assert read_committed(kafka, dead, 1) == [b"{a", b"{b"]
