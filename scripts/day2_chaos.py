@@ -13,6 +13,11 @@ the topic, and prints the oracle's verdict from a plain scan of the data and qua
 (no lineage filter): every acknowledged record once, in the table or, if malformed, in the
 quarantine table, except the ranges a forward reset deliberately skipped; nothing twice; and
 whether any run stayed blocked (failed for longer than ``--blocked-after`` seconds in a row).
+The pipeline copies its dead letters to ``chaos-dlq`` (created by the first copy); a plain
+``read_committed`` consumer reads it to the end, and the oracle checks each quarantine row's
+letter is there exactly once (by commit id and source coordinates; a backward reset re-reads a
+range under a new commit, so its letters are delivered again, as its rows are), and prints the
+quarantine table's snapshot count (maintenance keeps it bounded).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from resources.embedded import EmbeddedBroker  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 
-TOPIC, PARTITIONS = "chaos", 4
+TOPIC, PARTITIONS, DEAD_LETTERS = "chaos", 4, "chaos-dlq"
 Coordinates = tuple[str, int, int]
 
 
@@ -54,6 +59,7 @@ class Shared:
     """State shared by the producer, the ingestion loop and the operator."""
 
     spec: PipelineSpec
+    bootstrap: str
     good: set[Coordinates] = field(default_factory=set)
     bad: set[Coordinates] = field(default_factory=set)
     skipped: set[tuple[str, int, int, int]] = field(default_factory=set)  # topic, p, from, to
@@ -82,6 +88,7 @@ def make_spec(group: str) -> PipelineSpec:
             ],
             "partition_by": [{"source": "ts", "transform": "day"}],
             "errors_tolerance": "all",
+            "dead_letter_topic": DEAD_LETTERS,
             "max_records_per_task": 2_000,
             "max_records_per_run": 20_000,
             "in_process_max_records": 10_000_000,
@@ -272,6 +279,9 @@ def verdict(catalog: Any, shared: Shared) -> bool:
         "unexpected (table)": len(set(landed) - shared.good),
         "unexpected (quarantine)": len(set(quarantine_rows) - shared.bad),
     }
+    quarantine = catalog.load_table(spec.quarantine_table)
+    figures.update(dead_letter_figures(quarantine, shared.bootstrap))
+    figures["quarantine snapshots (info)"] = len(quarantine.metadata.snapshots)
     for name, value in figures.items():
         print(f"  {name:<40} {value}")
     return all(
@@ -279,6 +289,43 @@ def verdict(catalog: Any, shared: Shared) -> bool:
         for name in figures
         if name.startswith(("lost", "duplicated", "unexpected"))
     )
+
+
+def header_text(headers: Any) -> dict[str, str]:
+    """A record's headers as text."""
+    return {h[0]: h[1].decode() if isinstance(h[1], bytes) else str(h[1]) for h in headers}
+
+
+def dead_letter_figures(quarantine: Any, bootstrap: str) -> dict[str, int]:
+    """The dead-letter topic read to its end by a plain read_committed consumer, against the
+    quarantine table: each row's letter (commit id, source coordinates) exactly once."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    names = ("commit_id", "_kafka_topic", "_kafka_partition", "_kafka_offset")
+    rows = quarantine.scan(selected_fields=names).to_arrow()  # in the table's column order
+    expected = set(zip(*(rows.column(name).to_pylist() for name in names), strict=True))
+    reader = {"bootstrap.servers": bootstrap, "group.id": "chaos-dlq-reader"}
+    consumer = Consumer({**reader, "isolation.level": "read_committed"})
+    letters = Counter[tuple[str, str, int, int]]()
+    try:
+        partitions = consumer.list_topics(DEAD_LETTERS, timeout=10).topics[DEAD_LETTERS].partitions
+        consumer.assign([TopicPartition(DEAD_LETTERS, p, 0) for p in partitions])
+        while batch := consumer.consume(1000, timeout=5):
+            for message in batch:
+                if message.error() is None:
+                    h = header_text(message.headers() or [])
+                    letters[(h["__ingestion.commit.id"], h["__connect.errors.topic"],
+                             int(h["__connect.errors.partition"]),
+                             int(h["__connect.errors.offset"]))] += 1  # fmt: skip
+    finally:
+        consumer.close()
+    by_record = Counter((t, p, o) for _, t, p, o in letters.elements())
+    return {
+        "dead letters read (read_committed)": sum(letters.values()),
+        "lost (dead-letter topic)": len(expected - set(letters)),
+        "duplicated (dead-letter topic)": sum(n - 1 for n in letters.values() if n > 1),
+        "redelivered after a reset back (info)": sum(n - 1 for n in by_record.values() if n > 1),
+    }
 
 
 def main() -> int:
@@ -305,7 +352,7 @@ def main() -> int:
             from resources.spark import SparkResource
 
             spark = SparkResource(master="local[2]").spark_session
-        shared = Shared(spec=make_spec("chaos-0"))
+        shared = Shared(spec=make_spec("chaos-0"), bootstrap=broker.bootstrap_servers)
         threads = [
             threading.Thread(target=produce, args=(kafka, shared, args.rate, random.Random(1))),
             threading.Thread(

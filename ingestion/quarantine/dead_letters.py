@@ -192,6 +192,9 @@ CLOCK_MARGIN_MS = 3_600_000
 copier's clock (or the broker's, ``LogAppendTime``), which may run behind the committer's. Only
 extra reading: the count is by commit id."""
 
+FENCED_ATTEMPTS = 3
+"""Copies a copier starts over when another copier of the pipeline fenced it (1 s, 2 s apart)."""
+
 TRANSACTION_TIMEOUT_MS = 60_000
 """The copy's ``transaction.timeout.ms`` (Kafka's default), set explicitly: librdkafka refuses a
 ``message.timeout.ms``, ``delivery.timeout.ms`` or ``socket.timeout.ms`` above it, so those of
@@ -410,14 +413,19 @@ def copy_pending_dead_letters(
     move it (reset, migration), since a commit the group has passed is never searched again.
 
     Delivery: exactly once for ``read_committed`` consumers (see the module docstring): each
-    commit's missing letters are one transaction, after a count that fencing made final.
+    commit's missing letters are one transaction, after a count that fencing made final. A
+    copier fenced by another one (a run and an operator action at once) counts again and
+    copies what is still missing, up to :data:`FENCED_ATTEMPTS` times.
 
     Raises:
         DeadLetterTopicError, KafkaException: the topic cannot be created or a record was not
             acknowledged; the group must then stay where it is.
     """
+    from confluent_kafka import KafkaError, KafkaException
+
     from ingestion.pipeline.mirror import read_group_offsets
 
+    fenced = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
     topic = spec.dead_letter_topic
     if topic is None or not catalog.table_exists(spec.quarantine_table):
         return DeadLetterCopy()
@@ -426,13 +434,19 @@ def copy_pending_dead_letters(
     if not pending:
         return DeadLetterCopy()
     created = ensure_dead_letter_topic(admin, spec)
-    producer = dead_letter_producer(kafka_config, spec.name)  # fences earlier copiers first
-    present = count_copies(kafka_config, topic, pending, spec.name)
-    copies = publish_dead_letters(
-        producer,
-        topic,
-        catalog.load_table(spec.quarantine_table),
-        [p.commit_id for p in pending if len(present[p.commit_id]) < p.records],
-        present,
-    )
-    return DeadLetterCopy(copies, created)
+    quarantine = catalog.load_table(spec.quarantine_table)
+    for attempt in range(1, FENCED_ATTEMPTS + 1):
+        try:
+            producer = dead_letter_producer(kafka_config, spec.name)  # fences earlier copiers
+            present = count_copies(kafka_config, topic, pending, spec.name)
+            owed = [p.commit_id for p in pending if len(present[p.commit_id]) < p.records]
+            copies = publish_dead_letters(producer, topic, quarantine, owed, present)
+        except KafkaException as exc:
+            # Fenced: another copier of this pipeline (a run, an action) started meanwhile. What
+            # this one committed stands; count again after it, as a fresh copier.
+            if exc.args[0].code() not in fenced or attempt == FENCED_ATTEMPTS:
+                raise
+            time.sleep(attempt)
+        else:
+            return DeadLetterCopy(copies, created)
+    raise AssertionError("unreachable")

@@ -8,9 +8,11 @@ test_bad_input.py."""
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -24,6 +26,7 @@ from ingestion.quarantine.dead_letters import (
     HEADERS,
     Coordinates,
     PendingCopy,
+    copy_pending_dead_letters,
     count_copies,
     dead_letter_producer,
     publish_dead_letters,
@@ -297,4 +300,43 @@ def test_the_count_waits_for_another_producers_open_transaction_instead_of_missi
     finally:
         ends.join()
     assert sizes(found) == {"c7": 2}
+    assert read_committed(kafka, dead, 1) == [b"{a", b"{b"]
+
+
+@pytest.mark.integration
+def test_a_copier_fenced_by_another_counts_again_and_copies_once(
+    tmp_path: Path, kafka: KafkaResource, create_topic: CreateTopic
+) -> None:
+    """Two copiers of one pipeline at once (a run's and an operator action's): the first
+    counts while another producer's transaction holds the topic, the second initialises the
+    pipeline's transactional id meanwhile and fences it. The first starts over (a fresh id
+    epoch, a fresh count) instead of failing the action: the letters are read once."""
+    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
+    dead = create_topic(partitions=1)
+    spec = make_spec("orders", "dead", errors_tolerance="all", dead_letter_topic=dead)
+    table = load_or_create_table(catalog, spec)
+    commit(table, {0: 3}, 2, "c8")
+    letter_rows(
+        load_or_create_quarantine_table(catalog, spec),
+        [(0, 1, "c8", b"{a"), (0, 2, "c8", b"{b")],
+        lambda _: b"k",
+    )
+    config = kafka.client_config()
+    other = Producer({**config, "transactional.id": f"other-{dead}"})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(dead, value=b"someone else's")
+    assert other.flush(10) == 0
+    outcome: list[Any] = []
+    copier = threading.Thread(
+        target=lambda: outcome.append(
+            copy_pending_dead_letters(catalog, spec, table, kafka.get_admin_client(), config)
+        )
+    )
+    copier.start()
+    time.sleep(3)  # the copier counts, waiting for the other transaction
+    dead_letter_producer(config, spec.name)  # a second copier: fences the first
+    other.abort_transaction(10)
+    copier.join(60)
+    assert [(o.copies, o.created_topic) for o in outcome] == [(2, False)]
     assert read_committed(kafka, dead, 1) == [b"{a", b"{b"]
