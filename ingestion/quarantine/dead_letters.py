@@ -40,6 +40,7 @@ from ingestion.exceptions import DeadLetterTopicError
 from ingestion.kafka.consumer import consumer_config, open_consumer
 from ingestion.table.offsets import (
     COMMIT_ID,
+    FAILOVER_TO,
     OFFSETS_PREFIX,
     QUARANTINED,
     decode_offsets,
@@ -81,11 +82,17 @@ class PendingCopy:
 def unpublished_commits(
     table: Table, group_id: str, mirrored: dict[tuple[str, int], int]
 ) -> list[PendingCopy]:
-    """Commits with dead letters whose offsets are ahead of the mirror (newest first)."""
+    """Commits with dead letters whose offsets are ahead of the mirror (newest first), back to
+    the newest switch to another cluster at most: the commits before it read the cluster it
+    left, whose dead-letter topic the switch copied their letters to first
+    (``platform_assets.dr.failover.copy_owed_dead_letters``); a group there lacks their topics,
+    which would make every older commit look owed."""
     key = OFFSETS_PREFIX + group_id
     pending = []
     for snapshot in iter_ancestry(table):
         properties = snapshot_properties(snapshot)
+        if FAILOVER_TO in properties:
+            break
         if key not in properties:
             continue
         offsets = flatten(decode_offsets(properties[key]))

@@ -30,7 +30,7 @@ from ingestion.dr.replica_check import read_checkpoints
 from ingestion.dr.replica_reader import Replica, cluster_answers, read_offset_syncs
 from ingestion.dr.scanned_rows import Floors, Scans
 from ingestion.dr.switch import apply_failover
-from ingestion.exceptions import FailoverRefusedError, ReplicaBehindError
+from ingestion.exceptions import FailoverRefusedError, OperationRefusedError, ReplicaBehindError
 from ingestion.kafka.topics import TopicEnds, read_topic_ends
 from ingestion.ops.action import copy_dead_letters_before, mirror_after
 from ingestion.pipeline.mirror import mirror_table_offsets
@@ -195,10 +195,11 @@ def failover_pipeline(
     scans.clear()  # the plan's reads are done: the scanned rows are not held through the commit
     if dry_run:
         return [*lines, "dry run: nothing committed"]
+    # Before the recheck, which must stay just before the commit (a copy may take seconds).
+    lines += copy_owed_dead_letters(catalog, route, down, "the failover", refuse=False)
     if origin and not down:  # MM2's forward flow must not have copied tail records (R49)
         replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
         recheck_copies(origin, replica, Replica(goal.kafka.client_config()), spec.name)
-    lines += copy_owed_dead_letters(catalog, route, down, "the failover")
     # The origin records a failback from a lost replica reads: MM2 may have copied them there.
     read = origin_entries(lost.reverse, origin, plans, spec.name) if lost else None
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
@@ -229,32 +230,43 @@ def failover_pipeline(
     ]
 
 
-def copy_owed_dead_letters(catalog: Catalog, route: Route, lost: bool, action: str) -> list[str]:
+def copy_owed_dead_letters(
+    catalog: Catalog, route: Route, lost: bool, action: str, *, refuse: bool = True
+) -> list[str]:
     """Before a switch that moves the Kafka group: copy to the dead-letter topic on the route's
     cluster the letters of the commits its group has not passed (a run whose copy failed left
     them owed; after the switch no run searches those commits again); the lines saying so.
 
-    A cluster the operator asserted ``lost``, or one that does not answer, is not waited for
-    (a disaster must not wait on a copy): its owed letters stay in the quarantine table only,
-    and the line says so.
+    A cluster the operator asserted ``lost``, or one that does not answer, is not asked; with
+    ``refuse`` False (a failover or failback: a disaster must not wait on a copy) a copy that
+    fails is not a refusal either. Either way the owed letters stay in the quarantine table
+    only, and a line says so.
 
     Raises:
-        OperationRefusedError: the copy failed on a cluster that answers (its ACLs, the topic);
-            nothing was changed.
+        OperationRefusedError: with ``refuse`` (a failback completion), the copy failed on a
+            cluster that answers; nothing was changed.
     """
     spec, kafka = route.spec, route.kafka
     topic = spec.dead_letter_topic
     if topic is None:
         return []
-    if lost or not cluster_answers(kafka.client_config(), SYNCS_TIMEOUT_S):
+
+    def left(why: str) -> list[str]:
         return [
             f"dead letters owed on {route.cluster!r} (of commits its group had not passed) are "
-            f"not copied to {topic!r} there ({'lost' if lost else 'it does not answer'}): they "
-            f"stay in {spec.quarantine_table}"
+            f"not copied to {topic!r} there ({why}): they stay in {spec.quarantine_table}"
         ]
-    copied = copy_dead_letters_before(
-        catalog, spec, kafka.get_admin_client(), kafka.client_config(), action
-    )
+
+    if lost or not cluster_answers(kafka.client_config(), SYNCS_TIMEOUT_S):
+        return left("lost" if lost else "it does not answer")
+    try:
+        copied = copy_dead_letters_before(
+            catalog, spec, kafka.get_admin_client(), kafka.client_config(), action
+        )
+    except OperationRefusedError as exc:
+        if refuse:
+            raise
+        return left(f"the copy failed: {exc.__cause__ or exc}")
     if not copied:
         return []
     return [f"copied {copied} owed dead letter(s) to {topic!r} on {route.cluster!r} first"]
@@ -285,6 +297,14 @@ def complete_failback(
     def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
         return read_topic_ends(primary, topics, open_transactions=True)
 
+    # First, so the checks below stay just before the commit (a copy may take seconds).
+    owed = (
+        []
+        if dry_run
+        else copy_owed_dead_letters(
+            catalog, active_route(spec, kafka, iceberg), False, "the failback completion"
+        )
+    )
     cluster_id = kafka.get_cluster_id()
     table = catalog.load_table(spec.table)
     plan = plan_completion(table, spec, cluster_id, read_ends)
@@ -297,16 +317,14 @@ def complete_failback(
     notes = check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
     if dry_run:
         return [*plan.describe(spec.name), *notes, "dry run: nothing committed"]
-    route = active_route(spec, kafka, iceberg)
-    owed = copy_owed_dead_letters(catalog, route, False, "the failback completion")
     plan, snapshot_id = apply_completion(
         catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs
     )
     mirrored = mirror_after(kafka.get_admin_client(), catalog, spec, spec.consumer_group_id)
     return [
         *plan.describe(spec.name),
-        *notes,
         *owed,
+        *notes,
         f"completed in snapshot {snapshot_id} by {requested_by!r} (reason {reason!r}): the "
         f"pipeline reads {spec.source_topics} on the primary, as before the failover",
         *([mirrored.describe()] if mirrored else []),

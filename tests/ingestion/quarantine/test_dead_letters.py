@@ -32,7 +32,7 @@ from ingestion.quarantine.dead_letters import (
     publish_dead_letters,
     unpublished_commits,
 )
-from ingestion.table.offsets import TopicOffsets, commit_properties
+from ingestion.table.offsets import FAILOVER_TO, TopicOffsets, commit_properties
 from ingestion.table.schema import load_or_create_quarantine_table, load_or_create_table
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -81,6 +81,26 @@ def test_commits_with_dead_letters_ahead_of_the_mirror_are_pending_newest_first(
         "c4", "c3", "c1",
     ]  # fmt: skip
     assert unpublished_commits(table, GROUP, {("orders", 0): 40, ("orders", 1): 6}) == []
+
+
+def test_the_search_stops_at_a_switch_to_another_cluster(table: Table) -> None:
+    """Commits before a failover read the cluster it left (the switch copied their letters
+    there first); the group on the new cluster lacks their topics, which made every one of
+    them look owed, to be sent again to the new cluster's topic."""
+    commit(table, {0: 10}, 1, "before")
+    properties = commit_properties(
+        group_id=GROUP, offsets={"west.orders": TopicOffsets("id2", {0: 8})},
+        commit_id="switch", cluster_id="dr", pipeline=SPEC.name,
+    )  # fmt: skip
+    properties[FAILOVER_TO] = "dr"
+    with (
+        table.transaction() as transaction,
+        transaction.update_snapshot(snapshot_properties=properties).fast_append(),
+    ):
+        pass
+    commit(table, {0: 12}, 2, "after")  # offsets of `orders` again: the group has none
+
+    assert [p.commit_id for p in unpublished_commits(table, GROUP, {})] == ["after"]
 
 
 def test_nothing_pending_reads_and_sends_nothing(table: Table) -> None:
