@@ -255,6 +255,17 @@ def test_a_copier_killed_mid_copy_is_fenced_and_its_letters_never_read(
     assert read_committed(kafka, dead, 2) == [b"{a", b"{b"]
 
 
+def open_foreign_transaction(config: dict[str, str], topic: str) -> Producer:
+    """Another producer with a transaction left open on ``topic`` (it holds the last stable
+    offset until it commits or aborts)."""
+    other = Producer({**config, "transactional.id": f"other-{topic}"})
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(topic, value=b"someone else's")
+    assert other.flush(10) == 0
+    return other
+
+
 def old_copy(config: dict[str, str], topic: str, commit: str, offsets: list[int]) -> None:
     """Letters as an at-least-once copy left them: plain producer, Kafka Connect's headers."""
     producer = Producer(config)
@@ -306,11 +317,7 @@ def test_the_count_waits_for_another_producers_open_transaction_instead_of_missi
     letter_rows(quarantine, [(0, 1, "c7", b"{a"), (0, 2, "c7", b"{b")], lambda _: b"k")
     dead = create_topic(partitions=1)
     config = kafka.client_config()
-    other = Producer({**config, "transactional.id": f"other-{dead}"})
-    other.init_transactions(10)
-    other.begin_transaction()
-    other.produce(dead, value=b"someone else's")
-    assert other.flush(10) == 0
+    other = open_foreign_transaction(config, dead)
     producer = dead_letter_producer(config, SPEC.name)
     assert publish_dead_letters(producer, dead, quarantine, ["c7"]) == 2
     ends = threading.Timer(3.0, other.abort_transaction)
@@ -342,11 +349,7 @@ def test_a_copier_fenced_by_another_counts_again_and_copies_once(
         lambda _: b"k",
     )
     config = kafka.client_config()
-    other = Producer({**config, "transactional.id": f"other-{dead}"})
-    other.init_transactions(10)
-    other.begin_transaction()
-    other.produce(dead, value=b"someone else's")
-    assert other.flush(10) == 0
+    other = open_foreign_transaction(config, dead)
     outcome: list[Any] = []
     copier = threading.Thread(
         target=lambda: outcome.append(
