@@ -316,11 +316,9 @@ def dead_letter_producer(
     from confluent_kafka import Producer
 
     config = {**kafka_config}
-    for key in ("message.timeout.ms", "delivery.timeout.ms"):
+    for key in ("message.timeout.ms", "delivery.timeout.ms", "socket.timeout.ms"):
         if key in config:
             config[key] = min(int(config[key]), TRANSACTION_TIMEOUT_MS)
-    if "socket.timeout.ms" in config:
-        config["socket.timeout.ms"] = min(int(config["socket.timeout.ms"]), TRANSACTION_TIMEOUT_MS)
     producer = Producer(
         {
             **config,
