@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ingestion.dr.cluster_rows import labelled_cluster
+from ingestion.dr.failback.copies import UNREACHABLE
 from ingestion.dr.failback.link import OriginLink
 from ingestion.dr.failback.lost import LostReplica
 from ingestion.dr.failback.origin import OriginPlan, UndoneSwitch, plan_origin
@@ -80,7 +81,7 @@ def plan_failback_origin(
     spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
     names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
     labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
-    lost: LostReplica | None = None, scans: Scans | None = None,
+    lost: LostReplica | None = None, scans: Scans | None = None, answers: bool = True,
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.dr.failback.origin``).
 
@@ -91,7 +92,8 @@ def plan_failback_origin(
     ``labelled`` and ``ambiguous``: :func:`failback_labels`. ``lost``: the operator asserts
     the replica is lost (``--source-lost``); it is not read, its records are what the table and
     the reverse copy show (``ingestion.dr.failback.lost``). ``scans``: the plan's table scans
-    (``ingestion.dr.scanned_rows``).
+    (``ingestion.dr.scanned_rows``). ``answers``: whether the replica answered the switch's
+    probe; one that did not is refused before any read (each would wait out its timeout).
     """
     originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
     origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
@@ -106,6 +108,11 @@ def plan_failback_origin(
     tables = [catalog.load_table(spec.table)]
     if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
         tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
+    if lost is None and not answers:
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: "
+            + UNREACHABLE.format(error=f"no metadata answer within {SYNCS_TIMEOUT_S:g} s")
+        )
     reader = Replica(primary.client_config())
     replica = lost or Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
     alias = spec.replica(route.cluster).target_alias

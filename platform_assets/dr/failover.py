@@ -119,7 +119,10 @@ def failover_pipeline(
     # failback with it leaves a lost replica: the same, through MM2's reverse flow, and the
     # origin topics are aligned without reading the replica (ingestion.dr.failback.lost).
     down = source_lost
-    if down and to == PRIMARY and cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S):
+    # One probe of the replica a failback leaves: one that does not answer is not read again
+    # (each read would wait out its timeout first).
+    answers = to != PRIMARY or cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
+    if down and to == PRIMARY and answers:
         # Not read, a replica that answers may hold MM2 copies the plan cannot see, which its
         # reverse flow then delivers: read twice. Only a replica that does not answer is lost.
         raise FailoverRefusedError(
@@ -131,7 +134,7 @@ def failover_pipeline(
         )
     syncs = (
         read_offset_syncs(route.kafka.client_config(), goal.syncs_topic, SYNCS_TIMEOUT_S)
-        if goal.syncs_topic and not down
+        if goal.syncs_topic and not down and answers
         else {}
     )
     checkpoints = read_checkpoints(target.kafka_config, checkpoints_topic(target.source_alias))
@@ -188,7 +191,7 @@ def failover_pipeline(
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(
             spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous,
-            lost=lost, scans=scans,
+            lost=lost, scans=scans, answers=answers,
         )  # fmt: skip
         lines += describe_origin(origin, route.cluster)
         lines += describe_lost(plans, route.cluster, spec.name) if lost else []
