@@ -5,9 +5,7 @@ A pipeline reads ``topic`` on the source cluster with replica ``dr`` on the othe
 flows: real MirrorMaker 2 processes (tests/support/mirror_maker.py), :attr:`FailbackStack.mm2`
 forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2` (dr -> primary), created here,
 started and stopped by the test (a flow stopped is MM2 falling behind: what producers write
-meanwhile is the RPO tail), stopped at the fixture's teardown. With ``real_mm2=False`` the
-MirrorMaker 2 stand-in instead (tests/support/mm2_standin.py: the forward flow set up here, the
-reverse one from :meth:`FailbackStack.start_reverse`), only for a test that says why.
+meanwhile is the RPO tail), stopped at the fixture's teardown.
 Tests get it from the ``failback_stack`` fixture::
 
     stack = failback_stack("cmpl", "dr_cmpl", replica={"source_alias": "eastc"})
@@ -45,7 +43,6 @@ from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.mirror_maker import MirrorMaker
-from tests.support.mm2_standin import MirrorStandIn
 from tests.support.pipelines import make_spec, records
 
 STAMP = 1_790_000_000_000
@@ -62,10 +59,9 @@ class FailbackStack:
     iceberg: IcebergCatalogResource
     kafka: KafkaResource
     catalog: Catalog
-    forward: MirrorStandIn  # the stand-in (real_mm2=False); otherwise not set up, unused
-    mm2: MirrorMaker | None = None
-    tmp_path: Path | None = None
-    running: list[MirrorMaker] | None = None  # real MM2 flows the fixture stops
+    mm2: MirrorMaker
+    tmp_path: Path
+    running: list[MirrorMaker]  # real MM2 flows the fixture stops
 
     @property
     def group(self) -> str:
@@ -118,23 +114,9 @@ class FailbackStack:
             reason="back",
         )  # fmt: skip
 
-    def start_reverse(self, **options: Any) -> MirrorStandIn:
-        """MM2's reverse flow dr -> primary of the copy, under identity naming: its topics are
-        created now. Defaults: the replica's failback alias as the source alias, the forward
-        flow's source alias as the target alias; ``options`` override the stand-in's fields."""
-        settings: dict[str, Any] = {
-            "source_alias": self.spec.replicas[0].failback_alias,
-            "target_alias": self.forward.source_alias,
-            "identity": True,
-            **options,
-        }
-        source, target = self.replica.bootstrap_servers, self.source.bootstrap_servers
-        return MirrorStandIn(source, target, [self.copy], [self.group], **settings).setup()
-
     @property
     def forward_mm2(self) -> MirrorMaker:
         """The real forward flow (not started)."""
-        assert self.mm2 is not None, "a stack built with real_mm2=False has the stand-in"
         return self.mm2
 
     def reverse_mm2(
@@ -148,8 +130,6 @@ class FailbackStack:
         target = target_alias or self.forward_mm2.source_alias
         clusters = {source_alias: self.replica.bootstrap_servers,
                     target: self.source.bootstrap_servers}  # fmt: skip
-        assert self.tmp_path is not None
-        assert self.running is not None
         reverse = MirrorMaker(self.tmp_path / "mm2-reverse.log", clusters, source_alias, target,
                               [self.copy], [self.group], identity=identity, **options)  # fmt: skip
         self.running.append(reverse)
@@ -180,15 +160,13 @@ def build_failback_stack(
     partitions: int = 2,
     replica_spec: dict[str, str] | None = None,
     forward: dict[str, Any] | None = None,
-    real_mm2: bool = True,
     running: list[MirrorMaker] | None = None,
     **overrides: Any,
 ) -> FailbackStack:
     """Create ``topic`` on ``source``, a pipeline ``name`` reading it (``make_spec``, at most
     10,000 records in process, replica 'dr' with ``replica_spec``, then ``overrides``), its
     resources (the catalog under ``tmp_path/state``) and the real forward MM2 flow
-    (``forward``: its keyword options; not started), added to ``running``; with
-    ``real_mm2=False`` the forward stand-in instead (``forward``: its options), set up."""
+    (``forward``: its keyword options; not started), added to ``running``."""
     admin = AdminClient({"bootstrap.servers": source.bootstrap_servers})
     for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
         future.result(10)
@@ -200,13 +178,6 @@ def build_failback_stack(
         bootstrap_servers=source.bootstrap_servers,
         replicas={"dr": {"bootstrap.servers": replica.bootstrap_servers}},
     )
-    mirror = MirrorStandIn(
-        source.bootstrap_servers, replica.bootstrap_servers, [topic], [spec.consumer_group_id],
-        source_alias=dr["source_alias"], **({} if real_mm2 else forward or {}),
-    )  # fmt: skip
-    if not real_mm2:
-        mirror.setup()
-        return FailbackStack(source, replica, spec, iceberg, kafka, iceberg.load_catalog(), mirror)
     options = dict(forward or {})
     target_alias = options.pop("target_alias", "backup")
     clusters = {dr["source_alias"]: source.bootstrap_servers,
@@ -216,8 +187,7 @@ def build_failback_stack(
     running = running if running is not None else []
     running.append(mm2)
     catalog = iceberg.load_catalog()
-    return FailbackStack(source, replica, spec, iceberg, kafka, catalog, mirror, mm2, tmp_path,
-                         running)  # fmt: skip
+    return FailbackStack(source, replica, spec, iceberg, kafka, catalog, mm2, tmp_path, running)
 
 
 def failback_factory(

@@ -16,6 +16,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyiceberg.catalog import Catalog
 
+from ingestion.dr.mm2 import offset_syncs_topic
+from ingestion.dr.replica_reader import read_offset_syncs
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.checks import audit_finding
 from resources.embedded import EmbeddedBroker
@@ -58,22 +60,22 @@ def test_a_keyless_burst_topic_fails_back_with_every_record_once(
     that millisecond, and the table
     ingested them next to the copies. By timestamp and key 30..33 pass for copies of 24..27
     (before, the failback skipped those: lost); by value they do not. The origin resumes at
-    24 and 26: the tail lands once. With the replica's ``target_alias`` MM2's forward offset
-    sync (origin 10 -> replica 10) pins the first copy. On the stand-in (``real_mm2=False``)
-    for now: on real MM2 (commit "Failback stack: real MM2 flows ..." of this branch) both cases
-    passed 5 times, but in one run of the anchored case MM2's checkpoint of the group at 10 did
-    not arrive within 90 s, cause not found (docs/disaster-recovery.md, "Verified on real
-    MirrorMaker 2"); a suite that fails once in a while would hide real failures."""
+    24 and 26: the tail lands once. With the replica's ``target_alias`` MM2's newest forward
+    offset sync pins the copied prefix. Real MM2 both ways: the forward flow is
+    stopped after copying 20..23 (so 24..27 are never copied), the reverse flow runs from the
+    replica's records on."""
     n = int(with_syncs)
     topic, alias = f"bursts{n}", f"west{n}"
     extra = {"target_alias": f"dr{n}"} if with_syncs else {}
+    # offset.lag.max=9: MM2 writes an offset sync for a partition's first copy, after 9 more,
+    # and for the last copy when its task commits
     stack = failback_stack(
-        topic, f"dr_{topic}", key_format="string", forward={"target_alias": f"dr{n}"},
+        topic, f"dr_{topic}", key_format="string",
+        forward={"target_alias": f"dr{n}", "offset_lag_max": 9},
         replica={"source_alias": alias, "failback_source_alias": f"home{n}", **extra},
-        real_mm2=False,
     )  # fmt: skip
     spec, iceberg, kafka, catalog = stack.spec, stack.iceberg, stack.kafka, stack.catalog
-    source, replica, forward = stack.source, stack.replica, stack.forward
+    source, replica, forward = stack.source, stack.replica, stack.forward_mm2
     ingest_route = stack.ingest_route
 
     def two(number: int) -> int:
@@ -84,23 +86,38 @@ def test_a_keyless_burst_topic_fails_back_with_every_record_once(
 
     send(source.bootstrap_servers, topic, list(range(20)), two, keyed=False)
     ingest_route()
-    forward.step()
+    forward.start()
+    assert forward.wait_mirrored(topic) == 20
+    for partition in (0, 1):  # the group at the table's 10
+        forward.wait_checkpoint(stack.group, topic, partition, 10)
     send(source.bootstrap_servers, topic, [20, 21, 22, 23], two, keyed=False, stamp=burst)
-    assert forward.replicate() == 4  # copied, never ingested on the primary
-    send(source.bootstrap_servers, topic, [24, 25, 26, 27], two, False, burst)  # never copied
+    assert forward.wait_mirrored(topic) == 4  # copied, never ingested on the primary
+    forward.stop()  # MM2 falls behind: what follows is never copied
+    send(source.bootstrap_servers, topic, [24, 25, 26, 27], two, False, burst)
     stack.fail_over()
     copy = f"{alias}.{topic}"
     send(replica.bootstrap_servers, copy, [30, 31, 32, 33], two, keyed=False, stamp=burst)
     ingest_route()
     assert landed_ids(catalog, spec) == [*range(24), 30, 31, 32, 33]
-    stack.start_reverse().step()  # source alias f"home{n}", target alias f"west{n}"
-
-    lines = stack.fail_back()
-    anchor = " (copies up to offset sync 10 -> 10)" if with_syncs else ""
+    reverse = stack.reverse_mm2().start()  # source alias f"home{n}", target alias f"west{n}"
+    reverse.wait_mirrored(copy)
     for partition in (0, 1):
+        reverse.wait_checkpoint(stack.group, copy, partition, 14)  # the table's end on dr
+
+    # The anchor is MM2's newest forward offset sync of each partition: the copy of its last
+    # tail record (11 -> 11, written when the task committed it), unless MM2 stopped before it
+    # promoted that sync (then an earlier one: docs/disaster-recovery.md, "Offset syncs").
+    syncs = read_offset_syncs(
+        {"bootstrap.servers": source.bootstrap_servers}, offset_syncs_topic(f"dr{n}"), 10
+    )
+    lines = stack.fail_back()
+    for partition in (0, 1):
+        newest = max(syncs[(topic, partition)], key=lambda sync: sync.upstream)
+        anchor = f" (copies up to offset sync {newest.upstream} -> {newest.downstream})"
         assert (
             f"origin {topic}[{partition}] (at 10 before the failover) resumes at 12: 2 record(s) "
-            f"were ingested as copies on 'dr', 2 record(s) of unreplicated tail to ingest{anchor}"
+            "were ingested as copies on 'dr', 2 record(s) of unreplicated tail to ingest"
+            + (anchor if with_syncs else "")
         ) in lines, lines
     ingest_route()
     send(source.bootstrap_servers, topic, [40, 41], two, keyed=False)  # producers are back
