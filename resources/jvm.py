@@ -7,6 +7,10 @@ and the class path is remembered in the cache directory (``$PLATFORM_JVM_CACHE``
 ``~/.cache/kafka-iceberg-platform``) under the pom's hash, so a second start costs no Maven run
 and an edited pom resolves again.
 
+A part that is a Quarkus application (the tests' Schema Registry) is built instead:
+:func:`quarkus_runner` runs ``mvn package`` once on a copy of the part's folder in the cache
+directory, under the pom's hash, and returns the runner jar (its ``lib/`` beside it).
+
 :class:`ClassDataSharing` shortens each start by mapping the classes a server loaded on an
 earlier start from a class data sharing archive (the JDK's AppCDS: ``-XX:ArchiveClassesAtExit``
 writes it when the first JVM of that main class and class path exits, ``-XX:SharedArchiveFile``
@@ -44,7 +48,8 @@ DUMP_KEEP_S = 3_600
 
 
 class JvmSetupError(RuntimeError):
-    """A JVM server's class path could not be resolved, or Java is missing."""
+    """A JVM server's class path could not be resolved (or its build failed), or Java is
+    missing."""
 
 
 def cache_dir() -> Path:
@@ -100,6 +105,82 @@ def class_path(part: str) -> str:
         )
     partial.replace(cached)
     return cached.read_text().strip()
+
+
+BUILD_KEEP_S = 3_600
+"""A build folder not renamed into place within an hour was left by a process that died."""
+
+
+def quarkus_runner(part: str) -> Path:
+    """The runner jar of the Quarkus application ``resources/jvm/<part>/pom.xml`` builds,
+    building it with Maven if needed (its dependencies in ``lib/`` beside it).
+
+    The part's folder is copied into the cache directory and built there, so the checkout stays
+    clean; the runner jar and ``lib/`` are kept in ``<part>-<pom hash>/`` (an edited pom builds
+    again). Safe to call from several processes at once: each builds in a folder of its own and
+    renames it into place; the first rename wins, the others use it.
+    """
+    folder = JVM_DIR / part
+    pom = folder / "pom.xml"
+    if not pom.exists():
+        raise JvmSetupError(f"no pom for the JVM part {part!r} at {pom}")
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
+    built = cache_dir() / f"{part}-{digest}"
+    runner = _runner_jar(built)
+    if runner is not None:
+        return runner
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    _remove_stale_builds(part)
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise JvmSetupError(f"Maven (mvn) is needed to build the {part} server once; {MAVEN_HINT}")
+    work = cache_dir() / f"{part}-{digest}.{os.getpid()}.{uuid.uuid4().hex[:8]}.build"
+    try:
+        shutil.copytree(folder, work / "src")
+        command = [mvn, "-B", "-q", "--file", str(work / "src" / "pom.xml"),
+                   "-DskipTests", "package"]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        target = work / "src" / "target"
+        jars = sorted(target.glob("*-runner.jar"))
+        if result.returncode != 0 or len(jars) != 1 or not (target / "lib").is_dir():
+            output = (result.stdout + result.stderr).strip()[-4_000:]
+            raise JvmSetupError(
+                f"Maven could not build {pom} (exit {result.returncode}); the machine must reach "
+                f"Maven Central (or a mirror in ~/.m2/settings.xml). Maven said:\n{output}"
+            )
+        done = work / "done"
+        done.mkdir()
+        jars[0].rename(done / jars[0].name)
+        (target / "lib").rename(done / "lib")
+        with contextlib.suppress(OSError):  # another process renamed its build first: use it
+            done.rename(built)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    runner = _runner_jar(built)
+    if runner is None:
+        raise JvmSetupError(f"the {part} build left no runner jar in {built}")
+    return runner
+
+
+def _runner_jar(built: Path) -> Path | None:
+    """The runner jar of a finished build folder, else None."""
+    jars = sorted(built.glob("*-runner.jar"))
+    return jars[0] if len(jars) == 1 and (built / "lib").is_dir() else None
+
+
+def _remove_stale_builds(part: str) -> None:
+    """Remove build folders of ``part`` left by processes that died while building, and
+    builds of another pom whose runner jar was not used for :data:`ARCHIVE_KEEP_S`."""
+    now = time.time()
+    for path in cache_dir().glob(f"{part}-*.build"):
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > BUILD_KEEP_S:
+                shutil.rmtree(path)
+    for path in cache_dir().glob(f"{part}-" + "[0-9a-f]" * 16):
+        with contextlib.suppress(OSError):
+            used = max((jar.stat().st_atime for jar in path.glob("*-runner.jar")), default=0.0)
+            if now - max(used, path.stat().st_mtime) > ARCHIVE_KEEP_S:
+                shutil.rmtree(path)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from tests.support.dev_stack import (
 )
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
+from tests.support.registry import EmbeddedSchemaRegistry
 from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 if TYPE_CHECKING:
@@ -241,6 +242,16 @@ def spark_resource() -> Iterator[SparkResource]:
     resource = SparkResource(master="local[2,2]", app_name="platform-tests")
     yield resource
     resource.stop_session()
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedSchemaRegistry]:
+    """A real Schema Registry (Apicurio Registry's Confluent-compatible API, in-memory storage)
+    on a free loopback port for the whole session: ``url`` is a ``schema_registry_url``. Each
+    test uses subjects of its own (its topics are fresh)."""
+    log_path = tmp_path_factory.mktemp("schema-registry") / "registry.log"
+    with EmbeddedSchemaRegistry(log_path) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import orjson
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.schema_registry import Schema
+from confluent_kafka.schema_registry import SchemaRegistryClient
 from dbt.cli.main import dbtRunner
 
 from ingestion.formats.nested import (
@@ -33,7 +33,7 @@ from resources.spark import SparkResource
 from tests.ingestion.formats.test_avro import serialize
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, make_spec
-from tests.support.registry import make_registry
+from tests.support.registry import EmbeddedSchemaRegistry
 
 NESTED_SCHEMA: list[dict[str, Any]] = [
     {"name": "id", "type": "long", "required": True},
@@ -270,18 +270,28 @@ AVRO_NESTED = {
 
 @pytest.mark.integration
 def test_nested_avro_round_trip(
-    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+    harness: Harness,
+    create_topic: CreateTopic,
+    ledger_producer: LedgerProducer,
+    ledger: Ledger,
+    schema_registry: EmbeddedSchemaRegistry,
 ) -> None:
+    """Through the real Schema Registry: the producer's serializer registers the schema under
+    the test's own subject ({topic}-value); the run resolves it at the spec's URL, with a
+    client the test closes (why: test_avro.py's end-to-end test)."""
     topic = create_topic(partitions=2)
-    registry = make_registry()
-    registry.register_schema(f"{topic}-value", Schema(orjson.dumps(AVRO_NESTED).decode(), "AVRO"))
     events = [nested_event(i) for i in range(30)]
-    values = serialize(registry, AVRO_NESTED, topic, events)
-    ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(values)])
     spec = make_spec(
-        topic, "nested_avro", value_format="avro", schema=None, schema_registry_url="http://x"
+        topic,
+        "nested_avro",
+        value_format="avro",
+        schema=None,
+        schema_registry_url=schema_registry.url,
     )
-    assert harness.run(spec, registry=registry).records == 30
+    with SchemaRegistryClient({"url": schema_registry.url}) as registry:
+        values = serialize(registry, AVRO_NESTED, topic, events)
+        ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(values)])
+        assert harness.run(spec, registry=registry).records == 30
     table = harness.table(spec)
     assert str(table.schema().find_field("attrs").field_type).startswith("map<")
     assert read_back(table, tuple(NESTED_SCHEMA_NAMES)) == events
