@@ -77,11 +77,30 @@ def failback_labels(
     return labelled_cluster(tables, switch.plans, route.cluster)
 
 
+def origin_topics(spec: PipelineSpec, route: Route, names: dict[str, str]) -> list[str]:
+    """The origin topics a failback to the primary reads again: each replica topic's origin,
+    unless it has the name of its reverse copy (MM2's identity policy both ways, a replication
+    cycle MM2 cannot break: that topic is the reverse copy, read as before)."""
+    originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
+    return [originals[t] for t, copy in names.items() if copy != originals[t]]
+
+
+def refuse_unreachable_replica(spec: PipelineSpec, route: Route, names: dict[str, str]) -> None:
+    """Refuse a failback without ``--source-lost`` whose replica did not answer its probe
+    (``REPLICA_TIMEOUT_S``), before the plan reads anything, when the plan would have to read
+    it: there are origin topics whose tail MM2 may have copied there. Nothing was changed."""
+    if origin_topics(spec, route, names):
+        raise FailoverRefusedError(
+            f"pipeline {spec.name!r}: "
+            + UNREACHABLE.format(error=f"no metadata answer within {REPLICA_TIMEOUT_S:g} s")
+        )
+
+
 def plan_failback_origin(
     spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
     names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
     labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
-    lost: LostReplica | None = None, scans: Scans | None = None, answers: bool = True,
+    lost: LostReplica | None = None, scans: Scans | None = None,
 ) -> list[OriginPlan]:  # fmt: skip
     """The origin topics a failback to the primary reads again (``ingestion.dr.failback.origin``).
 
@@ -92,11 +111,9 @@ def plan_failback_origin(
     ``labelled`` and ``ambiguous``: :func:`failback_labels`. ``lost``: the operator asserts
     the replica is lost (``--source-lost``); it is not read, its records are what the table and
     the reverse copy show (``ingestion.dr.failback.lost``). ``scans``: the plan's table scans
-    (``ingestion.dr.scanned_rows``). ``answers``: whether the replica answered the switch's
-    probe; one that did not is refused before any read (each would wait out its timeout).
+    (``ingestion.dr.scanned_rows``).
     """
-    originals = dict(zip(route.spec.source_topics, spec.source_topics, strict=True))
-    origins = [originals[t] for t, copy in names.items() if copy != originals[t]]
+    origins = origin_topics(spec, route, names)
     if not origins:
         return []
     if switch is None:
@@ -108,11 +125,6 @@ def plan_failback_origin(
     tables = [catalog.load_table(spec.table)]
     if spec.quarantine_table and catalog.table_exists(spec.quarantine_table):
         tables.append(catalog.load_table(spec.quarantine_table))  # synced by the plan
-    if lost is None and not answers:
-        raise FailoverRefusedError(
-            f"pipeline {spec.name!r}: "
-            + UNREACHABLE.format(error=f"no metadata answer within {SYNCS_TIMEOUT_S:g} s")
-        )
     reader = Replica(primary.client_config())
     replica = lost or Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
     alias = spec.replica(route.cluster).target_alias

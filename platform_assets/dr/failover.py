@@ -42,6 +42,7 @@ from platform_assets.dr.failback import (
     failback_labels,
     origin_links,
     plan_failback_origin,
+    refuse_unreachable_replica,
 )
 from platform_assets.dr.target import (
     SYNCS_TIMEOUT_S,
@@ -119,9 +120,10 @@ def failover_pipeline(
     # failback with it leaves a lost replica: the same, through MM2's reverse flow, and the
     # origin topics are aligned without reading the replica (ingestion.dr.failback.lost).
     down = source_lost
-    # One probe of the replica a failback leaves: one that does not answer is not read again
-    # (each read would wait out its timeout first).
-    answers = to != PRIMARY or cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
+    # One probe of the replica a failback leaves, as long as a read of it may take: it decides
+    # whether --source-lost is refused, whether its offset syncs are read and whether the plan
+    # can read it at all (each read of a replica that does not answer waits out its timeout).
+    answers = to != PRIMARY or cluster_answers(route.kafka.client_config(), REPLICA_TIMEOUT_S)
     if down and to == PRIMARY and answers:
         # Not read, a replica that answers may hold MM2 copies the plan cannot see, which its
         # reverse flow then delivers: read twice. Only a replica that does not answer is lost.
@@ -142,6 +144,8 @@ def failover_pipeline(
     # A failback undoes the newest switch to the replica it leaves: its plan ties the replica's
     # partitions to the origin topics (ingestion.dr.failback.link, ingestion.dr.failback.origin).
     switch = find_switch(table, spec.consumer_group_id, route.cluster) if to == PRIMARY else None
+    if switch is not None and not down and not answers:
+        refuse_unreachable_replica(spec, route, names)
     # Under MM2's identity naming the replica topic has its origin's name: the rows read on
     # each cluster are told apart by _kafka_cluster, when they record it (docs/cluster-column.md).
     labelled, ambiguous = failback_labels(route.spec, catalog, route, switch)
@@ -191,7 +195,7 @@ def failover_pipeline(
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(
             spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous,
-            lost=lost, scans=scans, answers=answers,
+            lost=lost, scans=scans,
         )  # fmt: skip
         lines += describe_origin(origin, route.cluster)
         lines += describe_lost(plans, route.cluster, spec.name) if lost else []

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException
 
 from ingestion.dr.failback.lost import FAILOVER_SOURCE_LOST
 from ingestion.dr.failback.origin import FAILOVER_PLAN
-from ingestion.dr.replica_reader import Replica, cluster_answers
+from ingestion.dr.replica_reader import Replica
 from ingestion.exceptions import FailoverRefusedError, ReadError
 from ingestion.kafka.ranges import Key
 from ingestion.table.offsets import snapshot_properties
@@ -32,9 +32,6 @@ from ingestion.table.route import SWITCH_SNAPSHOT, active_switch
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
-
-LOST_PROBE_S = 5.0
-"""How long a replica the failback recorded lost has to answer a metadata request."""
 
 
 def check_replica_copied(
@@ -54,12 +51,7 @@ def check_replica_copied(
     properties = snapshot_properties(switch) if switch else {}
     plans = orjson.loads(properties.get(FAILOVER_PLAN, "[]"))
     lost = orjson.loads(properties.get(FAILOVER_SOURCE_LOST, "{}")).get("lost")
-    # A replica recorded lost is probed once, not read until each read's timeout.
-    skipped = {
-        name
-        for name, replica in replicas.items()
-        if name == lost and not cluster_answers(replica.kafka_config, LOST_PROBE_S)
-    }
+    skipped: set[str] = set()
     for entry in plans:
         copy, partition = str(entry["replica_topic"]), int(entry["partition"])
         if (copy, partition) not in drained:
