@@ -126,8 +126,7 @@ def failback_stack(
     dr_clusters: tuple[EmbeddedBroker, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[StackFactory]:
     """Builds a pipeline with replica 'dr' on the module's cluster pair, its resources and the
-    forward MM2 flow: real MirrorMaker 2 (stopped at teardown), or with ``real_mm2=False`` the
-    stand-in (tests/support/failback_stack.py)."""
+    forward MM2 flow: real MirrorMaker 2, stopped at teardown (tests/support/failback_stack.py)."""
     from tests.support.failback_stack import failback_factory
 
     running: list[Any] = []

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -138,67 +139,70 @@ def run_pipeline(
 
     started = time.monotonic()
     timings: dict[str, float] = {}
-    registry = _registry(spec, schema_registry)
-    table = _open_table(catalog, spec, registry)
-    admin = AdminClient(dict(kafka_config))
-    # read_committed: the planned end offsets are the last stable offsets (R16).
-    replicas = replica_support(spec)  # None without replicas: no disaster-recovery code runs
-    with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
-        try:
-            plan = build_plan(spec, table, admin, consumer, cluster_id)
-        except exceptions.ClusterChangedError:
-            if replicas is not None:  # a switch to another cluster landed: say that instead
-                replicas.check_cluster(table, spec.consumer_group_id, spec, cluster)
-            raise
-    if replicas is not None:  # planned on a route that changed since (R49)
-        replicas.check_route(table, plan.group_id, spec, list(plan.committed or {}), cluster)
-    timings["plan"] = time.monotonic() - started
-    hooks.fire("after_plan", plan=plan)
-    report = RunReport(
-        pipeline=spec.name,
-        commit_id=plan.commit_id,
-        offsets_before=dict(plan.start),
-        offsets_after=dict(plan.start),
-        end_offsets=dict(plan.end),
-        lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
-        notes=list(plan.notes),
-        valid_through_ms=plan.planned_at_ms,
-    )
-    # A first run from "latest", a timestamp or explicit offsets pins its start offsets in a
-    # snapshot even when there is nothing to read yet; otherwise the next run would resolve
-    # "latest" again and skip what arrived in between.
-    pin_start = plan.committed is None and spec.starting_position.mode != "earliest"
-    if plan.is_empty and not pin_start:  # R10: no snapshot; still repair a stale mirror (R4)
-        if plan.committed is not None:
-            hooks.fire("before_mirror", plan=plan)
-            _publish(spec, catalog, admin, kafka_config, report)
-        report.timings_s = {**timings, "total": time.monotonic() - started}
-        return report
-    quarantine = (
-        load_or_create_quarantine_table(catalog, spec) if spec.errors_tolerance == "all" else None
-    )
-    io_properties = io_properties if io_properties is not None else dict(catalog.properties)
-    writers = {}
-    if registry is not None:
-        writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
-    guard = None
-    if replicas is not None:  # MM2's late copies are held back from the tasks (R54)
-        guard = replicas.run_guard(table, plan.group_id, spec.name, cluster_config)
-    specs = build_task_specs(
-        spec,
-        plan,
-        table,
-        quarantine,
-        kafka_config,
-        io_properties,
-        hooks,
-        writers,
-        guard.task_guards() if guard is not None else None,
-        cluster,
-    )
-    session = _spark_for(spec, plan, spark)
-    report.executed_in = "spark" if session is not None else "driver"
-    prepared = prepare_files(specs, table, session, registry, guard)
+    # The registry is needed until the tasks are prepared; one made here is closed then.
+    with _registry(spec, schema_registry) as registry:
+        table = _open_table(catalog, spec, registry)
+        admin = AdminClient(dict(kafka_config))
+        # read_committed: the planned end offsets are the last stable offsets (R16).
+        replicas = replica_support(spec)  # None without replicas: no disaster-recovery code runs
+        with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:
+            try:
+                plan = build_plan(spec, table, admin, consumer, cluster_id)
+            except exceptions.ClusterChangedError:
+                if replicas is not None:  # a switch to another cluster landed: say that instead
+                    replicas.check_cluster(table, spec.consumer_group_id, spec, cluster)
+                raise
+        if replicas is not None:  # planned on a route that changed since (R49)
+            replicas.check_route(table, plan.group_id, spec, list(plan.committed or {}), cluster)
+        timings["plan"] = time.monotonic() - started
+        hooks.fire("after_plan", plan=plan)
+        report = RunReport(
+            pipeline=spec.name,
+            commit_id=plan.commit_id,
+            offsets_before=dict(plan.start),
+            offsets_after=dict(plan.start),
+            end_offsets=dict(plan.end),
+            lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
+            notes=list(plan.notes),
+            valid_through_ms=plan.planned_at_ms,
+        )
+        # A first run from "latest", a timestamp or explicit offsets pins its start offsets in a
+        # snapshot even when there is nothing to read yet; otherwise the next run would resolve
+        # "latest" again and skip what arrived in between.
+        pin_start = plan.committed is None and spec.starting_position.mode != "earliest"
+        if plan.is_empty and not pin_start:  # R10: no snapshot; still repair a stale mirror (R4)
+            if plan.committed is not None:
+                hooks.fire("before_mirror", plan=plan)
+                _publish(spec, catalog, admin, kafka_config, report)
+            report.timings_s = {**timings, "total": time.monotonic() - started}
+            return report
+        quarantine = (
+            load_or_create_quarantine_table(catalog, spec)
+            if spec.errors_tolerance == "all"
+            else None
+        )
+        io_properties = io_properties if io_properties is not None else dict(catalog.properties)
+        writers = {}
+        if registry is not None:
+            writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
+        guard = None
+        if replicas is not None:  # MM2's late copies are held back from the tasks (R54)
+            guard = replicas.run_guard(table, plan.group_id, spec.name, cluster_config)
+        specs = build_task_specs(
+            spec,
+            plan,
+            table,
+            quarantine,
+            kafka_config,
+            io_properties,
+            hooks,
+            writers,
+            guard.task_guards() if guard is not None else None,
+            cluster,
+        )
+        session = _spark_for(spec, plan, spark)
+        report.executed_in = "spark" if session is not None else "driver"
+        prepared = prepare_files(specs, table, session, registry, guard)
     results = prepared.results
     report.skipped = sum(len(r.skipped) for r in results)
     report.schema_changes = prepared.schema_changes
@@ -306,15 +310,20 @@ def _publish(
     report.mirror = mirror_table_offsets(admin, table, group)
 
 
-def _registry(spec: PipelineSpec, client: Any | None) -> Any | None:
-    """The Schema Registry client of an Avro pipeline (None for other formats)."""
+@contextmanager
+def _registry(spec: PipelineSpec, client: Any | None) -> Iterator[Any | None]:
+    """The Schema Registry client of an Avro pipeline (None for other formats): ``client`` as
+    given (its owner closes it), else one for the spec's ``schema_registry_url``, closed on
+    exit."""
     if spec.value_format != "avro":
-        return None
-    if client is not None:
-        return client
-    from confluent_kafka.schema_registry import SchemaRegistryClient
+        yield None
+    elif client is not None:
+        yield client
+    else:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    return SchemaRegistryClient({"url": spec.schema_registry_url})
+        with SchemaRegistryClient({"url": spec.schema_registry_url}) as created:
+            yield created
 
 
 def _open_table(catalog: Catalog, spec: PipelineSpec, registry: Any | None) -> Table:

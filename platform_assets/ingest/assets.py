@@ -2,6 +2,7 @@
 table, commit log and quarantine table that one ingestion run materializes."""
 
 from collections.abc import Iterator
+from contextlib import nullcontext
 
 from dagster import (
     AssetCheckResult,
@@ -171,22 +172,26 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
             catalog = iceberg.load_catalog()
             route = active_route(spec, kafka, iceberg)  # a failover moves it to a replica
             source = route.kafka
-            report = run_pipeline(
-                route.spec,
-                source.client_config(),
-                catalog,
-                lambda: spark.spark_session,
-                source.get_cluster_id(),
-                run_id=context.run.run_id,
-                io_properties=iceberg.io_properties(),
-                schema_registry=(
-                    source.get_schema_registry_client(spec.schema_registry_url)
-                    if spec.value_format == "avro"
-                    else None
-                ),
-                cluster_config=lambda name: kafka.for_cluster(name).client_config(),
-                cluster=route.cluster,
-            )
+            # An Avro pipeline's registry client (the resource's URL and credentials), closed
+            # after the run.
+            avro = spec.value_format == "avro"
+            with (
+                source.get_schema_registry_client(spec.schema_registry_url)
+                if avro
+                else nullcontext()
+            ) as registry:
+                report = run_pipeline(
+                    route.spec,
+                    source.client_config(),
+                    catalog,
+                    lambda: spark.spark_session,
+                    source.get_cluster_id(),
+                    run_id=context.run.run_id,
+                    io_properties=iceberg.io_properties(),
+                    schema_registry=registry,
+                    cluster_config=lambda name: kafka.for_cluster(name).client_config(),
+                    cluster=route.cluster,
+                )
             for note in report.notes:
                 context.log.warning(note)
             for error in (report.dead_letter_error, report.mirror and report.mirror.error):

@@ -230,7 +230,15 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
                 )
             )
 
-        with beating(instance, run_id, heartbeat):
+        avro = spec.value_format == "avro"  # its registry client is closed when it stops
+        with (
+            beating(instance, run_id, heartbeat),
+            (
+                source.get_schema_registry_client(spec.schema_registry_url)
+                if avro
+                else contextlib.nullcontext()
+            ) as registry,
+        ):
             summary = stream_pipeline(
                 route.spec,
                 source.client_config(),
@@ -242,11 +250,7 @@ def build_stream_job(spec: PipelineSpec) -> JobDefinition:
                 spark=lambda: spark.spark_session,
                 run_id=run_id,
                 io_properties=iceberg.io_properties(),
-                schema_registry=(
-                    source.get_schema_registry_client(spec.schema_registry_url)
-                    if spec.value_format == "avro"
-                    else None
-                ),
+                schema_registry=registry,
                 on_conflict=lambda message: context.log.warning(
                     f"re-planning after a concurrent commit: {message}"
                 ),

@@ -98,7 +98,8 @@ class Harness:
         use_spark: bool = True,
         registry: Any | None = None,
     ) -> RunReport:
-        """One run of ``spec`` (Avro specs take an in-memory Schema Registry client)."""
+        """One run of ``spec``; ``registry``: a Schema Registry client for an Avro spec (by
+        default the run builds one for the spec's ``schema_registry_url``)."""
         return run_pipeline(
             spec,
             self.kafka.client_config(),

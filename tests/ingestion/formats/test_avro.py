@@ -74,13 +74,11 @@ def test_avro_pipeline_derives_schema_evolves_and_quarantines(
         schema_registry_url=schema_registry.url,
         errors_tolerance="all",
     )
-    # The run gets a client of the spec's URL that the test closes (``registry=``): the client
-    # the engine builds from the URL by itself (ingestion/pipeline/run.py, _registry) is never
-    # closed, and its open connection is a ResourceWarning, an error here, once collected.
+    # The producers' client; each run builds its own from the spec's URL (and closes it).
     with SchemaRegistryClient({"url": schema_registry.url}) as registry:
         first = serialize(registry, V1, topic, [order(i) for i in range(30)])  # registers V1
         ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(first)])
-        report = harness.run(spec, registry=registry)
+        report = harness.run(spec)
         assert report.records == 30
         table = harness.table(spec)
         assert str(table.schema().find_field("amount").field_type) == "decimal(12, 2)"
@@ -96,7 +94,7 @@ def test_avro_pipeline_derives_schema_evolves_and_quarantines(
         ledger_producer.produce(
             topic, [*[(f"k{i}".encode(), v, None) for i, v in enumerate(second)], *bad]
         )
-        report = harness.run(spec, registry=registry)
+        report = harness.run(spec)
     assert report.records == 10
     assert report.quarantined == 2
     assert any("coupon" in change for change in report.schema_changes)

@@ -277,8 +277,8 @@ def test_nested_avro_round_trip(
     schema_registry: EmbeddedSchemaRegistry,
 ) -> None:
     """Through the real Schema Registry: the producer's serializer registers the schema under
-    the test's own subject ({topic}-value); the run resolves it at the spec's URL, with a
-    client the test closes (why: test_avro.py's end-to-end test)."""
+    the test's own subject ({topic}-value); the run resolves it at the spec's URL with a
+    client of its own."""
     topic = create_topic(partitions=2)
     events = [nested_event(i) for i in range(30)]
     spec = make_spec(
@@ -291,7 +291,7 @@ def test_nested_avro_round_trip(
     with SchemaRegistryClient({"url": schema_registry.url}) as registry:
         values = serialize(registry, AVRO_NESTED, topic, events)
         ledger_producer.produce(topic, [(f"k{i}".encode(), v, None) for i, v in enumerate(values)])
-        assert harness.run(spec, registry=registry).records == 30
+        assert harness.run(spec).records == 30
     table = harness.table(spec)
     assert str(table.schema().find_field("attrs").field_type).startswith("map<")
     assert read_back(table, tuple(NESTED_SCHEMA_NAMES)) == events
