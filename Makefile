@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck validate pytest java jvm clean
+.PHONY: dev test lint typecheck validate pytest java jvm test-jvm clean
 
 java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found."; \
@@ -18,11 +18,14 @@ java:
 	  echo "Install it with: sudo apt-get install -y maven"; exit 1; }
 
 # The embedded Kafka broker's, MirrorMaker 2's and the tests' Iceberg REST catalog's jars, fetched
-# by Maven into ~/.m2 once (resources/jvm/*/pom.xml; resources/jvm.py remembers the class paths),
-# and the tests' Schema Registry (Apicurio Registry, a Quarkus application) built once into the
-# same cache (resources/jvm.py quarkus_runner; about 2.5 minutes and 220 MB of jars the first time).
+# by Maven into ~/.m2 once (resources/jvm/*/pom.xml; resources/jvm.py remembers the class paths).
 jvm: java $(STAMP)
 	$(BIN)/python -c "from resources.jvm import class_path; class_path('kafka'); class_path('mirror-maker'); class_path('rest-catalog')"
+
+# The tests' Schema Registry (Apicurio Registry, a Quarkus application) built once into the same
+# cache (resources/jvm.py quarkus_runner; about 2.5 minutes and 220 MB of jars the first time):
+# only the tests need it, so make dev does not wait for it.
+test-jvm: jvm
 	$(BIN)/python -c "from resources.jvm import quarkus_runner; quarkus_runner('schema-registry')"
 
 $(STAMP): pyproject.toml
@@ -52,7 +55,7 @@ validate: $(STAMP) $(DBT_MANIFEST)
 	DAGSTER_HOME= $(BIN)/dagster definitions validate -w workspace.yaml
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
 
-pytest: jvm $(DBT_MANIFEST)
+pytest: test-jvm $(DBT_MANIFEST)
 	$(BIN)/pytest
 
 test: java lint typecheck validate pytest

@@ -15,16 +15,13 @@ HTTP 409 with ``error_code`` 0 (Confluent's server: 409 with ``error_code`` 409)
 from __future__ import annotations
 
 import json
-import os
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
-from resources.embedded import find_free_port
-from resources.jvm import java_binary, quarkus_runner
-from resources.process import ManagedProcess
+from resources.jvm import quarkus_runner
+from tests.support.jvm_server import JvmServer
 
 MAIN_CLASS = "io.quarkus.runner.GeneratedMain"
 """The runner jar's ``Main-Class`` (names its class data sharing archive)."""
@@ -36,15 +33,18 @@ class SchemaRegistryStartError(RuntimeError):
     """The Schema Registry did not come up."""
 
 
-class EmbeddedSchemaRegistry(ManagedProcess):
-    """Apicurio Registry on a free loopback port; a context manager that always stops it (its
-    own process group, SIGTERM then SIGKILL).
+class EmbeddedSchemaRegistry(JvmServer):
+    """Apicurio Registry on a free loopback port; a context manager that always stops it
+    (:class:`~tests.support.jvm_server.JvmServer`).
 
     Example:
         >>> with EmbeddedSchemaRegistry(tmp_dir / "registry.log") as registry:
         ...     SchemaRegistryClient({"url": registry.url}).get_subjects()
         []
     """
+
+    name = "the Schema Registry"
+    error = SchemaRegistryStartError
 
     def __init__(
         self,
@@ -53,73 +53,28 @@ class EmbeddedSchemaRegistry(ManagedProcess):
         start_timeout_s: float = 120.0,
         stop_timeout_s: float = 10.0,
     ) -> None:
-        self.log_path = log_path
-        self.heap_mb = heap_mb
-        self.start_timeout_s = start_timeout_s
-        self.stop_timeout_s = stop_timeout_s
-        self.port: int | None = None
-        self.started_in_s: float | None = None
+        super().__init__(log_path, heap_mb, start_timeout_s, stop_timeout_s)
 
     @property
     def url(self) -> str:
         """The Confluent-compatible API's base URL (a ``SchemaRegistryClient``'s ``url``)."""
-        if self.port is None:
-            raise SchemaRegistryStartError("the Schema Registry is not started")
-        return f"http://127.0.0.1:{self.port}{CCOMPAT_PATH}"
+        return f"{self.base_url}{CCOMPAT_PATH}"
 
-    def _environment(self) -> dict[str, str]:
-        """Only what the JVM needs: the registry reads many settings from the environment
-        (``HTTP_PORT``, ``LOG_LEVEL``, ``REGISTRY_DATASOURCE_URL``, ``AUTH_ENABLED``...), so
-        none of the caller's leak in; ``HOME`` is its own folder."""
-        home = self.log_path.parent / "schema-registry-home"
-        home.mkdir(parents=True, exist_ok=True)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
-        if "JAVA_HOME" in os.environ:
-            env["JAVA_HOME"] = os.environ["JAVA_HOME"]
-        return env
+    def main(self, port: int) -> tuple[str, str, list[str], dict[str, str]]:
+        """The runner jar (built once), on ``port``. No variables: the registry reads many
+        settings from the environment (``HTTP_PORT``, ``LOG_LEVEL``,
+        ``REGISTRY_DATASOURCE_URL``, ``AUTH_ENABLED``...), and none of the caller's leak in."""
+        runner = str(quarkus_runner("schema-registry"))
+        arguments = [f"-Dquarkus.http.port={port}", "-Dquarkus.http.host=127.0.0.1", "-jar", runner]
+        return MAIN_CLASS, runner, arguments, {}
 
-    def _serves(self) -> bool:
+    def serves(self) -> bool:
         """``GET /subjects`` of the Confluent API answers 200 with a JSON list."""
         try:
             with urllib.request.urlopen(f"{self.url}/subjects", timeout=5) as response:
                 return response.status == 200 and isinstance(json.load(response), list)
         except (OSError, urllib.error.URLError, ValueError):
             return False
-
-    def start(self, attempts: int = 3) -> Self:
-        """Start the registry and wait until its Confluent API answers; retry on a port race."""
-        runner = quarkus_runner("schema-registry")
-        started = time.monotonic()
-        for _ in range(attempts):
-            port = find_free_port()
-            self.port = port
-            command = [
-                java_binary(),
-                f"-Xmx{self.heap_mb}m",
-                "-Xms32m",
-                "-XX:+UseSerialGC",  # one GC thread: these machines have 2 cores and many servers
-                "-XX:TieredStopAtLevel=1",  # C1 only: a test registry starts sooner, runs enough
-                *self.class_sharing_options(MAIN_CLASS, str(runner)),
-                "-Djava.awt.headless=true",
-                f"-Dquarkus.http.port={port}",
-                "-Dquarkus.http.host=127.0.0.1",
-                "-jar",
-                str(runner),
-            ]
-            self.spawn(command, env=self._environment(), cwd=runner.parent)
-            if self.wait_listening(port, self.start_timeout_s, interval_s=0.2, ready=self._serves):
-                self.started_in_s = time.monotonic() - started
-                return self
-            self.stop()
-        self.port = None
-        raise SchemaRegistryStartError(
-            f"the Schema Registry did not start; its log follows:\n{self.read_log()}"
-        )
-
-    def stop(self) -> None:
-        """Stop the registry (its in-memory schemas are gone with it)."""
-        super().stop()
-        self.port = None
 
 
 def make_registry() -> Any:
