@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from resources.jvm import JVM_DIR, JvmSetupError, cache_dir, class_path
+from resources.jvm import JVM_DIR, JvmSetupError, cache_dir, class_path, quarkus_runner
 
 
 def test_unknown_part_is_refused() -> None:
@@ -129,3 +129,30 @@ def test_class_sharing_can_be_turned_off(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.delenv("PLATFORM_JVM_CLASS_SHARING")
     (tmp_path / "cache").write_text("a file where the cache directory should be")
     assert ClassDataSharing.for_server("some.Main", "a.jar").options == []
+
+
+def test_the_schema_registry_is_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry's runner jar and its lib/ are in the cache (make test-jvm built them); a
+    second call needs no Maven (PATH without mvn)."""
+    runner = quarkus_runner("schema-registry")
+    assert runner.name.endswith("-runner.jar")
+    assert (runner.parent / "lib").is_dir()
+    assert runner.parent.parent == cache_dir()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert quarkus_runner("schema-registry") == runner
+
+
+def test_a_build_maven_refuses_says_why_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A pom Maven cannot read: the error names the pom and carries Maven's words; no build
+    folder is left in the cache."""
+    parts = tmp_path / "parts"
+    (parts / "broken").mkdir(parents=True)
+    (parts / "broken" / "pom.xml").write_text("<project><not-closed></project>")
+    monkeypatch.setattr("resources.jvm.JVM_DIR", parts)
+    monkeypatch.setenv("PLATFORM_JVM_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(JvmSetupError, match=r"Maven could not build .*broken/pom.xml") as refused:
+        quarkus_runner("broken")
+    assert "Maven said:" in str(refused.value)
+    assert not list((tmp_path / "cache").glob("broken-*"))
