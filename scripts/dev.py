@@ -126,7 +126,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-dir", default=str(ROOT / ".platform"))
     parser.add_argument("--ui-port", type=int, default=None, help="default: 3000 if free")
-    parser.add_argument("--rate", type=float, default=20.0, help="demo events per second")
+    parser.add_argument(
+        "--rate", type=float, default=20.0, help="demo events per second (0: no demo producer)"
+    )
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument(
         "--spark",
@@ -170,7 +172,8 @@ def main() -> int:
             name="demo-producer",
             daemon=True,
         )
-        producer_thread.start()
+        if args.rate > 0:  # 0: bring your own producer (scripts/dev_chaos.py)
+            producer_thread.start()
 
         if args.spark == "connect":
             spark_stack.enter_context(spark_server)  # stopped after dagster, before the broker
@@ -229,7 +232,8 @@ def main() -> int:
             print("Stopping: dagster, demo producer, Spark, broker...", flush=True)
             stop.set()
             stop_process_group(dagster)
-            producer_thread.join(15)
+            if producer_thread.is_alive():
+                producer_thread.join(15)
             spark_stack.close()
             print(f"Stopped. Demo events produced: {stats.produced}", flush=True)
     # Stopped by the user: success. Stopped because dagster dev died on its own: failure.

@@ -31,6 +31,7 @@ from ingestion.ops.action import (
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.mirror import MirrorOutcome, read_group_offsets
 from ingestion.pipeline.plan import resolve_starting_offsets
+from ingestion.quarantine.dead_letters import DELIVERED, mark_delivered
 from ingestion.quarantine.sync import sync_quarantine
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from ingestion.table import offsets as props
@@ -188,7 +189,9 @@ def apply_reset(
     id; calling it again with the same plan after it committed aborts (the offsets moved, by
     this very reset), so it is never applied twice. The quarantine table is synced after the
     data commit (a :class:`QuarantineSyncError` then means the reset stands; the next run syncs
-    it and moves the group). ``hooks`` fire before the data table's catalog call
+    it and moves the group). With the dead-letter copy done, the reset also records where each
+    rewound partition was (``kafka.dead-letters.delivered``), so the letters of the records it
+    re-reads are not copied a second time. ``hooks`` fire before the data table's catalog call
     (``before_catalog_call``) and after its commit (``after_commit``), for tests (rule 6).
 
     Raises:
@@ -213,6 +216,9 @@ def apply_reset(
             f"the {mover}); plan it again"
         )
     copy_dead_letters_before(catalog, spec, admin, kafka_config, "the reset")
+    # Every owed letter is in the topic now: the range it rewinds is not copied again.
+    copied = admin is not None and spec.dead_letter_topic is not None
+    marks = mark_delivered(table, cluster_id, reset.changes) if copied else {}
     delete_filter = _rewound_filter(table, reset.changes)
     properties = props.commit_properties(
         group_id=reset.group_id,
@@ -233,6 +239,8 @@ def apply_reset(
         properties,
         delete_filter,
         {reset.group_id: reset.retired_snapshot},
+        table_properties=marks,
+        planned_properties={DELIVERED: table.properties.get(DELIVERED)} if marks else {},
     )
     snapshot_id = commit_action(catalog, commit, hooks)
     hooks.fire("after_commit", reset=reset, snapshot_id=snapshot_id)

@@ -18,7 +18,10 @@ coordinates each pending commit's letters name (``__ingestion.commit.id`` and Ka
 topic, partition and offset headers), and sends only the letters not there. So on retry a
 letter is never sent twice: a failed copy was aborted whole, a copy whose commit outcome was
 unknown is found by the count, and a letter doubled by an older at-least-once copy is counted
-once. A copier fenced between its count and its commit fails and sends nothing. A count that
+once. A copier fenced between its count and its commit fails and sends nothing. A backward
+reset re-reads records whose letters were delivered: it records where it rewound from
+(:data:`DELIVERED`), and their letters are not sent again, so a reader sees each bad source
+record once, as in the quarantine table. A count that
 makes no progress for its timeout refuses (an undercount would send copies twice) and the next
 run counts again. ``read_uncommitted`` consumers also see aborted letters. The platform's
 principal needs ``Write`` and ``Describe`` on the transactional id.
@@ -36,14 +39,19 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from ingestion.exceptions import DeadLetterTopicError
 from ingestion.kafka.consumer import consumer_config, open_consumer
 from ingestion.table.offsets import (
+    CLUSTER_ID,
     COMMIT_ID,
     FAILOVER_TO,
     OFFSETS_PREFIX,
     QUARANTINED,
     decode_offsets,
+    decode_positions,
+    encode_positions,
     flatten,
     iter_ancestry,
     snapshot_properties,
@@ -55,6 +63,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
+    from ingestion.kafka.ranges import Key
     from ingestion.spec.pipeline import PipelineSpec
 
 HEADERS = {  # quarantine column -> Kafka Connect's dead-letter context header
@@ -68,6 +77,13 @@ HEADERS = {  # quarantine column -> Kafka Connect's dead-letter context header
 COMMIT_HEADER = HEADERS["commit_id"]
 TRANSACTIONAL_ID = "kafka-iceberg-{pipeline}-dead-letters"
 """The transactional id of a pipeline's dead-letter copies (fences an earlier copier)."""
+DELIVERED = "kafka.dead-letters.delivered"
+"""Table property: per cluster id, ``{"topic:partition": offset}`` below which every source
+record's letter was already delivered when a backward reset rewound the partition (the reset
+copies what is owed first). The records it re-reads are quarantined again under new commits;
+their letters below the mark are not sent again, so a ``read_committed`` reader sees each bad
+source record once (:func:`mark_delivered`). A table property: it outlives snapshot expiry while
+a long re-read is still being copied."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ class PendingCopy:
     commit_id: str
     committed_at_ms: int
     records: int
+    cluster_id: str = ""  # the cluster the commit read (its letters' coordinates are there)
 
 
 def unpublished_commits(
@@ -101,10 +118,54 @@ def unpublished_commits(
         if int(properties.get(QUARANTINED, "0")) > 0:
             pending.append(
                 PendingCopy(
-                    properties[COMMIT_ID], snapshot.timestamp_ms, int(properties[QUARANTINED])
+                    properties[COMMIT_ID],
+                    snapshot.timestamp_ms,
+                    int(properties[QUARANTINED]),
+                    properties.get(CLUSTER_ID, ""),
                 )
             )
     return pending
+
+
+def delivered_marks(table: Table) -> dict[str, dict[Key, int]]:
+    """The table's :data:`DELIVERED` marks, per cluster id (empty: no backward reset yet)."""
+    text = table.properties.get(DELIVERED)
+    if not text:
+        return {}
+    return {cluster: decode_positions(marks) for cluster, marks in orjson.loads(text).items()}
+
+
+def mark_delivered(
+    table: Table, cluster_id: str, changes: dict[Key, tuple[int | None, int]]
+) -> dict[str, str]:
+    """The table property a backward reset sets with its commit, after it copied every owed
+    letter: for each partition it rewinds, the offset it rewinds from (the letters of every
+    source record below it are in the topic), raised from any earlier mark, never lowered. Empty
+    when nothing is rewound.
+
+    Example: a partition rewound from 10 to 0 marks 10; a second reset from 4 to 0 keeps 10.
+    """
+    rewound = {
+        key: before
+        for key, (before, after) in changes.items()
+        if before is not None and after < before
+    }
+    if not rewound:
+        return {}
+    marks = delivered_marks(table)
+    mine = dict(marks.get(cluster_id, {}))
+    for key, before in rewound.items():
+        mine[key] = max(before, mine.get(key, -1))
+    document = {cluster: encode_positions(m) for cluster, m in marks.items()}
+    document[cluster_id] = encode_positions(mine)
+    return {DELIVERED: orjson.dumps(document, option=orjson.OPT_SORT_KEYS).decode()}
+
+
+def delivered_before(row: dict[str, Any], marks: dict[Key, int]) -> bool:
+    """Whether the quarantined ``row``'s letter was delivered before a backward reset re-read
+    it (its source offset is below the reset's :data:`DELIVERED` mark)."""
+    key = (str(row["_kafka_topic"]), int(row["_kafka_partition"]))
+    return int(row["_kafka_offset"]) < marks.get(key, -1)
 
 
 def dead_letter_topic_partitions(
@@ -339,10 +400,13 @@ def publish_dead_letters(
     commit_ids: list[str],
     present: dict[str, set[Coordinates]] | None = None,
     timeout_s: float = 30.0,
+    delivered: dict[str, dict[Key, int]] | None = None,
 ) -> int:
     """Produce the quarantined records of ``commit_ids`` to ``topic``, one transaction of
     ``producer`` (:func:`dead_letter_producer`) per commit, skipping the letters ``present``
-    already holds (by their source coordinates); return how many were sent.
+    already holds (by their source coordinates) and those a backward reset re-read after they
+    were delivered (``delivered``: per commit id, its cluster's :data:`DELIVERED` marks);
+    return how many were sent.
 
     Delivery: each commit's letters all or none for ``read_committed`` consumers; on any
     failure the open transaction is aborted (or, if the broker cannot be reached, left to the
@@ -364,10 +428,11 @@ def publish_dead_letters(
     sent = 0
     for commit_id in commit_ids:
         there = (present or {}).get(commit_id, set())
+        marks = (delivered or {}).get(commit_id, {})
         letters = []
         for row in by_commit.get(commit_id, []):
             headers = [(name, str(row[column]).encode()) for column, name in HEADERS.items()]
-            if coordinates(dict(headers)) not in there:
+            if coordinates(dict(headers)) not in there and not delivered_before(row, marks):
                 letters.append((row, headers))
         if not letters:
             continue
@@ -440,12 +505,16 @@ def copy_pending_dead_letters(
         return DeadLetterCopy()
     created = ensure_dead_letter_topic(admin, spec)
     quarantine = catalog.load_table(spec.quarantine_table)
+    marks = delivered_marks(table)
+    delivered = {p.commit_id: marks.get(p.cluster_id, {}) for p in pending}
     for attempt in range(1, FENCED_ATTEMPTS + 1):
         try:
             producer = dead_letter_producer(kafka_config, spec.name)  # fences earlier copiers
             present = count_copies(kafka_config, topic, pending, spec.name)
             owed = [p.commit_id for p in pending if len(present[p.commit_id]) < p.records]
-            copies = publish_dead_letters(producer, topic, quarantine, owed, present)
+            copies = publish_dead_letters(
+                producer, topic, quarantine, owed, present, delivered=delivered
+            )
         except KafkaException as exc:
             # Fenced: another copier of this pipeline (a run, an action) started meanwhile. What
             # this one committed stands; count again after it, as a fresh copier.

@@ -407,3 +407,49 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
         assert harness.run(moved).dead_letter_error is None
         assert sorted(read_letters(harness, dead), key=str) == [b"{later", b"{owed"]
         harness.assert_exactly_once(moved, ledger)
+
+
+def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_each_once(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """Issue 29: a backward reset re-reads a range whose bad records were quarantined and
+    copied; the re-read quarantines them again under a new commit (the quarantine table still
+    holds each once), and before, the copy sent their letters again, so a read_committed reader
+    of the dead-letter topic saw each bad source record twice. Now the reset records where it
+    rewound from and only letters past that go out: each bad record once, a new one too."""
+    from ingestion.ops.reset import apply_reset, plan_reset
+    from ingestion.spec.pipeline import StartingPosition
+
+    topic = create_topic(partitions=1)
+    dead = f"{topic}-dlq"
+    spec = make_spec(
+        topic, "dlq_rewind", errors_tolerance="all", dead_letter_topic=dead,
+        in_process_max_records=1_000,
+    )  # fmt: skip
+    ledger_producer.produce(topic, [*records(5), (b"bad", b"{first", None), *records(5, 5)])
+    assert harness.run(spec).dead_letter_copies == 1
+    admin, config = harness.kafka.get_admin_client(), harness.kafka.client_config()
+    for rewind in range(2):  # a second reset over the same range keeps the first's mark
+        consumer = harness.kafka.get_consumer()
+        try:
+            reset = plan_reset(
+                spec, harness.table(spec), admin, consumer, StartingPosition(mode="earliest")
+            )
+        finally:
+            consumer.close()
+        assert "re-read" in reset.describe()[0]
+        apply_reset(
+            harness.catalog, spec, reset, harness.cluster_id, "ops", f"re-read {rewind}",
+            admin=admin, kafka_config=config,
+        )  # fmt: skip
+        if rewind == 0:
+            ledger_producer.produce(topic, [*records(2, 10), (b"bad2", b"{second", None)])
+        report = harness.run(spec)
+        assert report.committed
+        assert report.dead_letter_error is None
+        assert report.dead_letter_copies == (1 if rewind == 0 else 0)
+
+    assert sorted(read_letters(harness, dead), key=str) == [b"{first", b"{second"]
+    quarantined = harness.catalog.load_table(spec.quarantine_table).scan().to_arrow()
+    assert sorted(quarantined.column("value").to_pylist()) == [b"{first", b"{second"]
+    harness.assert_exactly_once(spec, ledger)

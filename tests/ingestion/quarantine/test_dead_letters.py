@@ -75,7 +75,7 @@ def test_commits_with_dead_letters_ahead_of_the_mirror_are_pending_newest_first(
     at4 = commit(table, {0: 40, 1: 6}, 3, "c4")
     # The mirror reached c2 on every partition: c1 and older were copied.
     pending = unpublished_commits(table, GROUP, {("orders", 0): 20, ("orders", 1): 4})
-    assert pending == [PendingCopy("c4", at4, 3), PendingCopy("c3", at3, 2)]
+    assert pending == [PendingCopy("c4", at4, 3, "k"), PendingCopy("c3", at3, 2, "k")]
     # A partition the mirror lacks holds everything back.
     assert [p.commit_id for p in unpublished_commits(table, GROUP, {("orders", 0): 40})] == [
         "c4", "c3", "c1",
