@@ -154,8 +154,9 @@ def check_group_consistency(state: PipelineState) -> Finding:
                 f"waiting for the dead-letter copy to topic {spec.dead_letter_topic!r}: a run "
                 "is copying, or its copy failed or was interrupted (its warning 'copying dead "
                 f"letters of pipeline {spec.name!r} ... failed (...)' and its "
-                "dead_letter_topic_copy metadata say why), or the mirror failed after the "
-                "copy; each run copies what is owed again before it mirrors"
+                "dead_letter_topic_copy metadata say why; a copy needs Write and Describe on "
+                f"the transactional id 'kafka-iceberg-{spec.name}-dead-letters'), or the mirror "
+                "failed after the copy; each run copies what is owed again before it mirrors"
             )
         return failed(
             "WARN",

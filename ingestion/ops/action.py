@@ -84,8 +84,8 @@ def _check_planned_state(table: Table, commit: ActionCommit) -> None:
         if table.properties.get(key) != planned_value:
             raise exceptions.CommitConflictError(
                 f"pipeline {commit.pipeline!r}: the {commit.action} was aborted: table property "
-                f"{key!r} changed since it was planned (a release-late-copies, or another "
-                "switch); nothing was committed. Plan it again."
+                f"{key!r} changed since it was planned (a release-late-copies, another switch "
+                "or reset); nothing was committed. Plan it again."
             )
     for group, planned in commit.retired.items():
         retirement = find_retirement(table, group)
@@ -252,6 +252,7 @@ class ActionOutcome:
     snapshot_id: int
     commit_id: str
     mirror: MirrorOutcome | None
+    notes: list[str] = field(default_factory=list)  # lines for the operator
 
 
 def refuse_active_runs(spec: PipelineSpec, active_runs: int, action: str) -> None:

@@ -216,10 +216,8 @@ def apply_reset(
             f"the {mover}); plan it again"
         )
     copy_dead_letters_before(catalog, spec, admin, kafka_config, "the reset")
-    # Every owed letter is in the topic now: the range it rewinds is not copied again.
-    copied = admin is not None and spec.dead_letter_topic is not None
-    marks = mark_delivered(table, cluster_id, reset.changes) if copied else {}
     delete_filter = _rewound_filter(table, reset.changes)
+    marks, notes = delivered_letters(catalog, spec, table, reset, current, cluster_id, admin)
     properties = props.commit_properties(
         group_id=reset.group_id,
         offsets=reset.target,
@@ -248,7 +246,40 @@ def apply_reset(
     # this fails the next run syncs (never before: a failed data commit would lose them).
     sync_quarantine(catalog, spec)
     mirror = mirror_after(admin, catalog, spec, reset.group_id)
-    return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], mirror)
+    return ActionOutcome(snapshot_id, properties[props.COMMIT_ID], mirror, notes)
+
+
+def delivered_letters(
+    catalog: Catalog,
+    spec: PipelineSpec,
+    table: Table,
+    reset: OffsetReset,
+    current: props.CommittedState | None,
+    cluster_id: str,
+    admin: AdminClient | None,
+) -> tuple[dict[str, str], list[str]]:
+    """The table property recording the dead letters a backward reset re-reads that are in the
+    topic already (``ingestion.quarantine.dead_letters.mark_delivered``), and notes. Only after
+    the reset's own copy (``admin`` given, a dead-letter topic) and on the cluster and topics
+    the committed offsets were read on: a recreated topic's records are new."""
+    if admin is None or spec.dead_letter_topic is None or current is None:
+        return {}, []
+    if current.cluster_id not in (None, cluster_id):
+        return {}, []
+    rewound = (
+        _rewound_filter(catalog.load_table(spec.quarantine_table), reset.changes)
+        if (catalog.table_exists(spec.quarantine_table))
+        else None
+    )
+    if rewound is None:
+        return {}, []
+    same = {
+        topic
+        for topic, offsets in current.offsets.items()
+        if topic in reset.target and reset.target[topic].topic_id == offsets.topic_id
+    }
+    quarantine = catalog.load_table(spec.quarantine_table)
+    return mark_delivered(table, quarantine, cluster_id, reset.changes, same, rewound)
 
 
 @dataclass(frozen=True)

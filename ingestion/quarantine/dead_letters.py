@@ -19,9 +19,9 @@ topic, partition and offset headers), and sends only the letters not there. So o
 letter is never sent twice: a failed copy was aborted whole, a copy whose commit outcome was
 unknown is found by the count, and a letter doubled by an older at-least-once copy is counted
 once. A copier fenced between its count and its commit fails and sends nothing. A backward
-reset re-reads records whose letters were delivered: it records where it rewound from
-(:data:`DELIVERED`), and their letters are not sent again, so a reader sees each bad source
-record once, as in the quarantine table. A count that
+reset re-reads records whose letters were delivered: it records which (:data:`DELIVERED`), and
+their letters are not sent again, so a reader sees each bad source record once, as in the
+quarantine table. A count that
 makes no progress for its timeout refuses (an undercount would send copies twice) and the next
 run counts again. ``read_uncommitted`` consumers also see aborted letters. The platform's
 principal needs ``Write`` and ``Describe`` on the transactional id.
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -50,8 +50,6 @@ from ingestion.table.offsets import (
     OFFSETS_PREFIX,
     QUARANTINED,
     decode_offsets,
-    decode_positions,
-    encode_positions,
     flatten,
     iter_ancestry,
     snapshot_properties,
@@ -78,12 +76,18 @@ COMMIT_HEADER = HEADERS["commit_id"]
 TRANSACTIONAL_ID = "kafka-iceberg-{pipeline}-dead-letters"
 """The transactional id of a pipeline's dead-letter copies (fences an earlier copier)."""
 DELIVERED = "kafka.dead-letters.delivered"
-"""Table property: per cluster id, ``{"topic:partition": offset}`` below which every source
-record's letter was already delivered when a backward reset rewound the partition (the reset
-copies what is owed first). The records it re-reads are quarantined again under new commits;
-their letters below the mark are not sent again, so a ``read_committed`` reader sees each bad
-source record once (:func:`mark_delivered`). A table property: it outlives snapshot expiry while
-a long re-read is still being copied."""
+"""Table property: ``{"cluster": id, "offsets": {"topic:partition": [offset, ...]}}``, the
+source records whose letters were in the topic when a backward reset cut their quarantine rows
+to re-read them (:func:`mark_delivered`). The re-read quarantines them again under new commits;
+their letters are not sent again, so a ``read_committed`` reader sees each bad source record
+once, as the quarantine table holds it once. Exact offsets, not a threshold: a record below the
+rewound position that is quarantined for the first time (never read before, or bad only under
+the spec now) is sent. A table property: it outlives snapshot expiry while a long re-read is
+copied over many runs; each reset keeps only what its re-read has still to reach."""
+MAX_DELIVERED = 50_000
+"""Offsets a reset records at most (the property is rewritten by every commit while it is
+set); past it, the re-read letters of the partitions left out are sent again, and the reset
+says so."""
 
 
 @dataclass(frozen=True)
@@ -127,45 +131,100 @@ def unpublished_commits(
     return pending
 
 
-def delivered_marks(table: Table) -> dict[str, dict[Key, int]]:
-    """The table's :data:`DELIVERED` marks, per cluster id (empty: no backward reset yet)."""
+@dataclass(frozen=True)
+class Delivered:
+    """The :data:`DELIVERED` offsets of one cluster (empty: none)."""
+
+    cluster_id: str = ""
+    offsets: dict[Key, frozenset[int]] = field(default_factory=dict)
+
+    def holds(self, cluster_id: str, row: dict[str, Any]) -> bool:
+        """Whether the quarantined ``row``, read on ``cluster_id``, had its letter delivered
+        before a backward reset re-read it."""
+        key = (str(row["_kafka_topic"]), int(row["_kafka_partition"]))
+        return cluster_id == self.cluster_id and int(row["_kafka_offset"]) in self.offsets.get(
+            key, ()
+        )
+
+    def encode(self) -> str:
+        """The property's value."""
+        offsets = {f"{t}:{p}": sorted(o) for (t, p), o in sorted(self.offsets.items()) if o}
+        return orjson.dumps({"cluster": self.cluster_id, "offsets": offsets}).decode()
+
+
+def read_delivered(table: Table) -> Delivered:
+    """The table's :data:`DELIVERED` property (empty when unset).
+
+    Raises:
+        DeadLetterTopicError: the value cannot be read (edited by hand): it names the property
+            and the fix, rather than guess (a guess could skip a letter for good).
+    """
     text = table.properties.get(DELIVERED)
     if not text:
-        return {}
-    return {cluster: decode_positions(marks) for cluster, marks in orjson.loads(text).items()}
+        return Delivered()
+    try:
+        document = orjson.loads(text)
+        offsets = {
+            (key.rsplit(":", 1)[0], int(key.rsplit(":", 1)[1])): frozenset(int(o) for o in values)
+            for key, values in document["offsets"].items()
+        }
+        return Delivered(str(document["cluster"]), offsets)
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise DeadLetterTopicError(
+            f"table {table.name()!r}: property {DELIVERED!r} cannot be read ({exc!r}); it lists "
+            "the letters a backward reset re-reads that were delivered already. Unset it (the "
+            "letters of the records being re-read are then sent a second time) and retry"
+        ) from exc
 
 
 def mark_delivered(
-    table: Table, cluster_id: str, changes: dict[Key, tuple[int | None, int]]
-) -> dict[str, str]:
-    """The table property a backward reset sets with its commit, after it copied every owed
-    letter: for each partition it rewinds, the offset it rewinds from (the letters of every
-    source record below it are in the topic), raised from any earlier mark, never lowered. Empty
-    when nothing is rewound.
-
-    Example: a partition rewound from 10 to 0 marks 10; a second reset from 4 to 0 keeps 10.
-    """
-    rewound = {
-        key: before
-        for key, (before, after) in changes.items()
-        if before is not None and after < before
-    }
-    if not rewound:
-        return {}
-    marks = delivered_marks(table)
-    mine = dict(marks.get(cluster_id, {}))
-    for key, before in rewound.items():
-        mine[key] = max(before, mine.get(key, -1))
-    document = {cluster: encode_positions(m) for cluster, m in marks.items()}
-    document[cluster_id] = encode_positions(mine)
-    return {DELIVERED: orjson.dumps(document, option=orjson.OPT_SORT_KEYS).decode()}
-
-
-def delivered_before(row: dict[str, Any], marks: dict[Key, int]) -> bool:
-    """Whether the quarantined ``row``'s letter was delivered before a backward reset re-read
-    it (its source offset is below the reset's :data:`DELIVERED` mark)."""
-    key = (str(row["_kafka_topic"]), int(row["_kafka_partition"]))
-    return int(row["_kafka_offset"]) < marks.get(key, -1)
+    table: Table,
+    quarantine: Table,
+    cluster_id: str,
+    changes: dict[Key, tuple[int | None, int]],
+    unchanged_topics: set[str],
+    rewound_filter: str,
+) -> tuple[dict[str, str], list[str]]:
+    """The :data:`DELIVERED` property a backward reset sets with its commit, once it copied
+    every owed letter (so every quarantine row it cuts has its letter in the topic), and a line
+    per partition left out. ``rewound_filter`` selects the quarantine rows it cuts; only topics
+    in ``unchanged_topics`` (same topic id, same cluster as the committed offsets) are marked:
+    a recreated topic's records are new. Offsets of an earlier reset that its re-read has not
+    reached yet are kept; those below the table's offsets are dropped (copied or passed)."""
+    rows = quarantine.scan(
+        row_filter=rewound_filter,
+        selected_fields=("_kafka_topic", "_kafka_partition", "_kafka_offset"),
+    ).to_arrow()
+    cut: dict[Key, set[int]] = {}
+    for topic, partition, offset in zip(
+        *(rows.column(i).to_pylist() for i in range(3)), strict=True
+    ):
+        if topic in unchanged_topics:
+            cut.setdefault((topic, partition), set()).add(offset)
+    earlier = read_delivered(table)
+    kept: dict[Key, set[int]] = {}
+    if earlier.cluster_id == cluster_id:
+        for key, offsets in earlier.offsets.items():
+            before, after = changes.get(key, (None, 0))
+            floor = after if before is not None and after < before else (before or 0)
+            kept[key] = {o for o in offsets if o >= floor}
+    notes = []
+    for key, found in sorted(cut.items()):
+        kept.setdefault(key, set()).update(found)
+    total = 0
+    for key in sorted(kept):
+        if total + len(kept[key]) > MAX_DELIVERED:
+            notes.append(
+                f"{key[0]}[{key[1]}]: the letters of {len(kept[key])} re-read record(s) will be "
+                f"sent to the dead-letter topic a second time (more than {MAX_DELIVERED:,} to "
+                "record)"
+            )
+            kept[key] = set()
+        total += len(kept[key])
+    marks = Delivered(cluster_id, {k: frozenset(v) for k, v in kept.items() if v})
+    if not marks.offsets and DELIVERED not in table.properties:
+        return {}, notes
+    return {DELIVERED: marks.encode()}, notes
 
 
 def dead_letter_topic_partitions(
@@ -371,10 +430,11 @@ def dead_letter_producer(
     completed), so what :func:`count_copies` reads next is final.
 
     Raises:
-        KafkaException: the transactional id could not be initialised (its ACLs, a broker
-            without transactions or with too few brokers for ``__transaction_state``).
+        DeadLetterTopicError: the transactional id could not be initialised (its ACLs, a broker
+            without transactions or with too few brokers for ``__transaction_state``, or no
+            broker answered); the message names the id and what the principal needs.
     """
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaException, Producer
 
     config = {**kafka_config}
     for key in ("message.timeout.ms", "delivery.timeout.ms", "socket.timeout.ms"):
@@ -389,7 +449,17 @@ def dead_letter_producer(
             "acks": "all",
         }
     )
-    producer.init_transactions(timeout_s)
+    try:
+        producer.init_transactions(timeout_s)
+    except KafkaException as exc:
+        transactional_id = TRANSACTIONAL_ID.format(pipeline=pipeline)
+        raise DeadLetterTopicError(
+            f"pipeline {pipeline!r}: the dead-letter copier could not initialise its "
+            f"transactional id {transactional_id!r} ({exc.args[0]}): the platform's principal "
+            "needs Write and Describe on that transactional id (docs/production.md), and the "
+            "brokers must answer and allow transactions (enough brokers for "
+            "transaction.state.log.replication.factor); nothing was sent"
+        ) from exc
     return producer
 
 
@@ -400,13 +470,14 @@ def publish_dead_letters(
     commit_ids: list[str],
     present: dict[str, set[Coordinates]] | None = None,
     timeout_s: float = 30.0,
-    delivered: dict[str, dict[Key, int]] | None = None,
+    delivered: Delivered | None = None,
+    clusters: dict[str, str] | None = None,
 ) -> int:
     """Produce the quarantined records of ``commit_ids`` to ``topic``, one transaction of
     ``producer`` (:func:`dead_letter_producer`) per commit, skipping the letters ``present``
     already holds (by their source coordinates) and those a backward reset re-read after they
-    were delivered (``delivered``: per commit id, its cluster's :data:`DELIVERED` marks);
-    return how many were sent.
+    were delivered (``delivered``, the :data:`DELIVERED` offsets, for the cluster each commit
+    read: ``clusters``, by commit id); return how many were sent.
 
     Delivery: each commit's letters all or none for ``read_committed`` consumers; on any
     failure the open transaction is aborted (or, if the broker cannot be reached, left to the
@@ -420,6 +491,7 @@ def publish_dead_letters(
 
     if not commit_ids:
         return 0
+    delivered = delivered or Delivered()
     listed = ", ".join(f"'{commit_id}'" for commit_id in commit_ids)  # hex ids: safe to quote
     rows = quarantine.scan(row_filter=f"commit_id IN ({listed})").to_arrow().to_pylist()
     by_commit: dict[str, list[dict[str, Any]]] = {}
@@ -428,11 +500,11 @@ def publish_dead_letters(
     sent = 0
     for commit_id in commit_ids:
         there = (present or {}).get(commit_id, set())
-        marks = (delivered or {}).get(commit_id, {})
+        cluster_id = (clusters or {}).get(commit_id, "")
         letters = []
         for row in by_commit.get(commit_id, []):
             headers = [(name, str(row[column]).encode()) for column, name in HEADERS.items()]
-            if coordinates(dict(headers)) not in there and not delivered_before(row, marks):
+            if coordinates(dict(headers)) not in there and not delivered.holds(cluster_id, row):
                 letters.append((row, headers))
         if not letters:
             continue
@@ -505,15 +577,15 @@ def copy_pending_dead_letters(
         return DeadLetterCopy()
     created = ensure_dead_letter_topic(admin, spec)
     quarantine = catalog.load_table(spec.quarantine_table)
-    marks = delivered_marks(table)
-    delivered = {p.commit_id: marks.get(p.cluster_id, {}) for p in pending}
+    delivered = read_delivered(table)
+    clusters = {p.commit_id: p.cluster_id for p in pending}
     for attempt in range(1, FENCED_ATTEMPTS + 1):
         try:
             producer = dead_letter_producer(kafka_config, spec.name)  # fences earlier copiers
             present = count_copies(kafka_config, topic, pending, spec.name)
             owed = [p.commit_id for p in pending if len(present[p.commit_id]) < p.records]
             copies = publish_dead_letters(
-                producer, topic, quarantine, owed, present, delivered=delivered
+                producer, topic, quarantine, owed, present, delivered=delivered, clusters=clusters
             )
         except KafkaException as exc:
             # Fenced: another copier of this pipeline (a run, an action) started meanwhile. What

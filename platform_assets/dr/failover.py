@@ -160,7 +160,8 @@ def failover_pipeline(
     except ReplicaBehindError as exc:
         if down:
             raise
-        answers = cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
+        if to != PRIMARY:  # a failback probed the replica it leaves above
+            answers = cluster_answers(route.kafka.client_config(), SYNCS_TIMEOUT_S)
         if to == PRIMARY:
             if answers:
                 raise FailoverRefusedError(
@@ -203,7 +204,14 @@ def failover_pipeline(
     if dry_run:
         return [*lines, "dry run: nothing committed"]
     # Before the recheck, which must stay just before the commit (a copy may take seconds).
-    lines += copy_owed_dead_letters(catalog, route, down, "the failover", refuse=False)
+    lines += copy_owed_dead_letters(
+        catalog,
+        route,
+        down,
+        "the failover",
+        refuse=False,
+        answers=answers if to == PRIMARY else None,
+    )
     if origin and not down:  # MM2's forward flow must not have copied tail records (R49)
         replica = Replica(route.kafka.client_config(), REPLICA_TIMEOUT_S)
         recheck_copies(origin, replica, Replica(goal.kafka.client_config()), spec.name)
@@ -238,13 +246,20 @@ def failover_pipeline(
 
 
 def copy_owed_dead_letters(
-    catalog: Catalog, route: Route, lost: bool, action: str, *, refuse: bool = True
+    catalog: Catalog,
+    route: Route,
+    lost: bool,
+    action: str,
+    *,
+    refuse: bool = True,
+    answers: bool | None = None,
 ) -> list[str]:
     """Before a switch that moves the Kafka group: copy to the dead-letter topic on the route's
     cluster the letters of the commits its group has not passed (a run whose copy failed left
     them owed; after the switch no run searches those commits again); the lines saying so.
 
-    A cluster the operator asserted ``lost``, or one that does not answer, is not asked; with
+    A cluster the operator asserted ``lost``, or one that does not answer (``answers``: the
+    caller's probe of it, else one now), is not asked; with
     ``refuse`` False (a failover or failback: a disaster must not wait on a copy) a copy that
     fails is not a refusal either. Either way the owed letters stay in the quarantine table
     only, and a line says so.
@@ -264,7 +279,9 @@ def copy_owed_dead_letters(
             f"not copied to {topic!r} there ({why}): they stay in {spec.quarantine_table}"
         ]
 
-    if lost or not cluster_answers(kafka.client_config(), SYNCS_TIMEOUT_S):
+    if answers is None and not lost:
+        answers = cluster_answers(kafka.client_config(), SYNCS_TIMEOUT_S)
+    if lost or not answers:
         return left("lost" if lost else "it does not answer")
     try:
         copied = copy_dead_letters_before(

@@ -161,7 +161,8 @@ def reset_offsets(
         kafka_config=kafka.client_config(),
     )
     assert outcome.mirror is not None
-    return [*lines, f"committed in snapshot {outcome.snapshot_id}", outcome.mirror.describe()]
+    committed = f"committed in snapshot {outcome.snapshot_id}"
+    return [*lines, *outcome.notes, committed, outcome.mirror.describe()]
 
 
 def migrate_group_offsets(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import pytest
 
 from ingestion import exceptions
@@ -415,9 +417,12 @@ def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_e
     """Issue 29: a backward reset re-reads a range whose bad records were quarantined and
     copied; the re-read quarantines them again under a new commit (the quarantine table still
     holds each once), and before, the copy sent their letters again, so a read_committed reader
-    of the dead-letter topic saw each bad source record twice. Now the reset records where it
-    rewound from and only letters past that go out: each bad record once, a new one too."""
+    of the dead-letter topic saw each bad source record twice. Now the reset records which
+    letters it re-reads were delivered, by exact offset: a bad record a forward reset had
+    skipped is read for the first time by the re-read and is sent (a threshold would have lost
+    it), a second reset over the range sends nothing again, a new bad record is sent once."""
     from ingestion.ops.reset import apply_reset, plan_reset
+    from ingestion.quarantine.dead_letters import DELIVERED
     from ingestion.spec.pipeline import StartingPosition
 
     topic = create_topic(partitions=1)
@@ -426,30 +431,37 @@ def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_e
         topic, "dlq_rewind", errors_tolerance="all", dead_letter_topic=dead,
         in_process_max_records=1_000,
     )  # fmt: skip
-    ledger_producer.produce(topic, [*records(5), (b"bad", b"{first", None), *records(5, 5)])
-    assert harness.run(spec).dead_letter_copies == 1
     admin, config = harness.kafka.get_admin_client(), harness.kafka.client_config()
-    for rewind in range(2):  # a second reset over the same range keeps the first's mark
+
+    def reset(to: Literal["earliest", "latest"]) -> None:
         consumer = harness.kafka.get_consumer()
         try:
-            reset = plan_reset(
-                spec, harness.table(spec), admin, consumer, StartingPosition(mode="earliest")
+            planned = plan_reset(
+                spec, harness.table(spec), admin, consumer, StartingPosition(mode=to)
             )
         finally:
             consumer.close()
-        assert "re-read" in reset.describe()[0]
         apply_reset(
-            harness.catalog, spec, reset, harness.cluster_id, "ops", f"re-read {rewind}",
-            admin=admin, kafka_config=config,
+            harness.catalog, spec, planned, harness.cluster_id, "ops", f"to {to}", admin=admin,
+            kafka_config=config,
         )  # fmt: skip
-        if rewind == 0:
-            ledger_producer.produce(topic, [*records(2, 10), (b"bad2", b"{second", None)])
-        report = harness.run(spec)
-        assert report.committed
-        assert report.dead_letter_error is None
-        assert report.dead_letter_copies == (1 if rewind == 0 else 0)
 
-    assert sorted(read_letters(harness, dead), key=str) == [b"{first", b"{second"]
+    ledger_producer.produce(topic, [*records(5), (b"bad", b"{first", None), *records(5, 5)])
+    assert harness.run(spec).dead_letter_copies == 1
+    ledger_producer.produce(topic, [(b"bad1", b"{skipped", None), *records(1, 10)])
+    reset("latest")  # skips {skipped}: never quarantined, never sent
+    reset("earliest")  # re-reads everything: {first} was sent, {skipped} was not
+    assert harness.run(spec).dead_letter_copies == 1
+    reset("earliest")  # again over the same range: its letters are all there
+    ledger_producer.produce(topic, [*records(2, 11), (b"bad2", b"{second}x", None)])
+    report = harness.run(spec)
+    assert report.committed
+    assert report.dead_letter_error is None
+    assert report.dead_letter_copies == 1
+
+    expected = [b"{first", b"{second}x", b"{skipped"]
+    assert sorted(read_letters(harness, dead), key=str) == expected
     quarantined = harness.catalog.load_table(spec.quarantine_table).scan().to_arrow()
-    assert sorted(quarantined.column("value").to_pylist()) == [b"{first", b"{second"]
+    assert sorted(quarantined.column("value").to_pylist()) == expected
     harness.assert_exactly_once(spec, ledger)
+    assert DELIVERED in harness.table(spec).properties

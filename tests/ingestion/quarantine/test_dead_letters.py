@@ -110,6 +110,24 @@ def test_nothing_pending_reads_and_sends_nothing(table: Table) -> None:
     assert publish_dead_letters(Producer(nowhere), "dlq", table, []) == 0  # never initialised
 
 
+def test_a_copier_that_cannot_initialise_its_transactional_id_names_it() -> None:
+    """Issue 29: a copy whose transactional id cannot be initialised (its ACLs; here no broker
+    answers InitProducerId at all, a port nothing listens on) failed with librdkafka's bare
+    error, and the group check then blamed the topic. The error names the id and what the
+    platform's principal needs on it."""
+    from ingestion.exceptions import DeadLetterTopicError
+    from resources.embedded import find_free_port
+
+    nowhere = {"bootstrap.servers": f"127.0.0.1:{find_free_port()}", "log_level": 0}
+    with pytest.raises(DeadLetterTopicError) as refused:
+        dead_letter_producer(nowhere, "nobody", timeout_s=1)
+    message = str(refused.value)
+    assert "pipeline 'nobody'" in message
+    assert "transactional id 'kafka-iceberg-nobody-dead-letters'" in message
+    assert "needs Write and Describe on that transactional id" in message
+    assert "nothing was sent" in message
+
+
 @pytest.mark.integration
 def test_the_copies_carry_connects_headers_and_are_counted_back_by_commit_id(
     tmp_path: Path, kafka: KafkaResource, create_topic: CreateTopic

@@ -34,6 +34,7 @@ from ingestion.exceptions import FailoverRefusedError, OperationRefusedError
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import RESET_BY, RESET_REASON
 from ingestion.table.route import FAILOVER_ORIGIN
+from ingestion.table.schema import PRIMARY
 from platform_assets.cli.actions import parse_position
 from platform_assets.cli.main import main
 from platform_assets.dr.checks import replica_finding
@@ -55,6 +56,8 @@ from tests.support.failback_stack import (
     wait_checkpointed,
 )
 from tests.support.failover_stream import oracle, produce
+from tests.support.ledger import LedgerProducer
+from tests.support.pipelines import CreateTopic, Harness
 
 pytestmark = pytest.mark.integration
 NAME = "dr_wired"
@@ -492,3 +495,55 @@ def test_a_failover_copies_the_dead_letters_its_source_owed_first(
     finally:
         consumer.close()
     assert letters == [b"{oops"]
+
+
+@pytest.mark.parametrize("case", ["copies", "copy-fails", "copy-fails-refuses", "lost", "silent"])
+def test_owed_dead_letters_before_a_switch_are_copied_or_named_as_left_behind(
+    case: str,
+    harness: Harness,
+    create_topic: CreateTopic,
+    ledger_producer: LedgerProducer,
+) -> None:
+    """What a failover, failback (``refuse=False``) or completion (``refuse=True``) does with
+    the letters a run left owed on the cluster it leaves (``copy_owed_dead_letters``), on the
+    real broker: it copies them there and says how many; a copy that fails is named as left in
+    the quarantine table, or refuses a completion with nothing changed; a cluster asserted lost,
+    or that did not answer the caller's probe, is not asked."""
+    from platform_assets.dr.failover import copy_owed_dead_letters
+    from platform_assets.route import Route
+    from tests.ingestion.quarantine.test_bad_input import read_letters
+    from tests.support.pipelines import make_spec, records
+
+    topic = create_topic(partitions=1)
+    dead = f"{topic}-owed"
+    spec = make_spec(
+        topic, f"owed_{case.replace('-', '_')}", errors_tolerance="all", dead_letter_topic=dead,
+        dead_letter_topic_replication_factor=3,
+    )  # fmt: skip
+    ledger_producer.produce(topic, [*records(3), (b"bad", b"{owed", None)])
+    assert harness.run(spec).dead_letter_error is not None  # 3 replicas on one broker: owed
+    fixed = spec.model_copy(update={"dead_letter_topic_replication_factor": -1})
+    route = Route(PRIMARY, spec if case.startswith("copy-fails") else fixed, harness.kafka)
+    lost, answers = case == "lost", False if case == "silent" else None
+
+    def act() -> list[str]:
+        return copy_owed_dead_letters(
+            harness.catalog, route, lost, "the failover",
+            refuse=case == "copy-fails-refuses", answers=answers,
+        )  # fmt: skip
+
+    if case == "copy-fails-refuses":
+        with pytest.raises(OperationRefusedError, match="INVALID_REPLICATION_FACTOR"):
+            act()
+        return
+    lines = act()
+    if case == "copies":
+        assert lines == [f"copied 1 owed dead letter(s) to {dead!r} on 'primary' first"]
+        assert read_letters(harness, dead) == [b"{owed"]
+        return
+    (line,) = lines
+    why = {"copy-fails": "the copy failed", "lost": "(lost)", "silent": "it does not answer"}
+    assert why[case] in line, line
+    assert f"they stay in {spec.quarantine_table}" in line, line
+    if case == "copy-fails":
+        assert "INVALID_REPLICATION_FACTOR" in line, line
