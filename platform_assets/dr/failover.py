@@ -321,7 +321,8 @@ def complete_failback(
     def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
         return read_topic_ends(primary, topics, open_transactions=True)
 
-    # First, so the checks below stay just before the commit (a copy may take seconds).
+    # First, so the checks below stay just before the commit (a copy may take seconds); the
+    # commit's attempts copy again after each plan (apply_completion).
     owed = (
         []
         if dry_run
@@ -341,8 +342,13 @@ def complete_failback(
     notes = check_replica_copied(table, group, plan.dropped, replicas, Replica(primary), spec.name)
     if dry_run:
         return [*plan.describe(spec.name), *notes, "dry run: nothing committed"]
+    route = active_route(spec, kafka, iceberg)
+
+    def copy_again() -> None:  # a run that won a race may have left its copy failed
+        owed.extend(copy_owed_dead_letters(catalog, route, False, "the failback completion"))
+
     plan, snapshot_id = apply_completion(
-        catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs
+        catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs, copy_again
     )
     mirrored = mirror_after(kafka.get_admin_client(), catalog, spec, spec.consumer_group_id)
     return [

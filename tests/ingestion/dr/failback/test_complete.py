@@ -25,6 +25,7 @@ from ingestion.pipeline.hooks import FailureHooks
 from ingestion.pipeline.stream import stream_pipeline
 from ingestion.spec.pipeline import PipelineSpec, parse_pipeline_spec
 from ingestion.table.offsets import (
+    COMMIT_ID,
     FAILOVER_TO,
     OFFSETS_PREFIX,
     RESET_BY,
@@ -203,13 +204,17 @@ def test_a_drained_completion_keeps_the_spec_topics_at_the_tables_positions(
 def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_path: Path) -> None:
     """A stream commits every few seconds: its commit lands after the completion was planned
     (here, while the ends are read again), so the completion's compare-and-set fails; it plans
-    again from the stream's offsets and commits those, never the older ones."""
+    again from the stream's offsets and commits those, never the older ones. Each plan copies
+    the owed dead letters after its read (issue 29): the commit that won the race may have
+    left its own copy failed, and after the completion no copy searches it again (before,
+    the completion copied once, before its first plan)."""
     catalog = table_with_history(
         tmp_path, group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK
     ).catalog
     streamed = group_commit(
-        GROUP, "pri", {"east.o": 4, "o": 14}, **{ROUTE: orjson.dumps(CARRIED).decode()}
-    )
+        GROUP, "pri", {"east.o": 4, "o": 14},
+        **{ROUTE: orjson.dumps(CARRIED).decode(), COMMIT_ID: "streamed"},
+    )  # fmt: skip
     reads: list[list[str]] = []
 
     def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
@@ -223,8 +228,18 @@ def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_pa
                 pass
         return {"east.o": TopicEnds("id-east.o", {0: (0, 4)})}
 
-    plan, snapshot_id = apply_completion(catalog, spec_of(["o"]), "pri", read_ends, "ops", "done")
+    copied_at: list[str | None] = []  # the head's commit each copy saw
+
+    def copy_owed() -> None:
+        head = catalog.load_table("n.t").current_snapshot()
+        copied_at.append(snapshot_properties(head).get(COMMIT_ID) if head else None)
+
+    plan, snapshot_id = apply_completion(
+        catalog, spec_of(["o"]), "pri", read_ends, "ops", "done", copy_owed=copy_owed
+    )
     assert len(reads) == 4  # planned, re-read, lost to the stream; planned again, re-read
+    assert len(copied_at) == 2
+    assert copied_at[1] == "streamed"  # the second copy covers the commit that won the race
     assert plan.kept == {"o": TopicOffsets("id-o", {0: 14})}
     table = catalog.load_table("n.t")
     head = table.current_snapshot()
