@@ -21,6 +21,7 @@ stack's instance through the UI's GraphQL API (what the UI's Launch button sends
   producers move to dr's ``primary.orders``, the job runs (again while it is refused);
 - 0.55 failback: the reverse flow (dr -> primary, identity naming) starts, producers return to
   the primary's ``orders``, the ``failover`` job to ``primary`` runs until its plan is accepted;
+- 0.63 ``maintain_tables`` job again, on the failback's route;
 - 0.70 the reverse copy drained: the reverse flow stops, the ``failover`` job with
   ``complete: true``;
 - 0.80 ``platform reset orders --to timestamp:<30 s ago> --apply`` from the CLI, racing the
@@ -64,6 +65,7 @@ from resources.kafka import KafkaResource  # noqa: E402
 from tests.support.mirror_maker import MirrorMaker, count_records, wait_for  # noqa: E402
 
 PIPELINE, DEAD_LETTERS, NEW_GROUP = "orders", "orders-dlq", "platform-orders-v2"
+LOCATION = "platform_assets.definitions:defs"  # Dagster's name of workspace.yaml's location
 FINISHED = {"SUCCESS", "FAILURE", "CANCELED"}
 
 
@@ -74,7 +76,9 @@ class Chaos:
     target: tuple[str, str]  # (bootstrap servers, topic) producers write to now
     acknowledged: set[str] = field(default_factory=set)
     bad: set[str] = field(default_factory=set)
-    snapshots: list[int] = field(default_factory=list)  # quarantine snapshots, each minute
+    snapshots: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # (data, quarantine), each minute
     lock: threading.Lock = field(default_factory=threading.Lock)
     stop: threading.Event = field(default_factory=threading.Event)
     producing: threading.Event = field(default_factory=threading.Event)
@@ -197,6 +201,9 @@ def write_config(workdir: Path, dr: str) -> Path:
     (orders,) = [p for p in document["pipelines"] if p["name"] == PIPELINE]
     orders["dead_letter_topic"] = DEAD_LETTERS  # not created: the first copy creates it
     orders["replicas"] = [{"name": "dr", "source_alias": "primary", "target_alias": "dr"}]
+    # 3 minutes of history (a stream keeps 30 by default): within the run, maintenance must
+    # bring both tables' snapshot counts back down, or they are not bounded.
+    orders["snapshot_retention_hours"] = 0.05
     pipelines = workdir / "pipelines.yaml"
     pipelines.write_text(yaml.safe_dump({"pipelines": [orders]}, sort_keys=False))
     config = workdir / "platform.yaml"
@@ -244,12 +251,13 @@ def start_stack(
     return process, bootstrap
 
 
-def sample(chaos: Chaos, iceberg: IcebergCatalogResource, table: str) -> None:
-    """The quarantine table's snapshot count, each minute."""
+def sample(chaos: Chaos, iceberg: IcebergCatalogResource, tables: tuple[str, str]) -> None:
+    """The data and quarantine tables' snapshot counts, each minute."""
     while not chaos.stop.wait(60):
         catalog = iceberg.load_catalog()
-        if catalog.table_exists(table):
-            chaos.snapshots.append(len(catalog.load_table(table).metadata.snapshots))
+        if all(catalog.table_exists(t) for t in tables):
+            data, quarantine = (len(catalog.load_table(t).metadata.snapshots) for t in tables)
+            chaos.snapshots.append((data, quarantine))
 
 
 def drain(
@@ -324,8 +332,8 @@ def verdict(chaos: Chaos, iceberg: IcebergCatalogResource, clusters: dict[str, s
         print(f"  {name:<42} {value}")
     print(f"  dead letters per cluster                   {per_cluster}")
     print(
-        f"  quarantine snapshots, each minute          {chaos.snapshots} "
-        f"(now {len(quarantine.metadata.snapshots)})"
+        f"  snapshots (data, quarantine), each minute  {chaos.snapshots} "
+        f"(quarantine now {len(quarantine.metadata.snapshots)})"
     )
     return all(
         figures[name] == 0
@@ -392,7 +400,9 @@ def main() -> int:
                     target=produce, args=(chaos, args.rate, args.bad, args.seed), daemon=True
                 ),
                 threading.Thread(
-                    target=sample, args=(chaos, iceberg, "demo.orders_quarantine"), daemon=True
+                    target=sample,
+                    args=(chaos, iceberg, ("demo.orders", "demo.orders_quarantine")),
+                    daemon=True,
                 ),
             ]
             for thread in threads:
@@ -475,8 +485,8 @@ def timeline(
         5,
     )
     use_group(workdir, NEW_GROUP)
-    reload = operator.client.reload_repository_location("platform_assets.definitions")
-    say(f"   code location reloaded: {reload.status}")
+    reload = operator.client.reload_repository_location(LOCATION)
+    say(f"   code location reloaded: {reload.status.value} {reload.message or ''}")
     at(0.38)
     say("failover to dr: MM2 checkpoints, forward flow stopped, producers on dr, failover job")
     for partition in range(4):
@@ -521,6 +531,11 @@ def timeline(
         {"pipeline": PIPELINE, "to": "primary", "apply": True, "reason": "chaos: back"},
         40,
         5,
+    )
+    at(0.63)
+    say("maintain_tables job, on the failback's route")
+    operator.until_success(
+        "maintain", "maintain_tables", "maintain_pipeline_tables", {"pipeline": PIPELINE}, 3, 5
     )
     at(0.70)
     say("complete-failback: reverse copy drained, reverse flow stopped, failover job complete")

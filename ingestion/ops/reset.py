@@ -217,7 +217,9 @@ def apply_reset(
         )
     copy_dead_letters_before(catalog, spec, admin, kafka_config, "the reset")
     delete_filter = _rewound_filter(table, reset.changes)
-    marks, notes = delivered_letters(catalog, spec, table, reset, current, cluster_id, admin)
+    marks, notes = delivered_letters(
+        catalog, spec, table, reset, current, cluster_id, admin, kafka_config
+    )
     properties = props.commit_properties(
         group_id=reset.group_id,
         offsets=reset.target,
@@ -257,29 +259,30 @@ def delivered_letters(
     current: props.CommittedState | None,
     cluster_id: str,
     admin: AdminClient | None,
+    kafka_config: dict[str, Any] | None,
 ) -> tuple[dict[str, str], list[str]]:
-    """The table property recording the dead letters a backward reset re-reads that are in the
-    topic already (``ingestion.quarantine.dead_letters.mark_delivered``), and notes. Only after
-    the reset's own copy (``admin`` given, a dead-letter topic) and on the cluster and topics
-    the committed offsets were read on: a recreated topic's records are new."""
-    if admin is None or spec.dead_letter_topic is None or current is None:
+    """The table property listing the dead letters a backward reset re-reads that the topic
+    holds already (``ingestion.quarantine.dead_letters.mark_delivered``), and notes. Only after
+    the reset's own copy (``admin`` and ``kafka_config`` given, a dead-letter topic) and for the
+    topics read on this cluster under the topic id the committed offsets name: a recreated
+    topic's records are new."""
+    if admin is None or kafka_config is None or spec.dead_letter_topic is None:
         return {}, []
-    if current.cluster_id not in (None, cluster_id):
+    if current is None or current.cluster_id not in (None, cluster_id):
         return {}, []
-    rewound = (
-        _rewound_filter(catalog.load_table(spec.quarantine_table), reset.changes)
-        if (catalog.table_exists(spec.quarantine_table))
-        else None
-    )
+    if not catalog.table_exists(spec.quarantine_table):
+        return {}, []
+    quarantine = catalog.load_table(spec.quarantine_table)
+    rewound = _rewound_filter(quarantine, reset.changes)
     if rewound is None:
         return {}, []
     same = {
-        topic
+        topic: offsets.topic_id
         for topic, offsets in current.offsets.items()
         if topic in reset.target and reset.target[topic].topic_id == offsets.topic_id
     }
-    quarantine = catalog.load_table(spec.quarantine_table)
-    return mark_delivered(table, quarantine, cluster_id, reset.changes, same, rewound)
+    before = {key: b for key, (b, _) in reset.changes.items() if b is not None}
+    return mark_delivered(table, quarantine, kafka_config, spec, cluster_id, before, same, rewound)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from ingestion.table.offsets import (
     FAILOVER_TO,
     OFFSETS_PREFIX,
     QUARANTINED,
+    RESET_BY,
     decode_offsets,
     flatten,
     iter_ancestry,
@@ -76,18 +77,18 @@ COMMIT_HEADER = HEADERS["commit_id"]
 TRANSACTIONAL_ID = "kafka-iceberg-{pipeline}-dead-letters"
 """The transactional id of a pipeline's dead-letter copies (fences an earlier copier)."""
 DELIVERED = "kafka.dead-letters.delivered"
-"""Table property: ``{"cluster": id, "offsets": {"topic:partition": [offset, ...]}}``, the
-source records whose letters were in the topic when a backward reset cut their quarantine rows
-to re-read them (:func:`mark_delivered`). The re-read quarantines them again under new commits;
-their letters are not sent again, so a ``read_committed`` reader sees each bad source record
-once, as the quarantine table holds it once. Exact offsets, not a threshold: a record below the
-rewound position that is quarantined for the first time (never read before, or bad only under
-the spec now) is sent. A table property: it outlives snapshot expiry while a long re-read is
-copied over many runs; each reset keeps only what its re-read has still to reach."""
-MAX_DELIVERED = 50_000
-"""Offsets a reset records at most (the property is rewritten by every commit while it is
-set); past it, the re-read letters of the partitions left out are sent again, and the reset
-says so."""
+"""Table property: ``{"cluster": id, "topics": {name: {"id": topic id, "partitions":
+{partition: [offset, ...]}}}}``, the source records whose letters a backward reset found in the
+topic when it cut their quarantine rows to re-read them (:func:`mark_delivered`). The re-read
+quarantines them again under new commits; their letters are not sent again, so a
+``read_committed`` reader sees each bad source record once, as the quarantine table holds it
+once. Only letters the reset found (by their source coordinates) are listed: a record the re-read
+quarantines for the first time, or whose letter never reached this topic, is sent. A table
+property: it outlives snapshot expiry while a long re-read is copied over many runs."""
+MAX_DELIVERED_BYTES = 100_000
+"""The property's size at most (every commit rewrites the table metadata holding it, and some
+catalogs cap a property's value, Glue at 512,000 bytes); past it, the re-read letters of the
+partitions left out are sent a second time, and the reset says so."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ class PendingCopy:
     committed_at_ms: int
     records: int
     cluster_id: str = ""  # the cluster the commit read (its letters' coordinates are there)
+    topic_ids: dict[str, str] = field(default_factory=dict)  # its topics' ids, by name
 
 
 def unpublished_commits(
@@ -107,17 +109,31 @@ def unpublished_commits(
     the newest switch to another cluster at most: the commits before it read the cluster it
     left, whose dead-letter topic the switch copied their letters to first
     (``platform_assets.dr.failover.copy_owed_dead_letters``); a group there lacks their topics,
-    which would make every older commit look owed."""
+    which would make every older commit look owed.
+
+    A group ahead of the table's offsets on a partition (a backward reset whose move of the
+    group failed, a foreign move) has not passed the commits since the newest operator action
+    there: the mirror only ever moves it to the table's offsets. Before, such a group hid the
+    re-read commits, and the letters of records read for the first time were never copied."""
     key = OFFSETS_PREFIX + group_id
     pending = []
+    ahead: set[tuple[str, int]] | None = None  # known at the newest commit of the group
     for snapshot in iter_ancestry(table):
         properties = snapshot_properties(snapshot)
         if FAILOVER_TO in properties:
             break
         if key not in properties:
             continue
-        offsets = flatten(decode_offsets(properties[key]))
-        if all(offset <= mirrored.get(tp, -1) for tp, offset in offsets.items()):
+        decoded = decode_offsets(properties[key])
+        offsets = flatten(decoded)
+        if ahead is None:
+            ahead = {tp for tp, offset in offsets.items() if mirrored.get(tp, -1) > offset}
+        passed = all(
+            offset <= mirrored.get(tp, -1) and tp not in ahead for tp, offset in offsets.items()
+        )
+        if RESET_BY in properties:
+            ahead = set()  # an operator action copies what is owed before it commits
+        if passed:
             break  # this commit and every older one were mirrored, hence copied
         if int(properties.get(QUARANTINED, "0")) > 0:
             pending.append(
@@ -126,6 +142,7 @@ def unpublished_commits(
                     snapshot.timestamp_ms,
                     int(properties[QUARANTINED]),
                     properties.get(CLUSTER_ID, ""),
+                    {topic: topic_offsets.topic_id for topic, topic_offsets in decoded.items()},
                 )
             )
     return pending
@@ -133,23 +150,33 @@ def unpublished_commits(
 
 @dataclass(frozen=True)
 class Delivered:
-    """The :data:`DELIVERED` offsets of one cluster (empty: none)."""
+    """The :data:`DELIVERED` offsets of one cluster: per (topic, partition), with each topic's
+    id (empty: none)."""
 
     cluster_id: str = ""
+    topic_ids: dict[str, str] = field(default_factory=dict)
     offsets: dict[Key, frozenset[int]] = field(default_factory=dict)
 
-    def holds(self, cluster_id: str, row: dict[str, Any]) -> bool:
-        """Whether the quarantined ``row``, read on ``cluster_id``, had its letter delivered
-        before a backward reset re-read it."""
-        key = (str(row["_kafka_topic"]), int(row["_kafka_partition"]))
-        return cluster_id == self.cluster_id and int(row["_kafka_offset"]) in self.offsets.get(
-            key, ()
+    def holds(self, pending: PendingCopy, row: dict[str, Any]) -> bool:
+        """Whether the quarantined ``row`` of ``pending``'s commit had its letter delivered
+        before a backward reset re-read it (same cluster, same topic id, offset listed)."""
+        topic = str(row["_kafka_topic"])
+        if pending.cluster_id != self.cluster_id or self.topic_ids.get(topic) is None:
+            return False
+        if pending.topic_ids.get(topic) != self.topic_ids[topic]:
+            return False  # the topic was recreated since: its records are new
+        return int(row["_kafka_offset"]) in self.offsets.get(
+            (topic, int(row["_kafka_partition"])), ()
         )
 
     def encode(self) -> str:
         """The property's value."""
-        offsets = {f"{t}:{p}": sorted(o) for (t, p), o in sorted(self.offsets.items()) if o}
-        return orjson.dumps({"cluster": self.cluster_id, "offsets": offsets}).decode()
+        topics: dict[str, dict[str, Any]] = {}
+        for (topic, partition), offsets in sorted(self.offsets.items()):
+            if offsets:
+                entry = topics.setdefault(topic, {"id": self.topic_ids[topic], "partitions": {}})
+                entry["partitions"][str(partition)] = sorted(offsets)
+        return orjson.dumps({"cluster": self.cluster_id, "topics": topics}).decode()
 
 
 def read_delivered(table: Table) -> Delivered:
@@ -164,11 +191,16 @@ def read_delivered(table: Table) -> Delivered:
         return Delivered()
     try:
         document = orjson.loads(text)
-        offsets = {
-            (key.rsplit(":", 1)[0], int(key.rsplit(":", 1)[1])): frozenset(int(o) for o in values)
-            for key, values in document["offsets"].items()
-        }
-        return Delivered(str(document["cluster"]), offsets)
+        topics = document["topics"]
+        return Delivered(
+            str(document["cluster"]),
+            {topic: str(entry["id"]) for topic, entry in topics.items()},
+            {
+                (topic, int(partition)): frozenset(int(o) for o in offsets)
+                for topic, entry in topics.items()
+                for partition, offsets in entry["partitions"].items()
+            },
+        )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DeadLetterTopicError(
             f"table {table.name()!r}: property {DELIVERED!r} cannot be read ({exc!r}); it lists "
@@ -180,51 +212,123 @@ def read_delivered(table: Table) -> Delivered:
 def mark_delivered(
     table: Table,
     quarantine: Table,
+    kafka_config: dict[str, Any],
+    spec: PipelineSpec,
     cluster_id: str,
-    changes: dict[Key, tuple[int | None, int]],
-    unchanged_topics: set[str],
+    before: dict[Key, int],
+    topic_ids: dict[str, str],
     rewound_filter: str,
 ) -> tuple[dict[str, str], list[str]]:
-    """The :data:`DELIVERED` property a backward reset sets with its commit, once it copied
-    every owed letter (so every quarantine row it cuts has its letter in the topic), and a line
-    per partition left out. ``rewound_filter`` selects the quarantine rows it cuts; only topics
-    in ``unchanged_topics`` (same topic id, same cluster as the committed offsets) are marked:
-    a recreated topic's records are new. Offsets of an earlier reset that its re-read has not
-    reached yet are kept; those below the table's offsets are dropped (copied or passed)."""
-    rows = quarantine.scan(
-        row_filter=rewound_filter,
-        selected_fields=("_kafka_topic", "_kafka_partition", "_kafka_offset"),
-    ).to_arrow()
-    cut: dict[Key, set[int]] = {}
-    for topic, partition, offset in zip(
-        *(rows.column(i).to_pylist() for i in range(3)), strict=True
-    ):
-        if topic in unchanged_topics:
-            cut.setdefault((topic, partition), set()).add(offset)
-    earlier = read_delivered(table)
-    kept: dict[Key, set[int]] = {}
-    if earlier.cluster_id == cluster_id:
-        for key, offsets in earlier.offsets.items():
-            before, after = changes.get(key, (None, 0))
-            floor = after if before is not None and after < before else (before or 0)
-            kept[key] = {o for o in offsets if o >= floor}
-    notes = []
-    for key, found in sorted(cut.items()):
-        kept.setdefault(key, set()).update(found)
-    total = 0
-    for key in sorted(kept):
-        if total + len(kept[key]) > MAX_DELIVERED:
+    """The :data:`DELIVERED` property a backward reset sets with its commit, after its own copy
+    of what was owed, and lines for the operator.
+
+    Listed: the quarantine rows it cuts (``rewound_filter``) of the topics in ``topic_ids``
+    (those read on this cluster under the same topic id as the committed offsets) whose letters
+    it finds in the dead-letter topic now, by source coordinates under any commit id (a re-read
+    letter it skipped earlier carries its first commit's id); read from an hour before the
+    oldest such record's timestamp. Kept from an earlier reset: the offsets the table has not
+    read again since (at or past ``before``, the table's offsets now, or with no quarantine row
+    yet: a forward reset skipped them). A count that fails lists nothing new (their letters may
+    go out again; a line says so) and never blocks the reset.
+    """
+    topic = spec.dead_letter_topic
+    assert topic is not None
+    rows = (
+        quarantine.scan(
+            row_filter=rewound_filter,
+            selected_fields=(
+                "_kafka_topic",
+                "_kafka_partition",
+                "_kafka_offset",
+                "_kafka_timestamp",
+            ),
+        )
+        .to_arrow()
+        .to_pylist()
+    )
+    rows = [row for row in rows if row["_kafka_topic"] in topic_ids]
+    notes: list[str] = []
+    found: set[Coordinates] = set()
+    if rows:
+        stamps = [row["_kafka_timestamp"] for row in rows]
+        oldest = min((int(s.timestamp() * 1000) for s in stamps if s is not None), default=0)
+        if any(s is None for s in stamps):
+            oldest = 0
+        try:
+            count_copies(kafka_config, topic, [PendingCopy("", oldest, len(rows))], spec.name,
+                         anywhere=found)  # fmt: skip
+        except Exception as exc:  # never block the reset on it: at worst letters go out twice
             notes.append(
-                f"{key[0]}[{key[1]}]: the letters of {len(kept[key])} re-read record(s) will be "
-                f"sent to the dead-letter topic a second time (more than {MAX_DELIVERED:,} to "
-                "record)"
+                f"the dead-letter topic {topic!r} could not be read to list the letters this "
+                f"reset re-reads ({exc}): the letters of {len(rows)} re-read record(s) may be "
+                "sent a second time"
             )
-            kept[key] = set()
-        total += len(kept[key])
-    marks = Delivered(cluster_id, {k: frozenset(v) for k, v in kept.items() if v})
+    listed: dict[Key, set[int]] = {}
+    for row in rows:
+        key = (row["_kafka_topic"], int(row["_kafka_partition"]))
+        if (key[0].encode(), str(key[1]).encode(), str(row["_kafka_offset"]).encode()) in found:
+            listed.setdefault(key, set()).add(int(row["_kafka_offset"]))
+    earlier = read_delivered(table)
+    if earlier.cluster_id == cluster_id:
+        carried = {
+            key: offsets
+            for key, offsets in earlier.offsets.items()
+            if earlier.topic_ids.get(key[0]) == topic_ids.get(key[0])
+        }
+        requoted = quarantined_offsets(quarantine, carried, before)
+        for key, offsets in carried.items():
+            for offset in offsets:
+                if offset >= before.get(key, 0) or offset not in requoted.get(key, set()):
+                    listed.setdefault(key, set()).add(offset)
+    size = 0
+    for key in sorted(listed):
+        size += sum(len(str(o)) + 1 for o in listed[key]) + len(key[0]) + 40
+        if size > MAX_DELIVERED_BYTES:
+            notes.append(
+                f"{key[0]}[{key[1]}]: the letters of {len(listed[key])} re-read record(s) will be "
+                f"sent to the dead-letter topic a second time (more than {MAX_DELIVERED_BYTES:,} "
+                f"bytes to record in {DELIVERED!r})"
+            )
+            listed[key] = set()
+    marks = Delivered(
+        cluster_id,
+        {t: topic_ids[t] for t, _ in listed if t in topic_ids},
+        {k: frozenset(v) for k, v in listed.items() if v and k[0] in topic_ids},
+    )
     if not marks.offsets and DELIVERED not in table.properties:
         return {}, notes
     return {DELIVERED: marks.encode()}, notes
+
+
+def quarantined_offsets(
+    quarantine: Table, listed: dict[Key, frozenset[int]], before: dict[Key, int]
+) -> dict[Key, set[int]]:
+    """Of the ``listed`` offsets below the table's offsets (``before``), those the quarantine
+    table holds a row for again (read again since an earlier reset listed them)."""
+    clauses = []
+    for (topic, partition), offsets in sorted(listed.items()):
+        below = sorted(o for o in offsets if o < before.get((topic, partition), 0))
+        if below:
+            clauses.append(
+                f"(_kafka_topic = '{topic}' and _kafka_partition = {partition} and "
+                f"_kafka_offset in ({', '.join(map(str, below))}))"
+            )
+    if not clauses:
+        return {}
+    rows = (
+        quarantine.scan(
+            row_filter=" or ".join(clauses),
+            selected_fields=("_kafka_topic", "_kafka_partition", "_kafka_offset"),
+        )
+        .to_arrow()
+        .to_pylist()
+    )
+    held: dict[Key, set[int]] = {}
+    for row in rows:
+        held.setdefault((row["_kafka_topic"], row["_kafka_partition"]), set()).add(
+            row["_kafka_offset"]
+        )
+    return held
 
 
 def dead_letter_topic_partitions(
@@ -334,13 +438,15 @@ def count_copies(
     pending: list[PendingCopy],
     pipeline: str,
     timeout_s: float = 30.0,
+    anywhere: set[Coordinates] | None = None,
 ) -> dict[str, set[Coordinates]]:
     """The letters of each pending commit already in ``topic``: the source coordinates their
     headers name, per commit id; read from the oldest pending commit's time (less
     :data:`CLOCK_MARGIN_MS`) to each partition's end as it is now, every record included
     (``read_uncommitted`` watermark), through a ``read_committed`` consumer: aborted copies
     are not counted, and another producer's open transaction is waited for, not read past.
-    Joins no group, commits nothing.
+    With ``anywhere``, also collects every letter's source coordinates into it, whatever its
+    commit id. Joins no group, commits nothing.
 
     Raises:
         DeadLetterTopicError: the topic has no partitions, the broker answered a partition with
@@ -397,6 +503,8 @@ def count_copies(
                 commit = value.decode() if isinstance(value, bytes) else value
                 if commit in found:
                     found[commit].add(coordinates(headers))
+                if anywhere is not None:  # every letter's source, whichever commit sent it
+                    anywhere.add(coordinates(headers))
             # The position, not the last record: a transaction marker ends many partitions.
             positions = consumer.position(unread)
             unread = [s for s in positions if s.offset < ends[s.partition]]
@@ -471,13 +579,13 @@ def publish_dead_letters(
     present: dict[str, set[Coordinates]] | None = None,
     timeout_s: float = 30.0,
     delivered: Delivered | None = None,
-    clusters: dict[str, str] | None = None,
+    pending: dict[str, PendingCopy] | None = None,
 ) -> int:
     """Produce the quarantined records of ``commit_ids`` to ``topic``, one transaction of
     ``producer`` (:func:`dead_letter_producer`) per commit, skipping the letters ``present``
     already holds (by their source coordinates) and those a backward reset re-read after they
-    were delivered (``delivered``, the :data:`DELIVERED` offsets, for the cluster each commit
-    read: ``clusters``, by commit id); return how many were sent.
+    were delivered (``delivered``, the :data:`DELIVERED` offsets, against the cluster and topic
+    ids of each commit: ``pending``, by commit id); return how many were sent.
 
     Delivery: each commit's letters all or none for ``read_committed`` consumers; on any
     failure the open transaction is aborted (or, if the broker cannot be reached, left to the
@@ -500,11 +608,11 @@ def publish_dead_letters(
     sent = 0
     for commit_id in commit_ids:
         there = (present or {}).get(commit_id, set())
-        cluster_id = (clusters or {}).get(commit_id, "")
+        copy = (pending or {}).get(commit_id, PendingCopy(commit_id, 0, 0))
         letters = []
         for row in by_commit.get(commit_id, []):
             headers = [(name, str(row[column]).encode()) for column, name in HEADERS.items()]
-            if coordinates(dict(headers)) not in there and not delivered.holds(cluster_id, row):
+            if coordinates(dict(headers)) not in there and not delivered.holds(copy, row):
                 letters.append((row, headers))
         if not letters:
             continue
@@ -578,14 +686,14 @@ def copy_pending_dead_letters(
     created = ensure_dead_letter_topic(admin, spec)
     quarantine = catalog.load_table(spec.quarantine_table)
     delivered = read_delivered(table)
-    clusters = {p.commit_id: p.cluster_id for p in pending}
+    by_id = {p.commit_id: p for p in pending}
     for attempt in range(1, FENCED_ATTEMPTS + 1):
         try:
             producer = dead_letter_producer(kafka_config, spec.name)  # fences earlier copiers
             present = count_copies(kafka_config, topic, pending, spec.name)
             owed = [p.commit_id for p in pending if len(present[p.commit_id]) < p.records]
             copies = publish_dead_letters(
-                producer, topic, quarantine, owed, present, delivered=delivered, clusters=clusters
+                producer, topic, quarantine, owed, present, delivered=delivered, pending=by_id
             )
         except KafkaException as exc:
             # Fenced: another copier of this pipeline (a run, an action) started meanwhile. What

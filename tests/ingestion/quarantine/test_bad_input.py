@@ -465,3 +465,36 @@ def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_e
     assert sorted(quarantined.column("value").to_pylist()) == expected
     harness.assert_exactly_once(spec, ledger)
     assert DELIVERED in harness.table(spec).properties
+
+
+def test_a_backward_reset_fills_a_dead_letter_topic_configured_later(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """A dead-letter topic added to a pipeline that had quarantined records already, then a
+    reset to the earliest offsets to fill it (issue 29, review): the reset lists only letters
+    it finds in the topic, so the re-read sends the early record's letter, once."""
+    from ingestion.ops.reset import apply_reset, plan_reset
+    from ingestion.spec.pipeline import StartingPosition
+
+    topic = create_topic(partitions=1)
+    plain = make_spec(topic, "dlq_later", errors_tolerance="all", in_process_max_records=1_000)
+    ledger_producer.produce(topic, [*records(3), (b"bad", b"{early", None)])
+    assert harness.run(plain).quarantined == 1
+    dead = f"{topic}-dlq"
+    spec = plain.model_copy(update={"dead_letter_topic": dead})
+    admin = harness.kafka.get_admin_client()
+    consumer = harness.kafka.get_consumer()
+    try:
+        planned = plan_reset(
+            spec, harness.table(spec), admin, consumer, StartingPosition(mode="earliest")
+        )
+    finally:
+        consumer.close()
+    apply_reset(
+        harness.catalog, spec, planned, harness.cluster_id, "ops", "fill the new topic",
+        admin=admin, kafka_config=harness.kafka.client_config(),
+    )  # fmt: skip
+    assert harness.run(spec).dead_letter_copies == 1
+    assert harness.run(spec).dead_letter_copies == 0
+    assert read_letters(harness, dead) == [b"{early"]
+    harness.assert_exactly_once(spec, ledger)

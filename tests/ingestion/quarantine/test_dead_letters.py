@@ -75,12 +75,38 @@ def test_commits_with_dead_letters_ahead_of_the_mirror_are_pending_newest_first(
     at4 = commit(table, {0: 40, 1: 6}, 3, "c4")
     # The mirror reached c2 on every partition: c1 and older were copied.
     pending = unpublished_commits(table, GROUP, {("orders", 0): 20, ("orders", 1): 4})
-    assert pending == [PendingCopy("c4", at4, 3, "k"), PendingCopy("c3", at3, 2, "k")]
+    ids = {"orders": "id"}
+    assert pending == [PendingCopy("c4", at4, 3, "k", ids), PendingCopy("c3", at3, 2, "k", ids)]
     # A partition the mirror lacks holds everything back.
     assert [p.commit_id for p in unpublished_commits(table, GROUP, {("orders", 0): 40})] == [
         "c4", "c3", "c1",
     ]  # fmt: skip
     assert unpublished_commits(table, GROUP, {("orders", 0): 40, ("orders", 1): 6}) == []
+
+
+def test_a_group_left_ahead_by_a_backward_reset_hides_no_re_read_commit(table: Table) -> None:
+    """A backward reset whose move of the Kafka group failed leaves the group ahead of the
+    table. The re-read commits' offsets are below it, so they looked copied: the letters of
+    records read there for the first time (a forward reset had skipped them) were never sent,
+    and the next mirror moved the group back past them. A group ahead of the table's offsets
+    is no evidence of a copy for the commits since the newest operator action."""
+    commit(table, {0: 40}, 1, "before")
+    reset = commit_properties(
+        group_id=GROUP, offsets={"orders": TopicOffsets("id", {0: 0})}, commit_id="reset",
+        cluster_id="k", pipeline=SPEC.name, requested_by="ops", reason="re-read",
+    )  # fmt: skip
+    with (
+        table.transaction() as transaction,
+        transaction.update_snapshot(snapshot_properties=reset).fast_append(),
+    ):
+        pass
+    commit(table, {0: 10}, 2, "re-read-1")
+    commit(table, {0: 20}, 0, "re-read-2")
+
+    pending = unpublished_commits(table, GROUP, {("orders", 0): 40})  # still where it was
+    assert [p.commit_id for p in pending] == ["re-read-1"]
+    # Once the group is at or behind the table, its position is evidence again.
+    assert unpublished_commits(table, GROUP, {("orders", 0): 20}) == []
 
 
 def test_the_search_stops_at_a_switch_to_another_cluster(table: Table) -> None:
