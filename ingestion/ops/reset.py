@@ -31,7 +31,11 @@ from ingestion.ops.action import (
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.mirror import MirrorOutcome, read_group_offsets
 from ingestion.pipeline.plan import resolve_starting_offsets
-from ingestion.quarantine.dead_letters import DELIVERED, mark_delivered
+from ingestion.quarantine.dead_letters import (
+    DELIVERED,
+    dead_letter_topic_identity,
+    mark_delivered,
+)
 from ingestion.quarantine.sync import sync_quarantine
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from ingestion.table import offsets as props
@@ -282,7 +286,11 @@ def delivered_letters(
         if topic in reset.target and reset.target[topic].topic_id == offsets.topic_id
     }
     before = {key: b for key, (b, _) in reset.changes.items() if b is not None}
-    return mark_delivered(table, quarantine, kafka_config, spec, cluster_id, before, same, rewound)
+    group = read_group_before(admin, reset.group_id) or {}
+    topic = dead_letter_topic_identity(admin, spec.dead_letter_topic)
+    return mark_delivered(
+        table, quarantine, kafka_config, spec, cluster_id, before, same, rewound, group, topic
+    )
 
 
 @dataclass(frozen=True)

@@ -47,10 +47,12 @@ from ingestion.table.offsets import (
     CLUSTER_ID,
     COMMIT_ID,
     FAILOVER_TO,
+    GROUP_OFFSETS_BEFORE,
     OFFSETS_PREFIX,
     QUARANTINED,
     RESET_BY,
     decode_offsets,
+    decode_positions,
     flatten,
     iter_ancestry,
     snapshot_properties,
@@ -111,13 +113,14 @@ def unpublished_commits(
     (``platform_assets.dr.failover.copy_owed_dead_letters``); a group there lacks their topics,
     which would make every older commit look owed.
 
-    A group ahead of the table's offsets on a partition (a backward reset whose move of the
-    group failed, a foreign move) has not passed the commits since the newest operator action
-    there: the mirror only ever moves it to the table's offsets. Before, such a group hid the
-    re-read commits, and the letters of records read for the first time were never copied."""
+    A group still where the newest operator action found it (its recorded
+    ``kafka.group-offsets-before``) on a partition that action moved back (its move of the group
+    failed) stands for that action's offsets there: the commits since re-read the range, and
+    before, such a group hid them, so the letters of records read there for the first time
+    were never copied."""
     key = OFFSETS_PREFIX + group_id
+    mirrored = effective_mirror(table, key, mirrored)
     pending = []
-    ahead: set[tuple[str, int]] | None = None  # known at the newest commit of the group
     for snapshot in iter_ancestry(table):
         properties = snapshot_properties(snapshot)
         if FAILOVER_TO in properties:
@@ -126,14 +129,7 @@ def unpublished_commits(
             continue
         decoded = decode_offsets(properties[key])
         offsets = flatten(decoded)
-        if ahead is None:
-            ahead = {tp for tp, offset in offsets.items() if mirrored.get(tp, -1) > offset}
-        passed = all(
-            offset <= mirrored.get(tp, -1) and tp not in ahead for tp, offset in offsets.items()
-        )
-        if RESET_BY in properties:
-            ahead = set()  # an operator action copies what is owed before it commits
-        if passed:
+        if all(offset <= mirrored.get(tp, -1) for tp, offset in offsets.items()):
             break  # this commit and every older one were mirrored, hence copied
         if int(properties.get(QUARANTINED, "0")) > 0:
             pending.append(
@@ -148,6 +144,30 @@ def unpublished_commits(
     return pending
 
 
+def effective_mirror(
+    table: Table, key: str, mirrored: dict[tuple[str, int], int]
+) -> dict[tuple[str, int], int]:
+    """``mirrored``, with each partition where the group still sits where the newest operator
+    action of the group (back to the newest switch) found it and moved it back from replaced
+    by that action's offset: the action copied what was owed, then failed to move the group.
+    A group ahead for any other reason (a foreign move) is taken as it is."""
+    for snapshot in iter_ancestry(table):
+        properties = snapshot_properties(snapshot)
+        if FAILOVER_TO in properties:
+            return mirrored
+        if key not in properties or RESET_BY not in properties:
+            continue
+        found = decode_positions(properties.get(GROUP_OFFSETS_BEFORE, "{}"))
+        moved = flatten(decode_offsets(properties[key]))
+        stale = {
+            tp: offset
+            for tp, offset in moved.items()
+            if tp in found and mirrored.get(tp) == found[tp] and found[tp] > offset
+        }
+        return {**mirrored, **stale}
+    return mirrored
+
+
 @dataclass(frozen=True)
 class Delivered:
     """The :data:`DELIVERED` offsets of one cluster: per (topic, partition), with each topic's
@@ -156,6 +176,7 @@ class Delivered:
     cluster_id: str = ""
     topic_ids: dict[str, str] = field(default_factory=dict)
     offsets: dict[Key, frozenset[int]] = field(default_factory=dict)
+    dead_letter_topic: str = ""  # "name:topic id" of the topic the letters were found in
 
     def holds(self, pending: PendingCopy, row: dict[str, Any]) -> bool:
         """Whether the quarantined ``row`` of ``pending``'s commit had its letter delivered
@@ -176,7 +197,13 @@ class Delivered:
             if offsets:
                 entry = topics.setdefault(topic, {"id": self.topic_ids[topic], "partitions": {}})
                 entry["partitions"][str(partition)] = sorted(offsets)
-        return orjson.dumps({"cluster": self.cluster_id, "topics": topics}).decode()
+        document = {"cluster": self.cluster_id, "dead_letter_topic": self.dead_letter_topic}
+        return orjson.dumps({**document, "topics": topics}).decode()
+
+    def for_topic(self, dead_letter_topic: str) -> Delivered:
+        """These offsets if they were found in ``dead_letter_topic`` (``name:topic id``), else
+        none: a renamed, or deleted and recreated, dead-letter topic lacks those letters."""
+        return self if dead_letter_topic == self.dead_letter_topic else Delivered()
 
 
 def read_delivered(table: Table) -> Delivered:
@@ -200,6 +227,7 @@ def read_delivered(table: Table) -> Delivered:
                 for topic, entry in topics.items()
                 for partition, offsets in entry["partitions"].items()
             },
+            str(document["dead_letter_topic"]),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise DeadLetterTopicError(
@@ -218,6 +246,8 @@ def mark_delivered(
     before: dict[Key, int],
     topic_ids: dict[str, str],
     rewound_filter: str,
+    group: dict[Key, int],
+    dead_letter_topic: str,
 ) -> tuple[dict[str, str], list[str]]:
     """The :data:`DELIVERED` property a backward reset sets with its commit, after its own copy
     of what was owed, and lines for the operator.
@@ -226,10 +256,13 @@ def mark_delivered(
     (those read on this cluster under the same topic id as the committed offsets) whose letters
     it finds in the dead-letter topic now, by source coordinates under any commit id (a re-read
     letter it skipped earlier carries its first commit's id); read from an hour before the
-    oldest such record's timestamp. Kept from an earlier reset: the offsets the table has not
-    read again since (at or past ``before``, the table's offsets now, or with no quarantine row
-    yet: a forward reset skipped them). A count that fails lists nothing new (their letters may
-    go out again; a line says so) and never blocks the reset.
+    oldest such record's timestamp, in ``dead_letter_topic`` (``name:topic id``, recorded:
+    another topic lacks them). Kept from an earlier list of the same topic: the offsets the table
+    has not read again since (at or past ``before``, the table's offsets now, or with no
+    quarantine row yet: a forward reset skipped them), and those read again by a commit the
+    Kafka group (``group``) has not passed yet (its copy is still to come). A count that fails,
+    or that would list more than :data:`MAX_DELIVERED_BYTES`, lists nothing new (their letters
+    may go out again; a line says so) and never blocks the reset.
     """
     topic = spec.dead_letter_topic
     assert topic is not None
@@ -249,14 +282,26 @@ def mark_delivered(
     rows = [row for row in rows if row["_kafka_topic"] in topic_ids]
     notes: list[str] = []
     found: set[Coordinates] = set()
+    if sum(len(str(row["_kafka_offset"])) + 1 for row in rows) > MAX_DELIVERED_BYTES:
+        notes.append(
+            f"the letters of {len(rows)} re-read record(s) will be sent to the dead-letter topic "
+            f"a second time (more than {MAX_DELIVERED_BYTES:,} bytes to record in {DELIVERED!r})"
+        )
+        rows = []
     if rows:
         stamps = [row["_kafka_timestamp"] for row in rows]
         oldest = min((int(s.timestamp() * 1000) for s in stamps if s is not None), default=0)
         if any(s is None for s in stamps):
             oldest = 0
         try:
+            wanted = {
+                (str(r["_kafka_topic"]).encode(), str(r["_kafka_partition"]).encode(),
+                 str(r["_kafka_offset"]).encode())
+                for r in rows
+            }  # fmt: skip
             count_copies(kafka_config, topic, [PendingCopy("", oldest, len(rows))], spec.name,
-                         anywhere=found)  # fmt: skip
+                         anywhere=found, wanted=wanted)  # fmt: skip
+
         except Exception as exc:  # never block the reset on it: at worst letters go out twice
             notes.append(
                 f"the dead-letter topic {topic!r} could not be read to list the letters this "
@@ -268,7 +313,7 @@ def mark_delivered(
         key = (row["_kafka_topic"], int(row["_kafka_partition"]))
         if (key[0].encode(), str(key[1]).encode(), str(row["_kafka_offset"]).encode()) in found:
             listed.setdefault(key, set()).add(int(row["_kafka_offset"]))
-    earlier = read_delivered(table)
+    earlier = read_delivered(table).for_topic(dead_letter_topic)
     if earlier.cluster_id == cluster_id:
         carried = {
             key: offsets
@@ -277,8 +322,11 @@ def mark_delivered(
         }
         requoted = quarantined_offsets(quarantine, carried, before)
         for key, offsets in carried.items():
+            # Read again by a commit the group has passed: its copy skipped them for good.
+            passed = group.get(key, -1) >= before.get(key, 0)
+            again = requoted.get(key, set()) if passed else set()
             for offset in offsets:
-                if offset >= before.get(key, 0) or offset not in requoted.get(key, set()):
+                if offset >= before.get(key, 0) or offset not in again:
                     listed.setdefault(key, set()).add(offset)
     size = 0
     for key in sorted(listed):
@@ -294,6 +342,7 @@ def mark_delivered(
         cluster_id,
         {t: topic_ids[t] for t, _ in listed if t in topic_ids},
         {k: frozenset(v) for k, v in listed.items() if v and k[0] in topic_ids},
+        dead_letter_topic,
     )
     if not marks.offsets and DELIVERED not in table.properties:
         return {}, notes
@@ -329,6 +378,18 @@ def quarantined_offsets(
             row["_kafka_offset"]
         )
     return held
+
+
+def dead_letter_topic_identity(admin: AdminClient, topic: str, timeout_s: float = 10.0) -> str:
+    """``name:topic id`` of the dead-letter topic ("" when it cannot be described: then no
+    letter is taken as delivered, at worst one goes out twice)."""
+    from confluent_kafka import KafkaException, TopicCollection
+
+    try:
+        description = admin.describe_topics(TopicCollection([topic]))[topic].result(timeout_s)
+    except (KafkaException, TimeoutError):
+        return ""
+    return f"{topic}:{description.topic_id}"
 
 
 def dead_letter_topic_partitions(
@@ -439,14 +500,15 @@ def count_copies(
     pipeline: str,
     timeout_s: float = 30.0,
     anywhere: set[Coordinates] | None = None,
+    wanted: set[Coordinates] | None = None,
 ) -> dict[str, set[Coordinates]]:
     """The letters of each pending commit already in ``topic``: the source coordinates their
     headers name, per commit id; read from the oldest pending commit's time (less
     :data:`CLOCK_MARGIN_MS`) to each partition's end as it is now, every record included
     (``read_uncommitted`` watermark), through a ``read_committed`` consumer: aborted copies
     are not counted, and another producer's open transaction is waited for, not read past.
-    With ``anywhere``, also collects every letter's source coordinates into it, whatever its
-    commit id. Joins no group, commits nothing.
+    With ``anywhere``, also collects into it the source coordinates of every letter (of those
+    in ``wanted``, when given), whatever its commit id. Joins no group, commits nothing.
 
     Raises:
         DeadLetterTopicError: the topic has no partitions, the broker answered a partition with
@@ -503,8 +565,10 @@ def count_copies(
                 commit = value.decode() if isinstance(value, bytes) else value
                 if commit in found:
                     found[commit].add(coordinates(headers))
-                if anywhere is not None:  # every letter's source, whichever commit sent it
-                    anywhere.add(coordinates(headers))
+                if anywhere is not None:  # a wanted letter's source, whichever commit sent it
+                    source = coordinates(headers)
+                    if wanted is None or source in wanted:
+                        anywhere.add(source)
             # The position, not the last record: a transaction marker ends many partitions.
             positions = consumer.position(unread)
             unread = [s for s in positions if s.offset < ends[s.partition]]
@@ -650,6 +714,15 @@ class DeadLetterCopy:
     created_topic: bool = False
 
 
+def is_fenced(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a copier's fencing by another copier of the pipeline (a run's and an
+    operator action's at once)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    codes = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+    return isinstance(exc, KafkaException) and exc.args[0].code() in codes
+
+
 def copy_pending_dead_letters(
     catalog: Catalog,
     spec: PipelineSpec,
@@ -671,11 +744,10 @@ def copy_pending_dead_letters(
         DeadLetterTopicError, KafkaException: the topic cannot be created or a record was not
             acknowledged; the group must then stay where it is.
     """
-    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import KafkaException
 
     from ingestion.pipeline.mirror import read_group_offsets
 
-    fenced = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
     topic = spec.dead_letter_topic
     if topic is None or not catalog.table_exists(spec.quarantine_table):
         return DeadLetterCopy()
@@ -686,6 +758,8 @@ def copy_pending_dead_letters(
     created = ensure_dead_letter_topic(admin, spec)
     quarantine = catalog.load_table(spec.quarantine_table)
     delivered = read_delivered(table)
+    if delivered.offsets:
+        delivered = delivered.for_topic(dead_letter_topic_identity(admin, topic))
     by_id = {p.commit_id: p for p in pending}
     for attempt in range(1, FENCED_ATTEMPTS + 1):
         try:
@@ -698,7 +772,7 @@ def copy_pending_dead_letters(
         except KafkaException as exc:
             # Fenced: another copier of this pipeline (a run, an action) started meanwhile. What
             # this one committed stands; count again after it, as a fresh copier.
-            if exc.args[0].code() not in fenced or attempt == FENCED_ATTEMPTS:
+            if not is_fenced(exc) or attempt == FENCED_ATTEMPTS:
                 raise
             time.sleep(attempt)
         else:

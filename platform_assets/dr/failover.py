@@ -30,10 +30,16 @@ from ingestion.dr.replica_check import read_checkpoints
 from ingestion.dr.replica_reader import Replica, cluster_answers, read_offset_syncs
 from ingestion.dr.scanned_rows import Floors, Scans
 from ingestion.dr.switch import apply_failover
-from ingestion.exceptions import FailoverRefusedError, OperationRefusedError, ReplicaBehindError
+from ingestion.exceptions import (
+    CommitConflictError,
+    FailoverRefusedError,
+    OperationRefusedError,
+    ReplicaBehindError,
+)
 from ingestion.kafka.topics import TopicEnds, read_topic_ends
 from ingestion.ops.action import copy_dead_letters_before, mirror_after
 from ingestion.pipeline.mirror import mirror_table_offsets
+from ingestion.quarantine.dead_letters import is_fenced
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import find_committed_state, flatten
 from platform_assets.dr.failback import (
@@ -345,7 +351,12 @@ def complete_failback(
     route = active_route(spec, kafka, iceberg)
 
     def copy_again() -> None:  # a run that won a race may have left its copy failed
-        owed.extend(copy_owed_dead_letters(catalog, route, False, "the failback completion"))
+        try:
+            owed.extend(copy_owed_dead_letters(catalog, route, False, "the failback completion"))
+        except OperationRefusedError as exc:
+            if is_fenced(exc.__cause__):  # a run's copier at the same time: plan again
+                raise CommitConflictError(str(exc)) from exc
+            raise
 
     plan, snapshot_id = apply_completion(
         catalog, spec, cluster_id, read_ends, requested_by, reason, active_runs, copy_again

@@ -185,7 +185,8 @@ def apply_completion(
 
     Delivery: each attempt plans from the table's head, calls ``copy_owed`` (the dead letters
     of the commits the group has not passed: after the completion no copy searches them, and a
-    run that won the race may have left its own copy failed; it raises to refuse), reads the
+    run that won the race may have left its own copy failed; it raises to refuse, or
+    :class:`CommitConflictError` to plan again: a run's copier fenced it), reads the
     reverse copies' ends again just before the commit (refused when they moved) and commits by
     compare-and-set on the offsets it planned from, so every commit it passes was copied;
     losing to a run or a stream re-plans, at most :data:`MAX_PLANS` times. A refused or failed
@@ -199,7 +200,10 @@ def apply_completion(
     for _ in range(MAX_PLANS):
         table = catalog.load_table(spec.table)
         plan = plan_completion(table, spec, cluster_id, read_ends)
-        copy_owed()  # after the plan's read: it covers every commit the plan stands on
+        try:
+            copy_owed()  # after the plan's read: it covers every commit the plan stands on
+        except exceptions.CommitConflictError:
+            continue  # a run's copier fenced this copy: plan again
         copies = sorted({topic for topic, _ in plan.dropped})
         # Read again just before the commit: MM2's reverse flow still running is refused here.
         check_drained(spec.name, plan.planned_from, copies, read_ends(copies))

@@ -85,28 +85,31 @@ def test_commits_with_dead_letters_ahead_of_the_mirror_are_pending_newest_first(
 
 
 def test_a_group_left_ahead_by_a_backward_reset_hides_no_re_read_commit(table: Table) -> None:
-    """A backward reset whose move of the Kafka group failed leaves the group ahead of the
-    table. The re-read commits' offsets are below it, so they looked copied: the letters of
-    records read there for the first time (a forward reset had skipped them) were never sent,
-    and the next mirror moved the group back past them. A group ahead of the table's offsets
-    is no evidence of a copy for the commits since the newest operator action."""
+    """A backward reset whose move of the Kafka group failed leaves the group where it found
+    it, ahead of the reset's offsets. The re-read commits' offsets are below it, so they looked
+    copied: the letters of records read there for the first time (a forward reset had skipped
+    them) were never sent, and the next mirror moved the group past them. A group still at the
+    position the reset recorded replacing stands for the reset's offsets, also once the table
+    has overtaken it (the review of the first fix, which looked at the newest commit only);
+    a group ahead for another reason is taken as it is."""
     commit(table, {0: 40}, 1, "before")
     reset = commit_properties(
         group_id=GROUP, offsets={"orders": TopicOffsets("id", {0: 0})}, commit_id="reset",
         cluster_id="k", pipeline=SPEC.name, requested_by="ops", reason="re-read",
+        group_offsets_before={("orders", 0): 40},
     )  # fmt: skip
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties=reset).fast_append(),
     ):
         pass
-    commit(table, {0: 10}, 2, "re-read-1")
-    commit(table, {0: 20}, 0, "re-read-2")
+    commit(table, {0: 30}, 2, "re-read-1")
+    commit(table, {0: 45}, 0, "re-read-2")  # past where the group was left
 
     pending = unpublished_commits(table, GROUP, {("orders", 0): 40})  # still where it was
     assert [p.commit_id for p in pending] == ["re-read-1"]
-    # Once the group is at or behind the table, its position is evidence again.
-    assert unpublished_commits(table, GROUP, {("orders", 0): 20}) == []
+    assert unpublished_commits(table, GROUP, {("orders", 0): 45}) == []  # mirrored since
+    assert unpublished_commits(table, GROUP, {("orders", 0): 50}) == []  # a foreign move
 
 
 def test_the_search_stops_at_a_switch_to_another_cluster(table: Table) -> None:
