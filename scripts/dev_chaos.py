@@ -17,8 +17,10 @@ stack's instance through the UI's GraphQL API (what the UI's Launch button sends
 - 0.20 ``maintain_tables`` job;
 - 0.28 ``migrate_group`` job to ``platform-orders-v2``, then the pipelines file names the new
   group and the code location is reloaded (the UI's Reload);
-- 0.38 ``failover`` job to ``dr``: MM2's checkpoints are waited for, the forward flow stops,
-  producers move to dr's ``primary.orders``, the job runs (again while it is refused);
+- 0.38 ``failover`` job to ``dr``, a planned switchover: producers pause, MM2 copies everything
+  and checkpoints the group, the forward flow stops, producers move to dr's ``primary.orders``,
+  the job runs (again while it is refused; without the pause, the table is ahead of MM2's copy
+  and the job refuses, naming the records the replica lacks);
 - 0.55 failback: the reverse flow (dr -> primary, identity naming) starts, producers return to
   the primary's ``orders``, the ``failover`` job to ``primary`` runs until its plan is accepted;
 - 0.63 ``maintain_tables`` job again, on the failback's route, without compaction (a stream
@@ -44,6 +46,7 @@ import argparse
 import datetime as dt
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -360,6 +363,10 @@ def main() -> int:
     parser.add_argument("--bad", type=float, default=0.01, help="share of malformed records")
     parser.add_argument("--seed", type=int, default=5)
     args = parser.parse_args()
+    # Stopped by Ctrl-C or SIGTERM (also when started in the background, where SIGINT is
+    # ignored): the finally clauses below stop MM2, the stack and the dr broker.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
     workdir = Path(tempfile.mkdtemp(prefix="dev-chaos-"))
     state_dir, port = workdir / "platform", find_free_port()
     print(f"chaos directory (logs, configuration): {workdir}", flush=True)
@@ -419,7 +426,7 @@ def main() -> int:
             forward.stop()
             reverse.stop()
             states = run_states(state_dir / "dagster_home")
-            stack.send_signal(2)
+            stack.send_signal(signal.SIGINT)
             stack.wait(120)
         print(f"operator actions: {dict(operator.outcomes)}")
         print(f"Dagster runs: {dict(sorted(states.items()))}")
@@ -492,11 +499,15 @@ def timeline(
     say(f"   code location reloaded: {reload.status.value} {reload.message or ''}")
     at(0.38)
     say("failover to dr: MM2 checkpoints, forward flow stopped, producers on dr, failover job")
+    # A planned switchover: producers pause, MM2 copies everything (else the table is ahead of
+    # the replica and the failover refuses, naming the records MM2 lacks: --source-lost is for a
+    # lost primary), its checkpoints reach the group, MM2 stops, producers move to dr.
+    chaos.producing.clear()
+    time.sleep(0.5)
+    forward.wait_mirrored("orders", 120)
     for partition in range(4):
         forward.wait_checkpoint(NEW_GROUP, "orders", partition)
     forward.stop()
-    chaos.producing.clear()
-    time.sleep(0.5)
     chaos.target = (clusters["dr"], forward.remote("orders"))
     chaos.producing.set()
     operator.until_success(
