@@ -68,6 +68,7 @@ from platform_assets.state import read_pipeline_state  # noqa: E402
 from resources.embedded import EmbeddedBroker, find_free_port  # noqa: E402
 from resources.iceberg import IcebergCatalogResource  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
+from tests.support.dev_stack import start_dev_stack  # noqa: E402
 from tests.support.mirror_maker import MirrorMaker, count_records, wait_for  # noqa: E402
 
 PIPELINE, DEAD_LETTERS, NEW_GROUP = "orders", "orders-dlq", "platform-orders-v2"
@@ -233,19 +234,7 @@ def start_stack(
     state_dir: Path, port: int, env: dict[str, str]
 ) -> tuple[subprocess.Popen[str], str]:
     """scripts/dev.py as ``make dev`` runs it, demo producer off; (process, its bootstrap)."""
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "dev.py"),
-        "--state-dir",
-        str(state_dir),
-        "--ui-port",
-        str(port),
-        "--rate",
-        "0",
-    ]
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    process = start_dev_stack(state_dir, port, env, rate=0)
     assert process.stdout is not None
     bootstrap = ""
     for line in process.stdout:

@@ -39,9 +39,10 @@ DEV_STACK_ORDER = ("test_freshness.py", "test_dev_alerts.py", "test_dev.py")
 
 
 def start_dev_stack(
-    state_dir: Path, port: int, env: dict[str, str] | None = None
+    state_dir: Path, port: int, env: dict[str, str] | None = None, rate: float = 50
 ) -> subprocess.Popen[str]:
-    """Start scripts/dev.py (demo producer at 50 records/s) with its output on ``stdout``."""
+    """Start scripts/dev.py (demo producer at ``rate`` records/s, 0: none) with its output on
+    ``stdout``."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -51,7 +52,7 @@ def start_dev_stack(
             "--ui-port",
             str(port),
             "--rate",
-            "50",
+            f"{rate:g}",
         ],
         cwd=ROOT,
         env=env,

@@ -254,6 +254,26 @@ def read_letters(harness: Harness, topic: str) -> list[bytes | None]:
     return letters
 
 
+def reset_to(
+    harness: Harness, spec: PipelineSpec, to: Literal["earliest", "latest"], reason: str
+) -> None:
+    """Plan and apply a reset of ``spec`` to ``to`` as the operator's command does: it copies
+    the owed dead letters first and moves the Kafka group."""
+    from ingestion.ops.reset import apply_reset, plan_reset
+    from ingestion.spec.pipeline import StartingPosition
+
+    admin = harness.kafka.get_admin_client()
+    consumer = harness.kafka.get_consumer()
+    try:
+        planned = plan_reset(spec, harness.table(spec), admin, consumer, StartingPosition(mode=to))
+    finally:
+        consumer.close()
+    apply_reset(
+        harness.catalog, spec, planned, harness.cluster_id, "ops", reason, admin=admin,
+        kafka_config=harness.kafka.client_config(),
+    )  # fmt: skip
+
+
 def test_missing_dead_letter_topic_is_created_and_gets_each_letter_once(
     harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
@@ -356,8 +376,7 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
     group has passed, never found that commit again: its letter never reached the topic. Now
     the action copies first; while the copy fails it is refused with nothing changed, and once
     the topic can be made the letter is copied once."""
-    from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
-    from ingestion.spec.pipeline import StartingPosition
+    from ingestion.ops.reset import migrate_group
 
     topic = create_topic(partitions=1)
     dead = f"{topic}-owed-dlq"
@@ -379,17 +398,7 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
             )  # fmt: skip
             return
         ledger_producer.produce(topic, records(2, 10))  # skipped by the forward reset
-        consumer = harness.kafka.get_consumer()
-        try:
-            reset = plan_reset(
-                on, harness.table(on), admin, consumer, StartingPosition(mode="latest")
-            )
-        finally:
-            consumer.close()
-        apply_reset(
-            catalog, on, reset, harness.cluster_id, "ops", "skip ahead", admin=admin,
-            kafka_config=config,
-        )  # fmt: skip
+        reset_to(harness, on, "latest", "skip ahead")
 
     head = harness.table(spec).metadata.current_snapshot_id
     with pytest.raises(exceptions.OperationRefusedError) as refused:
@@ -421,9 +430,7 @@ def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_e
     letters it re-reads were delivered, by exact offset: a bad record a forward reset had
     skipped is read for the first time by the re-read and is sent (a threshold would have lost
     it), a second reset over the range sends nothing again, a new bad record is sent once."""
-    from ingestion.ops.reset import apply_reset, plan_reset
     from ingestion.quarantine.dead_letters import DELIVERED
-    from ingestion.spec.pipeline import StartingPosition
 
     topic = create_topic(partitions=1)
     dead = f"{topic}-dlq"
@@ -431,28 +438,14 @@ def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_e
         topic, "dlq_rewind", errors_tolerance="all", dead_letter_topic=dead,
         in_process_max_records=1_000,
     )  # fmt: skip
-    admin, config = harness.kafka.get_admin_client(), harness.kafka.client_config()
-
-    def reset(to: Literal["earliest", "latest"]) -> None:
-        consumer = harness.kafka.get_consumer()
-        try:
-            planned = plan_reset(
-                spec, harness.table(spec), admin, consumer, StartingPosition(mode=to)
-            )
-        finally:
-            consumer.close()
-        apply_reset(
-            harness.catalog, spec, planned, harness.cluster_id, "ops", f"to {to}", admin=admin,
-            kafka_config=config,
-        )  # fmt: skip
 
     ledger_producer.produce(topic, [*records(5), (b"bad", b"{first", None), *records(5, 5)])
     assert harness.run(spec).dead_letter_copies == 1
     ledger_producer.produce(topic, [(b"bad1", b"{skipped", None), *records(1, 10)])
-    reset("latest")  # skips {skipped}: never quarantined, never sent
-    reset("earliest")  # re-reads everything: {first} was sent, {skipped} was not
+    reset_to(harness, spec, "latest", "skip")  # skips {skipped}: never quarantined, never sent
+    reset_to(harness, spec, "earliest", "re-read")  # {first} was sent, {skipped} was not
     assert harness.run(spec).dead_letter_copies == 1
-    reset("earliest")  # again over the same range: its letters are all there
+    reset_to(harness, spec, "earliest", "again")  # over the same range: its letters are there
     ledger_producer.produce(topic, [*records(2, 11), (b"bad2", b"{second}x", None)])
     report = harness.run(spec)
     assert report.committed
@@ -473,8 +466,6 @@ def test_a_backward_reset_fills_a_dead_letter_topic_configured_later(
     """A dead-letter topic added to a pipeline that had quarantined records already, then a
     reset to the earliest offsets to fill it (issue 29, review): the reset lists only letters
     it finds in the topic, so the re-read sends the early record's letter, once."""
-    from ingestion.ops.reset import apply_reset, plan_reset
-    from ingestion.spec.pipeline import StartingPosition
 
     topic = create_topic(partitions=1)
     plain = make_spec(topic, "dlq_later", errors_tolerance="all", in_process_max_records=1_000)
@@ -482,18 +473,7 @@ def test_a_backward_reset_fills_a_dead_letter_topic_configured_later(
     assert harness.run(plain).quarantined == 1
     dead = f"{topic}-dlq"
     spec = plain.model_copy(update={"dead_letter_topic": dead})
-    admin = harness.kafka.get_admin_client()
-    consumer = harness.kafka.get_consumer()
-    try:
-        planned = plan_reset(
-            spec, harness.table(spec), admin, consumer, StartingPosition(mode="earliest")
-        )
-    finally:
-        consumer.close()
-    apply_reset(
-        harness.catalog, spec, planned, harness.cluster_id, "ops", "fill the new topic",
-        admin=admin, kafka_config=harness.kafka.client_config(),
-    )  # fmt: skip
+    reset_to(harness, spec, "earliest", "fill the new topic")
     assert harness.run(spec).dead_letter_copies == 1
     assert harness.run(spec).dead_letter_copies == 0
     assert read_letters(harness, dead) == [b"{early"]
