@@ -193,9 +193,9 @@ def apply_reset(
     id; calling it again with the same plan after it committed aborts (the offsets moved, by
     this very reset), so it is never applied twice. The quarantine table is synced after the
     data commit (a :class:`QuarantineSyncError` then means the reset stands; the next run syncs
-    it and moves the group). With the dead-letter copy done, the reset also records where each
-    rewound partition was (``kafka.dead-letters.delivered``), so the letters of the records it
-    re-reads are not copied a second time. ``hooks`` fire before the data table's catalog call
+    it and moves the group). With the dead-letter copy done, the reset also lists the records it
+    re-reads whose letters the topic holds (``kafka.dead-letters.delivered``, set in the same
+    commit), so they are not copied a second time. ``hooks`` fire before the data table's catalog call
     (``before_catalog_call``) and after its commit (``after_commit``), for tests (rule 6).
 
     Raises:
