@@ -195,8 +195,9 @@ def apply_reset(
     data commit (a :class:`QuarantineSyncError` then means the reset stands; the next run syncs
     it and moves the group). With the dead-letter copy done, the reset also lists the records it
     re-reads whose letters the topic holds (``kafka.dead-letters.delivered``, set in the same
-    commit), so they are not copied a second time. ``hooks`` fire before the data table's catalog call
-    (``before_catalog_call``) and after its commit (``after_commit``), for tests (rule 6).
+    commit), so they are not copied a second time. ``hooks`` fire before the data table's
+    catalog call (``before_catalog_call``) and after its commit (``after_commit``), for tests
+    (rule 6).
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
