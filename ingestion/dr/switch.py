@@ -118,8 +118,12 @@ def apply_failover(
     current = find_committed_state(table, group)
     if current is None or current.offsets != planned_from:
         raise FailoverRefusedError(
-            f"pipeline {spec.name!r}: the offsets changed since the failover was planned; plan "
-            "it again"
+            f"pipeline {spec.name!r}: the offsets changed since the failover was planned (by "
+            f"{current.describe() if current else 'a commit that removed them'}); nothing was "
+            "changed. Plan it again. If the pipeline streams, its commits every few seconds "
+            "will keep beating a plan: run the failover as the Dagster job `failover`, which "
+            "hands the stream over (it stops it, acts, and the stream sensor starts the next), "
+            "or stop the stream sensor and the stream run first (docs/operate.md)"
         )
     planned = {(t, p) for t, o in planned_from.items() for p in o.next_offsets}
     covered = {(plan.source_topic, plan.partition) for plan in plans}

@@ -102,3 +102,38 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
     again = run_pipeline(on_replica, dst, catalog, None, "replica_cluster", cluster="dr")
     assert again.records == 0
     oracle(catalog, spec, 130)
+
+
+def test_a_failover_planned_before_a_stream_commit_names_the_commit_and_the_hand_over(
+    catalog_resource: IcebergCatalogResource,
+) -> None:
+    """Issue 29: from the CLI, a failover beside a live stream plans for seconds while the
+    stream commits every few, and the compare-and-set refused with "plan it again" for ever.
+    The refusal names the commit that moved the offsets and the way that works: the Dagster
+    job, which hands the stream over, or stopping the stream first."""
+    from ingestion.exceptions import FailoverRefusedError
+    from ingestion.table.offsets import TopicOffsets, commit_properties
+    from ingestion.table.schema import load_or_create_table
+
+    spec = make_spec("orders", "failover_moved")
+    catalog = catalog_resource.load_catalog()
+    table = load_or_create_table(catalog, spec)
+    properties = commit_properties(
+        group_id=spec.consumer_group_id, offsets={"orders": TopicOffsets("id", {0: 9})},
+        commit_id="stream-commit", cluster_id="k", pipeline=spec.name,
+    )  # fmt: skip
+    with (
+        table.transaction() as transaction,
+        transaction.update_snapshot(snapshot_properties=properties).fast_append(),
+    ):
+        pass
+    planned_from = {"orders": TopicOffsets("id", {0: 5})}  # what the plan read, seconds before
+    with pytest.raises(FailoverRefusedError) as refused:
+        apply_failover(
+            catalog, spec, [], planned_from, ReplicaTarget("dr", {}, "primary"), "k",
+            AdminClient({"bootstrap.servers": "127.0.0.1:1"}), "ops", "drill",
+        )  # fmt: skip
+    message = str(refused.value)
+    assert "stream-commit" in message, message
+    assert "nothing was changed" in message, message
+    assert "Dagster job `failover`, which hands the stream over" in message, message
