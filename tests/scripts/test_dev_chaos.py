@@ -5,32 +5,19 @@ group and changes nothing else, so a drift in the spec's keys fails here, not 10
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 from ingestion.spec.pipeline import load_pipeline_specs
 from resources.config import load_config
+from tests.support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_chaos_script() -> ModuleType:
-    """scripts/dev_chaos.py (a script, not a package module)."""
-    spec = importlib.util.spec_from_file_location("dev_chaos", ROOT / "scripts" / "dev_chaos.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_chaos_configuration_validates_and_the_migration_edit_names_the_new_group(
     tmp_path: Path,
 ) -> None:
-    chaos = load_chaos_script()
+    chaos = load_script("dev_chaos")
     config = load_config(chaos.write_config(tmp_path, "127.0.0.1:1"))
     assert config.replicas["dr"].bootstrap_servers == "127.0.0.1:1"
     (spec,) = load_pipeline_specs(Path(config.pipelines_file))

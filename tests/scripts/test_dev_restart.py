@@ -6,7 +6,6 @@ exist yet (issue 26), and ``orders_incremental`` starts again from the new sessi
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -21,8 +20,8 @@ from dagster import (
 )
 
 from platform_assets.dbt.assets import build_dbt_assets, dbt_resource, load_dbt_project
+from tests.support.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 TABLE = AssetKey(["iceberg", "demo", "orders"])
 MODELS = {AssetKey([name]) for name in ("stg_orders", "orders_incremental", "daily_revenue")}
 TARGET = AssetSelection.groups("analytics")  # what the analytics_automation sensor evaluates
@@ -30,12 +29,7 @@ TARGET = AssetSelection.groups("analytics")  # what the analytics_automation sen
 
 def load_dev_script() -> ModuleType:
     """scripts/dev.py (a script, not a package module)."""
-    spec = importlib.util.spec_from_file_location("dev_script", ROOT / "scripts" / "dev.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dev", "dev_script")
 
 
 def test_restart_resets_the_models_and_waits_for_the_new_table(tmp_path: Path) -> None:

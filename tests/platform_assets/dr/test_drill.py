@@ -3,9 +3,6 @@ jobs on a real instance, counted by outcome with the error class of the run's fa
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -19,19 +16,12 @@ from platform_assets.ingest.jobs import build_ingest_job
 from platform_assets.operations.jobs import build_ops_jobs
 from resources.iceberg import IcebergCatalogResource
 from tests.support.pipelines import NewPipeline, make_spec
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.scripts import load_script
 
 
 def load_helper() -> ModuleType:
     """scripts/dr_dagster.py, which the drill imports as a module beside it."""
-    spec = importlib.util.spec_from_file_location("dr_dagster", ROOT / "scripts" / "dr_dagster.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("dr_dagster", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dr_dagster")
 
 
 def test_job_config_is_the_cli_command() -> None:
