@@ -294,11 +294,7 @@ def mark_delivered(
         if any(s is None for s in stamps):
             oldest = 0
         try:
-            wanted = {
-                (str(r["_kafka_topic"]).encode(), str(r["_kafka_partition"]).encode(),
-                 str(r["_kafka_offset"]).encode())
-                for r in rows
-            }  # fmt: skip
+            wanted = {row_coordinates(row) for row in rows}
             count_copies(kafka_config, topic, [PendingCopy("", oldest, len(rows))], spec.name,
                          anywhere=found, wanted=wanted)  # fmt: skip
 
@@ -310,8 +306,8 @@ def mark_delivered(
             )
     listed: dict[Key, set[int]] = {}
     for row in rows:
-        key = (row["_kafka_topic"], int(row["_kafka_partition"]))
-        if (key[0].encode(), str(key[1]).encode(), str(row["_kafka_offset"]).encode()) in found:
+        if row_coordinates(row) in found:
+            key = (row["_kafka_topic"], int(row["_kafka_partition"]))
             listed.setdefault(key, set()).add(int(row["_kafka_offset"]))
     earlier = read_delivered(table).for_topic(dead_letter_topic)
     if earlier.cluster_id == cluster_id:
@@ -583,6 +579,14 @@ def count_copies(
                     "broker); nothing was sent, the next run counts again"
                 )
     return found
+
+
+def row_coordinates(row: dict[str, Any]) -> Coordinates:
+    """A quarantine row's source coordinates, as its letter's headers spell them."""
+    topic, partition, offset = (
+        row[c] for c in ("_kafka_topic", "_kafka_partition", "_kafka_offset")
+    )
+    return str(topic).encode(), str(partition).encode(), str(offset).encode()
 
 
 def coordinates(headers: dict[str, Any]) -> Coordinates:
