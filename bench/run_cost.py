@@ -13,7 +13,8 @@ and ingests the same new records each round. Modes:
 - ``local``: the same local[2] session per run, the audit left to ``run_checks``;
 - ``connect``: attached to one long-lived Spark Connect server (local[2]) started here once;
 - ``driver``: prepared in the run process, no Spark (``in_process_max_records``);
-- ``auto``: the shipped defaults: Connect above ``in_process_max_records``, the driver below;
+- ``auto``: the shipped defaults: Connect for every batch (``in_process_max_records`` 0 since
+  issue 28; set it to compare the opt-in driver shortcut, which ``driver`` measures);
 - ``postgres``: ``auto`` with the Dagster instance's run and event storage on a PostgreSQL
   server (embedded, started here once), as docs/production.md deploys it; the others use
   Dagster's default SQLite storage (a database file per run's event log), as ``make dev`` does;

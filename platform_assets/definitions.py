@@ -1,6 +1,6 @@
 """The code location: every definition is built from the pipeline specs by one loop."""
 
-import time
+from collections.abc import Callable
 
 from dagster import Definitions, JobDefinition
 
@@ -32,26 +32,33 @@ from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.pipelines import load_pipelines, table_key
 from platform_assets.resources import build_resources
-from platform_assets.streaming.jobs import build_stream_job, stream_generation
-from platform_assets.streaming.sensors import build_retired_streams_sensor, build_stream_sensor
+from platform_assets.streaming.jobs import build_stream_job, code_generation
+from platform_assets.streaming.sensors import build_stream_sensor
+from resources.config import load_config
 
 
 def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
     """Build the Definitions for ``specs`` (default: every pipeline in ``pipelines.yaml``)."""
-    specs = load_pipelines() if specs is None else specs
-    loaded_at = time.time()  # a reload restarts the streams (platform_assets/streaming/jobs.py)
+    given = specs
+    specs = load_pipelines() if given is None else given
     assets, checks, sensors, schedules = [], [], [], []
     jobs: list[JobDefinition | AssetJob] = []
     for spec in specs:
         ingest = build_ingest_job(spec)
-        stream = build_stream_job(spec) if is_continuous(spec) else None
         assets += build_pipeline_assets(spec)
         checks.append(build_pipeline_checks(spec))
-        jobs += [ingest] if stream is None else [ingest, stream]
+        jobs.append(ingest)
         sensors.append(build_lag_sensor(spec, ingest))
-        if stream is not None:
-            sensors.append(build_stream_sensor(spec, stream, stream_generation(spec, loaded_at)))
         schedules += [build_fallback_schedule(spec, ingest), build_maintenance_schedule(spec)]
+    # The streaming pipelines share a bounded number of worker runs (platform_assets/streaming):
+    # the job and its sensor exist with no streaming pipeline too, to stop a worker left running.
+    workers = load_config().streaming.workers
+    jobs.append(build_stream_job(load_pipelines if given is None else fixed(given)))
+    sensors.append(
+        build_stream_sensor(
+            [spec for spec in specs if is_continuous(spec)], code_generation(workers), workers
+        )
+    )
     observe, run_checks = build_observe_topics_job(specs), build_run_checks_job(specs)
     check_keys = [key for spec in specs for key in pipeline_check_keys(spec)]
     dbt_project = load_dbt_project()
@@ -66,13 +73,17 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
         ],
         sensors=[
             *sensors,
-            build_retired_streams_sensor(specs),
             build_check_alert_sensor(check_keys, {table_key(spec): spec.name for spec in specs}),
             run_failure_alert_sensor,
             build_dbt_automation_sensor(),
         ],
         resources={**build_resources(), "dbt": dbt_resource(dbt_project)},
     )
+
+
+def fixed(specs: list[PipelineSpec]) -> Callable[[], list[PipelineSpec]]:
+    """The specs a stream worker reads when the definitions were built from a given list."""
+    return lambda: list(specs)
 
 
 def operator_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:

@@ -17,12 +17,15 @@ from resources.secrets import resolve
 
 LOGGER = logging.getLogger("platform.alerts")
 
-AlertKind = Literal["check_failed", "check_recovered", "check_still_failing", "run_failed"]
+AlertKind = Literal[
+    "check_failed", "check_recovered", "check_still_failing", "run_failed", "stream_failed"
+]
 LABELS: dict[str, str] = {
     "check_failed": "FAILED",
     "check_recovered": "RECOVERED",
     "check_still_failing": "STILL FAILING",
     "run_failed": "RUN FAILED",
+    "stream_failed": "STREAM FAILED",
 }
 
 

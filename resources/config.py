@@ -151,6 +151,15 @@ class SparkConfig(Section):
         return value
 
 
+class StreamingConfig(Section):
+    """How the continuous pipelines share processes: ``workers`` long-lived stream runs serve
+    every streaming pipeline of the code location, each pipeline in one of them (by a stable
+    hash of its name, so adding one moves no other), each holding one run slot however many
+    pipelines it serves (``platform_assets/streaming``)."""
+
+    workers: int = Field(default=1, ge=1, le=64)
+
+
 class AlertsConfig(Section):
     """Alert sinks: the log always; webhook and Slack when their reference resolves non-empty."""
 
@@ -187,6 +196,7 @@ class PlatformConfig(Section):
     )
     spark: SparkConfig = Field(default_factory=SparkConfig)
     alerts: AlertsConfig = Field(default_factory=AlertsConfig)
+    streaming: StreamingConfig = Field(default_factory=StreamingConfig)
     pipelines_file: str = Field(default="", description="Pipeline specs; '' = the packaged one.")
 
     @field_validator("file_io")

@@ -148,7 +148,12 @@ def main() -> int:
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
 
-    spark_server = SparkConnectServer(state_dir / "logs", master="local[*]")
+    spark_ui_port = find_free_port()  # the Spark UI: a job per batch, tagged with its pipeline
+    spark_server = SparkConnectServer(
+        state_dir / "logs",
+        master="local[*]",
+        conf={"spark.ui.enabled": "true", "spark.ui.port": str(spark_ui_port)},
+    )
     kafka_dir = state_dir / "kafka"
     shutil.rmtree(kafka_dir, ignore_errors=True)  # a fresh demo topic, like the reset catalog
     with (
@@ -216,6 +221,7 @@ def main() -> int:
         print(f"Iceberg:        SQLite catalog + warehouse under {state_dir}", flush=True)
         if args.spark == "connect":
             print(f"Spark Connect:  {spark_server.remote}  (log: {spark_server.log_path})")
+            print(f"Spark UI:       http://127.0.0.1:{spark_ui_port}  (every batch's tasks)")
         else:
             print("Spark:          local, one session per run (--spark local)")
         print(f"Dagster UI:     http://127.0.0.1:{ui_port}  (log: {state_dir}/logs/dagster.log)")

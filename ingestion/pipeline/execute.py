@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -77,10 +78,26 @@ def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskRes
             )
 
     try:
-        rows = frame.mapInArrow(prepare, "i int, result binary").collect()
+        with job_tags(spark, [f"platform-pipeline-{pipeline}"]):
+            rows = frame.mapInArrow(prepare, "i int, result binary").collect()
     except Exception as exc:
         raise exceptions.TaskFailedError(task_failure_message(specs[0].pipeline, exc)) from exc
     return collected_results(pipeline, [(row["i"], row["result"]) for row in rows], len(specs))
+
+
+@contextmanager
+def job_tags(spark: SparkSession, tags: list[str]) -> Iterator[None]:
+    """Tag the Spark jobs this thread starts in the body (``SparkSession.addTag``, thread-local on
+    a classic session and on Spark Connect): the Spark UI's jobs, and the Connect server's
+    operations, show which pipeline each batch belongs to; ``interruptTag`` can cancel them."""
+    valid = [tag.replace(",", "_") for tag in tags]  # Spark refuses a comma in a tag
+    for tag in valid:
+        spark.addTag(tag)
+    try:
+        yield
+    finally:
+        for tag in valid:
+            spark.removeTag(tag)
 
 
 def collected_results(pipeline: str, rows: list[tuple[int, bytes]], count: int) -> list[TaskResult]:
@@ -207,6 +224,7 @@ class Prepared:
 
     results: list[TaskResult]
     schema_changes: list[str] = field(default_factory=list)
+    tasks_run: int = 0  # tasks executed, reruns included (on Spark when a session was given)
 
 
 def prepare_files(
@@ -231,6 +249,7 @@ def prepare_files(
     for _ in range(MAX_ROUNDS):
         batch = [specs[i] for i in pending]
         outputs = execute_on_spark(spark, batch) if spark is not None else execute_locally(batch)
+        prepared.tasks_run += len(batch)
         results.update(zip(pending, outputs, strict=True))
         rerun = [i for i in pending if results[i].needs_rerun]
         if not rerun:

@@ -61,7 +61,8 @@ class RunReport:
     valid_through_ms: int | None = None
     timings_s: dict[str, float] = field(default_factory=dict)
     decode_stats: DecodeStats = field(default_factory=DecodeStats)
-    executed_in: str = ""
+    executed_in: str = ""  # "spark", "driver" (in_process_max_records), "" (nothing to read)
+    spark_tasks: int = 0  # tasks run on Spark for this run, reruns included
 
     @property
     def lag_after(self) -> int:
@@ -205,6 +206,8 @@ def run_pipeline(
         prepared = prepare_files(specs, table, session, registry, guard)
     results = prepared.results
     report.skipped = sum(len(r.skipped) for r in results)
+    if report.executed_in == "spark":
+        report.spark_tasks = prepared.tasks_run
     report.schema_changes = prepared.schema_changes
     timings["prepare"] = time.monotonic() - started - timings["plan"]
     data_files = [f for r in results for f in r.data_files]

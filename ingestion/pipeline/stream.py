@@ -2,11 +2,11 @@
 
 Each iteration is one ordinary run of the coordinator path (plan -> tasks -> one
 compare-and-set commit carrying the offsets -> publish): nothing here writes to the table or to
-Kafka by itself, so every guarantee of a run holds for each iteration. Small batches prepare
-their files in this process (``in_process_max_records``); a backlog larger than that uses the
-Spark session the caller provides. The orchestrator (``platform_assets/streaming/jobs.py``) owns the
-process: it decides when to stop (a spec change, a reload, a blocked group check) and reports
-each commit.
+Kafka by itself, so every guarantee of a run holds for each iteration. Every batch runs its
+tasks on the Spark session the caller provides, as a run does; a spec that opts into
+``in_process_max_records`` prepares batches up to that size in this process. The orchestrator
+(``platform_assets/streaming/jobs.py``) owns the process: it decides when to stop (a spec
+change, a reload, a blocked group check) and reports each commit.
 """
 
 from __future__ import annotations
@@ -25,10 +25,6 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyspark.sql import SparkSession
 
-# A stream prepares batches up to this many offsets in its own process (Spark above it), unless
-# the spec allows more: at 2,000 records/s and a 4 s interval a batch is ~8,000 records.
-STREAM_IN_PROCESS_RECORDS = 50_000
-
 
 @dataclass
 class StreamSummary:
@@ -43,12 +39,6 @@ class StreamSummary:
 
 ROUTE_MOVED_LIMIT = 3
 """Plans refused in a row on a moved route before the stream fails: should_stop ends it first."""
-
-
-def stream_spec(spec: PipelineSpec) -> PipelineSpec:
-    """The spec a stream iterates with: small batches in process (same task code, delivery)."""
-    in_process = max(spec.in_process_max_records, STREAM_IN_PROCESS_RECORDS)
-    return spec.model_copy(update={"in_process_max_records": in_process})
 
 
 def stream_pipeline(
@@ -87,7 +77,6 @@ def stream_pipeline(
     stream (the orchestrator restarts it).
     """
     summary = StreamSummary()
-    spec = stream_spec(spec)
     moved = 0  # plans refused in a row because the route moved
     while True:
         reason = should_stop()

@@ -93,11 +93,13 @@ class StartingPosition(_Model):
 PositiveInt = Annotated[int, Field(gt=0)]
 
 
-# Below this many planned offsets a run prepares its files in its own process: measured with
-# bench/run_cost.py (2 cores), the run process beat a warm Spark Connect server (local[2]) up
-# to 100k records (1.3 s against 4.2 s for 100k) and a Spark started per run by far; a cluster
-# with many executors moves the crossover up, not down, as Spark's fixed cost stays.
-IN_PROCESS_MAX_RECORDS = 100_000
+# Spark does the work by default (issue 28): every run and stream batch with something to read
+# runs its tasks on the Spark the platform attaches (Connect or a cluster). A user may opt into
+# preparing small batches in the run process instead: measured with bench/run_cost.py (2
+# cores), the run process beat a warm Spark Connect server (local[2]) up to 100k records (1.3 s
+# against 4.2 s for 100k), at the price of the run process's CPU and memory and of Spark's task
+# retries and UI (docs/pipelines.md, in_process_max_records).
+IN_PROCESS_MAX_RECORDS = 0
 
 
 class PipelineSpec(_Model):
@@ -142,10 +144,11 @@ class PipelineSpec(_Model):
     in_process_max_records: int = Field(
         default=IN_PROCESS_MAX_RECORDS,
         ge=0,
-        description="Runs planning at most this many offsets prepare their files in the run "
-        "process without starting or attaching Spark (0: always Spark). The same task code and "
-        "delivery; the default is where the run process stopped being faster than Spark "
-        "(bench/run_cost.py).",
+        description="Opt-in shortcut: runs and stream batches planning at most this many "
+        "offsets prepare their files in the run process without starting or attaching Spark. "
+        "0 (the default): Spark does every batch. The same task code and delivery; up to "
+        "100,000 the run process was faster than a warm Spark Connect server on 2 cores "
+        "(bench/run_cost.py). Run metadata says where each batch ran (executed_in).",
     )
     read_timeout_seconds: float = Field(
         default=60.0,

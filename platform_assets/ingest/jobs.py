@@ -61,13 +61,30 @@ def count_active_runs(instance: DagsterInstance, job_name: str) -> int:
 OPERATOR_HOLD_LIMIT = dt.timedelta(minutes=20)  # above the wait (2 min) plus a failback's plan
 
 
-def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[str]:
-    """Ids of the operator jobs' runs (reset, migrate, failover) acting on ``spec`` now: its
-    lag sensor launches no ingestion run while there is one.
+def operator_holds(instance: DagsterInstance, pipelines: list[str]) -> dict[str, str]:
+    """The pipelines of ``pipelines`` that an operator job's run (reset, migrate, failover) acts
+    on now, each with the id of one such run: no ingestion run of them is launched, and no
+    stream lane started, while it lasts (``platform_assets.operations.actions.hold_ingestion``).
 
     Only runs created within ``OPERATOR_HOLD_LIMIT`` hold: a run whose process died stays
     STARTED for ever without Dagster's run monitoring, and must not stop ingestion for good
-    (past the limit the compare-and-set alone decides, as without the hold)."""
+    (past the limit the compare-and-set alone decides, as without the hold). One query,
+    however many pipelines."""
+    if not pipelines:
+        return {}
+    since = dt.datetime.now(dt.UTC) - OPERATOR_HOLD_LIMIT
+    runs = instance.get_runs(
+        RunsFilter(
+            tags={OPERATOR_TAG: list(pipelines)},
+            statuses=ACTIVE_RUN_STATUSES,
+            created_after=since,
+        )
+    )
+    return {run.tags[OPERATOR_TAG]: run.run_id for run in runs}
+
+
+def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[str]:
+    """Ids of the operator jobs' runs acting on ``spec`` now (see :func:`operator_holds`)."""
     since = dt.datetime.now(dt.UTC) - OPERATOR_HOLD_LIMIT
     runs = instance.get_runs(
         RunsFilter(

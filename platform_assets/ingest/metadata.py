@@ -34,6 +34,7 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
         "records_per_s": MetadataValue.float(round(report.records_per_s, 1)),
         "duration_s": MetadataValue.float(round(report.timings_s.get("total", 0.0), 3)),
         "executed_in": MetadataValue.text(report.executed_in or "nothing to read"),
+        "spark_tasks": MetadataValue.int(report.spark_tasks),
         "commit_id": MetadataValue.text(report.commit_id if report.committed else ""),
         "snapshot_id": MetadataValue.text(str(report.snapshot_id or "")),
         "offsets_before": _offsets(report.offsets_before),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dagster import DagsterInstance, DagsterRun
+from dagster import DagsterInstance
 
 from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.maintenance import maintain_pipeline
@@ -17,7 +17,7 @@ from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG
 from platform_assets.ingest.liveness import ActiveRun, active_runs
 from platform_assets.pipelines import ingest_job_name
 from platform_assets.route import PRIMARY, active_route
-from platform_assets.streaming.jobs import STOP_TAG, active_stream_runs
+from platform_assets.streaming.jobs import active_stream_runs
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -55,21 +55,26 @@ def refusal_naming_runs(spec: PipelineSpec, runs: list[ActiveRun], action: str) 
 def hold_ingestion(
     instance: DagsterInstance, run_id: str, spec: PipelineSpec, wait_s: float, poll_s: float = 1.0
 ) -> int:
-    """Mark operator run ``run_id`` as acting on ``spec`` (its lag sensor then launches no
-    ingestion run of it, ``platform_assets.ingest.sensors``) and wait up to ``wait_s`` for the
-    ingestion runs in progress to end; return 0, or refuse (``OperationRefusedError``, nothing
-    changed) when one is still active after it.
+    """Mark operator run ``run_id`` as acting on ``spec`` and wait up to ``wait_s`` for the
+    pipeline's ingestion to pause; return 0, or refuse (``OperationRefusedError``, nothing
+    changed) when something still ingests it after the wait.
 
-    A live stream of the pipeline is asked to stop (:func:`stop_streams`) and waited for the
-    same way: an action racing a stream would otherwise lose to its next commit (a failover
-    re-reads offsets the stream keeps moving). Runs back to back would otherwise refuse the
-    action for ever (it refuses while a run is active). A run that slips in after the wait (a
-    request the sensor made before the mark) meets the compare-and-set of the offsets: one of
-    the two commits fails, nothing lands twice (rule 1).
+    The mark holds the pipeline (``platform_assets.ingest.jobs.operator_holds``): its lag sensor
+    launches no ingestion run, the stream sensor assigns it to no worker, and a stream worker
+    serving it stops its lane between two commits and starts none while the mark lasts (the
+    other pipelines of the worker keep streaming). This waits for the runs in progress to end and
+    for no worker to serve the pipeline (``stream/serving``). An action racing a stream would
+    otherwise lose to its next commit (a failover re-reads offsets the stream keeps moving).
+
+    The order closes the race with a lane about to start: the worker publishes a lane in
+    ``stream/serving`` before it reads the holds and starts it, this marks before it reads
+    ``stream/serving``; so either this sees the lane and waits, or the worker sees the mark. A
+    run that slips in after the wait (a request the lag sensor made before the mark) meets the
+    compare-and-set of the offsets: one of the two commits fails, nothing lands twice (rule 1).
     """
     instance.add_run_tags(run_id, {OPERATOR_TAG: spec.name})
     deadline = time.monotonic() + wait_s
-    streams = stop_streams(instance, spec, f"operator action (run {run_id})")
+    streams = active_stream_runs(instance, spec)
     runs = ingestion_runs(instance, spec)
     while (any(not run.dead for run in runs) or streams) and time.monotonic() < deadline:
         time.sleep(poll_s)
@@ -82,26 +87,14 @@ def hold_ingestion(
         )
     if streams:
         raise OperationRefusedError(
-            f"pipeline {spec.name!r}: its stream run(s) {[r.run_id for r in streams]} were asked "
-            f"to stop and had not stopped after {wait_s:g} s (config wait_for_runs_seconds); "
-            "nothing was changed. A stream stops between two commits: raise the wait above "
-            "one catch-up iteration, or, if its process is gone, wait for the stream sensor to "
-            "mark it failed (its heartbeat stops), then run the action again. The stream "
-            "sensor starts a new stream once no operator action is in progress."
+            f"pipeline {spec.name!r}: stream worker run(s) {[r.run_id for r in streams]} still "
+            f"stream it {wait_s:g} s after this action held it (config "
+            "wait_for_runs_seconds); nothing was changed. A lane stops between two commits: "
+            "raise the wait above one catch-up iteration, or, if the worker's process is gone, "
+            "wait for the stream sensor to mark it failed (its heartbeat stops), then run the "
+            "action again. The pipeline streams again once no operator action holds it."
         )
     return 0
-
-
-def stop_streams(instance: DagsterInstance, spec: PipelineSpec, reason: str) -> list[DagsterRun]:
-    """Ask the pipeline's live stream runs to stop (the tag their ``should_stop`` reads: each
-    ends between two commits); return them. The stream sensor starts none while an
-    operator run holds the pipeline (``active_operator_runs``), and a new one after it ends.
-    Delivery: nothing is consumed or committed here."""
-    streams = active_stream_runs(instance, spec)
-    for run in streams:
-        if STOP_TAG not in run.tags:
-            instance.add_run_tags(run.run_id, {STOP_TAG: reason})
-    return streams
 
 
 def refuse_off_route(

@@ -135,17 +135,21 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
         assert defs.resolve_job_def(name)
     assert defs.resolve_sensor_def("check_alerts")
     assert defs.resolve_sensor_def("run_failure_alerts")
-    assert defs.resolve_sensor_def("stop_retired_streams")
+    assert defs.resolve_sensor_def("stream_sensor").job_name == "stream_pipelines_job"
 
 
 def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
     fast = make_spec("fast", "walk_fast", freshness_target_seconds=15)
     slow = make_spec("slow", "walk_slow", freshness_target_seconds=600)
-    defs = build_definitions([fast, slow])
-    assert defs.resolve_sensor_def("walk_fast_stream_sensor").job_name == "stream_walk_fast_job"
-    assert defs.resolve_job_def("stream_walk_fast_job")
+    more = [make_spec(f"m{i}", f"walk_more{i}", freshness_target_seconds=15) for i in range(8)]
+    defs = build_definitions([fast, slow, *more])
+    # Issue 28: one worker job and one stream sensor however many pipelines stream.
+    assert defs.resolve_sensor_def("stream_sensor").job_name == "stream_pipelines_job"
+    jobs = {job.name for job in defs.jobs or []}
+    assert "stream_pipelines_job" in jobs
+    assert not [name for name in jobs if name.startswith("stream_walk")]
     names = {s.name for s in defs.sensors or []}
-    assert "walk_slow_stream_sensor" not in names
+    assert not [name for name in names if name.endswith("_stream_sensor")]
     assert "walk_slow_lag_sensor" in names
     fast_cron = defs.resolve_schedule_def("walk_fast_maintenance_schedule").cron_schedule
     slow_cron = defs.resolve_schedule_def("walk_slow_maintenance_schedule").cron_schedule

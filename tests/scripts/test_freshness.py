@@ -77,7 +77,7 @@ def test_shipped_target_is_met_through_dagster(dev_stack: DevStack) -> None:
     latency = measure_latency(table, GROUP, since_ms, until_ms)
     runs = graphql(
         dev_stack.port,
-        '{ runsOrError(filter: {pipelineName: "stream_orders_job"}) { ... on Runs { '
+        '{ runsOrError(filter: {pipelineName: "stream_pipelines_job"}) { ... on Runs { '
         "results { runId status } } } }",
     )
     print(f"\n{latency.line()}")

@@ -546,26 +546,31 @@ def test_small_runs_skip_spark_large_runs_use_it(
     harness.assert_exactly_once(spec, ledger)
 
 
-def test_default_threshold_keeps_small_runs_off_spark(
+def test_by_default_spark_does_every_batch_however_small(
     harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
-    """A spec that does not set ``in_process_max_records`` prepares runs up to
-    ``IN_PROCESS_MAX_RECORDS`` offsets in the run process: Spark is neither started nor
-    attached, and the commit is the same exactly-once commit (the spec's other settings too)."""
+    """A spec that does not set ``in_process_max_records`` sends every run with something to
+    read to Spark, a single record too (issue 28: the shortcut is opt-in); the report says so,
+    with the number of Spark tasks. Nothing to read asks for no Spark at all."""
     from ingestion.spec.pipeline import IN_PROCESS_MAX_RECORDS, parse_pipeline_spec
 
-    topic, tested = new_pipeline("default_small", partitions=2)
+    topic, tested = new_pipeline("default_spark", partitions=2)
     raw = tested.model_dump(mode="json", by_alias=True, exclude={"in_process_max_records"})
     spec = parse_pipeline_spec(raw)
-    assert spec.in_process_max_records == IN_PROCESS_MAX_RECORDS >= 10_000
+    assert spec.in_process_max_records == IN_PROCESS_MAX_RECORDS == 0
+    asked: list[str] = []
 
-    def no_spark() -> Any:
-        raise AssertionError("a small run asked for Spark")
+    def session() -> Any:
+        asked.append("spark")
+        return harness.spark
 
-    ledger_producer.produce(topic, records(500))
+    ledger_producer.produce(topic, records(1, partition=0))
     config = harness.kafka.client_config()
-    report = run_pipeline(spec, config, harness.catalog, no_spark, harness.cluster_id)
-    assert (report.records, report.executed_in, report.committed) == (500, "driver", True)
+    report = run_pipeline(spec, config, harness.catalog, session, harness.cluster_id)
+    assert (report.records, report.executed_in, report.spark_tasks) == (1, "spark", 1)
+    assert asked == ["spark"]
+    idle = run_pipeline(spec, config, harness.catalog, session, harness.cluster_id)
+    assert (idle.executed_in, idle.spark_tasks, asked) == ("", 0, ["spark"])
     harness.assert_exactly_once(spec, ledger)
     harness.assert_mirror_matches_table(spec)
 

@@ -1,159 +1,169 @@
-"""The stream sensor's supervision on a real (ephemeral) Dagster instance: a stream whose
-heartbeat stopped is marked failed; one from other definitions or a blocked pipeline is asked
-to stop; a live one of the current definitions is left alone. A stream of a pipeline that no
-longer streams is stopped by the definitions-wide ``stop_retired_streams``."""
+"""The stream sensor's decisions (``plan_workers``) on a real (ephemeral) Dagster instance:
+workers started per shard with their assignment, an assignment rewritten in place when a
+pipeline comes or goes, a worker of other code asked to stop and a dead one marked failed, a
+held pipeline left out, the per-pipeline stream runs of earlier releases stopped, and one
+alert per failing lane and cause."""
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, build_sensor_context
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
-from ingestion.spec.pipeline import parse_pipeline_spec
-from platform_assets.definitions import build_definitions
+from platform_assets.ingest.jobs import OPERATOR_TAG
 from platform_assets.streaming.jobs import (
+    ASSIGNED_TAG,
+    FAILURES_TAG,
     GENERATION_TAG,
     HEARTBEAT_TAG,
+    SHARD_TAG,
     STOP_TAG,
-    seconds_since_failure,
-    stream_job_name,
-    stream_job_name_of,
-    supervise_streams,
+    STREAM_JOB,
+    active_stream_runs,
+    shard_of,
+    spec_version,
 )
-from platform_assets.streaming.sensors import stop_retired_streams
+from platform_assets.streaming.sensors import alert_lane_failures, plan_workers
+from resources.alerts import Alert, AlertResource
 from tests.support.pipelines import make_spec
 
-SPEC = parse_pipeline_spec(
-    {
-        "name": "sup",
-        "topic": "t",
-        "table": "n.t",
-        "consumer_group_id": "g",
-        "value_format": "raw",
-        "freshness_target_seconds": 15,
-    }
-)
+SPECS = [make_spec(f"t{i}", f"sup{i}", freshness_target_seconds=15) for i in range(6)]
 
 
-def add_stream_run(instance: DagsterInstance, beat: float, generation: str) -> str:
+def add_worker(
+    instance: DagsterInstance, shard: str, beat: float, generation: str, **tags: str
+) -> str:
     run = DagsterRun(
-        job_name=stream_job_name(SPEC),
+        job_name=STREAM_JOB,
         status=DagsterRunStatus.STARTED,
-        tags={HEARTBEAT_TAG: str(int(beat)), GENERATION_TAG: generation},
+        tags={SHARD_TAG: shard, HEARTBEAT_TAG: str(int(beat)), GENERATION_TAG: generation, **tags},
     )
     instance.add_run(run)
     return run.run_id
 
 
-def test_dead_stream_is_failed_and_live_ones_are_kept_or_stopped() -> None:
+def tags_of(instance: DagsterInstance, run_id: str) -> dict[str, str]:
+    run = instance.get_run_by_id(run_id)
+    assert run is not None
+    return dict(run.tags)
+
+
+def test_one_worker_per_shard_is_started_with_its_pipelines() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        plan = plan_workers(instance, SPECS, "g1", 2, time.time())
+        assigned: dict[str, str] = {}
+        shards = set()
+        for request in plan.requests:
+            assert request.tags[GENERATION_TAG] == "g1"
+            shard = int(request.tags[SHARD_TAG].split("/")[0])
+            shards.add(shard)
+            batch = json.loads(request.tags[ASSIGNED_TAG])
+            assert all(shard_of(name, 2) == shard for name in batch)
+            assigned.update(batch)
+        assert assigned == {spec.name: spec_version(spec) for spec in SPECS}
+        assert len(plan.requests) == len(shards) <= 2  # runs do not grow with pipelines
+        assert not plan_workers(instance, [], "g1", 2, time.time()).requests
+
+
+def test_a_live_worker_is_reassigned_in_place_and_other_code_is_stopped() -> None:
     with DagsterInstance.ephemeral() as instance:
         now = time.time()
-        dead = add_stream_run(instance, now - 600, "g1")
-        live = add_stream_run(instance, now, "g1")
-        assert supervise_streams(instance, SPEC, "g1", None)
-        dead_run, live_run = instance.get_run_by_id(dead), instance.get_run_by_id(live)
-        assert dead_run is not None
-        assert live_run is not None
-        assert dead_run.status == DagsterRunStatus.FAILURE
-        assert STOP_TAG not in live_run.tags
-        assert seconds_since_failure(instance, SPEC, time.time()) is None  # newest is live
-
-        assert supervise_streams(instance, SPEC, "g2", None)  # the definitions were reloaded
-        reloaded = instance.get_run_by_id(live)
-        assert reloaded is not None
-        assert "reloaded" in reloaded.tags[STOP_TAG]
-
-
-def test_blocked_pipeline_stops_its_stream() -> None:
-    with DagsterInstance.ephemeral() as instance:
-        run_id = add_stream_run(instance, time.time(), "g1")
-        supervise_streams(instance, SPEC, "g1", "blocked by group_id_consistency")
-        run = instance.get_run_by_id(run_id)
-        assert run is not None
-        assert run.tags[STOP_TAG] == "blocked by group_id_consistency"
-
-
-def add_run(instance: DagsterInstance, job_name: str, pipeline: str, beat: float) -> str:
-    """A started run of ``job_name`` with the tags a launched stream run carries."""
-    run = DagsterRun(
-        job_name=job_name,
-        status=DagsterRunStatus.STARTED,
-        tags={"pipeline": pipeline, HEARTBEAT_TAG: str(int(beat)), GENERATION_TAG: "old"},
-    )
-    instance.add_run(run)
-    return run.run_id
-
-
-def test_streams_of_pipelines_that_no_longer_stream_are_stopped() -> None:
-    """A removed pipeline's stream and one whose target was raised above the floor are asked to
-    stop (a dead one is marked failed: nothing else would free its pool); the stream of a
-    pipeline that still streams, and a removed pipeline's ingestion run, are left alone."""
-    kept = make_spec("t_kept", "kept", freshness_target_seconds=15)
-    slowed = make_spec("t_slowed", "slowed", freshness_target_seconds=600)
-    with DagsterInstance.ephemeral() as instance:
-        # Built inside the instance's context: Dagster resolves definitions against the current
-        # instance's state storage (one left behind by another test may be disposed).
-        sensor = build_definitions([kept, slowed]).resolve_sensor_def("stop_retired_streams")
-        now = time.time()
-        runs = {
-            "kept": add_run(instance, stream_job_name(kept), "kept", now),
-            "slowed": add_run(instance, stream_job_name(slowed), "slowed", now),
-            "removed": add_run(instance, stream_job_name_of("removed"), "removed", now),
-            "dead": add_run(instance, stream_job_name_of("dead"), "dead", now - 600),
-            "ingest": add_run(instance, "ingest_removed_job", "removed", now),
+        live = add_worker(instance, "0/1", now, "g1", **{ASSIGNED_TAG: "{}"})
+        plan = plan_workers(instance, SPECS[:2], "g1", 1, now)
+        assert not plan.requests  # the live worker serves them: no second run
+        assert json.loads(tags_of(instance, live)[ASSIGNED_TAG]) == {
+            spec.name: spec_version(spec) for spec in SPECS[:2]
         }
-        tick = sensor.evaluate_tick(build_sensor_context(instance=instance))
-        assert not tick.run_requests
-        after = {name: instance.get_run_by_id(run_id) for name, run_id in runs.items()}
-        for name in ("slowed", "removed"):
-            run = after[name]
-            assert run is not None
-            assert "no longer streams" in run.tags[STOP_TAG], name
-            assert run.status == DagsterRunStatus.STARTED  # it ends itself between commits
-            assert run.run_id in (tick.skip_message or "")
-        dead = after["dead"]
-        assert dead is not None
-        assert dead.status == DagsterRunStatus.FAILURE
-        for name in ("kept", "ingest"):
-            run = after[name]
-            assert run is not None
-            assert STOP_TAG not in run.tags, name
-            assert run.status == DagsterRunStatus.STARTED
-
-        again = sensor.evaluate_tick(build_sensor_context(instance=instance))
-        assert (again.skip_message or "").startswith("asked earlier, still ending: ")  # once
+        # A pipeline added: the same worker, its assignment grows; nothing is restarted.
+        plan_workers(instance, SPECS[:3], "g1", 1, now)
+        assert len(json.loads(tags_of(instance, live)[ASSIGNED_TAG])) == 3
+        assert STOP_TAG not in tags_of(instance, live)
+        # New code: the worker is asked to stop, and no successor starts until it has ended.
+        plan = plan_workers(instance, SPECS[:3], "g2", 1, now)
+        assert "code" in tags_of(instance, live)[STOP_TAG]
+        assert not plan.requests
+        instance.report_run_failed(instance.get_run_by_id(live), message="ended")  # type: ignore[arg-type]
+        plan = plan_workers(instance, SPECS[:3], "g2", 1, time.time() + 60)
+        assert len(plan.requests) == 1
 
 
-def test_streams_of_another_code_location_are_left_alone() -> None:
-    """Two code locations on one instance: a stream run launched by the other one is not a
-    retired stream of this one, whatever this one's pipelines are."""
-    from dagster._core.remote_origin import (
-        RegisteredCodeLocationOrigin,
-        RemoteJobOrigin,
-        RemoteRepositoryOrigin,
-    )
-
-    def origin(location: str) -> RemoteJobOrigin:
-        repository = RemoteRepositoryOrigin(
-            RegisteredCodeLocationOrigin(location), "__repository__"
-        )
-        return RemoteJobOrigin(repository, stream_job_name_of("elsewhere"))
-
+def test_a_dead_worker_is_marked_failed_and_replaced_after_the_backoff() -> None:
     with DagsterInstance.ephemeral() as instance:
-        theirs, ours = (
-            DagsterRun(
-                job_name=stream_job_name_of("elsewhere"),
-                status=DagsterRunStatus.STARTED,
-                tags={"pipeline": "elsewhere", HEARTBEAT_TAG: str(int(time.time()))},
-                remote_job_origin=origin(location),
-            )
-            for location in ("other", "platform")
+        now = time.time()
+        dead = add_worker(instance, "0/1", now - 600, "g1")
+        plan = plan_workers(instance, SPECS[:1], "g1", 1, now)
+        run = instance.get_run_by_id(dead)
+        assert run is not None
+        assert run.status == DagsterRunStatus.FAILURE
+        assert not plan.requests
+        assert any("failed" in line and "s ago" in line for line in plan.lines), plan.lines
+        assert len(plan_workers(instance, SPECS[:1], "g1", 1, time.time() + 60).requests) == 1
+
+
+def test_a_held_pipeline_is_left_out_of_the_assignment_alone() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        now = time.time()
+        serving = {spec.name: spec_version(spec) for spec in SPECS[:2]}
+        live = add_worker(instance, "0/1", now, "g1", **{ASSIGNED_TAG: json.dumps(serving)})
+        operator = DagsterRun(
+            job_name="reset_offsets",
+            status=DagsterRunStatus.STARTED,
+            tags={OPERATOR_TAG: SPECS[0].name},
         )
-        instance.add_run(theirs)
-        instance.add_run(ours)
-        done, _ = stop_retired_streams(instance, set(), time.time(), "platform")
-        assert len(done) == 1
-        assert done[0].startswith(f"asked stream run {ours.run_id} to stop")
-        left = instance.get_run_by_id(theirs.run_id)
-        assert left is not None
-        assert STOP_TAG not in left.tags
+        instance.add_run(operator)
+        plan = plan_workers(instance, SPECS[:2], "g1", 1, now)
+        assert json.loads(tags_of(instance, live)[ASSIGNED_TAG]) == {
+            SPECS[1].name: spec_version(SPECS[1])
+        }
+        assert f"operator action in progress (run {operator.run_id})" in "; ".join(plan.lines)
+
+
+def test_active_stream_runs_are_the_workers_serving_the_pipeline() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        now = time.time()
+        one, two = SPECS[:2]
+        add_worker(instance, "0/1", now, "g1", **{"stream/serving": json.dumps({one.name: "v"})})
+        assert len(active_stream_runs(instance, one)) == 1
+        assert active_stream_runs(instance, two) == []  # assigned is not serving once started
+
+
+def test_stream_runs_of_the_per_pipeline_jobs_of_earlier_releases_are_stopped() -> None:
+    with DagsterInstance.ephemeral() as instance:
+        now = time.time()
+        old = DagsterRun(
+            job_name="stream_sup0_job",
+            status=DagsterRunStatus.STARTED,
+            tags={"pipeline": "sup0", HEARTBEAT_TAG: str(int(now))},
+        )
+        instance.add_run(old)
+        plan = plan_workers(instance, SPECS[:1], "g1", 1, now)
+        assert "shared stream worker" in tags_of(instance, old.run_id)[STOP_TAG]
+        assert any(old.run_id in line for line in plan.lines)
+
+
+class Recorded(AlertResource):
+    """The real alert resource (log sink only), keeping what it sent for the assertions."""
+
+    def model_post_init(self, context: Any) -> None:
+        object.__setattr__(self, "_sent", [])
+
+    def send(self, alert: Alert) -> list[str]:
+        self._sent.append(alert)  # type: ignore[attr-defined]
+        return super().send(alert)
+
+
+def test_a_failing_lane_alerts_once_per_pipeline_and_cause() -> None:
+    alerts = Recorded()
+    failures = {"sup0": ("run-1", "TopicNotFoundError: no topic t0")}
+    alerted = alert_lane_failures(failures, {}, alerts)
+    alerted = alert_lane_failures(failures, alerted, alerts)  # still failing: no repeat
+    sent = alerts._sent  # type: ignore[attr-defined]
+    assert [a.kind for a in sent] == ["stream_failed"]
+    assert "sup0" in sent[0].title
+    assert "other pipelines keep streaming" in sent[0].message
+    alerted = alert_lane_failures({}, alerted, alerts)  # it committed again: cleared
+    alert_lane_failures(failures, alerted, alerts)
+    assert len(sent) == 2
+    assert FAILURES_TAG == "stream/failures"
