@@ -175,3 +175,20 @@ def test_parts_prints_start_time_and_memory_of_a_part(tmp_path: Path) -> None:
     assert figures["start_s"] > 0
     assert figures["rss_mib"] > 50  # a JVM broker, not an empty process group
     assert "kafka broker (Apache Kafka 4.4, KRaft)" in out
+
+
+def test_many_pipelines_writes_n_streaming_copies_of_the_demo(tmp_path: Path) -> None:
+    """bench/many_pipelines.py's pipelines file (the benchmark itself runs `make dev` for
+    minutes per count: hand-run only): N valid, streaming copies of the shipped pipeline, each
+    on its own topic, table and group, so that N of them share one stream worker."""
+    from bench.many_pipelines import write_pipelines
+    from ingestion.health.triggers import is_continuous
+    from ingestion.spec.pipeline import load_pipeline_specs
+    from platform_assets.streaming.jobs import shard_of
+
+    path, names = write_pipelines(tmp_path, 12)
+    specs = load_pipeline_specs(path)
+    assert [s.name for s in specs] == names
+    assert all(is_continuous(s) and s.in_process_max_records == 0 for s in specs)
+    assert len({(s.source_topics[0], s.table, s.consumer_group_id) for s in specs}) == 12
+    assert {shard_of(s.name, 1) for s in specs} == {0}

@@ -10,8 +10,10 @@ The stack is the session's shared one (tests/support/dev_stack.py), fresh when t
 
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.request
 
 import pytest
 
@@ -87,3 +89,31 @@ def test_shipped_target_is_met_through_dagster(dev_stack: DevStack) -> None:
     stream_runs = {r["runId"] for r in runs["data"]["runsOrError"]["results"]}  # type: ignore[index]
     run_ids = {c.properties.get(RUN_ID) for c in commits_of(table, GROUP, limit=1000)}
     assert run_ids <= stream_runs, (run_ids, stream_runs)
+    assert_spark_did_every_batch(dev_stack, latency.commits)
+
+
+def assert_spark_did_every_batch(dev_stack: DevStack, commits: int) -> None:
+    """Issue 28: the demo's batches run their tasks on the Spark Connect server `make dev`
+    starts: every materialization of the table says ``executed_in: spark`` with its Spark tasks,
+    and the server's Spark UI lists the jobs, tagged with the pipeline."""
+    events = graphql(
+        dev_stack.port,
+        '{ assetOrError(assetKey: {path: ["iceberg", "demo", "orders"]}) { ... on Asset { '
+        "assetMaterializations(limit: 50) { metadataEntries { label "
+        "... on TextMetadataEntry { text } ... on IntMetadataEntry { intValue } } } } } }",
+    )
+    materializations = events["data"]["assetOrError"]["assetMaterializations"]  # type: ignore[index]
+    assert len(materializations) >= min(commits, 50) > 0
+    for materialization in materializations:
+        entries = {e["label"]: e for e in materialization["metadataEntries"]}
+        assert entries["executed_in"]["text"] == "spark", entries["executed_in"]
+        assert entries["spark_tasks"]["intValue"] >= 1
+    ui = re.search(r"Spark UI:\s+(\S+)", dev_stack.banner)
+    assert ui, dev_stack.banner
+    with urllib.request.urlopen(f"{ui[1]}/api/v1/applications", timeout=10) as answer:
+        (application,) = json.load(answer)
+    url = f"{ui[1]}/api/v1/applications/{application['id']}/jobs"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        jobs = json.load(answer)
+    tagged = [job for job in jobs if "platform-pipeline-orders" in " ".join(job.get("jobTags", []))]
+    assert len(tagged) >= min(commits, len(jobs)) > 0, jobs[:3]

@@ -67,8 +67,9 @@ class DevStack:
     """A running `make dev`: the shipped pipelines file copied to ``pipelines``
     (``PLATFORM_PIPELINES_FILE``), alerts to ``webhook``, the UI on ``port``.
 
-    ``banner``: the five lines dev.py prints once started; ``children``: its process tree once
-    the UI answered (broker, Spark Connect, dagster dev and its webserver and daemon).
+    ``banner``: the lines dev.py prints once started (to the demo producer's); ``children``:
+    its process tree once the UI answered (broker, Spark Connect, dagster dev and its webserver
+    and daemon).
     """
 
     process: subprocess.Popen[str]
@@ -107,7 +108,13 @@ def launch_shared_stack(state_dir: Path, webhook: WebhookReceiver) -> DevStack:
     try:
         assert stack.process.stdout is not None
         # The banner follows the demo catalog's reset and the start of every process.
-        stack.banner = "".join(stack.process.stdout.readline() for _ in range(5))
+        lines = []
+        while not lines or not lines[-1].startswith("Demo producer:"):
+            line = stack.process.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+        stack.banner = "".join(lines)
         log = f"{state_dir}/logs/dagster.log"
         wait_for(f"a GraphQL answer (log: {log})", lambda: answers(port), 180, every_s=1)
         stack.children = descendants(stack.process.pid)
