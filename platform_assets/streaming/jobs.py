@@ -18,7 +18,6 @@ So the processes and run slots that streaming takes do not grow with the number 
 one per worker, however many pipelines it serves.
 """
 
-
 import contextlib
 import hashlib
 import json
