@@ -108,7 +108,7 @@ def launch_shared_stack(state_dir: Path, webhook: WebhookReceiver) -> DevStack:
     try:
         assert stack.process.stdout is not None
         # The banner follows the demo catalog's reset and the start of every process.
-        lines = []
+        lines: list[str] = []
         while not lines or not lines[-1].startswith("Demo producer:"):
             line = stack.process.stdout.readline()
             if not line:
