@@ -78,11 +78,17 @@ def execute_on_spark(spark: SparkSession, specs: list[TaskSpec]) -> list[TaskRes
             )
 
     try:
-        with job_tags(spark, [f"platform-pipeline-{pipeline}"]):
+        with job_tags(spark, [pipeline_job_tag(pipeline)]):
             rows = frame.mapInArrow(prepare, "i int, result binary").collect()
     except Exception as exc:
         raise exceptions.TaskFailedError(task_failure_message(specs[0].pipeline, exc)) from exc
     return collected_results(pipeline, [(row["i"], row["result"]) for row in rows], len(specs))
+
+
+def pipeline_job_tag(pipeline: str) -> str:
+    """The tag of every Spark job that prepares a batch of ``pipeline`` (``job_tags``): shown in
+    the Spark UI; ``SparkSession.interruptTag`` with it cancels the pipeline's jobs only."""
+    return f"platform-pipeline-{pipeline}".replace(",", "_")
 
 
 @contextmanager

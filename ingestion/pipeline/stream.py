@@ -26,6 +26,13 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+STREAM_MAX_RECORDS_PER_ITERATION = 1_000_000
+"""A stream iteration reads at most this many offsets when the spec sets no
+``max_records_per_run``: a backlog drains in bounded iterations (the next starts at once), so
+one pipeline's catch-up neither runs past the hung-iteration limit nor holds a shared Spark for
+long (issue 28)."""
+
+
 @dataclass
 class StreamSummary:
     """What one stream did before it stopped."""
@@ -77,6 +84,8 @@ def stream_pipeline(
     stream (the orchestrator restarts it).
     """
     summary = StreamSummary()
+    if spec.max_records_per_run is None:
+        spec = spec.model_copy(update={"max_records_per_run": STREAM_MAX_RECORDS_PER_ITERATION})
     moved = 0  # plans refused in a row because the route moved
     while True:
         reason = should_stop()

@@ -154,22 +154,21 @@ class StreamWorker:
         return self.reap()
 
     def _body(self, lane: Lane) -> None:
+        error, summary = "the lane ended without a summary", None
         try:
             summary = self._run_lane(lane.pipeline, lane.version, lane.stop)
-        except Exception as exc:  # a lane's failure is its own (isolation)
+            error = ""
+        except BaseException as exc:  # a lane's failure is its own (isolation)
+            error = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, Exception):
+                raise  # SystemExit, KeyboardInterrupt: the outcome below still records it
+        finally:
             lane.outcome = LaneOutcome(
                 lane.pipeline,
                 lane.version,
                 self._clock(),
                 asked=lane.stop.is_set(),
-                error=f"{type(exc).__name__}: {exc}",
+                reason=summary.stopped_because if summary is not None else "",
+                error=error,
+                summary=summary,
             )
-            return
-        lane.outcome = LaneOutcome(
-            lane.pipeline,
-            lane.version,
-            self._clock(),
-            asked=lane.stop.is_set(),
-            reason=summary.stopped_because,
-            summary=summary,
-        )

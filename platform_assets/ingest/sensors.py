@@ -110,7 +110,7 @@ def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
         if outcome.blocks:  # no ingestion: it would fail, or re-read everything
             launch, reason = False, blocked_reason(spec, outcome)
         elif continuous:
-            launch, reason = False, f"{spec.name!r} streams: see {spec.name}_stream_sensor"
+            launch, reason = False, f"{spec.name!r} streams on a shared worker: see stream_sensor"
         else:
             launch, reason = decide(lag, age, spec, busy)
         held = active_operator_runs(context.instance, spec) if launch or evaluate else []

@@ -21,6 +21,7 @@ one per worker, however many pipelines it serves.
 import contextlib
 import hashlib
 import json
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +47,7 @@ from ingestion.exceptions import PipelineSpecError
 from ingestion.health.checks import GROUP_CHECK, check_group_consistency
 from ingestion.health.state import commits_of
 from ingestion.health.triggers import commit_interval_seconds
+from ingestion.pipeline.execute import pipeline_job_tag
 from ingestion.pipeline.run import RunReport
 from ingestion.pipeline.stream import StreamSummary, stream_pipeline
 from ingestion.pipeline.worker import LaneOutcome, StreamWorker
@@ -67,13 +69,19 @@ SHARD_TAG = "stream/shard"  # "<index>/<workers>": which pipelines the worker ma
 ASSIGNED_TAG = "stream/pipelines"  # JSON {pipeline: spec version}: written by the sensor
 SERVING_TAG = "stream/serving"  # JSON {pipeline: spec version}: the worker's live lanes
 FAILURES_TAG = "stream/failures"  # JSON {pipeline: error}: lanes that failed, until they commit
+HUNG_TAG = "stream/hung"  # JSON {pipeline: since}: lanes whose iteration ran past the limit
 
 RECONCILE_SECONDS = 2.0  # how often a worker reads its assignment and reaps its lanes
 BEAT_SECONDS = 15.0
 STALE_AFTER_SECONDS = 60.0  # a worker silent this long is dead (its process was killed)
 ITERATION_LIMIT_SECONDS = 900.0
-"""A lane iteration running longer than this is hung: the worker stops beating, so the sensor
-marks it failed and starts another (R52)."""
+"""A lane iteration running longer than this is hung: the worker cancels its Spark jobs and
+names it (``stream/hung``); past twice this the worker stops beating, so the sensor marks it
+failed and starts another (R52). A stream iteration reads at most 1M offsets by default
+(``ingestion.pipeline.stream.STREAM_MAX_RECORDS_PER_ITERATION``), well within it."""
+STOP_TIMEOUT_SECONDS = 120.0
+"""A stopping worker waits this long for its lanes to end between commits; a lane still running
+then dies with the process (a crash before its commit: nothing lost or doubled)."""
 RESTART_BACKOFF_SECONDS = 30.0
 """A lane that failed, or stopped by itself (a blocked check), restarts no sooner: a failure that
 repeats does not become a storm, and the lag sensor has time to record a blocking check."""
@@ -88,11 +96,19 @@ CODE_PACKAGES = ("ingestion", "platform_assets", "resources")
 
 
 def code_generation(workers: int) -> str:
-    """Which code a worker runs: a digest of the packages' Python files, and the worker count.
+    """Which code and configuration a worker runs: a digest of the packages' Python files, of
+    the platform configuration file (``$PLATFORM_CONFIG``: clusters, catalog, Spark, secrets'
+    references) and of the worker count.
 
     A reload that changes only the pipelines file keeps it (the workers pick the change up
-    lane by lane); new code, or another number of workers, restarts the workers."""
+    lane by lane); new code, another configuration or another number of workers restarts the
+    workers."""
+    from resources.config import config_path
+
     digest = hashlib.sha256()
+    config = config_path()
+    if config is not None and config.is_file():
+        digest.update(config.read_bytes())
     root = Path(__file__).resolve().parents[2]
     for package in CODE_PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
@@ -152,54 +168,141 @@ def is_stale(run: DagsterRun, now: float, started_at: float | None) -> bool:
 
 @dataclass
 class Heartbeat:
-    """The worker's heartbeat, written by a thread (:func:`beating`) every ``every_s`` seconds
-    while no lane's current iteration (started at :meth:`iteration`) has run ``limit_s``."""
+    """Which lane iterates since when (:meth:`iteration`, :meth:`idle`): :func:`beating` reads
+    it to find a hung lane."""
 
     every_s: float
     limit_s: float
     _started: dict[str, float] = field(default_factory=dict)
 
     def iteration(self, lane: str = "") -> None:
-        """An iteration of ``lane`` starts (its ``should_stop`` calls it)."""
+        """An iteration of ``lane`` starts (its ``should_stop`` calls it; so does its set-up)."""
         self._started[lane] = time.monotonic()
 
     def idle(self, lane: str = "") -> None:
         """``lane`` ended: it can no longer hang."""
         self._started.pop(lane, None)
 
-    def hung(self) -> str | None:
-        """The lane whose current iteration has run past the limit, if one has."""
-        now = time.monotonic()
-        return next((k for k, t in list(self._started.items()) if now - t > self.limit_s), None)
+    def hung(self, factor: float = 1.0) -> str | None:
+        """A lane whose current iteration has run past ``factor`` x the limit, if one has."""
+        now, limit = time.monotonic(), factor * self.limit_s
+        return next((k for k, t in list(self._started.items()) if now - t > limit), None)
+
+
+class WorkerTags:
+    """The worker's own run tags, written under one lock: Dagster's ``add_run_tags`` reads the
+    whole run, merges and writes it back, so two writers of one process could undo each other.
+    Every beat rewrites what the worker publishes (``stream/serving``, ``stream/failures``,
+    ``stream/hung``), so a value a concurrent writer (the sensor) overwrote with an older one is
+    repaired within a beat."""
+
+    def __init__(self, instance: DagsterInstance, run_id: str) -> None:
+        self._instance, self._run_id = instance, run_id
+        self._lock = threading.Lock()
+        self._published: dict[str, str] = {}
+        self._current = {SERVING_TAG: "{}", FAILURES_TAG: "{}", HUNG_TAG: "{}"}
+
+    def publish(
+        self,
+        serving: Mapping[str, str] | None = None,
+        failures: Mapping[str, str] | None = None,
+        hung: Mapping[str, str] | None = None,
+    ) -> None:
+        """Write the values given now if they changed."""
+        with self._lock:
+            for tag, value in ((SERVING_TAG, serving), (FAILURES_TAG, failures), (HUNG_TAG, hung)):
+                if value is not None:
+                    self._current[tag] = dump_tag_map(value)
+            if self._current != self._published:
+                self._instance.add_run_tags(self._run_id, dict(self._current))
+                self._published = dict(self._current)
+
+    def beat(self) -> None:
+        """The heartbeat, with every published value written again."""
+        with self._lock:
+            self._instance.add_run_tags(
+                self._run_id, {HEARTBEAT_TAG: str(int(time.time())), **self._current}
+            )
+            self._published = dict(self._current)
 
 
 @contextmanager
-def beating(instance: DagsterInstance, run_id: str, heartbeat: Heartbeat) -> Iterator[None]:
-    """Write the run's heartbeat every ``heartbeat.every_s`` seconds while the body runs (a
-    thread), unless a lane's current iteration is hung.
+def beating(
+    tags: WorkerTags, heartbeat: Heartbeat, on_hung: Callable[[str], None] = lambda lane: None
+) -> Iterator[None]:
+    """Beat every ``heartbeat.every_s`` seconds (a thread) while the body runs.
 
-    A worker beats while its process lives, also while a lane catches up a long backlog on
-    Spark (issue 29 item 5: beating only between iterations made a long one look dead). A lane
-    past ``heartbeat.limit_s`` (a Spark job or a client call that never returns) stops the beat,
-    so a hung worker is still marked failed and replaced (R52; the old and new lanes then race on
-    the compare-and-set, rule 1). A write that fails is retried at the next beat; a killed
-    process stops beating, which is what the sensor looks for."""
+    A worker beats while its process lives, also while a lane catches up a backlog (issue 29
+    item 5: beating only between iterations made a long one look dead). A lane whose iteration
+    runs past ``heartbeat.limit_s`` is hung: ``on_hung`` is called once (the worker cancels its
+    Spark jobs and names it in ``stream/hung``), and the other lanes go on. Only a lane hung past
+    twice the limit (a call that ignores the cancel) stops the beat, so the sensor marks the
+    worker failed and replaces it (R52; the old and new lanes then race on the
+    compare-and-set, rule 1). A write that fails is retried at the next beat; a killed process
+    stops beating, which is what the sensor looks for."""
     stop = threading.Event()
+    reported: set[str] = set()
 
     def beat() -> None:
         while not stop.wait(heartbeat.every_s):
-            if heartbeat.hung() is not None:
+            lane = heartbeat.hung()
+            if lane is not None and lane not in reported:
+                reported.add(lane)
+                with contextlib.suppress(Exception):
+                    on_hung(lane)
+            if heartbeat.hung(factor=2.0) is not None:
                 continue
             with contextlib.suppress(Exception):  # the run storage hiccuped: the next beat
-                instance.add_run_tags(run_id, {HEARTBEAT_TAG: str(int(time.time()))})
+                tags.beat()
 
-    thread = threading.Thread(target=beat, name=f"heartbeat-{run_id[:8]}", daemon=True)
+    thread = threading.Thread(target=beat, name="stream-worker-heartbeat", daemon=True)
     thread.start()
     try:
         yield
     finally:
         stop.set()
         thread.join(heartbeat.every_s + 10)
+
+
+# A lane failure whose message has one of these lost the Spark session itself (a Connect server
+# restarted, a classic JVM gone): the worker drops its session, the next lane starts a new one.
+SESSION_ERRORS = (
+    "INVALID_HANDLE",
+    "SESSION_CLOSED",
+    "SESSION_CHANGED",
+    "NO_ACTIVE_SESSION",
+    "StatusCode.UNAVAILABLE",
+    "Py4JNetworkError",
+    "SparkContext was shut down",
+    "stopped SparkContext",
+)
+
+
+class SharedSession:
+    """The worker's one Spark session, created on a lane's first batch (under a lock: lanes ask
+    at once), dropped when a lane failed because the session itself was lost."""
+
+    def __init__(self, spark: SparkResource) -> None:
+        self._spark = spark
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """The session (created on first use)."""
+        with self._lock:
+            return self._spark.spark_session
+
+    def drop_if_lost(self, error: str) -> bool:
+        """Drop the session when ``error`` says it was lost; return whether it was."""
+        if not any(marker in error for marker in SESSION_ERRORS):
+            return False
+        with self._lock, contextlib.suppress(Exception):
+            self._spark.stop_session()
+        return True
+
+    def interrupt(self, pipeline: str) -> None:
+        """Cancel the Spark jobs of ``pipeline``'s batches (a hung lane)."""
+        with contextlib.suppress(Exception):
+            self.get().interruptTag(pipeline_job_tag(pipeline))
 
 
 def restart_after(outcome: LaneOutcome) -> float:
@@ -244,6 +347,7 @@ def stream_lane(
     heartbeat: Heartbeat,
     asked_to_stop: Callable[[], str | None],
     on_reported: Callable[[str], None],
+    emit: Callable[[AssetMaterialization], None],
 ) -> StreamSummary:
     """Stream one pipeline on a lane of the worker until ``asked_to_stop`` gives a reason, its
     group check blocks, or a failover or failback moves its route; report each commit.
@@ -283,11 +387,9 @@ def stream_lane(
         on_reported(name)
         if not report.committed:
             return  # nothing ingested: no materialization (downstream not rebuilt)
-        context.log_event(
-            AssetMaterialization(asset_key=table_key(spec), metadata=run_metadata(report))
-        )
+        emit(AssetMaterialization(asset_key=table_key(spec), metadata=run_metadata(report)))
         if spec.errors_tolerance == "all":
-            context.log_event(
+            emit(
                 AssetMaterialization(
                     asset_key=quarantine_key(spec),
                     metadata={
@@ -297,7 +399,7 @@ def stream_lane(
                 )
             )
         commits = commits_of(catalog.load_table(spec.table), spec.consumer_group_id)
-        context.log_event(
+        emit(
             AssetMaterialization(
                 asset_key=commit_state_key(spec),
                 metadata=commit_log_metadata(commits, spec.consumer_group_id),
@@ -347,6 +449,7 @@ def build_stream_job(load_specs: Callable[[], list[PipelineSpec]]) -> JobDefinit
 
     @op(
         name="stream_pipelines",
+        out={},
         description="Streams the pipelines the stream sensor assigns to this worker, one lane "
         "each, until asked to stop.",
     )
@@ -355,24 +458,36 @@ def build_stream_job(load_specs: Callable[[], list[PipelineSpec]]) -> JobDefinit
         kafka: KafkaResource,
         iceberg: IcebergCatalogResource,
         spark: SparkResource,
-    ) -> None:
+    ) -> Iterator[AssetMaterialization]:
         """Delivery: each lane iteration is one ``run_pipeline``: exactly once across kills and
-        restarts; stopping waits for every lane's iteration to end."""
+        restarts; stopping waits for every lane's iteration to end (up to
+        ``STOP_TIMEOUT_SECONDS``). The lanes' materializations are yielded by this loop, so
+        the op keeps none in memory however long it runs."""
         instance, run_id = context.instance, context.run_id
         heartbeat = Heartbeat(BEAT_SECONDS, ITERATION_LIMIT_SECONDS)
-        specs = SpecSource(load_specs)
+        specs, session = SpecSource(load_specs), SharedSession(spark)
+        tags = WorkerTags(instance, run_id)
         stopping = threading.Event()
-        session_lock = threading.Lock()
+        events: queue.SimpleQueue[AssetMaterialization] = queue.SimpleQueue()
         reported: set[str] = set()  # lanes that reported since their pipeline's last failure
         reported_lock = threading.Lock()
+        failures: dict[str, str] = {}
+        hung: dict[str, str] = {}
+        holds: dict[str, str] = {}  # pipeline -> the operator run holding it, as last logged
 
         def on_report(name: str) -> None:
             with reported_lock:
                 reported.add(name)
 
-        def spark_session() -> Any:
-            with session_lock:  # lanes ask at once on the first batch: one session
-                return spark.spark_session
+        def on_hung(name: str) -> None:
+            context.log.error(
+                f"pipeline {name!r}: its lane's iteration has run over "
+                f"{ITERATION_LIMIT_SECONDS:.0f} s: cancelling its Spark jobs (the lane fails and "
+                "restarts; the other pipelines are not affected). Past twice that the worker "
+                "stops beating and is replaced"
+            )
+            hung[name] = str(int(time.time()))
+            session.interrupt(name)
 
         def run_lane(name: str, version: str, stop: threading.Event) -> StreamSummary:
             def asked_to_stop() -> str | None:
@@ -382,65 +497,66 @@ def build_stream_job(load_specs: Callable[[], list[PipelineSpec]]) -> JobDefinit
                     return "no longer assigned this version (removed, changed, blocked or held)"
                 return None
 
+            heartbeat.iteration(name)  # the set-up counts: a hang there is found too
             try:
-                spec = specs.get(name, version)
                 return stream_lane(
                     context,
-                    spec,
-                    (kafka, iceberg, spark_session),
+                    specs.get(name, version),
+                    (kafka, iceberg, session.get),
                     heartbeat,
                     asked_to_stop,
                     on_report,
+                    events.put,
                 )
             finally:
                 heartbeat.idle(name)
 
         worker = StreamWorker(run_lane, restart_after)
-        published: dict[str, str] = {}
-        failures: dict[str, str] = {}
-        holds: dict[str, str] = {}  # pipeline -> the operator run holding it, as last logged
-
-        def publish(serving: Mapping[str, str]) -> None:
-            tags = {SERVING_TAG: dump_tag_map(serving), FAILURES_TAG: dump_tag_map(failures)}
-            if tags != published:
-                instance.add_run_tags(run_id, tags)
-                published.clear()
-                published.update(tags)
-
-        with beating(instance, run_id, heartbeat):
-            while True:
-                run = instance.get_run_by_id(run_id)
-                reason = worker_stop_reason(run)
-                if reason or run is None:
-                    break
-                wanted = read_tag_map(run, ASSIGNED_TAG)
-                for outcome in worker.reap():
+        reason, errors = "the op ended", 0
+        with beating(tags, heartbeat, on_hung):
+            try:
+                while True:
+                    try:
+                        run = instance.get_run_by_id(run_id)
+                        stop_reason = worker_stop_reason(run)
+                        if stop_reason or run is None:
+                            reason = stop_reason or "the run is gone"
+                            break
+                        for outcome in worker.reap():
+                            hung.pop(outcome.pipeline, None)
+                            report_lane(context, outcome, failures)
+                            if outcome.failed and session.drop_if_lost(outcome.error):
+                                context.log.warning("the Spark session was lost: starting anew")
+                        with reported_lock:
+                            for name in reported:
+                                failures.pop(name, None)
+                            reported.clear()
+                        reconcile(context, worker, read_tag_map(run, ASSIGNED_TAG), holds, tags)
+                        tags.publish(worker.serving(), failures, hung)
+                        errors = 0
+                    except Exception as exc:  # the run storage hiccuped: the lanes go on
+                        errors += 1
+                        if errors >= MAX_RECONCILE_ERRORS:
+                            raise
+                        context.log.warning(f"stream worker: reconcile failed ({exc}); retrying")
+                    while not events.empty():
+                        yield events.get()
+                    time.sleep(RECONCILE_SECONDS)
+            finally:
+                stopping.set()
+                for outcome in worker.stop_all(STOP_TIMEOUT_SECONDS):
                     report_lane(context, outcome, failures)
-                with reported_lock:
-                    for name in reported:
-                        failures.pop(name, None)
-                    reported.clear()
-                # An operator action holds a pipeline at once, before the sensor's next tick.
-                held = operator_holds(instance, sorted(wanted))
-                for name, operator in held.items():
-                    if holds.get(name) != operator:
-                        context.log.info(f"{name!r}: operator action {operator} in progress")
-                holds.clear()
-                holds.update(held)
-                wanted = {n: v for n, v in wanted.items() if n not in held}
-                for name in worker.stop_unwanted(wanted):
-                    context.log.info(f"{name!r}: asking its lane to stop (assignment changed)")
-                due = worker.due(wanted)
-                if due:  # announce, then check the holds (hold_ingestion marks, then reads)
-                    publish({**worker.serving(), **{n: wanted[n] for n in due}})
-                    late = operator_holds(instance, due)
-                    worker.start([n for n in due if n not in late], wanted)
-                publish(worker.serving())
-                time.sleep(RECONCILE_SECONDS)
-            stopping.set()
-            for outcome in worker.stop_all():
-                report_lane(context, outcome, failures)
-            publish({})
+                left = sorted(worker.serving())
+                if left:
+                    context.log.warning(
+                        f"lanes of {left} did not end within {STOP_TIMEOUT_SECONDS:.0f} s; they "
+                        "end with the process (a crash before their commit: nothing lost or "
+                        "doubled)"
+                    )
+                with contextlib.suppress(Exception):
+                    tags.publish({}, failures, {})
+            while not events.empty():
+                yield events.get()
         context.log.info(f"stream worker stopped: {reason}")
 
     @job(
@@ -453,6 +569,39 @@ def build_stream_job(load_specs: Callable[[], list[PipelineSpec]]) -> JobDefinit
         _stream()
 
     return _job
+
+
+MAX_RECONCILE_ERRORS = 5  # in a row: the worker fails (and is restarted) instead of spinning
+
+
+def reconcile(
+    context: OpExecutionContext,
+    worker: StreamWorker,
+    wanted: dict[str, str],
+    holds: dict[str, str],
+    tags: WorkerTags,
+) -> None:
+    """Bring the worker's lanes to ``wanted`` minus the pipelines an operator action holds.
+
+    A held pipeline's lane is asked to stop at once (before the sensor's next tick). A lane is
+    announced in ``stream/serving`` before the holds are read again and it starts; the operator
+    (``hold_ingestion``) marks its run before it reads ``stream/serving``: either it sees the
+    lane and waits, or the worker sees the mark."""
+    instance = context.instance
+    held = operator_holds(instance, sorted(wanted))
+    for name, operator in held.items():
+        if holds.get(name) != operator:
+            context.log.info(f"{name!r}: operator action {operator} in progress")
+    holds.clear()
+    holds.update(held)
+    wanted = {n: v for n, v in wanted.items() if n not in held}
+    for name in worker.stop_unwanted(wanted):
+        context.log.info(f"{name!r}: asking its lane to stop (no longer assigned, or held)")
+    due = worker.due(wanted)
+    if due:
+        tags.publish({**worker.serving(), **{n: wanted[n] for n in due}})
+        late = operator_holds(instance, due)
+        worker.start([n for n in due if n not in late], wanted)
 
 
 def report_lane(

@@ -43,6 +43,7 @@ from dagster import (
 
 from ingestion.health.checks import GROUP_CHECK
 from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.alerts.policy import cause_key
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, count_active_runs, operator_holds
 from platform_assets.ingest.sensors import blocked_reason, latest_outcome
 from platform_assets.pipelines import ingest_job_name, table_key
@@ -109,9 +110,9 @@ def plan_workers(
     """Decide one tick of the stream sensor (module docstring); tags are written here, runs to
     start are returned. Delivery: nothing is consumed or committed here."""
     plan = WorkerPlan()
-    runs = [
+    runs = [  # oldest first: of two workers of one shard, the older one keeps it
         run
-        for run in instance.get_runs(RunsFilter(statuses=ACTIVE_RUN_STATUSES))
+        for run in reversed(instance.get_runs(RunsFilter(statuses=ACTIVE_RUN_STATUSES)))
         if location is None
         or run.remote_job_origin is None
         or run.remote_job_origin.location_name == location
@@ -144,9 +145,11 @@ def plan_workers(
             continue
         stop = None
         if run.tags.get(GENERATION_TAG) != generation:
-            stop = "the code or streaming.workers changed: restarting the worker"
+            stop = "the code, the configuration or streaming.workers changed: restarting it"
         elif shard is None or shard not in owned:
             stop = "no streaming pipeline is left for this worker"
+        elif shard in alive:  # a second worker of the shard (a re-execution, a manual launch)
+            stop = f"another worker already serves shard {run.tags.get(SHARD_TAG)}"
         if shard is not None:
             alive.add(shard)  # a stopping worker too: its successor starts once it ended
         if stop:
@@ -230,12 +233,14 @@ def alert_lane_failures(
     alerted: dict[str, str],
     alerts: AlertResource,
 ) -> dict[str, str]:
-    """Alert each pipeline whose lane failed, once per cause; return what is alerted now (the
-    cursor). A pipeline whose lane committed again leaves the failures and may alert anew."""
+    """Alert each pipeline whose lane failed, once per cause (its error without the numbers and
+    ids that change between attempts: ``cause_key``); return what is alerted now (the cursor).
+    A pipeline whose lane committed again leaves the failures and may alert anew."""
     now_alerted = {}
     for name, (run_id, error) in sorted(failures.items()):
-        now_alerted[name] = error
-        if alerted.get(name) == error:
+        cause = cause_key([error])
+        now_alerted[name] = cause
+        if alerted.get(name) == cause:
             continue
         alerts.send(
             Alert(

@@ -7,6 +7,7 @@ maintenance schedule runs beside a live stream. Judged by the oracle."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from platform_assets.streaming.jobs import (
     STOP_TAG,
     STREAM_JOB,
     Heartbeat,
+    WorkerTags,
     active_workers,
     beating,
     build_stream_job,
@@ -453,8 +455,10 @@ def test_a_stream_beats_inside_a_long_iteration() -> None:
     """Issue 29 item 5: the heartbeat was written only between iterations, so one iteration
     catching up a backlog for longer than the stale limit looked dead: the sensor marked the
     live run failed and started a second stream beside it. The worker beats from a thread
-    (``beating``) for as long as its process lives, unless a lane's iteration runs past the
-    limit (hung: the sensor must still replace it); once the body ends it stops."""
+    (``beating``) for as long as its process lives. A lane whose iteration runs past the limit is
+    hung: it is reported once (the worker cancels its Spark jobs) while the beat goes on for the
+    other lanes; only past twice the limit does the beat stop (the sensor must still replace a
+    worker stuck for good); once the body ends it stops."""
     old = str(int(time.time()) - 3600)
     with instance_for_test(overrides=NO_COMPUTE_LOGS) as instance:
         run = DagsterRun(
@@ -468,22 +472,29 @@ def test_a_stream_beats_inside_a_long_iteration() -> None:
             return found
 
         assert is_stale(current(), time.time(), None)  # an hour without a beat
-        heartbeat = Heartbeat(every_s=0.2, limit_s=3.0)
+        heartbeat, hung = Heartbeat(every_s=0.2, limit_s=1.5), list[str]()
+        tags = WorkerTags(instance, run.run_id)
+        tags.publish({"slow": "v1", "quick": "v1"})
         heartbeat.iteration("slow")
-        with beating(instance, run.run_id, heartbeat):
-            time.sleep(1.5)  # one long iteration: its should_stop is not called
+        with beating(tags, heartbeat, hung.append):
+            time.sleep(1.0)  # one long iteration: its should_stop is not called
             assert current().tags[HEARTBEAT_TAG] != old
             assert not is_stale(current(), time.time(), None)
             heartbeat.iteration("quick")  # another lane iterating does not hide the slow one
-            time.sleep(2.0)  # past the iteration limit: hung, the beat stops
-            assert heartbeat.hung() == "slow"
-            hung = current().tags[HEARTBEAT_TAG]
+            time.sleep(1.0)  # past the limit: reported once, still beating
+            assert hung == ["slow"]
+            beat = current().tags[HEARTBEAT_TAG]
+            assert json.loads(current().tags[SERVING_TAG]) == {"slow": "v1", "quick": "v1"}
+            time.sleep(1.5)  # past twice the limit: the beat stops
+            stuck = current().tags[HEARTBEAT_TAG]
+            assert stuck >= beat
             time.sleep(1.5)
-            assert current().tags[HEARTBEAT_TAG] == hung, "a hung iteration kept beating"
+            assert current().tags[HEARTBEAT_TAG] == stuck, "a worker stuck for good kept beating"
             heartbeat.idle("slow")  # the slow lane ended: beating again
             heartbeat.iteration("quick")
             time.sleep(1.5)
-            assert current().tags[HEARTBEAT_TAG] != hung
+            assert current().tags[HEARTBEAT_TAG] != stuck
+        assert hung == ["slow"]
         last = current().tags[HEARTBEAT_TAG]
         time.sleep(1.5)
         assert current().tags[HEARTBEAT_TAG] == last, "it beat after the worker ended"

@@ -89,6 +89,20 @@ def test_a_live_worker_is_reassigned_in_place_and_other_code_is_stopped() -> Non
         assert len(plan.requests) == 1
 
 
+def test_of_two_workers_of_one_shard_the_younger_is_stopped() -> None:
+    """A failed worker re-executed from the UI, or a manual launch, carries the shard's tags:
+    two workers would stream every pipeline twice (the compare-and-set keeps the data right,
+    at the price of constant re-plans). The older keeps the shard."""
+    with DagsterInstance.ephemeral() as instance:
+        now = time.time()
+        older = add_worker(instance, "0/1", now, "g1")
+        younger = add_worker(instance, "0/1", now, "g1")
+        plan = plan_workers(instance, SPECS[:2], "g1", 1, now)
+        assert not plan.requests
+        assert STOP_TAG not in tags_of(instance, older)
+        assert "another worker already serves shard 0/1" in tags_of(instance, younger)[STOP_TAG]
+
+
 def test_a_dead_worker_is_marked_failed_and_replaced_after_the_backoff() -> None:
     with DagsterInstance.ephemeral() as instance:
         now = time.time()
@@ -163,7 +177,12 @@ def test_a_failing_lane_alerts_once_per_pipeline_and_cause() -> None:
     assert [a.kind for a in sent] == ["stream_failed"]
     assert "sup0" in sent[0].title
     assert "other pipelines keep streaming" in sent[0].message
+    again = {"sup0": ("run-2", "TopicNotFoundError: no topic t0 (attempt 2 in stage 57.0)")}
+    retried = {"sup0": ("run-1", "TopicNotFoundError: no topic t0 (attempt 3 in stage 61.0)")}
+    alerted = alert_lane_failures(again, alerted, alerts)  # a new cause: alerted
+    alerted = alert_lane_failures(retried, alerted, alerts)  # the same up to numbers: not
+    assert len(sent) == 2
     alerted = alert_lane_failures({}, alerted, alerts)  # it committed again: cleared
     alert_lane_failures(failures, alerted, alerts)
-    assert len(sent) == 2
+    assert len(sent) == 3
     assert FAILURES_TAG == "stream/failures"
