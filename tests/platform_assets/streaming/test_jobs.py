@@ -382,35 +382,24 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
             daemon=True,
         )
         stream.start()
-        produced, stop_producer = [70], threading.Event()
-
-        def produce() -> None:
-            while not stop_producer.is_set():
-                ledger_producer.produce(topic, records(5, first=produced[0]))
-                produced[0] += 5
-                time.sleep(0.5)
-
-        producer = threading.Thread(target=produce, daemon=True)
-        producer.start()
         try:
-            wait_for(lambda: sum(r.committed for r in reports) >= 3, "the stream's commits")
-            time.sleep(8)  # the first history is now older than the retention
-            context = build_schedule_context(instance=instance, resources=iceberg)
-            request = schedule.evaluate_tick(context)
-            assert request.run_requests, request.skip_message  # not skipped: a stream is alive
-            (run_request,) = request.run_requests
-            assert isinstance(run_request, RunRequest)
-            result = maintain.execute_in_process(
-                run_config=run_request.run_config,
-                tags=run_request.tags,
-                resources=resources,
-                instance=instance,
-            )
-            assert result.success
-            committed = sum(r.committed for r in reports)
-            time.sleep(2)  # records keep arriving after maintenance
-            stop_producer.set()
-            producer.join(10)
+            with producing(ledger_producer, topic, first=70) as produced:
+                wait_for(lambda: sum(r.committed for r in reports) >= 3, "the stream's commits")
+                time.sleep(8)  # the first history is now older than the retention
+                context = build_schedule_context(instance=instance, resources=iceberg)
+                request = schedule.evaluate_tick(context)
+                assert request.run_requests, request.skip_message  # not skipped: streaming
+                (run_request,) = request.run_requests
+                assert isinstance(run_request, RunRequest)
+                result = maintain.execute_in_process(
+                    run_config=run_request.run_config,
+                    tags=run_request.tags,
+                    resources=resources,
+                    instance=instance,
+                )
+                assert result.success
+                committed = sum(r.committed for r in reports)
+                time.sleep(2)  # records keep arriving after maintenance
             wait_for(
                 lambda: harness.table(spec).scan().to_arrow().num_rows == produced[0],
                 "the stream to ingest every record after maintenance",
@@ -418,7 +407,6 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
             assert sum(r.committed for r in reports) > committed, "the stream went on"
             assert stream.is_alive(), "the stream kept running beside maintenance"
         finally:
-            stop_producer.set()
             stop_stream.set()
             stream.join(60)
     table = harness.table(spec)
