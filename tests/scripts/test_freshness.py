@@ -14,6 +14,7 @@ import json
 import re
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -110,10 +111,21 @@ def assert_spark_did_every_batch(dev_stack: DevStack, commits: int) -> None:
         assert entries["spark_tasks"]["intValue"] >= 1
     ui = re.search(r"Spark UI:\s+(\S+)", dev_stack.banner)
     assert ui, dev_stack.banner
-    with urllib.request.urlopen(f"{ui[1]}/api/v1/applications", timeout=10) as answer:
-        (application,) = json.load(answer)
-    url = f"{ui[1]}/api/v1/applications/{application['id']}/jobs"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        jobs = json.load(answer)
+    (application,) = read_json(f"{ui[1]}/api/v1/applications")
+    jobs = read_json(f"{ui[1]}/api/v1/applications/{application['id']}/jobs")
     tagged = [job for job in jobs if "platform-pipeline-orders" in " ".join(job.get("jobTags", []))]
     assert len(tagged) >= min(commits, len(jobs)) > 0, jobs[:3]
+
+
+def read_json(url: str, within_s: float = 120.0) -> Any:
+    """GET ``url`` as JSON, retried: the Spark UI's first answers can take longer than a socket
+    timeout on a loaded 2-core machine (one full run timed out at 10 s)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                return json.load(answer)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
