@@ -7,6 +7,7 @@ from dagster import (
     AssetCheckKey,
     AssetSelection,
     DagsterInstance,
+    DagsterRun,
     DagsterRunStatus,
     JobDefinition,
     OpExecutionContext,
@@ -72,26 +73,27 @@ def operator_holds(instance: DagsterInstance, pipelines: list[str]) -> dict[str,
     however many pipelines."""
     if not pipelines:
         return {}
-    since = dt.datetime.now(dt.UTC) - OPERATOR_HOLD_LIMIT
-    runs = instance.get_runs(
-        RunsFilter(
-            tags={OPERATOR_TAG: list(pipelines)},
-            statuses=ACTIVE_RUN_STATUSES,
-            created_after=since,
-        )
-    )
-    return {run.tags[OPERATOR_TAG]: run.run_id for run in runs}
+    return {run.tags[OPERATOR_TAG]: run.run_id for run in operator_runs(instance, pipelines)}
 
 
 def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[str]:
     """Ids of the operator jobs' runs acting on ``spec`` now (see :func:`operator_holds`)."""
+    return [run.run_id for run in operator_runs(instance, [spec.name])]
+
+
+def operator_runs(instance: DagsterInstance, pipelines: list[str]) -> list[DagsterRun]:
+    """The operator jobs' runs in progress, created within ``OPERATOR_HOLD_LIMIT``, acting on
+    any of ``pipelines`` (one query)."""
     since = dt.datetime.now(dt.UTC) - OPERATOR_HOLD_LIMIT
-    runs = instance.get_runs(
-        RunsFilter(
-            tags={OPERATOR_TAG: spec.name}, statuses=ACTIVE_RUN_STATUSES, created_after=since
+    return list(
+        instance.get_runs(
+            RunsFilter(
+                tags={OPERATOR_TAG: list(pipelines)},
+                statuses=ACTIVE_RUN_STATUSES,
+                created_after=since,
+            )
         )
     )
-    return [run.run_id for run in runs]
 
 
 def ingestion_selection(spec: PipelineSpec) -> AssetSelection:
