@@ -82,6 +82,15 @@ failed and starts another (R52). A stream iteration reads at most 1M offsets by 
 STOP_TIMEOUT_SECONDS = 120.0
 """A stopping worker waits this long for its lanes to end between commits; a lane still running
 then dies with the process (a crash before its commit: nothing lost or doubled)."""
+LANE_CHECK_SECONDS = 30.0
+"""A lane reads its pipeline's state for the blocking group check, and its route, before its
+first iteration and then at most this often: reading them (new Kafka clients, two table loads)
+cost more than the iteration's own plan. Between two reads nothing is committed wrong: a spec
+change restarts the lane (and so reads first), an operator action holds it, and every plan
+refuses a moved route (``RouteClusterError``), a retired group or a table whose offsets are under
+another group by itself. A foreign consumer joining the Kafka group is found within this period;
+the table's offsets, not the group's, decide what is read, so it cannot make a commit lose or
+repeat a record meanwhile."""
 RESTART_BACKOFF_SECONDS = 30.0
 """A lane that failed, or stopped by itself (a blocked check), restarts no sooner: a failure that
 repeats does not become a storm, and the lag sensor has time to record a blocking check."""
@@ -360,11 +369,16 @@ def stream_lane(
     source = route.kafka
     name = spec.name
 
+    checked = [float("-inf")]  # when the group check and the route were last read
+
     def should_stop() -> str | None:
         heartbeat.iteration(name)  # the beat itself is the worker's thread (beating)
         asked = asked_to_stop()
         if asked:
             return asked
+        if time.monotonic() - checked[0] < LANE_CHECK_SECONDS:
+            return None  # each plan refuses a moved route or a foreign group by itself
+        checked[0] = time.monotonic()
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if finding.blocks:  # the lag sensor then records the check in one run
             context.log.error(f"{name!r} blocked by {GROUP_CHECK.name}: {finding.message}")
