@@ -24,8 +24,8 @@ from platform_assets.ingest.jobs import (
 )
 from platform_assets.ingest.schedules import (
     build_checks_schedule,
-    build_fallback_schedule,
-    build_maintenance_schedule,
+    build_fallback_schedules,
+    build_maintenance_schedules,
     build_observe_topics_schedule,
 )
 from platform_assets.ingest.sensors import build_lag_sensor
@@ -43,13 +43,16 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
     specs = load_pipelines() if given is None else given
     assets, checks, sensors, schedules = [], [], [], []
     jobs: list[JobDefinition | AssetJob] = []
+    ingest_jobs = [build_ingest_job(spec) for spec in specs]
     for spec in specs:
-        ingest = build_ingest_job(spec)
         assets += build_pipeline_assets(spec)
         checks.append(build_pipeline_checks(spec))
-        jobs.append(ingest)
-        sensors.append(build_lag_sensor(spec, ingest))
-        schedules += [build_fallback_schedule(spec, ingest), build_maintenance_schedule(spec)]
+    jobs += ingest_jobs
+    # One lag sensor and one set of schedules for all the pipelines, each tick one pass.
+    ingest_all = build_ingest_all_job(specs)
+    if specs:  # a sensor must target at least one job
+        sensors.append(build_lag_sensor(specs, ingest_jobs))
+    schedules += [*build_fallback_schedules(specs, ingest_all), *build_maintenance_schedules(specs)]
     # The streaming pipelines share a bounded number of worker runs (platform_assets/streaming):
     # the job and its sensor exist with no streaming pipeline too, to stop a worker left running.
     workers = load_config().streaming.workers
@@ -65,7 +68,7 @@ def build_definitions(specs: list[PipelineSpec] | None = None) -> Definitions:
     return Definitions(
         assets=[*assets, build_dbt_assets(dbt_project)],
         asset_checks=checks,
-        jobs=[*jobs, build_ingest_all_job(specs), observe, run_checks, *operator_jobs(specs)],
+        jobs=[*jobs, ingest_all, observe, run_checks, *operator_jobs(specs)],
         schedules=[
             *schedules,
             build_observe_topics_schedule(observe),

@@ -38,6 +38,10 @@ def topic_asset_keys(spec: PipelineSpec) -> list[AssetKey]:
     return [AssetKey(["kafka", topic]) for topic in spec.source_topics]
 
 
+INGEST_ALL_JOB = "ingest_all"
+"""The job that ingests every pipeline, or those a run selects (the fallback schedules')."""
+
+
 def ingest_job_name(spec: PipelineSpec) -> str:
     """Name of the job that ingests one pipeline."""
     return f"ingest_{spec.name}_job"

@@ -2,11 +2,78 @@
 
 from __future__ import annotations
 
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
 from ingestion.health.state import PipelineState, read_state
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.route import active_route
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer
+    from confluent_kafka.admin import AdminClient
+    from pyiceberg.catalog import Catalog
+
+
+class StateReader:
+    """Reads the state of many pipelines with one catalog, and one admin client and one
+    consumer per cluster, instead of new ones per pipeline: a sensor's pass over every
+    pipeline (``platform_assets.ingest.sensors``). Commits nothing; closes its consumers on exit.
+
+    Example:
+        >>> kafka = KafkaResource(bootstrap_servers="b:9092")
+        >>> with StateReader(kafka, IcebergCatalogResource(state_dir="unused")) as reader:
+        ...     reader.clusters()
+        []
+    """
+
+    def __init__(self, kafka: KafkaResource, iceberg: IcebergCatalogResource) -> None:
+        self.kafka, self.iceberg = kafka, iceberg
+        self._catalog: Catalog | None = None
+        self._clients: dict[str, tuple[AdminClient, Consumer]] = {}
+
+    def __enter__(self) -> StateReader:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        for _, consumer in self._clients.values():
+            consumer.close()
+        self._clients.clear()
+
+    def clusters(self) -> list[str]:
+        """The clusters this reader has clients for (those of the pipelines read so far)."""
+        return sorted(self._clients)
+
+    def catalog(self) -> Catalog:
+        """The catalog, loaded once."""
+        if self._catalog is None:
+            self._catalog = self.iceberg.load_catalog()
+        return self._catalog
+
+    def read(self, spec: PipelineSpec, with_oldest: bool = False) -> PipelineState:
+        """The table's offsets and Kafka's metadata for ``spec`` (with ``with_oldest``, also
+        the timestamp of each lagging partition's oldest uncommitted record).
+
+        Read on the pipeline's active route: after a failover, the replica and its topic names.
+        """
+        route = active_route(spec, self.kafka, self.iceberg)
+        catalog = self.catalog()
+        table = catalog.load_table(spec.table) if catalog.table_exists(spec.table) else None
+        admin, consumer = self._clients_of(route.cluster, route.kafka)
+        config: dict[str, Any] | None = route.kafka.client_config() if with_oldest else None
+        return read_state(route.spec, table, admin, consumer, config)
+
+    def _clients_of(self, cluster: str, kafka: KafkaResource) -> tuple[AdminClient, Consumer]:
+        if cluster not in self._clients:
+            self._clients[cluster] = (kafka.get_admin_client(), kafka.get_consumer())
+        return self._clients[cluster]
 
 
 def read_pipeline_state(
@@ -20,18 +87,5 @@ def read_pipeline_state(
 
     Read on the pipeline's active route: after a failover, the replica and its topic names.
     """
-    route = active_route(spec, kafka, iceberg)
-    spec, kafka = route.spec, route.kafka
-    catalog = iceberg.load_catalog()
-    table = catalog.load_table(spec.table) if catalog.table_exists(spec.table) else None
-    consumer = kafka.get_consumer()
-    try:
-        return read_state(
-            spec,
-            table,
-            kafka.get_admin_client(),
-            consumer,
-            kafka.client_config() if with_oldest else None,
-        )
-    finally:
-        consumer.close()
+    with StateReader(kafka, iceberg) as reader:
+        return reader.read(spec, with_oldest)

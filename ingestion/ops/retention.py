@@ -15,8 +15,6 @@ is 72 h for every pipeline and never shorter than twice the longest run
 
 from __future__ import annotations
 
-import zlib
-
 from ingestion.health.triggers import (
     RUN_PER_COMMIT_FLOOR_SECONDS,
     SENSOR_INTERVAL_SECONDS,
@@ -87,24 +85,31 @@ def orphan_window_hours(spec: PipelineSpec) -> float:
     return MAX_ORPHAN_WINDOW_HOURS
 
 
+FREQUENT_MAINTENANCE_CRON = "7,22,37,52 * * * *"
+"""Streams and pipelines with a freshness target: every 15 minutes (their retention is a commit
+budget, hours or minutes; the history stays within 15 minutes of it), between the quarter hours
+a fallback schedule ingests on by default."""
+DAILY_MAINTENANCE_CRON = "7 3 * * *"
+"""The other pipelines: daily at 03:07."""
+
+
 def maintenance_cron(spec: PipelineSpec) -> str:
-    """When the pipeline's maintenance runs: every 15 minutes for a stream or a pipeline with a
-    freshness target (their retention is a commit budget, hours or minutes; the history stays
-    within 15 minutes of it), daily at 03:MM otherwise; the minute derives from the
-    name, so pipelines do not all compact at once.
+    """When the pipeline's maintenance runs: ``FREQUENT_MAINTENANCE_CRON`` for a stream or a
+    pipeline with a freshness target, ``DAILY_MAINTENANCE_CRON`` otherwise. The pipelines on
+    one cron are maintained in one run, one after the other (``maintenance_schedule``), so
+    they never all compact at once.
 
     Example:
         >>> from ingestion.spec.pipeline import parse_pipeline_spec
         >>> base = {"name": "orders", "topic": "t", "table": "n.t", "consumer_group_id": "g",
         ...     "value_format": "raw"}
         >>> maintenance_cron(parse_pipeline_spec({**base, "freshness_target_seconds": 15}))
-        '2,17,32,47 * * * *'
+        '7,22,37,52 * * * *'
         >>> maintenance_cron(parse_pipeline_spec({**base, "freshness_target_seconds": 300}))
-        '2,17,32,47 * * * *'
+        '7,22,37,52 * * * *'
         >>> maintenance_cron(parse_pipeline_spec(base))
-        '2 3 * * *'
+        '7 3 * * *'
     """
-    minute = zlib.crc32(spec.name.encode()) % 15
     if is_continuous(spec) or spec.freshness_target_seconds is not None:
-        return f"{','.join(str(minute + m) for m in (0, 15, 30, 45))} * * * *"
-    return f"{minute} 3 * * *"
+        return FREQUENT_MAINTENANCE_CRON
+    return DAILY_MAINTENANCE_CRON

@@ -27,6 +27,7 @@ from platform_assets.ingest.checks import check_spec, to_result
 from platform_assets.ingest.liveness import record_run_process
 from platform_assets.ingest.metadata import commit_log_metadata, run_metadata, topic_metadata
 from platform_assets.pipelines import (
+    INGEST_ALL_JOB,
     commit_state_key,
     ingest_job_name,
     quarantine_key,
@@ -150,11 +151,11 @@ def build_ingestion_asset(spec: PipelineSpec) -> AssetsDefinition:
         spark: SparkResource,
     ) -> Iterator[MaterializeResult | AssetCheckResult]:
         # Where this run's process runs: an operator action can then tell it is dead once
-        # it was killed (platform_assets.ingest.liveness). Only in the pipeline's own job,
-        # whose executor runs the step in the run's process; ingest_all's multiprocess
-        # executor runs it in a child, which may end while the run goes on (such a run
-        # stays untagged and always counts as alive).
-        if context.run.job_name == ingest_job_name(spec):
+        # it was killed (platform_assets.ingest.liveness). The pipeline's own job and
+        # ingest_all run their steps in the run's process (in_process_executor); a job of
+        # another executor runs it in a child, which may end while the run goes on (such a
+        # run stays untagged and always counts as alive).
+        if context.run.job_name in (ingest_job_name(spec), INGEST_ALL_JOB):
             record_run_process(context.instance, context.run.run_id)
         finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
         if context.selected_asset_check_keys:

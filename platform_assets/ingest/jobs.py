@@ -21,8 +21,15 @@ from dagster import (
 from ingestion.health.checks import AUDIT_CHECK, GROUP_CHECK, replica_check_def
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.assets import observe_topic
+from platform_assets.ingest.checks import pipeline_check_keys
 from platform_assets.ingest.liveness import active_runs, clear_dead_runs
-from platform_assets.pipelines import ingest_job_name, ingestion_keys, table_key, topic_asset_keys
+from platform_assets.pipelines import (
+    INGEST_ALL_JOB,
+    ingest_job_name,
+    ingestion_keys,
+    table_key,
+    topic_asset_keys,
+)
 from resources.kafka import KafkaResource
 
 if TYPE_CHECKING:
@@ -108,11 +115,23 @@ def ingestion_selection(spec: PipelineSpec) -> AssetSelection:
     each waited out its timeout in every run (11 s runs instead of 1.5 s, DR drill through
     Dagster runs).
     """
+    return AssetSelection.assets(*ingestion_keys(spec)) - AssetSelection.checks(
+        *off_path_checks(spec)
+    )
+
+
+def off_path_checks(spec: PipelineSpec) -> list[AssetCheckKey]:
+    """The checks an ingestion run leaves to ``run_checks`` (:func:`ingestion_selection`)."""
     table = table_key(spec)
-    off_path = [AssetCheckKey(table, AUDIT_CHECK.name)] + [
+    return [AssetCheckKey(table, AUDIT_CHECK.name)] + [
         AssetCheckKey(table, replica_check_def(replica).name) for replica in spec.replicas
     ]
-    return AssetSelection.assets(*ingestion_keys(spec)) - AssetSelection.checks(*off_path)
+
+
+def ingestion_check_keys(spec: PipelineSpec) -> list[AssetCheckKey]:
+    """The checks one ingestion run evaluates (:func:`ingestion_selection`)."""
+    off_path = off_path_checks(spec)
+    return [key for key in pipeline_check_keys(spec) if key not in off_path]
 
 
 def build_ingest_job(spec: PipelineSpec) -> AssetJob:
@@ -133,11 +152,20 @@ def build_ingest_job(spec: PipelineSpec) -> AssetJob:
 
 
 def build_ingest_all_job(specs: list[PipelineSpec]) -> AssetJob:
-    """Ingest every pipeline (each still one run at a time through its pool)."""
+    """Ingest every pipeline, or those a run selects (the fallback schedules' runs), one after
+    the other in the run's own process (each still one run at a time through its pool): a
+    process per step would import the code location again for each, and a run killed with its
+    process can then be told dead like a pipeline's own run (``platform_assets.ingest.liveness``).
+    One pipeline's failing step does not stop the others'."""
     selection: AssetSelection = AssetSelection.assets()
     for spec in specs:
         selection = selection | ingestion_selection(spec)
-    return define_asset_job("ingest_all", selection=selection)
+    return define_asset_job(
+        INGEST_ALL_JOB,
+        selection=selection,
+        executor_def=in_process_executor,
+        description="Ingest every pipeline (or the selected ones) exactly once.",
+    )
 
 
 def build_run_checks_job(specs: list[PipelineSpec]) -> AssetJob:

@@ -28,7 +28,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
 PROCESS_TAG = "platform/run-process"  # where the run's process runs: see the module docstring
 
@@ -127,6 +127,7 @@ class ActiveRun:
     status: str
     started: float | None  # epoch seconds, None before it started
     dead: str | None  # the evidence that its process is gone, None when it may be alive
+    assets: frozenset[AssetKey] | None = None  # the assets it selected; None: all of its job's
 
     def describe(self) -> str:
         """``run <id> (job <job>, STARTED at <time>)``, plus the evidence when dead."""
@@ -144,12 +145,17 @@ def active_runs(
 ) -> list[ActiveRun]:
     """The runs of ``job_names`` in ``statuses``, each judged alive or provably dead."""
     found = []
-    for job_name in job_names:
-        records = instance.get_run_records(
-            RunsFilter(job_name=job_name, statuses=statuses)  # type: ignore[arg-type]
-        )
-        for record in records:
+    wanted = set(job_names)
+    if len(wanted) == 1:  # the usual case: one job's runs
+        filters = [RunsFilter(job_name=name, statuses=statuses) for name in wanted]  # type: ignore[arg-type]
+    else:  # one query for all of them (the lag sensor's pass over every pipeline)
+        filters = [RunsFilter(statuses=statuses)]  # type: ignore[arg-type]
+    for runs_filter in filters:
+        for record in instance.get_run_records(runs_filter):
             run = record.dagster_run
+            if run.job_name not in wanted:
+                continue
+            job_name = run.job_name
             found.append(
                 ActiveRun(
                     run.run_id,
@@ -161,6 +167,7 @@ def active_runs(
                     death_evidence(run.tags.get(PROCESS_TAG), run.run_id)
                     if run.status == DagsterRunStatus.STARTED
                     else None,
+                    run.asset_selection,
                 )
             )
     return found

@@ -1,5 +1,8 @@
-"""Schedules: topic observation, a fallback ingestion and table maintenance per pipeline,
-periodic checks."""
+"""Schedules: topic observation, fallback ingestion and table maintenance for every pipeline
+(one schedule per cron, not per pipeline), periodic checks."""
+
+import hashlib
+from collections.abc import Sequence
 
 from dagster import (
     DefaultScheduleStatus,
@@ -13,14 +16,19 @@ from dagster import (
 )
 
 from ingestion.health.checks import check_group_consistency
-from ingestion.health.triggers import is_continuous
-from ingestion.ops.retention import maintenance_cron, orphan_window_hours, snapshot_retention_hours
+from ingestion.ops.retention import FREQUENT_MAINTENANCE_CRON, maintenance_cron
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, AssetJob
-from platform_assets.ingest.sensors import blocked_reason
+from platform_assets.ingest.jobs import (
+    ACTIVE_RUN_STATUSES,
+    AssetJob,
+    count_active_runs,
+    ingestion_check_keys,
+    operator_holds,
+)
+from platform_assets.ingest.sensors import Busy, blocked_reason
 from platform_assets.operations.jobs import MAINTAIN_JOB, MAINTAIN_OP
-from platform_assets.state import read_pipeline_state
-from platform_assets.streaming.jobs import active_stream_runs
+from platform_assets.pipelines import ingestion_keys
+from platform_assets.state import StateReader
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -35,72 +43,158 @@ def build_observe_topics_schedule(job: JobDefinition) -> ScheduleDefinition:
     )
 
 
-def build_fallback_schedule(spec: PipelineSpec, job: AssetJob) -> ScheduleDefinition:
-    """Ingest on ``fallback_cron`` even if the lag sensor is off (an idle run commits nothing);
-    skip while the blocking group-id check fails (the run could only fail)."""
+def schedule_suffix(cron: str) -> str:
+    """A stable name part for a cron string (schedule names allow letters, digits and ``_``).
+
+    Example:
+        >>> schedule_suffix("*/15 * * * *") == schedule_suffix("*/15 * * * *")
+        True
+        >>> len(schedule_suffix("0 3 * * *"))
+        8
+    """
+    return hashlib.sha256(cron.encode()).hexdigest()[:8]
+
+
+def build_fallback_schedules(
+    specs: Sequence[PipelineSpec], job: AssetJob
+) -> list[ScheduleDefinition]:
+    """One schedule per distinct ``fallback_cron`` (usually one: ``fallback_schedule``): on its
+    cron, one run of ``ingest_all`` (``job``) selecting every pipeline on that cron, even if the
+    lag sensor is off (an idle pipeline commits nothing). A pipeline is left out while a run or
+    a stream worker ingests it, an operator action holds it, or its blocking group-id check
+    fails (its step could only fail). Each tick reads the pipelines' states in one pass
+    (``StateReader``); one that cannot be read is left out with its error in the tick's log."""
+    by_cron: dict[str, list[PipelineSpec]] = {}
+    for spec in specs:
+        by_cron.setdefault(spec.fallback_cron, []).append(spec)
+    default = PipelineSpec.model_fields["fallback_cron"].default
+    return [
+        build_fallback_schedule(
+            "fallback_schedule"
+            if cron == default
+            else f"fallback_schedule_{schedule_suffix(cron)}",
+            cron,
+            group,
+            job,
+        )
+        for cron, group in sorted(by_cron.items())
+    ]
+
+
+def build_fallback_schedule(
+    name: str, cron: str, specs: Sequence[PipelineSpec], job: AssetJob
+) -> ScheduleDefinition:
+    """The fallback schedule of the pipelines on ``cron`` (``build_fallback_schedules``)."""
+    names = ", ".join(sorted(spec.name for spec in specs))
 
     @schedule(
-        name=f"{spec.name}_fallback_schedule",
+        name=name,
         job=job,
-        cron_schedule=spec.fallback_cron,
+        cron_schedule=cron,
         default_status=DefaultScheduleStatus.RUNNING,
-        description=f"Ingests {spec.name!r} on {spec.fallback_cron!r} unless it is blocked.",
+        description=f"Ingests {names} on {cron!r} in one run, but those blocked, held or "
+        "already being ingested.",
     )
     def _fallback(
         context: ScheduleEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
-        if is_continuous(spec) and active_stream_runs(context.instance, spec):
-            return SkipReason(f"{spec.name!r} streams: its stream run is ingesting")
-        finding = check_group_consistency(read_pipeline_state(spec, kafka, iceberg))
-        if finding.blocks:
-            return SkipReason(blocked_reason(spec, finding))
-        return RunRequest(tags={"trigger": "fallback_schedule"})
+        if count_active_runs(context.instance, job.name):
+            return SkipReason(f"an {job.name} run is still queued or in progress")
+        busy = Busy.read(context.instance, specs)
+        held = operator_holds(context.instance, [spec.name for spec in specs])
+        due, lines = [], []
+        with StateReader(kafka, iceberg) as reader:
+            for spec in specs:
+                if busy.ingesting(context.instance, spec):
+                    lines.append(f"{spec.name!r} is being ingested (a run or a stream worker)")
+                    continue
+                if spec.name in held:
+                    lines.append(
+                        f"{spec.name!r}: operator action in progress (run {held[spec.name]})"
+                    )
+                    continue
+                try:
+                    finding = check_group_consistency(reader.read(spec))
+                except Exception as exc:
+                    context.log.error(f"{spec.name}: its state could not be read: {exc}")
+                    lines.append(f"{spec.name!r}: state unreadable ({exc})")
+                    continue
+                if finding.blocks:
+                    lines.append(blocked_reason(spec, finding))
+                    continue
+                due.append(spec)
+        for line in lines:
+            context.log.info(line)
+        if not due:
+            return SkipReason("\n".join(lines) or "no pipeline")
+        return RunRequest(
+            asset_selection=[key for spec in due for key in ingestion_keys(spec)],
+            asset_check_keys=[key for spec in due for key in ingestion_check_keys(spec)],
+            tags={"trigger": name, "pipelines": ", ".join(s.name for s in due)[:1000]},
+        )
 
     return _fallback
 
 
-def build_maintenance_schedule(spec: PipelineSpec) -> ScheduleDefinition:
-    """Maintain the pipeline's tables on ``maintenance_cron``: compaction, expiry keeping the
-    retention of ``snapshot_retention_hours`` and the offsets watermark (rule 7), orphan removal
-    (``ingestion.ops.retention``; the ``maintain_tables`` job, as from the UI or the CLI).
+def build_maintenance_schedules(specs: Sequence[PipelineSpec]) -> list[ScheduleDefinition]:
+    """Maintain the tables of every pipeline in one run per ``maintenance_cron``: compaction,
+    expiry keeping the retention of ``snapshot_retention_hours`` and the offsets watermark
+    (rule 7), orphan removal (``ingestion.ops.retention``; the ``maintain_tables`` job, as from
+    the UI or the CLI). Two schedules at most: ``maintenance_schedule`` every 15 minutes for the
+    streams and the pipelines with a freshness target, ``daily_maintenance_schedule`` for the
+    others; the run maintains its pipelines one after the other, each on its own.
 
     It runs while a stream is alive (a stream never ends by itself, and maintenance takes no
     ingestion pool): every step is a compare-and-set against a concurrent commit (R41, R43).
-    It skips while a maintenance run of the pipeline is still queued or in progress, and
-    while the table does not exist yet (the pipeline's first run creates it).
+    It skips while its previous run is still queued or in progress, and leaves out a pipeline
+    whose table does not exist yet (the pipeline's first run creates it).
     """
-    retention, window = snapshot_retention_hours(spec), orphan_window_hours(spec)
-    config = {
-        "pipeline": spec.name,
-        "snapshot_retention_hours": retention,
-        "orphan_window_hours": window,
-        "compact": True,
-    }
+    by_cron: dict[str, list[PipelineSpec]] = {}
+    for spec in specs:
+        by_cron.setdefault(maintenance_cron(spec), []).append(spec)
+    return [
+        build_maintenance_schedule(
+            "maintenance_schedule"
+            if cron == FREQUENT_MAINTENANCE_CRON
+            else "daily_maintenance_schedule",
+            cron,
+            group,
+        )
+        for cron, group in sorted(by_cron.items())
+    ]
+
+
+def build_maintenance_schedule(
+    name: str, cron: str, specs: Sequence[PipelineSpec]
+) -> ScheduleDefinition:
+    """One maintenance schedule (``build_maintenance_schedules``)."""
+    names = ", ".join(sorted(spec.name for spec in specs))
 
     @schedule(
-        name=f"{spec.name}_maintenance_schedule",
+        name=name,
         job_name=MAINTAIN_JOB,
-        cron_schedule=maintenance_cron(spec),
+        cron_schedule=cron,
         default_status=DefaultScheduleStatus.RUNNING,
-        description=f"Compacts {spec.table!r}, expires its snapshots older than {retention:g} h "
-        f"(keeping the offsets), removes orphans older than {window:g} h.",
+        description=f"Maintains the tables of {names} in one run: compaction, expiry of "
+        "snapshots past each one's retention (keeping the offsets), orphan removal.",
     )
     def _maintenance(
         context: ScheduleEvaluationContext, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
-        if not iceberg.load_catalog().table_exists(spec.table):
-            return SkipReason(f"{spec.table!r} does not exist yet: nothing to maintain")
         active = context.instance.get_runs(
-            RunsFilter(
-                job_name=MAINTAIN_JOB, statuses=ACTIVE_RUN_STATUSES, tags={"pipeline": spec.name}
-            ),
+            RunsFilter(job_name=MAINTAIN_JOB, statuses=ACTIVE_RUN_STATUSES, tags={"trigger": name}),
             limit=1,
         )
         if active:
-            return SkipReason(f"maintenance of {spec.name!r} is still running ({active[0].run_id})")
+            return SkipReason(f"{name}'s previous run is still running ({active[0].run_id})")
+        catalog = iceberg.load_catalog()
+        due = [spec.name for spec in specs if catalog.table_exists(spec.table)]
+        if not due:
+            return SkipReason(f"no table of {names} exists yet: nothing to maintain")
+        config = {"pipelines": due, "compact": True}
         return RunRequest(
             run_config={"ops": {MAINTAIN_OP: {"config": config}}},
-            tags={"pipeline": spec.name, "trigger": "maintenance_schedule"},
+            tags={"trigger": name, "pipelines": ", ".join(due)[:1000]},
         )
 
     return _maintenance

@@ -1,6 +1,6 @@
-"""Sensors decide, assets do: the lag sensor reads offsets and requests runs (it never consumes
-or commits); the alert sensors (``platform_assets.alerts.sensors``) turn failed checks and runs
-into alerts, once per change.
+"""Sensors decide, assets do: one lag sensor reads every pipeline's offsets and requests runs
+(it never consumes or commits); the alert sensors (``platform_assets.alerts.sensors``) turn
+failed checks and runs into alerts, once per change.
 
 A misconfigured pipeline raises one alert, not a storm of failed runs: the lag sensor evaluates
 the blocking group-id check on the state it reads anyway and launches no ingestion while it
@@ -10,17 +10,20 @@ Checks tab and ``check_alerts`` see it).
 
 import json
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from dagster import (
     AssetCheckEvaluation,
     AssetCheckKey,
     DagsterInstance,
     DefaultSensorStatus,
+    JobDefinition,
     RunRequest,
     SensorDefinition,
     SensorEvaluationContext,
-    SkipReason,
+    SensorResult,
     sensor,
 )
 
@@ -33,11 +36,13 @@ from dagster._core.storage.asset_check_execution_record import (
 
 from ingestion.health.checks import GROUP_CHECK, Finding, check_group_consistency
 from ingestion.health.lag import measure_with_sightings
+from ingestion.health.state import PipelineState
 from ingestion.health.triggers import decide, decide_group_check, is_continuous
 from ingestion.spec.pipeline import PipelineSpec
-from platform_assets.ingest.jobs import AssetJob, active_operator_runs, count_active_runs
-from platform_assets.pipelines import table_key
-from platform_assets.state import read_pipeline_state
+from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, AssetJob, active_operator_runs
+from platform_assets.ingest.liveness import active_runs, clear_dead_runs
+from platform_assets.pipelines import ingest_job_name, table_key
+from platform_assets.state import StateReader
 from platform_assets.streaming.jobs import active_stream_runs
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -66,80 +71,187 @@ def blocked_reason(spec: PipelineSpec, outcome: Finding) -> str:
     return f"ingestion of {spec.name!r} is blocked by {GROUP_CHECK.name}: {outcome.message}"
 
 
-def build_lag_sensor(spec: PipelineSpec, job: AssetJob) -> SensorDefinition:
-    """Launch an ingestion run when the pipeline's lag or its age crosses the spec's bounds,
-    unless the blocking group-id check fails on the state just read.
+LAG_SENSOR = "lag_sensor"
+LAG_SENSOR_INTERVAL_SECONDS = 15
+PASS_BUDGET_SECONDS = 30.0
+"""A tick reads pipelines' states until this much time has passed, then stops; the next tick
+starts with the first pipeline it did not reach. With many pipelines each is still read every
+few ticks, and a tick stays well within Dagster's sensor timeout (60 s)."""
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Which pipelines a run is ingesting now: read once per tick for every pipeline."""
+
+    runs: dict[str, int]  # ingest job name -> its runs queued or in progress that may be alive
+
+    @classmethod
+    def read(cls, instance: DagsterInstance, specs: Sequence[PipelineSpec]) -> "Busy":
+        """One query for every pipeline's ingest job. A run whose process is provably gone
+        (killed on this machine) is marked failed here instead (``count_active_runs``)."""
+        runs = active_runs(
+            instance, [ingest_job_name(spec) for spec in specs], list(ACTIVE_RUN_STATUSES)
+        )
+        clear_dead_runs(instance, [run for run in runs if run.dead], by="a sensor of the platform")
+        counts: dict[str, int] = {}
+        for run in runs:
+            if not run.dead:
+                counts[run.job_name] = counts.get(run.job_name, 0) + 1
+        return cls(counts)
+
+    def ingesting(self, instance: DagsterInstance, spec: PipelineSpec) -> bool:
+        """Whether a run of the pipeline's job, or a stream worker serving it, is ingesting."""
+        if self.runs.get(ingest_job_name(spec), 0) > 0:
+            return True
+        return is_continuous(spec) and bool(active_stream_runs(instance, spec))
+
+
+def decide_pipeline(
+    instance: DagsterInstance,
+    spec: PipelineSpec,
+    state: PipelineState,
+    entry: dict[str, Any],
+) -> tuple[RunRequest | None, str, dict[str, Any]]:
+    """One pipeline's part of a tick on the state just read: a run to request (ingestion, or
+    only the group check's evaluation), the reason for none, and its new cursor entry."""
+    finding = check_group_consistency(state)
+    group_key = AssetCheckKey(table_key(spec), GROUP_CHECK.name)
+    requested = entry.get("group_check_requested")
+    evaluate, _ = decide_group_check(finding, latest_outcome(instance, group_key), requested, False)
+    lag = sum(state.lag().values())
+    now_ms = int(time.time() * 1000)
+    waited, seen = measure_with_sightings(state, now_ms, entry.get("future_seen") or {})
+    age = waited.seconds
+    if finding.blocks:  # no ingestion: it would fail, or re-read everything
+        launch, reason = False, blocked_reason(spec, finding)
+    elif is_continuous(spec):  # its stream is waiting (a check, a hold, a restart backoff)
+        launch, reason = False, f"{spec.name!r} streams on a shared worker: see stream_sensor"
+    else:
+        launch, reason = decide(lag, age, spec, False)
+    held = active_operator_runs(instance, spec) if launch or evaluate else []
+    if held:  # an operator job waits for a gap between runs (operations.hold_ingestion)
+        launch, evaluate = False, False
+        reason = f"{spec.name!r}: operator action in progress (run {held[0]}); no run until it ends"
+    if launch or evaluate:  # an ingestion run evaluates the group check first
+        requested = finding.fingerprint
+    entry = {
+        "lag": lag,
+        "lag_seconds": age,
+        "future_timestamps": waited.describe_future(),
+        "future_seen": seen,
+        "group_check_requested": requested,
+    }
+    job_name = ingest_job_name(spec)
+    if launch:
+        tags = {"trigger": LAG_SENSOR, "lag": str(lag)}
+        return RunRequest(job_name=job_name, tags=tags), reason, entry
+    if evaluate:  # only the check: nothing is read or committed
+        return (
+            RunRequest(
+                job_name=job_name,
+                asset_selection=[],
+                asset_check_keys=[group_key],
+                tags={"trigger": LAG_SENSOR, "evaluates": GROUP_CHECK.name},
+            ),
+            reason,
+            entry,
+        )
+    return None, reason, entry
+
+
+def in_turn(names: list[str], first: str | None) -> list[str]:
+    """``names`` starting with ``first`` (where the last tick stopped), then around.
+
+    Example:
+        >>> in_turn(["a", "b", "c"], "b")
+        ['b', 'c', 'a']
+        >>> in_turn(["a", "b"], "gone")
+        ['a', 'b']
+    """
+    if first not in names:
+        return names
+    at = names.index(first)
+    return names[at:] + names[:at]
+
+
+def build_lag_sensor(
+    specs: Sequence[PipelineSpec],
+    jobs: Sequence[AssetJob | JobDefinition],
+    budget_s: float = PASS_BUDGET_SECONDS,
+) -> SensorDefinition:
+    """One sensor for every pipeline: each tick is one pass that reads the pipelines' states
+    with one catalog and one Kafka admin client and consumer per cluster, and launches an
+    ingestion run of a pipeline whose lag or age crosses its spec's bounds, unless the
+    blocking group-id check fails on the state just read.
+
+    A pipeline a run or a stream worker is ingesting is not read at all (nothing could be
+    requested for it), so a streaming pipeline costs this sensor nothing while it streams. A
+    pass stops after ``budget_s`` and the next tick resumes there. One pipeline whose state
+    cannot be read is skipped with its error in the tick's log; the tick fails only when no
+    pipeline could be read (the broker or the catalog is down).
 
     The age is lag in seconds as the checks compute it (``ingestion.health.lag``, R53): a producer
     timestamp in the future is bounded by the last commit, or before any commit by the tick
-    that first saw it (``future_seen`` in the cursor), and named in ``future_timestamps``.
+    that first saw it (``future_seen`` in the pipeline's cursor entry), and named in
+    ``future_timestamps``.
 
     A continuous pipeline (``ingestion.health.triggers.is_continuous``) launches no ingestion run
-    here: its stream sensor keeps one stream run alive (``platform_assets/streaming/sensors.py``);
-    this sensor still requests the runs that record the group check, once no stream is active.
+    here: the stream sensor assigns it to a worker (``platform_assets/streaming/sensors.py``);
+    this sensor still requests the runs that record the group check, once no worker serves it.
     """
-    group_key = AssetCheckKey(table_key(spec), GROUP_CHECK.name)
+    by_name = {spec.name: spec for spec in specs}
+    names = sorted(by_name)
 
     @sensor(
-        name=f"{spec.name}_lag_sensor",
-        job=job,
-        minimum_interval_seconds=15,
+        name=LAG_SENSOR,
+        jobs=list(jobs),
+        minimum_interval_seconds=LAG_SENSOR_INTERVAL_SECONDS,
         default_status=DefaultSensorStatus.RUNNING,
-        description=f"Reads {spec.name!r} lag from offsets (no consumption) and requests runs; "
-        f"none while {GROUP_CHECK.name} blocks it.",
+        description="Reads every pipeline's lag from offsets (no consumption) and requests "
+        f"ingestion runs; none for a pipeline while {GROUP_CHECK.name} blocks it.",
     )
     def _sensor(
         context: SensorEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
-    ) -> RunRequest | SkipReason:
-        state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
-        finding = check_group_consistency(state)
-        outcome = finding
+    ) -> SensorResult:
         cursor = json.loads(context.cursor) if context.cursor else {}
-        busy = count_active_runs(context.instance, job.name) > 0
-        continuous = is_continuous(spec)
-        if continuous:  # a stream stops itself, or is stopped, before the check is recorded
-            busy = busy or bool(active_stream_runs(context.instance, spec))
-        requested = cursor.get("group_check_requested")
-        evaluate, _ = decide_group_check(
-            outcome, latest_outcome(context.instance, group_key), requested, busy
-        )
-        lag = sum(state.lag().values())
-        now_ms = int(time.time() * 1000)
-        waited, seen = measure_with_sightings(state, now_ms, cursor.get("future_seen") or {})
-        age = waited.seconds
-        if outcome.blocks:  # no ingestion: it would fail, or re-read everything
-            launch, reason = False, blocked_reason(spec, outcome)
-        elif continuous:
-            launch, reason = False, f"{spec.name!r} streams on a shared worker: see stream_sensor"
-        else:
-            launch, reason = decide(lag, age, spec, busy)
-        held = active_operator_runs(context.instance, spec) if launch or evaluate else []
-        if held:  # an operator job waits for a gap between runs (operations.hold_ingestion)
-            launch, evaluate = False, False
-            reason = (
-                f"{spec.name!r}: operator action in progress (run {held[0]}); no run until it ends"
-            )
-        if launch or evaluate:  # an ingestion run evaluates the group check first
-            requested = outcome.fingerprint
-        context.update_cursor(
-            json.dumps(
-                {
-                    "lag": lag,
-                    "lag_seconds": age,
-                    "future_timestamps": waited.describe_future(),
-                    "future_seen": seen,
-                    "group_check_requested": requested,
-                }
-            )
-        )
-        if launch:
-            return RunRequest(tags={"trigger": "lag_sensor", "lag": str(lag)})
-        if evaluate:  # only the check: nothing is read or committed
-            return RunRequest(
-                asset_selection=[],
-                asset_check_keys=[group_key],
-                tags={"trigger": "lag_sensor", "evaluates": GROUP_CHECK.name},
-            )
-        return SkipReason(reason)
+        entries: dict[str, Any] = {
+            n: e for n, e in (cursor.get("pipelines") or {}).items() if n in by_name
+        }
+        busy = Busy.read(context.instance, list(by_name.values()))
+        requests, lines, errors = [], [], []
+        resume, read = None, 0
+        deadline = time.monotonic() + budget_s
+        with StateReader(kafka, iceberg) as reader:
+            for name in in_turn(names, cursor.get("resume")):
+                spec = by_name[name]
+                if busy.ingesting(context.instance, spec):
+                    lines.append(f"{name}: a run or a stream worker is ingesting it")
+                    continue
+                if read and time.monotonic() > deadline:
+                    resume = name  # the next tick starts here
+                    lines.append(f"{name}: not reached in {budget_s:.0f} s; next tick")
+                    continue
+                read += 1
+                try:
+                    state = reader.read(spec, with_oldest=True)
+                except Exception as exc:
+                    errors.append((name, exc))
+                    context.log.error(f"{name}: its state could not be read: {exc}")
+                    lines.append(f"{name}: state unreadable ({exc}); the others were read")
+                    continue
+                request, reason, entries[name] = decide_pipeline(
+                    context.instance, spec, state, entries.get(name, {})
+                )
+                if request is not None:
+                    requests.append(request)
+                lines.append(f"{name}: {reason}")
+        if errors and len(errors) == read:  # nothing read at all: fail the tick loudly
+            raise errors[0][1]
+        for line in lines:
+            context.log.info(line)
+        new_cursor = json.dumps({"pipelines": entries, "resume": resume}, sort_keys=True)
+        if requests:
+            return SensorResult(run_requests=requests, cursor=new_cursor)
+        return SensorResult(skip_reason="\n".join(lines) or "no pipeline", cursor=new_cursor)
 
     return _sensor

@@ -15,19 +15,20 @@ from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG
 from platform_assets.ingest.liveness import ActiveRun, active_runs
-from platform_assets.pipelines import ingest_job_name
+from platform_assets.pipelines import INGEST_ALL_JOB, ingest_job_name, table_key
 from platform_assets.route import PRIMARY, active_route
 from platform_assets.streaming.jobs import active_stream_runs
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
-INGEST_ALL_JOB = "ingest_all"  # platform_assets.ingest.jobs.build_ingest_all_job: every pipeline
-
 
 def ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[ActiveRun]:
-    """Runs queued or in progress that may ingest ``spec`` (its own job and ``ingest_all``),
-    each judged alive or provably dead (``platform_assets.ingest.liveness``)."""
-    return active_runs(instance, [ingest_job_name(spec), INGEST_ALL_JOB], list(ACTIVE_RUN_STATUSES))
+    """Runs queued or in progress that may ingest ``spec`` (its own job, and ``ingest_all``
+    unless the run selected other pipelines only, as ``fallback_schedule``'s do), each judged
+    alive or provably dead (``platform_assets.ingest.liveness``)."""
+    runs = active_runs(instance, [ingest_job_name(spec), INGEST_ALL_JOB], list(ACTIVE_RUN_STATUSES))
+    table = table_key(spec)
+    return [run for run in runs if run.assets is None or table in run.assets]
 
 
 def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:

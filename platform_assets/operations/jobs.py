@@ -1,6 +1,6 @@
 """Operator jobs in the Dagster UI, with typed run config, on the same code as the CLI."""
 
-from typing import Literal
+from typing import Any, Literal
 
 from dagster import (
     AssetCheckKey,
@@ -15,7 +15,7 @@ from dagster import (
 
 from ingestion.exceptions import IngestionError
 from ingestion.health.checks import AUDIT_CHECK
-from ingestion.ops.maintenance import maintain_pipeline
+from ingestion.ops.maintenance import MaintenanceReport, maintain_pipeline
 from ingestion.ops.reset import migrate_group
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
@@ -25,7 +25,7 @@ from platform_assets.pipelines import table_key
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
-# The maintenance job and its op, named by the per-pipeline maintenance schedules.
+# The maintenance job and its op, named by the maintenance schedules.
 MAINTAIN_JOB = "maintain_tables"
 MAINTAIN_OP = "maintain_pipeline_tables"
 
@@ -55,10 +55,12 @@ class MigrateConfig(Config):
 
 
 class MaintainConfig(Config):
-    """Retention of snapshots and the orphan safety window, in hours (unset: the pipeline's
-    own, ``ingestion.ops.retention``, as its maintenance schedule uses)."""
+    """The pipeline to maintain (or ``pipelines``: several, one after the other, as the
+    maintenance schedules ask); retention of snapshots and the orphan safety window, in hours
+    (unset: each pipeline's own, ``ingestion.ops.retention``, as the schedules use)."""
 
-    pipeline: str
+    pipeline: str = ""
+    pipelines: list[str] = []  # noqa: RUF012 - a pydantic field: each instance gets a copy
     snapshot_retention_hours: float | None = None
     orphan_window_hours: float | None = None
     compact: bool = True
@@ -143,45 +145,34 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     def _maintain(
         context: OpExecutionContext, config: MaintainConfig, iceberg: IcebergCatalogResource
     ) -> None:
-        """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``)."""
-        spec = pick_pipeline(specs, config.pipeline)
-        retention, window = config.snapshot_retention_hours, config.orphan_window_hours
-        # The commits after the audit's cursor are kept until it has recounted them (R47).
-        memory = previous_audit_memory(
-            context.instance, AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
-        )
-        report = maintain_pipeline(
-            iceberg.load_catalog(),
-            spec,
-            (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
-            (orphan_window_hours(spec) if window is None else window) * 3600,
-            config.compact,
-            keep_after=memory.cursor if memory else None,
-        )
-        context.add_output_metadata(
-            {
-                "summary": MetadataValue.md("\n".join(f"- {x}" for x in report.describe())),
-                "files_compacted": report.files_compacted,
-                "files_written": report.files_written,
-                "rows_rewritten": report.rows_rewritten,
-                "compaction_commits_retried": report.groups_retried,
-                "snapshots_expired": report.expired_snapshots,
-                "snapshots_kept_for_watermark": report.kept_for_watermark,
-                "orphan_window_hours": round(report.orphan_window_s / 3600, 3),
-                "orphans_removed": len(report.orphans_removed),
-                **(
-                    {
-                        "quarantine_files_compacted": report.quarantine.files_compacted,
-                        "quarantine_snapshots_expired": report.quarantine.expired_snapshots,
-                        "quarantine_orphans_removed": len(report.quarantine.orphans_removed),
-                    }
-                    if report.quarantine is not None
-                    else {}
-                ),
-            }
-        )
-        if report.errors:  # every step ran; the run still fails so that it alerts
-            raise Failure(f"maintenance of {spec.table}: " + "; ".join(report.errors))
+        """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``). Each
+        pipeline is maintained on its own: one that fails does not stop the others, and the
+        run then fails naming it (so that it alerts)."""
+        names = [*([config.pipeline] if config.pipeline else []), *config.pipelines]
+        if not names:
+            raise Failure(
+                f"maintain_tables: set `pipeline` (one of {sorted(s.name for s in specs)})"
+            )
+        chosen = [pick_pipeline(specs, name) for name in dict.fromkeys(names)]
+        catalog = iceberg.load_catalog()
+        reports: dict[str, MaintenanceReport] = {}
+        failed: list[str] = []
+        for spec in chosen:
+            try:
+                report = reports[spec.name] = maintain_one(context, catalog, spec, config)
+            except Exception as exc:
+                failed.append(f"{spec.name!r}: {exc}")
+                context.log.error(f"maintenance of {spec.name!r} failed: {exc}")
+                continue
+            context.log.info(f"maintained {spec.name!r}: " + "; ".join(report.describe()))
+            if report.errors:  # every step ran; the run still fails so that it alerts
+                failed.append(f"{spec.table}: " + "; ".join(report.errors))
+        if len(chosen) == 1 and reports:
+            context.add_output_metadata(describe_maintenance(next(iter(reports.values()))))
+        else:
+            context.add_output_metadata(describe_many(reports))
+        if failed:
+            raise Failure("maintenance of " + " | ".join(failed))
 
     @job(name="reset_offsets", description="Reset a pipeline's offsets (dry run by default).")
     def reset_job() -> None:
@@ -196,3 +187,60 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         _maintain()
 
     return [reset_job, migrate_job, maintain_job]
+
+
+def maintain_one(
+    context: OpExecutionContext, catalog: Any, spec: PipelineSpec, config: MaintainConfig
+) -> MaintenanceReport:
+    """Maintain one pipeline's tables with the run's retention (or the pipeline's own)."""
+    retention, window = config.snapshot_retention_hours, config.orphan_window_hours
+    # The commits after the audit's cursor are kept until it has recounted them (R47).
+    memory = previous_audit_memory(
+        context.instance, AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
+    )
+    return maintain_pipeline(
+        catalog,
+        spec,
+        (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
+        (orphan_window_hours(spec) if window is None else window) * 3600,
+        config.compact,
+        keep_after=memory.cursor if memory else None,
+    )
+
+
+def describe_maintenance(report: MaintenanceReport) -> dict[str, Any]:
+    """The run metadata of one pipeline's maintenance."""
+    return {
+        "summary": MetadataValue.md("\n".join(f"- {x}" for x in report.describe())),
+        "files_compacted": report.files_compacted,
+        "files_written": report.files_written,
+        "rows_rewritten": report.rows_rewritten,
+        "compaction_commits_retried": report.groups_retried,
+        "snapshots_expired": report.expired_snapshots,
+        "snapshots_kept_for_watermark": report.kept_for_watermark,
+        "orphan_window_hours": round(report.orphan_window_s / 3600, 3),
+        "orphans_removed": len(report.orphans_removed),
+        **(
+            {
+                "quarantine_files_compacted": report.quarantine.files_compacted,
+                "quarantine_snapshots_expired": report.quarantine.expired_snapshots,
+                "quarantine_orphans_removed": len(report.quarantine.orphans_removed),
+            }
+            if report.quarantine is not None
+            else {}
+        ),
+    }
+
+
+def describe_many(reports: dict[str, MaintenanceReport]) -> dict[str, Any]:
+    """The run metadata of several pipelines' maintenance: totals, and each one's summary."""
+    return {
+        "pipelines_maintained": len(reports),
+        "files_compacted": sum(r.files_compacted for r in reports.values()),
+        "snapshots_expired": sum(r.expired_snapshots for r in reports.values()),
+        "orphans_removed": sum(len(r.orphans_removed) for r in reports.values()),
+        **{
+            name: MetadataValue.md("\n".join(f"- {x}" for x in r.describe()))
+            for name, r in reports.items()
+        },
+    }

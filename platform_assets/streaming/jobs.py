@@ -84,13 +84,14 @@ STOP_TIMEOUT_SECONDS = 120.0
 then dies with the process (a crash before its commit: nothing lost or doubled)."""
 LANE_CHECK_SECONDS = 30.0
 """A lane reads its pipeline's state for the blocking group check, and its route, before its
-first iteration and then at most this often: reading them (new Kafka clients, two table loads)
-cost more than the iteration's own plan. Between two reads nothing is committed wrong: a spec
-change restarts the lane (and so reads first), an operator action holds it, and every plan
-refuses a moved route (``RouteClusterError``), a retired group or a table whose offsets are under
-another group by itself. A foreign consumer joining the Kafka group is found within this period;
-the table's offsets, not the group's, decide what is read, so it cannot make a commit lose or
-repeat a record meanwhile."""
+first iteration, after any re-plan (a lost compare-and-set, a refused route) and otherwise at
+most this often: reading them (new Kafka clients, two table loads) cost more than the
+iteration's own plan. Between two reads nothing is committed wrong: a spec change restarts the
+lane (and so reads first), an operator action holds it, and every plan refuses a moved route
+(``RouteClusterError``), a retired group or a table whose offsets are under another group by
+itself. A foreign consumer joining the Kafka group is found within this period; the table's
+offsets, not the group's, decide what is read, so it cannot make a commit lose or repeat a
+record meanwhile."""
 RESTART_BACKOFF_SECONDS = 30.0
 """A lane that failed, or stopped by itself (a blocked check), restarts no sooner: a failure that
 repeats does not become a storm, and the lag sensor has time to record a blocking check."""
@@ -402,7 +403,7 @@ def stream_lane(
         if not report.committed:
             return  # nothing ingested: no materialization (downstream not rebuilt)
         emit(AssetMaterialization(asset_key=table_key(spec), metadata=run_metadata(report)))
-        if spec.errors_tolerance == "all":
+        if spec.errors_tolerance == "all" and report.quarantined:  # R10: no rows, no event
             emit(
                 AssetMaterialization(
                     asset_key=quarantine_key(spec),
@@ -419,6 +420,12 @@ def stream_lane(
                 metadata=commit_log_metadata(commits, spec.consumer_group_id),
             )
         )
+
+    def on_conflict(message: str) -> None:
+        # Another writer committed first, or a switch moved the route: read the group check
+        # and the route again before the next plan.
+        checked[0] = float("-inf")
+        context.log.warning(f"{name!r}: re-planning after a concurrent commit: {message}")
 
     avro = spec.value_format == "avro"  # its registry client is closed when it stops
     with (
@@ -438,9 +445,7 @@ def stream_lane(
             run_id=context.run_id,
             io_properties=iceberg.io_properties(),
             schema_registry=registry,
-            on_conflict=lambda message: context.log.warning(
-                f"{name!r}: re-planning after a concurrent commit: {message}"
-            ),
+            on_conflict=on_conflict,
             cluster_config=lambda cluster: kafka.for_cluster(cluster).client_config(),
             cluster=route.cluster,
         )

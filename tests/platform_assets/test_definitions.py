@@ -69,7 +69,8 @@ def test_jobs_schedules_and_resources() -> None:
     schedule = defs.resolve_schedule_def("observe_topics_every_minute")
     assert schedule.default_status == DefaultScheduleStatus.RUNNING
     assert set(defs.resources or {}) == {"kafka", "iceberg", "spark", "alerts", "dbt"}
-    assert defs.resolve_sensor_def("orders_lag_sensor").job_name == "ingest_orders_job"
+    lag = defs.resolve_sensor_def("lag_sensor")
+    assert "ingest_orders_job" in {target.job_name for target in lag.targets}
     assert defs.resolve_sensor_def("analytics_automation").default_status.value == "RUNNING"
 
 
@@ -115,17 +116,17 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
     defs = build_definitions(specs)
     graph = defs.resolve_asset_graph()
     checks = {(k.asset_key, k.name) for k in graph.asset_check_keys}
+    lag_sensor = defs.resolve_sensor_def("lag_sensor")
+    # Issue 28: one lag sensor, one fallback and one maintenance schedule for every pipeline.
+    assert defs.resolve_schedule_def("fallback_schedule").job_name == "ingest_all"
+    maintenance = defs.resolve_schedule_def("daily_maintenance_schedule")
+    assert maintenance.job_name == "maintain_tables"
+    assert maintenance.cron_schedule == maintenance_cron(specs[0]) == maintenance_cron(specs[1])
     for spec in specs:
         assert table_key(spec) in graph.get_all_asset_keys()
         assert commit_state_key(spec) in graph.get_all_asset_keys()
         assert {name for key, name in checks if key == table_key(spec)} == PIPELINE_CHECKS
-        assert (
-            defs.resolve_sensor_def(f"{spec.name}_lag_sensor").job_name == f"ingest_{spec.name}_job"
-        )
-        assert defs.resolve_schedule_def(f"{spec.name}_fallback_schedule")
-        maintenance = defs.resolve_schedule_def(f"{spec.name}_maintenance_schedule")
-        assert maintenance.job_name == "maintain_tables"
-        assert maintenance.cron_schedule == maintenance_cron(spec)
+        assert f"ingest_{spec.name}_job" in {t.job_name for t in lag_sensor.targets}
         upstream = graph.get(table_key(spec)).parent_keys
         assert upstream
         assert all(key.path[0] == "kafka" for key in upstream)
@@ -150,15 +151,24 @@ def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
     assert not [name for name in jobs if name.startswith("stream_walk")]
     names = {s.name for s in defs.sensors or []}
     assert not [name for name in names if name.endswith("_stream_sensor")]
-    assert "walk_slow_lag_sensor" in names
-    fast_cron = defs.resolve_schedule_def("walk_fast_maintenance_schedule").cron_schedule
-    slow_cron = defs.resolve_schedule_def("walk_slow_maintenance_schedule").cron_schedule
-    # With a target the retention is a commit budget: history expired every 15 min.
-    assert str(fast_cron).endswith(" * * * *")
-    assert str(slow_cron).endswith(" * * * *")
+    assert "walk_slow_lag_sensor" not in names
+    assert {n for n in names if "lag" in n} == {"lag_sensor"}
+    schedules = {s.name: s for s in defs.schedules or []}
+    # With a target the retention is a commit budget: history expired every 15 min, for every
+    # such pipeline in one run; one fallback schedule on the default cron.
+    assert set(schedules) == {
+        "maintenance_schedule", "fallback_schedule", "observe_topics_every_minute",
+        "run_checks_every_5_minutes",
+    }  # fmt: skip
+    assert str(schedules["maintenance_schedule"].cron_schedule).endswith(" * * * *")
     plain = make_spec("plain", "walk_plain")  # no target: a week's history, expired daily
-    plain_cron = build_definitions([plain]).resolve_schedule_def("walk_plain_maintenance_schedule")
-    assert str(plain_cron.cron_schedule).endswith(" 3 * * *")
+    hourly = make_spec("plain", "walk_hourly", fallback_cron="0 * * * *")
+    plain_defs = build_definitions([plain, hourly])
+    plain_cron = plain_defs.resolve_schedule_def("daily_maintenance_schedule").cron_schedule
+    assert str(plain_cron).endswith(" 3 * * *")
+    fallbacks = {s.name: s for s in plain_defs.schedules or [] if "fallback" in s.name}
+    assert len(fallbacks) == 2
+    assert {str(s.cron_schedule) for s in fallbacks.values()} == {"*/15 * * * *", "0 * * * *"}
 
 
 def test_the_failover_job_comes_only_with_a_pipeline_that_declares_replicas() -> None:

@@ -9,13 +9,12 @@ import time
 from typing import Any
 
 import pytest
-from dagster import AssetSelection, DagsterInstance, RunRequest, build_sensor_context
+from dagster import AssetSelection, DagsterInstance, build_sensor_context
 
 from platform_assets.cli.main import pipeline_status
 from platform_assets.definitions import build_definitions
 from platform_assets.ingest.checks import pipeline_check_keys
 from platform_assets.ingest.jobs import ingestion_selection
-from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.pipelines import table_key
 from resources.kafka import KafkaResource
 from tests.support.dagster_runs import materialize_pipeline
@@ -70,15 +69,14 @@ def test_a_producer_clock_ahead_does_not_make_waiting_records_fresh(
     assert f"{topic}[0] offset 10" in freshness.metadata["future_timestamps"].value
     assert freshness.metadata["lag_seconds"].value >= 3.0
 
-    job = build_definitions([spec]).resolve_job_def(f"ingest_{spec.name}_job")
-    sensor = build_lag_sensor(spec, job)  # type: ignore[arg-type]
+    sensor = build_definitions([spec]).resolve_sensor_def("lag_sensor")
     with DagsterInstance.ephemeral() as instance:
         context = build_sensor_context(
             instance=instance, resources={"kafka": kafka, "iceberg": resources["iceberg"]}
         )
-        launched = sensor(context)
-    assert isinstance(launched, RunRequest), launched
-    assert launched.tags["lag"] == "3"
+        tick = sensor.evaluate_tick(context)
+    assert tick.run_requests, tick.skip_message
+    assert tick.run_requests[0].tags["lag"] == "3"
 
     status = pipeline_status(spec, kafka, resources["iceberg"], audit=False)
     assert status.oldest_uncommitted_age_s is not None

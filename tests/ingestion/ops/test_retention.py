@@ -5,13 +5,15 @@ budget at the interval its trigger allows (at most a week), any other a week; ma
 
 from __future__ import annotations
 
-import re
+import itertools
 
 import pytest
 
 from ingestion.health.triggers import commit_interval_seconds
 from ingestion.ops.retention import (
     BATCH_SNAPSHOT_RETENTION_HOURS,
+    DAILY_MAINTENANCE_CRON,
+    FREQUENT_MAINTENANCE_CRON,
     MAX_ORPHAN_WINDOW_HOURS,
     RUN_SNAPSHOT_BUDGET,
     STREAM_SNAPSHOT_BUDGET,
@@ -51,17 +53,13 @@ def test_the_orphan_window_is_72_hours_whatever_the_retention(target: int | None
 
 
 def test_maintenance_runs_every_quarter_hour_with_a_target_and_daily_without() -> None:
-    names = [f"pipeline{i}" for i in range(30)]
-    minutes = set()
-    for name in names:
-        daily = maintenance_cron(make_spec("t", name))
-        quarterly = maintenance_cron(make_spec("t", name, freshness_target_seconds=60))
-        match = re.fullmatch(r"(\d+) 3 \* \* \*", daily)
-        assert match, daily
-        minute = int(match[1])
-        assert 0 <= minute < 15
-        assert quarterly == f"{minute},{minute + 15},{minute + 30},{minute + 45} * * * *"
-        assert maintenance_cron(make_spec("t", name, freshness_target_seconds=5)) == quarterly
-        assert maintenance_cron(make_spec("t", name)) == daily  # stable for a name
-        minutes.add(minute)
-    assert len(minutes) > 5  # pipelines do not all compact at once
+    """Two crons, whatever the names: the pipelines on one are maintained in one run, one
+    after the other (``maintenance_schedule``, ``daily_maintenance_schedule``)."""
+    for name in [f"pipeline{i}" for i in range(30)]:
+        assert maintenance_cron(make_spec("t", name)) == DAILY_MAINTENANCE_CRON
+        for target in (5, 60):
+            quarterly = maintenance_cron(make_spec("t", name, freshness_target_seconds=target))
+            assert quarterly == FREQUENT_MAINTENANCE_CRON
+    minutes = [int(m) for m in FREQUENT_MAINTENANCE_CRON.split()[0].split(",")]
+    assert [b - a for a, b in itertools.pairwise(minutes)] == [15, 15, 15]
+    assert all(m % 15 for m in minutes)  # not on a fallback schedule's default quarter hours

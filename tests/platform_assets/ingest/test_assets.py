@@ -17,8 +17,6 @@ from dagster import (
     AssetSelection,
     AssetSpec,
     DagsterInstance,
-    RunRequest,
-    SkipReason,
     build_sensor_context,
 )
 
@@ -28,7 +26,6 @@ from platform_assets.definitions import build_definitions
 from platform_assets.ingest.assets import build_pipeline_assets, observe_topic
 from platform_assets.ingest.checks import pipeline_check_keys
 from platform_assets.ingest.jobs import ingestion_selection
-from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
 from resources.alerts import AlertResource
 from resources.iceberg import IcebergCatalogResource
@@ -231,25 +228,26 @@ def test_lag_sensor_requests_runs_only_over_threshold(
     resources: dict[str, Any], new_pipeline: NewPipeline, ledger_producer: LedgerProducer
 ) -> None:
     topic, spec = new_pipeline("dg_sensor", max_lag_records=50, max_lag_seconds=3600)
-    defs = build_definitions([spec])
-    sensor = build_lag_sensor(spec, defs.resolve_job_def(f"ingest_{spec.name}_job"))  # type: ignore[arg-type]
+    sensor = build_definitions([spec]).resolve_sensor_def("lag_sensor")
     sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
     with DagsterInstance.ephemeral() as instance:
-        context = build_sensor_context(instance=instance, resources=sensor_resources)
-        idle = sensor(context)
-        assert isinstance(idle, SkipReason)
-        assert "idle" in (idle.skip_message or "")
-        ledger_producer.produce(topic, records(10))
-        small = sensor(
-            build_sensor_context(
-                instance=instance, resources=sensor_resources, cursor=context.cursor
+
+        def tick(cursor: str | None = None) -> Any:
+            context = build_sensor_context(
+                instance=instance, resources=sensor_resources, cursor=cursor
             )
-        )
-        assert isinstance(small, SkipReason)
+            return sensor.evaluate_tick(context)
+
+        idle = tick()
+        assert not idle.run_requests
+        assert "dg_sensor: idle" in (idle.skip_message or "")
+        ledger_producer.produce(topic, records(10))
+        small = tick(idle.cursor)
+        assert not small.run_requests
         assert "lag 10 < 50 records" in (small.skip_message or "")
         ledger_producer.produce(topic, records(60, first=10))
-        launched = sensor(build_sensor_context(instance=instance, resources=sensor_resources))
-        assert isinstance(launched, RunRequest)
+        (launched,) = tick().run_requests
+        assert launched.job_name == f"ingest_{spec.name}_job"
         assert launched.tags["lag"] == "70"
 
 

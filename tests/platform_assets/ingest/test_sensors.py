@@ -6,6 +6,7 @@ observation."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +15,8 @@ from dagster import (
     AssetCheckKey,
     AssetSelection,
     DagsterInstance,
-    RunRequest,
-    SkipReason,
+    DagsterRun,
+    DagsterRunStatus,
     build_run_status_sensor_context,
     build_schedule_context,
     build_sensor_context,
@@ -25,14 +26,22 @@ from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.alerts.sensors import run_failure_alert_sensor
 from platform_assets.definitions import build_definitions
 from platform_assets.ingest.jobs import build_observe_topics_job
-from platform_assets.ingest.schedules import build_fallback_schedule
 from platform_assets.ingest.sensors import build_lag_sensor
+from platform_assets.operations.jobs import MAINTAIN_JOB, MAINTAIN_OP
 from platform_assets.pipelines import table_key
+from platform_assets.state import StateReader
+from platform_assets.streaming.jobs import (
+    HEARTBEAT_TAG,
+    SERVING_TAG,
+    STREAM_JOB,
+    dump_tag_map,
+    spec_version,
+)
 from resources.alerts import AlertResource
 from resources.kafka import KafkaResource
 from tests.support.dagster_runs import materialize_pipeline
-from tests.support.ledger import LedgerProducer
-from tests.support.pipelines import NewPipeline, make_spec, records
+from tests.support.ledger import Ledger, LedgerProducer
+from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 from tests.support.webhook import WebhookReceiver
 
 pytestmark = pytest.mark.integration
@@ -75,25 +84,27 @@ def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
     topic, good = new_pipeline("blocked", produce=20, consumer_group_id="cg-good", **SMALL)
     seed = make_spec(topic, "blocked", consumer_group_id="connect-sink-group", **SMALL)
     group_key = AssetCheckKey(table_key(seed), GROUP)
-    job = build_definitions([seed]).resolve_job_def(f"ingest_{seed.name}_job")
-    sensor = build_lag_sensor(seed, job)  # type: ignore[arg-type]
+    defs = build_definitions([seed])
+    sensor = defs.resolve_sensor_def("lag_sensor")
+    fallback = defs.resolve_schedule_def("fallback_schedule")
     sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
     with DagsterInstance.ephemeral() as instance:
         assert run(good, resources, instance).success
         ledger_producer.produce(topic, records(20, first=20))
 
-        def tick(cursor: str | None) -> tuple[Any, str | None]:
+        def tick(cursor: str | None, sensor: Any = sensor) -> tuple[Any, str | None]:
             context = build_sensor_context(
                 instance=instance, resources=sensor_resources, cursor=cursor
             )
-            return sensor(context), context.cursor
+            data = sensor.evaluate_tick(context)
+            return data, data.cursor
 
         first, cursor = tick(None)  # blocked: only the check, once
-        assert isinstance(first, RunRequest)
-        assert first.asset_selection == []
-        assert first.asset_check_keys == [group_key]
+        (request,) = first.run_requests
+        assert request.asset_selection == []
+        assert request.asset_check_keys == [group_key]
         second, cursor = tick(cursor)
-        assert isinstance(second, SkipReason)
+        assert not second.run_requests
         assert f"ingestion of 'blocked' is blocked by {GROUP}" in (second.skip_message or "")
         assert "Fix: set consumer_group_id back to 'cg-good'" in (second.skip_message or "")
 
@@ -104,12 +115,12 @@ def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
         assert not evaluation.passed
         assert "but none under 'connect-sink-group'" in (evaluation.description or "")
         third, cursor = tick(None)  # even with a lost cursor: the newest evaluation says it
-        assert isinstance(third, SkipReason)
+        assert not third.run_requests
 
-        skipped = build_fallback_schedule(seed, job)(  # type: ignore[arg-type]
-            build_schedule_context(resources=sensor_resources)
+        skipped = fallback.evaluate_tick(
+            build_schedule_context(instance=instance, resources=sensor_resources)
         )
-        assert isinstance(skipped, SkipReason)
+        assert not skipped.run_requests
         assert "blocked by group_id_consistency" in (skipped.skip_message or "")
 
         # run_checks: every other check says why it was not evaluated; no group check.
@@ -136,10 +147,8 @@ def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
         before = resources["iceberg"].load_catalog().load_table(seed.table).current_snapshot()
 
         # Fixed: the same sensor launches ingestion again.
-        fixed = build_lag_sensor(good, job)  # type: ignore[arg-type]
-        context = build_sensor_context(instance=instance, resources=sensor_resources, cursor=cursor)
-        request = fixed(context)
-        assert isinstance(request, RunRequest)
+        fixed, _ = tick(cursor, build_definitions([good]).resolve_sensor_def("lag_sensor"))
+        (request,) = fixed.run_requests
         assert request.asset_selection is None
         assert request.tags["lag"] == "20"
     after = resources["iceberg"].load_catalog().load_table(seed.table).current_snapshot()
@@ -187,3 +196,115 @@ def test_observe_topics_flags_a_missing_topic_and_observes_the_others(
     problem = str(observations["no-such-topic-i13"]["problem"].value)
     assert problem.startswith("not found: topic 'no-such-topic-i13'")
     assert "Pipeline 'absent' reads nothing from it" in problem
+
+
+def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
+    resources: dict[str, Any],
+    new_pipeline: NewPipeline,
+    harness: Harness,
+    ledger: Ledger,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28: one lag sensor reads the pipelines' states in one pass; a pipeline a stream
+    worker serves is not read at all; one whose state cannot be read is skipped by name while
+    the others are decided; a pass stops at its budget and the next tick resumes there. One
+    fallback schedule asks one ``ingest_all`` run for the pipelines it may ingest, which ingests
+    each exactly once; one maintenance run maintains several pipelines, each on its own.
+
+    The unreadable pipeline is a stand-in: ``StateReader.read`` raises for it (the real parts
+    cannot be made to fail for one table and not the others mid-pass)."""
+    _, over = new_pipeline("pass_over", produce=5, **SMALL)  # lag 5 >= 1: a run
+    _, idle = new_pipeline("pass_idle", **SMALL)
+    _, streamed = new_pipeline("pass_streamed", produce=3, freshness_target_seconds=4)
+    _, broken = new_pipeline("pass_broken", produce=2, **SMALL)
+    defs = build_definitions([over, idle, streamed, broken])
+    sensor = defs.resolve_sensor_def("lag_sensor")
+    sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
+    reads: list[str] = []
+    read = StateReader.read
+
+    def read_or_fail(self: StateReader, spec: PipelineSpec, with_oldest: bool = False) -> Any:
+        reads.append(spec.name)
+        if spec.name == broken.name:
+            raise RuntimeError("stand-in: this table's catalog entry cannot be read")
+        return read(self, spec, with_oldest)
+
+    monkeypatch.setattr(StateReader, "read", read_or_fail)
+    with DagsterInstance.ephemeral() as instance:
+        instance.add_run(
+            DagsterRun(
+                job_name=STREAM_JOB,
+                status=DagsterRunStatus.STARTED,
+                tags={
+                    SERVING_TAG: dump_tag_map({streamed.name: spec_version(streamed)}),
+                    HEARTBEAT_TAG: str(int(time.time())),
+                },
+            )
+        )
+
+        def tick(sensor: Any = sensor, cursor: str | None = None) -> Any:
+            context = build_sensor_context(
+                instance=instance, resources=sensor_resources, cursor=cursor
+            )
+            return sensor.evaluate_tick(context)
+
+        data = tick()
+        assert [r.job_name for r in data.run_requests] == ["ingest_pass_over_job"]
+        assert reads == ["pass_broken", "pass_idle", "pass_over"]  # the streamed one: not read
+
+        # A pass that stops at its budget: one pipeline a tick, in turn.
+        budget = build_lag_sensor([idle, over], [ingest_job(defs, s) for s in (idle, over)], 0)
+        reads.clear()
+        first = tick(budget)
+        assert reads == ["pass_idle"]
+        assert "pass_over: not reached" in (first.skip_message or "")
+        second = tick(budget, first.cursor)
+        assert reads == ["pass_idle", "pass_over"]
+        assert [r.job_name for r in second.run_requests] == ["ingest_pass_over_job"]
+
+        # Every read failing (the broker or the catalog down): the tick fails loudly.
+        only_broken = build_lag_sensor([broken], [ingest_job(defs, broken)])
+        with pytest.raises(Exception, match="stand-in"):
+            tick(only_broken)
+
+        # One fallback run for the pipelines it may ingest, each exactly once.
+        fallback = defs.resolve_schedule_def("fallback_schedule")
+        due = fallback.evaluate_tick(
+            build_schedule_context(instance=instance, resources=sensor_resources)
+        )
+        (request,) = due.run_requests
+        assert request.tags["pipelines"] == "pass_idle, pass_over"
+        assert table_key(streamed) not in (request.asset_selection or [])
+        result = defs.resolve_job_def("ingest_all").execute_in_process(
+            instance=instance,
+            resources=resources,
+            asset_selection=request.asset_selection,
+            tags=request.tags,
+        )
+        assert result.success
+        evaluated = {(e.asset_key, e.check_name) for e in result.get_asset_check_evaluations()}
+        assert (table_key(over), GROUP) in evaluated
+        assert not [key for key, _ in evaluated if key not in (table_key(over), table_key(idle))]
+        harness.assert_exactly_once(over, ledger)
+
+        # One maintenance run, several pipelines: one without a table fails by name, the
+        # other is maintained all the same.
+        maintain = defs.resolve_job_def(MAINTAIN_JOB)
+        config = {"pipelines": [broken.name, over.name], "compact": True}
+        maintained = maintain.execute_in_process(
+            run_config={"ops": {MAINTAIN_OP: {"config": config}}},
+            instance=instance,
+            resources=resources,
+            raise_on_error=False,
+        )
+        assert not maintained.success
+        failure = maintained.get_run_failure_event()
+        assert "'pass_broken'" in str(failure.event_specific_data)
+        logs = "\n".join(e.message or "" for e in instance.all_logs(maintained.run_id))
+        assert "maintenance of 'pass_broken' failed" in logs
+        assert "maintained 'pass_over':" in logs
+
+
+def ingest_job(defs: Any, spec: PipelineSpec) -> Any:
+    """The pipeline's ingest job, as the lag sensor targets it."""
+    return defs.resolve_job_def(f"ingest_{spec.name}_job")

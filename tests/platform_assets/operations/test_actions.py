@@ -38,6 +38,7 @@ from platform_assets.operations.actions import (
     refuse_off_route,
 )
 from platform_assets.operations.jobs import build_ops_jobs
+from platform_assets.pipelines import table_key
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.conftest import NewPipeline
@@ -68,7 +69,7 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
     _, spec = new_pipeline("held_sensor", produce=5, max_lag_records=1)
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
     defs = build_definitions([spec])
-    sensor = defs.resolve_sensor_def("held_sensor_lag_sensor")
+    sensor = defs.resolve_sensor_def("lag_sensor")
     resources = {"kafka": kafka, "iceberg": iceberg}
     with instance_for_test() as instance:
         acting = instance.add_run(
@@ -154,15 +155,20 @@ SPEC = make_spec("orders", "acting", replicas=[{"name": "dr", "source_alias": "p
 
 
 def test_its_own_job_and_ingest_all_count_as_ingesting_a_pipeline() -> None:
+    """An ``ingest_all`` run counts unless it selected other pipelines only (a fallback run)."""
+    other = make_spec("other", "other")
     with DagsterInstance.ephemeral() as instance:
-        for job, status in [
-            ("ingest_acting_job", DagsterRunStatus.STARTED),
-            ("ingest_all", DagsterRunStatus.STARTING),
-            ("ingest_acting_job", DagsterRunStatus.SUCCESS),  # ended
-            ("ingest_other_job", DagsterRunStatus.STARTED),  # another pipeline
+        for job, status, assets in [
+            ("ingest_acting_job", DagsterRunStatus.STARTED, None),
+            ("ingest_all", DagsterRunStatus.STARTING, None),  # every pipeline
+            ("ingest_all", DagsterRunStatus.STARTED, {table_key(SPEC), table_key(other)}),
+            ("ingest_all", DagsterRunStatus.STARTED, {table_key(other)}),  # not this one
+            ("ingest_acting_job", DagsterRunStatus.SUCCESS, None),  # ended
+            ("ingest_other_job", DagsterRunStatus.STARTED, None),  # another pipeline
         ]:
-            instance.add_run(DagsterRun(job_name=job, status=status))
-        assert count_ingestion_runs(instance, SPEC) == 2
+            selection = frozenset(assets) if assets is not None else None
+            instance.add_run(DagsterRun(job_name=job, status=status, asset_selection=selection))
+        assert count_ingestion_runs(instance, SPEC) == 3
 
 
 def test_the_hold_marks_the_operator_run_and_refuses_while_a_run_stays_active() -> None:

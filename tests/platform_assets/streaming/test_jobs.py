@@ -31,7 +31,7 @@ from ingestion.pipeline.stream import stream_pipeline
 from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import find_committed_state
 from platform_assets.definitions import build_definitions
-from platform_assets.operations.jobs import MAINTAIN_JOB, build_ops_jobs
+from platform_assets.operations.jobs import MAINTAIN_JOB, MAINTAIN_OP, build_ops_jobs
 from platform_assets.streaming.jobs import (
     ASSIGNED_TAG,
     FAILURES_TAG,
@@ -322,8 +322,9 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """The per-pipeline schedule requests ``maintain_tables`` while a stream worker serves the
-    pipeline (the job takes no pool, so it is not queued behind any ingestion); its run
+    """The maintenance schedule (one for every streaming pipeline) requests ``maintain_tables``
+    while a stream worker serves the pipeline (the job takes no pool, so it is not queued
+    behind any ingestion), leaving out a pipeline whose table does not exist yet; its run
     compacts and expires the old snapshots while the stream keeps committing, keeps the
     watermark, and every record lands exactly once."""
     topic, spec = new_pipeline(
@@ -334,13 +335,14 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
         snapshot_retention_hours=0.002,  # 7.2 s: the test cannot wait for the default
         max_records_per_task=10,
     )
-    schedule = build_definitions([spec]).resolve_schedule_def("stream_maint_maintenance_schedule")
+    tableless = make_spec(topic, "stream_maint_new", freshness_target_seconds=4)
+    schedule = build_definitions([spec, tableless]).resolve_schedule_def("maintenance_schedule")
     iceberg = {"iceberg": resources["iceberg"]}
     with instance_for_test() as instance:
         before = schedule.evaluate_tick(
             build_schedule_context(instance=instance, resources=iceberg)
         )
-        assert "does not exist yet" in (before.skip_message or ""), before
+        assert "exists yet: nothing to maintain" in (before.skip_message or ""), before
     for batch in range(1, 6):  # history: 6 commits of small files
         harness.run(spec, use_spark=False)
         ledger_producer.produce(topic, records(10, first=10 + batch * 10))
@@ -391,6 +393,8 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
                 assert request.run_requests, request.skip_message  # not skipped: streaming
                 (run_request,) = request.run_requests
                 assert isinstance(run_request, RunRequest)
+                config = run_request.run_config["ops"][MAINTAIN_OP]["config"]
+                assert config["pipelines"] == [spec.name]  # the other has no table yet
                 result = maintain.execute_in_process(
                     run_config=run_request.run_config,
                     tags=run_request.tags,
