@@ -169,11 +169,14 @@ def active_stream_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[Da
     return runs
 
 
-def is_stale(run: DagsterRun, now: float, started_at: float | None) -> bool:
-    """Whether a started worker stopped beating (no heartbeat: judged from its start time)."""
+def is_stale(
+    run: DagsterRun, now: float, started_at: float | None, after_s: float = STALE_AFTER_SECONDS
+) -> bool:
+    """Whether a started run stopped beating for ``after_s`` (no heartbeat: judged from its
+    start time)."""
     beat = run.tags.get(HEARTBEAT_TAG)
     last = float(beat) if beat else started_at
-    return last is not None and now - last > STALE_AFTER_SECONDS
+    return last is not None and now - last > after_s
 
 
 @dataclass

@@ -51,7 +51,6 @@ from platform_assets.streaming.jobs import (
     ASSIGNED_TAG,
     FAILURES_TAG,
     GENERATION_TAG,
-    HEARTBEAT_TAG,
     RESTART_BACKOFF_SECONDS,
     SHARD_TAG,
     STALE_AFTER_SECONDS,
@@ -216,11 +215,11 @@ def stop_legacy_stream(
     pipeline = run.tags.get("pipeline")
     if not pipeline or run.job_name != f"stream_{pipeline}_job":
         return
-    beat = run.tags.get(HEARTBEAT_TAG)
     record = instance.get_run_record_by_id(run.run_id)
-    last = float(beat) if beat else (record.start_time if record is not None else None)
+    started_at = record.start_time if record is not None else None
     why = f"pipeline {pipeline!r} now streams on a shared stream worker ({STREAM_JOB})"
-    if run.status == DagsterRunStatus.STARTED and last is not None and now - last > 10 * 60:
+    # An earlier release's stream beat every minute or so: silent for 10 minutes, it is gone.
+    if run.status == DagsterRunStatus.STARTED and is_stale(run, now, started_at, 10 * 60):
         instance.report_run_failed(run, message=f"{why}; this run stopped beating")
         plan.lines.append(f"marked stream run {run.run_id} failed (no heartbeat): {why}")
     elif STOP_TAG not in run.tags:
