@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+FAIR_SCHEDULING = {
+    "spark.scheduler.mode": "FAIR",
+    "spark.scheduler.allocation.file": str(Path(__file__).with_name("fairscheduler.xml")),
+}
+"""The jobs of one session share its executors fairly instead of first come, first served: a
+stream worker's lanes submit batches at once, and one lane's large batch must not hold the
+others' behind it (resources/fairscheduler.xml makes the default pool FAIR)."""
+
+
 def session_config(master: str, app_name: str, spark_config: dict[str, str]) -> dict[str, str]:
     """Return the Spark configuration for a session, with the project's defaults under it.
 
@@ -37,6 +46,7 @@ def session_config(master: str, app_name: str, spark_config: dict[str, str]) -> 
     defaults = {
         "spark.master": master,
         "spark.app.name": app_name,
+        **FAIR_SCHEDULING,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "8",

@@ -16,6 +16,7 @@ from typing import Self
 
 from resources.embedded import find_free_port
 from resources.process import ManagedProcess
+from resources.spark import FAIR_SCHEDULING
 
 
 class ConnectServerError(RuntimeError):
@@ -85,6 +86,7 @@ class SparkConnectServer(ManagedProcess):
             "spark.sql.session.timeZone": "UTC",
             "spark.sql.shuffle.partitions": "8",
             "spark.pyspark.python": self.python,
+            **FAIR_SCHEDULING,
             **self.conf,
         }
         script = find_spark_home() / "sbin" / "start-connect-server.sh"

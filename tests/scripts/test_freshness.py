@@ -115,6 +115,11 @@ def assert_spark_did_every_batch(dev_stack: DevStack, commits: int) -> None:
     jobs = read_json(f"{ui[1]}/api/v1/applications/{application['id']}/jobs")
     tagged = [job for job in jobs if "platform-pipeline-orders" in " ".join(job.get("jobTags", []))]
     assert len(tagged) >= min(commits, len(jobs)) > 0, jobs[:3]
+    # The lanes' jobs share the executors fairly (resources/fairscheduler.xml).
+    environment = read_json(f"{ui[1]}/api/v1/applications/{application['id']}/environment")
+    conf = dict(environment["sparkProperties"])
+    assert conf["spark.scheduler.mode"] == "FAIR", conf.get("spark.scheduler.mode")
+    assert conf["spark.scheduler.allocation.file"].endswith("fairscheduler.xml")
 
 
 def read_json(url: str, within_s: float = 120.0) -> Any:
