@@ -42,12 +42,17 @@ def make_executor_python(target: Path) -> Path:
 
 
 class StandaloneCluster:
-    """``spark://`` master and one worker on free loopback ports, as a context manager."""
+    """``spark://`` master and ``workers`` workers (each ``cores`` cores, its own work
+    directory ``work-<n>``, where its executors run) on free loopback ports, as a context
+    manager."""
 
-    def __init__(self, work_dir: Path, cores: int = 2, memory: str = "2g") -> None:
+    def __init__(
+        self, work_dir: Path, cores: int = 2, memory: str = "2g", workers: int = 1
+    ) -> None:
         self.work_dir = work_dir
         self.cores = cores
         self.memory = memory
+        self.workers = workers
         self.port = find_free_port()
         self._processes: list[subprocess.Popen[bytes]] = []
 
@@ -100,22 +105,23 @@ class StandaloneCluster:
                 str(find_free_port()),
             )
             self._wait_for(master, r"I have been elected leader")
-            self._start(
-                "worker",
-                "org.apache.spark.deploy.worker.Worker",
-                self.master_url,
-                "--host",
-                "127.0.0.1",
-                "--cores",
-                str(self.cores),
-                "--memory",
-                self.memory,
-                "--webui-port",
-                str(find_free_port()),
-                "--work-dir",
-                str(self.work_dir / "work"),
-            )
-            self._wait_for(master, r"Registering worker")
+            for n in range(self.workers):
+                self._start(
+                    f"worker-{n}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    self.master_url,
+                    "--host",
+                    "127.0.0.1",
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--webui-port",
+                    str(find_free_port()),
+                    "--work-dir",
+                    str(self.work_dir / f"work-{n}"),
+                )
+            self._wait_for(master, rf"(?s)(Registering worker.*){{{self.workers}}}")
         except BaseException:
             self.stop()
             raise
