@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from dagster import AssetKey
@@ -45,6 +46,15 @@ INGEST_ALL_JOB = "ingest_all"
 def ingest_job_name(spec: PipelineSpec) -> str:
     """Name of the job that ingests one pipeline."""
     return f"ingest_{spec.name}_job"
+
+
+def ingests(job_name: str, assets: AbstractSet[AssetKey] | None, spec: PipelineSpec) -> bool:
+    """Whether a run of ``job_name`` that selected ``assets`` (None: all of its job's) ingests
+    ``spec``: a run of the pipeline's own job, or of ``ingest_all`` unless it selected other
+    pipelines only (a fallback run selects one)."""
+    if job_name == ingest_job_name(spec):
+        return True
+    return job_name == INGEST_ALL_JOB and (assets is None or table_key(spec) in assets)
 
 
 def table_key(spec: PipelineSpec) -> AssetKey:

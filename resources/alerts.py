@@ -18,7 +18,12 @@ from resources.secrets import resolve
 LOGGER = logging.getLogger("platform.alerts")
 
 AlertKind = Literal[
-    "check_failed", "check_recovered", "check_still_failing", "run_failed", "stream_failed"
+    "check_failed",
+    "check_recovered",
+    "check_still_failing",
+    "run_failed",
+    "stream_failed",
+    "state_unreadable",
 ]
 LABELS: dict[str, str] = {
     "check_failed": "FAILED",
@@ -26,6 +31,7 @@ LABELS: dict[str, str] = {
     "check_still_failing": "STILL FAILING",
     "run_failed": "RUN FAILED",
     "stream_failed": "STREAM FAILED",
+    "state_unreadable": "STATE UNREADABLE",
 }
 
 

@@ -5,10 +5,10 @@ import hashlib
 from collections.abc import Sequence
 
 from dagster import (
+    DagsterInstance,
     DefaultScheduleStatus,
     JobDefinition,
     RunRequest,
-    RunsFilter,
     ScheduleDefinition,
     ScheduleEvaluationContext,
     SkipReason,
@@ -21,10 +21,10 @@ from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.jobs import (
     ACTIVE_RUN_STATUSES,
     AssetJob,
-    count_active_runs,
     ingestion_check_keys,
     operator_holds,
 )
+from platform_assets.ingest.liveness import active_runs, clear_dead_runs
 from platform_assets.ingest.sensors import Busy, blocked_reason
 from platform_assets.operations.jobs import MAINTAIN_JOB, MAINTAIN_OP
 from platform_assets.pipelines import ingestion_keys
@@ -59,11 +59,16 @@ def build_fallback_schedules(
     specs: Sequence[PipelineSpec], job: AssetJob
 ) -> list[ScheduleDefinition]:
     """One schedule per distinct ``fallback_cron`` (usually one: ``fallback_schedule``): on its
-    cron, one run of ``ingest_all`` (``job``) selecting every pipeline on that cron, even if the
-    lag sensor is off (an idle pipeline commits nothing). A pipeline is left out while a run or
-    a stream worker ingests it, an operator action holds it, or its blocking group-id check
-    fails (its step could only fail). Each tick reads the pipelines' states in one pass
-    (``StateReader``); one that cannot be read is left out with its error in the tick's log."""
+    cron, a run of ``ingest_all`` (``job``) selecting one pipeline, for each pipeline on that
+    cron, even if the lag sensor is off (an idle pipeline commits nothing). A pipeline is left
+    out while a run or a stream worker ingests it, an operator action holds it, or its blocking
+    group-id check fails (its step could only fail). Each tick reads the pipelines' states in
+    one pass (``StateReader``); one whose state cannot be read is left out and named in the
+    tick's log (the lag sensor alerts it: ``state_unreadable``).
+
+    One run per pipeline, not one for all: a run holds a slot of each pool it uses until it
+    ends (``pools: granularity: run``), so a run of many pipelines would hold every one of them
+    behind the slowest, and wait until all their pools are free at once."""
     by_cron: dict[str, list[PipelineSpec]] = {}
     for spec in specs:
         by_cron.setdefault(spec.fallback_cron, []).append(spec)
@@ -92,14 +97,12 @@ def build_fallback_schedule(
         job=job,
         cron_schedule=cron,
         default_status=DefaultScheduleStatus.RUNNING,
-        description=f"Ingests {names} on {cron!r} in one run, but those blocked, held or "
+        description=f"Ingests {names} on {cron!r} (a run each), but those blocked, held or "
         "already being ingested.",
     )
     def _fallback(
         context: ScheduleEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
-    ) -> RunRequest | SkipReason:
-        if count_active_runs(context.instance, job.name):
-            return SkipReason(f"an {job.name} run is still queued or in progress")
+    ) -> list[RunRequest] | SkipReason:
         busy = Busy.read(context.instance, specs)
         held = operator_holds(context.instance, [spec.name for spec in specs])
         due, lines = [], []
@@ -127,11 +130,15 @@ def build_fallback_schedule(
             context.log.info(line)
         if not due:
             return SkipReason("\n".join(lines) or "no pipeline")
-        return RunRequest(
-            asset_selection=[key for spec in due for key in ingestion_keys(spec)],
-            asset_check_keys=[key for spec in due for key in ingestion_check_keys(spec)],
-            tags={"trigger": name, "pipelines": ", ".join(s.name for s in due)[:1000]},
-        )
+        return [
+            RunRequest(
+                run_key=spec.name,  # one run per pipeline and tick (Dagster scopes it per tick)
+                asset_selection=ingestion_keys(spec),
+                asset_check_keys=ingestion_check_keys(spec),
+                tags={"trigger": name, "pipeline": spec.name},
+            )
+            for spec in due
+        ]
 
     return _fallback
 
@@ -181,12 +188,8 @@ def build_maintenance_schedule(
     def _maintenance(
         context: ScheduleEvaluationContext, iceberg: IcebergCatalogResource
     ) -> RunRequest | SkipReason:
-        active = context.instance.get_runs(
-            RunsFilter(job_name=MAINTAIN_JOB, statuses=ACTIVE_RUN_STATUSES, tags={"trigger": name}),
-            limit=1,
-        )
-        if active:
-            return SkipReason(f"{name}'s previous run is still running ({active[0].run_id})")
+        if previous := active_maintenance(context.instance, name):
+            return SkipReason(f"{name}'s previous run is still running ({previous})")
         catalog = iceberg.load_catalog()
         due = [spec.name for spec in specs if catalog.table_exists(spec.table)]
         if not due:
@@ -198,6 +201,20 @@ def build_maintenance_schedule(
         )
 
     return _maintenance
+
+
+def active_maintenance(instance: DagsterInstance, trigger: str) -> str | None:
+    """The id of a ``maintain_tables`` run ``trigger`` launched that is queued or in progress
+    and may be alive; a run whose process is provably gone (killed: it records its process,
+    ``platform_assets.ingest.liveness``) is marked failed instead, so one killed run does not
+    stop the schedule for good."""
+    runs = active_runs(instance, [MAINTAIN_JOB], list(ACTIVE_RUN_STATUSES))
+    clear_dead_runs(instance, [run for run in runs if run.dead], by=f"the {trigger} schedule")
+    for run in runs:
+        found = None if run.dead else instance.get_run_by_id(run.run_id)
+        if found is not None and found.tags.get("trigger") == trigger:
+            return run.run_id
+    return None
 
 
 def build_checks_schedule(job: AssetJob) -> ScheduleDefinition:

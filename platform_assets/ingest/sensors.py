@@ -39,11 +39,13 @@ from ingestion.health.lag import measure_with_sightings
 from ingestion.health.state import PipelineState
 from ingestion.health.triggers import decide, decide_group_check, is_continuous
 from ingestion.spec.pipeline import PipelineSpec
+from platform_assets.alerts.policy import cause_key
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, AssetJob, active_operator_runs
-from platform_assets.ingest.liveness import active_runs, clear_dead_runs
-from platform_assets.pipelines import ingest_job_name, table_key
+from platform_assets.ingest.liveness import ActiveRun, active_runs, clear_dead_runs
+from platform_assets.pipelines import INGEST_ALL_JOB, ingest_job_name, ingests, table_key
 from platform_assets.state import StateReader
 from platform_assets.streaming.jobs import active_stream_runs
+from resources.alerts import Alert, AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
@@ -73,35 +75,33 @@ def blocked_reason(spec: PipelineSpec, outcome: Finding) -> str:
 
 LAG_SENSOR = "lag_sensor"
 LAG_SENSOR_INTERVAL_SECONDS = 15
-PASS_BUDGET_SECONDS = 30.0
+PASS_BUDGET_SECONDS = 20.0
 """A tick reads pipelines' states until this much time has passed, then stops; the next tick
 starts with the first pipeline it did not reach. With many pipelines each is still read every
-few ticks, and a tick stays well within Dagster's sensor timeout (60 s)."""
+few ticks, and a tick stays within Dagster's sensor timeout (60 s) even when its last read
+waits out a Kafka timeout (10 s per call)."""
 
 
 @dataclass(frozen=True)
 class Busy:
     """Which pipelines a run is ingesting now: read once per tick for every pipeline."""
 
-    runs: dict[str, int]  # ingest job name -> its runs queued or in progress that may be alive
+    runs: list[ActiveRun]  # ingestion runs queued or in progress that may be alive
 
     @classmethod
     def read(cls, instance: DagsterInstance, specs: Sequence[PipelineSpec]) -> "Busy":
-        """One query for every pipeline's ingest job. A run whose process is provably gone
-        (killed on this machine) is marked failed here instead (``count_active_runs``)."""
-        runs = active_runs(
-            instance, [ingest_job_name(spec) for spec in specs], list(ACTIVE_RUN_STATUSES)
-        )
+        """One query for every pipeline's ingest job and ``ingest_all``. A run whose process is
+        provably gone (killed on this machine) is marked failed here instead
+        (``count_active_runs``)."""
+        jobs = [ingest_job_name(spec) for spec in specs] + [INGEST_ALL_JOB]
+        runs = active_runs(instance, jobs, list(ACTIVE_RUN_STATUSES))
         clear_dead_runs(instance, [run for run in runs if run.dead], by="a sensor of the platform")
-        counts: dict[str, int] = {}
-        for run in runs:
-            if not run.dead:
-                counts[run.job_name] = counts.get(run.job_name, 0) + 1
-        return cls(counts)
+        return cls([run for run in runs if not run.dead])
 
     def ingesting(self, instance: DagsterInstance, spec: PipelineSpec) -> bool:
-        """Whether a run of the pipeline's job, or a stream worker serving it, is ingesting."""
-        if self.runs.get(ingest_job_name(spec), 0) > 0:
+        """Whether a run (its own job's, or an ``ingest_all`` run selecting it), or a stream
+        worker serving it, is ingesting the pipeline."""
+        if any(ingests(run.job_name, run.assets, spec) for run in self.runs):
             return True
         return is_continuous(spec) and bool(active_stream_runs(instance, spec))
 
@@ -159,6 +159,35 @@ def decide_pipeline(
     return None, reason, entry
 
 
+def alert_unreadable(
+    errors: list[tuple[str, Exception]],
+    alerted: dict[str, str],
+    read: set[str],
+    alerts: AlertResource,
+) -> dict[str, str]:
+    """Alert each pipeline whose state could not be read, once per cause (its error without
+    the numbers that change between ticks); return what stays alerted (the cursor). A pipeline
+    read since (``read``: those read this tick) may alert anew."""
+    now_alerted = {name: cause for name, cause in alerted.items() if name not in read}
+    for name, error in errors:
+        cause = cause_key([str(error)])
+        if now_alerted.get(name) == cause:
+            continue
+        now_alerted[name] = cause
+        alerts.send(
+            Alert(
+                "state_unreadable",
+                f"pipeline {name!r}: its offsets and Kafka metadata cannot be read",
+                f"{type(error).__name__}: {error}. No run is launched for it until they can be "
+                "(the other pipelines are decided as usual); fix the cause, usually its table's "
+                "catalog entry, its topics' cluster or a replica missing from the configuration",
+                "ERROR",
+                {"pipeline": name, "sensor": LAG_SENSOR},
+            )
+        )
+    return now_alerted
+
+
 def in_turn(names: list[str], first: str | None) -> list[str]:
     """``names`` starting with ``first`` (where the last tick stopped), then around.
 
@@ -176,7 +205,7 @@ def in_turn(names: list[str], first: str | None) -> list[str]:
 
 def build_lag_sensor(
     specs: Sequence[PipelineSpec],
-    jobs: Sequence[AssetJob | JobDefinition],
+    jobs: "Sequence[AssetJob | JobDefinition]",
     budget_s: float = PASS_BUDGET_SECONDS,
 ) -> SensorDefinition:
     """One sensor for every pipeline: each tick is one pass that reads the pipelines' states
@@ -186,9 +215,10 @@ def build_lag_sensor(
 
     A pipeline a run or a stream worker is ingesting is not read at all (nothing could be
     requested for it), so a streaming pipeline costs this sensor nothing while it streams. A
-    pass stops after ``budget_s`` and the next tick resumes there. One pipeline whose state
-    cannot be read is skipped with its error in the tick's log; the tick fails only when no
-    pipeline could be read (the broker or the catalog is down).
+    pass stops after ``budget_s`` and the next tick resumes there. A pipeline whose state
+    cannot be read is skipped, named in the tick's log and alerted once per cause
+    (``state_unreadable``) while the others are decided; the tick fails when no pipeline could
+    be read (the broker or the catalog is down).
 
     The age is lag in seconds as the checks compute it (``ingestion.health.lag``, R53): a producer
     timestamp in the future is bounded by the last commit, or before any commit by the tick
@@ -211,14 +241,17 @@ def build_lag_sensor(
         f"ingestion runs; none for a pipeline while {GROUP_CHECK.name} blocks it.",
     )
     def _sensor(
-        context: SensorEvaluationContext, kafka: KafkaResource, iceberg: IcebergCatalogResource
+        context: SensorEvaluationContext,
+        kafka: KafkaResource,
+        iceberg: IcebergCatalogResource,
+        alerts: AlertResource,
     ) -> SensorResult:
         cursor = json.loads(context.cursor) if context.cursor else {}
         entries: dict[str, Any] = {
             n: e for n, e in (cursor.get("pipelines") or {}).items() if n in by_name
         }
         busy = Busy.read(context.instance, list(by_name.values()))
-        requests, lines, errors = [], [], []
+        requests, lines, errors, fresh = [], [], [], set()
         resume, read = None, 0
         deadline = time.monotonic() + budget_s
         with StateReader(kafka, iceberg) as reader:
@@ -228,7 +261,7 @@ def build_lag_sensor(
                     lines.append(f"{name}: a run or a stream worker is ingesting it")
                     continue
                 if read and time.monotonic() > deadline:
-                    resume = name  # the next tick starts here
+                    resume = resume or name  # the next tick starts with the first not reached
                     lines.append(f"{name}: not reached in {budget_s:.0f} s; next tick")
                     continue
                 read += 1
@@ -239,17 +272,21 @@ def build_lag_sensor(
                     context.log.error(f"{name}: its state could not be read: {exc}")
                     lines.append(f"{name}: state unreadable ({exc}); the others were read")
                     continue
+                fresh.add(name)
                 request, reason, entries[name] = decide_pipeline(
                     context.instance, spec, state, entries.get(name, {})
                 )
                 if request is not None:
                     requests.append(request)
                 lines.append(f"{name}: {reason}")
-        if errors and len(errors) == read:  # nothing read at all: fail the tick loudly
-            raise errors[0][1]
+        if errors and len(errors) == read:  # nothing read at all: fail the tick loudly (the
+            raise errors[0][1]  # broker or the catalog is down), as the run's would
+        unreadable = alert_unreadable(errors, cursor.get("unreadable") or {}, fresh, alerts)
         for line in lines:
             context.log.info(line)
-        new_cursor = json.dumps({"pipelines": entries, "resume": resume}, sort_keys=True)
+        new_cursor = json.dumps(
+            {"pipelines": entries, "resume": resume, "unreadable": unreadable}, sort_keys=True
+        )
         if requests:
             return SensorResult(run_requests=requests, cursor=new_cursor)
         return SensorResult(skip_reason="\n".join(lines) or "no pipeline", cursor=new_cursor)

@@ -15,7 +15,7 @@ from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG
 from platform_assets.ingest.liveness import ActiveRun, active_runs
-from platform_assets.pipelines import INGEST_ALL_JOB, ingest_job_name, table_key
+from platform_assets.pipelines import INGEST_ALL_JOB, ingest_job_name, ingests
 from platform_assets.route import PRIMARY, active_route
 from platform_assets.streaming.jobs import active_stream_runs
 from resources.iceberg import IcebergCatalogResource
@@ -27,8 +27,7 @@ def ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[Active
     unless the run selected other pipelines only, as ``fallback_schedule``'s do), each judged
     alive or provably dead (``platform_assets.ingest.liveness``)."""
     runs = active_runs(instance, [ingest_job_name(spec), INGEST_ALL_JOB], list(ACTIVE_RUN_STATUSES))
-    table = table_key(spec)
-    return [run for run in runs if run.assets is None or table in run.assets]
+    return [run for run in runs if ingests(run.job_name, run.assets, spec)]
 
 
 def count_ingestion_runs(instance: DagsterInstance, spec: PipelineSpec) -> int:

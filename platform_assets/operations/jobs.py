@@ -9,6 +9,7 @@ from dagster import (
     JobDefinition,
     MetadataValue,
     OpExecutionContext,
+    in_process_executor,
     job,
     op,
 )
@@ -20,6 +21,7 @@ from ingestion.ops.reset import migrate_group
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from platform_assets.ingest.checks import previous_audit_memory
+from platform_assets.ingest.liveness import record_run_process
 from platform_assets.operations.actions import count_ingestion_runs, hold_ingestion, reset_offsets
 from platform_assets.pipelines import table_key
 from resources.iceberg import IcebergCatalogResource
@@ -148,6 +150,7 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
         """Delivery: safe to repeat and to run beside ingestion (``maintain_pipeline``). Each
         pipeline is maintained on its own: one that fails does not stop the others, and the
         run then fails naming it (so that it alerts)."""
+        record_run_process(context.instance, context.run.run_id)  # a killed run is told dead
         names = [*([config.pipeline] if config.pipeline else []), *config.pipelines]
         if not names:
             raise Failure(
@@ -182,7 +185,12 @@ def build_ops_jobs(specs: list[PipelineSpec]) -> list[JobDefinition]:
     def migrate_job() -> None:
         _migrate()
 
-    @job(name=MAINTAIN_JOB, description="Compact, expire (keeping offsets), drop orphans.")
+    # In the run's own process: its op records that process, so a killed run is told dead.
+    @job(
+        name=MAINTAIN_JOB,
+        description="Compact, expire (keeping offsets), drop orphans.",
+        executor_def=in_process_executor,
+    )
     def maintain_job() -> None:
         _maintain()
 

@@ -46,7 +46,7 @@ from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.alerts.policy import cause_key
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, count_active_runs, operator_holds
 from platform_assets.ingest.sensors import blocked_reason, latest_outcome
-from platform_assets.pipelines import ingest_job_name, table_key
+from platform_assets.pipelines import ingests, table_key
 from platform_assets.streaming.jobs import (
     ASSIGNED_TAG,
     FAILURES_TAG,
@@ -84,17 +84,16 @@ def waiting_reasons(
     reasons: dict[str, str] = {}
     for name, operator in operator_holds(instance, [s.name for s in specs]).items():
         reasons[name] = f"{name!r}: operator action in progress (run {operator})"
-    ingesting = {run.job_name for run in runs}
     for spec in specs:
         if spec.name in reasons:
             continue
         latest = latest_outcome(instance, AssetCheckKey(table_key(spec), GROUP_CHECK.name))
+        # its own job's runs, and ingest_all's that select it (a fallback run); counted alive
+        jobs = {run.job_name for run in runs if ingests(run.job_name, run.asset_selection, spec)}
         if latest is not None and latest.blocks:
             reasons[spec.name] = blocked_reason(spec, latest)
-        elif ingest_job_name(spec) in ingesting and count_active_runs(
-            instance, ingest_job_name(spec)
-        ):
-            reasons[spec.name] = f"a run of {ingest_job_name(spec)} is active; the stream follows"
+        elif active := [job for job in sorted(jobs) if count_active_runs(instance, job)]:
+            reasons[spec.name] = f"a run of {active[0]} is ingesting it; the stream follows"
     return reasons
 
 

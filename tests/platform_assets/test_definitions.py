@@ -162,7 +162,7 @@ def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
     }  # fmt: skip
     assert str(schedules["maintenance_schedule"].cron_schedule).endswith(" * * * *")
     plain = make_spec("plain", "walk_plain")  # no target: a week's history, expired daily
-    hourly = make_spec("plain", "walk_hourly", fallback_cron="0 * * * *")
+    hourly = make_spec("hourly", "walk_hourly", fallback_cron="0 * * * *")
     plain_defs = build_definitions([plain, hourly])
     plain_cron = plain_defs.resolve_schedule_def("daily_maintenance_schedule").cron_schedule
     assert str(plain_cron).endswith(" 3 * * *")

@@ -16,6 +16,7 @@ from platform_assets.definitions import build_definitions
 from platform_assets.ingest.checks import pipeline_check_keys
 from platform_assets.ingest.jobs import ingestion_selection
 from platform_assets.pipelines import table_key
+from resources.alerts import AlertResource
 from resources.kafka import KafkaResource
 from tests.support.dagster_runs import materialize_pipeline
 from tests.support.ledger import LedgerProducer
@@ -72,7 +73,8 @@ def test_a_producer_clock_ahead_does_not_make_waiting_records_fresh(
     sensor = build_definitions([spec]).resolve_sensor_def("lag_sensor")
     with DagsterInstance.ephemeral() as instance:
         context = build_sensor_context(
-            instance=instance, resources={"kafka": kafka, "iceberg": resources["iceberg"]}
+            instance=instance,
+            resources={"kafka": kafka, "iceberg": resources["iceberg"], "alerts": AlertResource()},
         )
         tick = sensor.evaluate_tick(context)
     assert tick.run_requests, tick.skip_message

@@ -229,7 +229,11 @@ def test_lag_sensor_requests_runs_only_over_threshold(
 ) -> None:
     topic, spec = new_pipeline("dg_sensor", max_lag_records=50, max_lag_seconds=3600)
     sensor = build_definitions([spec]).resolve_sensor_def("lag_sensor")
-    sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
+    sensor_resources = {
+        "kafka": resources["kafka"],
+        "iceberg": resources["iceberg"],
+        "alerts": AlertResource(),
+    }
     with DagsterInstance.ephemeral() as instance:
 
         def tick(cursor: str | None = None) -> Any:

@@ -17,18 +17,22 @@ from dagster import (
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
+    Definitions,
     build_run_status_sensor_context,
     build_schedule_context,
     build_sensor_context,
+    instance_for_test,
 )
 
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.alerts.sensors import run_failure_alert_sensor
 from platform_assets.definitions import build_definitions
-from platform_assets.ingest.jobs import build_observe_topics_job
+from platform_assets.ingest.assets import build_pipeline_assets
+from platform_assets.ingest.checks import build_pipeline_checks
+from platform_assets.ingest.jobs import build_ingest_all_job, build_observe_topics_job
 from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.operations.jobs import MAINTAIN_JOB, MAINTAIN_OP
-from platform_assets.pipelines import table_key
+from platform_assets.pipelines import commit_state_key, table_key
 from platform_assets.state import StateReader
 from platform_assets.streaming.jobs import (
     HEARTBEAT_TAG,
@@ -87,8 +91,12 @@ def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
     defs = build_definitions([seed])
     sensor = defs.resolve_sensor_def("lag_sensor")
     fallback = defs.resolve_schedule_def("fallback_schedule")
-    sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
-    with DagsterInstance.ephemeral() as instance:
+    sensor_resources = {
+        "kafka": resources["kafka"],
+        "iceberg": resources["iceberg"],
+        "alerts": alerts,
+    }
+    with instance_for_test() as instance:  # a schedule's context needs an instance ref
         assert run(good, resources, instance).success
         ledger_producer.produce(topic, records(20, first=20))
 
@@ -204,12 +212,15 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
     harness: Harness,
     ledger: Ledger,
     monkeypatch: pytest.MonkeyPatch,
+    alerts: AlertResource,
+    webhook: WebhookReceiver,
 ) -> None:
     """Issue 28: one lag sensor reads the pipelines' states in one pass; a pipeline a stream
-    worker serves is not read at all; one whose state cannot be read is skipped by name while
-    the others are decided; a pass stops at its budget and the next tick resumes there. One
-    fallback schedule asks one ``ingest_all`` run for the pipelines it may ingest, which ingests
-    each exactly once; one maintenance run maintains several pipelines, each on its own.
+    worker serves is not read at all; one whose state cannot be read is skipped by name,
+    alerted once per cause, while the others are decided; a pass stops at its budget and the
+    next tick resumes with the first pipeline it did not reach. One fallback schedule asks an
+    ``ingest_all`` run of each pipeline it may ingest (exactly once), none of one a run
+    already ingests; one maintenance run maintains several pipelines, each on its own.
 
     The unreadable pipeline is a stand-in: ``StateReader.read`` raises for it (the real parts
     cannot be made to fail for one table and not the others mid-pass)."""
@@ -219,7 +230,11 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
     _, broken = new_pipeline("pass_broken", produce=2, **SMALL)
     defs = build_definitions([over, idle, streamed, broken])
     sensor = defs.resolve_sensor_def("lag_sensor")
-    sensor_resources = {"kafka": resources["kafka"], "iceberg": resources["iceberg"]}
+    sensor_resources = {
+        "kafka": resources["kafka"],
+        "iceberg": resources["iceberg"],
+        "alerts": alerts,
+    }
     reads: list[str] = []
     read = StateReader.read
 
@@ -230,7 +245,7 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
         return read(self, spec, with_oldest)
 
     monkeypatch.setattr(StateReader, "read", read_or_fail)
-    with DagsterInstance.ephemeral() as instance:
+    with instance_for_test() as instance:
         instance.add_run(
             DagsterRun(
                 job_name=STREAM_JOB,
@@ -251,16 +266,26 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
         data = tick()
         assert [r.job_name for r in data.run_requests] == ["ingest_pass_over_job"]
         assert reads == ["pass_broken", "pass_idle", "pass_over"]  # the streamed one: not read
+        tick(cursor=data.cursor)  # still unreadable, same cause: no second alert
+        (alert,) = webhook.received
+        assert alert["kind"] == "state_unreadable"
+        assert "'pass_broken'" in alert["title"]
+        assert "stand-in: this table's catalog entry cannot be read" in alert["message"]
 
         # A pass that stops at its budget: one pipeline a tick, in turn.
-        budget = build_lag_sensor([idle, over], [ingest_job(defs, s) for s in (idle, over)], 0)
+        _, more = new_pipeline("pass_more", **SMALL)
+        three = [idle, over, more]
+        budget = build_lag_sensor(
+            three, [ingest_job(build_definitions(three), s) for s in three], 0
+        )
         reads.clear()
         first = tick(budget)
         assert reads == ["pass_idle"]
         assert "pass_over: not reached" in (first.skip_message or "")
         second = tick(budget, first.cursor)
-        assert reads == ["pass_idle", "pass_over"]
-        assert [r.job_name for r in second.run_requests] == ["ingest_pass_over_job"]
+        third = tick(budget, second.cursor)
+        assert reads == ["pass_idle", "pass_more", "pass_over"]  # each in turn
+        assert [r.job_name for r in third.run_requests] == ["ingest_pass_over_job"]
 
         # Every read failing (the broker or the catalog down): the tick fails loudly.
         only_broken = build_lag_sensor([broken], [ingest_job(defs, broken)])
@@ -272,20 +297,39 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
         due = fallback.evaluate_tick(
             build_schedule_context(instance=instance, resources=sensor_resources)
         )
-        (request,) = due.run_requests
-        assert request.tags["pipelines"] == "pass_idle, pass_over"
-        assert table_key(streamed) not in (request.asset_selection or [])
-        result = defs.resolve_job_def("ingest_all").execute_in_process(
-            instance=instance,
+        by_pipeline = {r.tags["pipeline"]: r for r in due.run_requests}
+        assert sorted(by_pipeline) == ["pass_idle", "pass_over"]
+        request = by_pipeline["pass_over"]
+        assert set(request.asset_selection or []) == {table_key(over), commit_state_key(over)}
+        specs = [over, idle, streamed, broken]
+        on_test_stack = Definitions(  # the location's ingest_all, on the session's resources
+            assets=[asset for spec in specs for asset in build_pipeline_assets(spec)],
+            asset_checks=[build_pipeline_checks(spec) for spec in specs],
+            jobs=[build_ingest_all_job(specs)],
             resources=resources,
-            asset_selection=request.asset_selection,
-            tags=request.tags,
+        )
+        result = on_test_stack.resolve_job_def("ingest_all").execute_in_process(
+            instance=instance, asset_selection=request.asset_selection, tags=request.tags
         )
         assert result.success
         evaluated = {(e.asset_key, e.check_name) for e in result.get_asset_check_evaluations()}
         assert (table_key(over), GROUP) in evaluated
-        assert not [key for key, _ in evaluated if key not in (table_key(over), table_key(idle))]
+        assert {key for key, _ in evaluated} == {table_key(over)}
         harness.assert_exactly_once(over, ledger)
+        # An ingest_all run of pass_over in progress: no fallback run of it, nor a lag run.
+        selection = frozenset({table_key(over), commit_state_key(over)})
+        instance.add_run(
+            DagsterRun(
+                job_name="ingest_all", status=DagsterRunStatus.STARTED, asset_selection=selection
+            )
+        )
+        again = fallback.evaluate_tick(
+            build_schedule_context(instance=instance, resources=sensor_resources)
+        )
+        assert [r.tags["pipeline"] for r in again.run_requests] == ["pass_idle"]
+        reads.clear()
+        tick()
+        assert "pass_over" not in reads
 
         # One maintenance run, several pipelines: one without a table fails by name, the
         # other is maintained all the same.

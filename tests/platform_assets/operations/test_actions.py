@@ -39,6 +39,7 @@ from platform_assets.operations.actions import (
 )
 from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.pipelines import table_key
+from resources.alerts import AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.conftest import NewPipeline
@@ -70,7 +71,7 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
     defs = build_definitions([spec])
     sensor = defs.resolve_sensor_def("lag_sensor")
-    resources = {"kafka": kafka, "iceberg": iceberg}
+    resources = {"kafka": kafka, "iceberg": iceberg, "alerts": AlertResource()}
     with instance_for_test() as instance:
         acting = instance.add_run(
             DagsterRun(job_name="failover", status=DagsterRunStatus.STARTED,

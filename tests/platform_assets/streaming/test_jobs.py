@@ -335,7 +335,7 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
         snapshot_retention_hours=0.002,  # 7.2 s: the test cannot wait for the default
         max_records_per_task=10,
     )
-    tableless = make_spec(topic, "stream_maint_new", freshness_target_seconds=4)
+    tableless = make_spec("stream-maint-new", "stream_maint_new", freshness_target_seconds=4)
     schedule = build_definitions([spec, tableless]).resolve_schedule_def("maintenance_schedule")
     iceberg = {"iceberg": resources["iceberg"]}
     with instance_for_test() as instance:
