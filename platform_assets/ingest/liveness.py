@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import os
 import socket
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,7 @@ class ActiveRun:
     status: str
     started: float | None  # epoch seconds, None before it started
     dead: str | None  # the evidence that its process is gone, None when it may be alive
-    assets: frozenset[AssetKey] | None = None  # the assets it selected; None: all of its job's
+    assets: AbstractSet[AssetKey] | None = None  # the assets it selected; None: all of its job's
 
     def describe(self) -> str:
         """``run <id> (job <job>, STARTED at <time>)``, plus the evidence when dead."""

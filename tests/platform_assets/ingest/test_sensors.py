@@ -297,7 +297,7 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
         due = fallback.evaluate_tick(
             build_schedule_context(instance=instance, resources=sensor_resources)
         )
-        by_pipeline = {r.tags["pipeline"]: r for r in due.run_requests}
+        by_pipeline = {r.tags["pipeline"]: r for r in due.run_requests or []}
         assert sorted(by_pipeline) == ["pass_idle", "pass_over"]
         request = by_pipeline["pass_over"]
         assert set(request.asset_selection or []) == {table_key(over), commit_state_key(over)}
@@ -326,7 +326,7 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
         again = fallback.evaluate_tick(
             build_schedule_context(instance=instance, resources=sensor_resources)
         )
-        assert [r.tags["pipeline"] for r in again.run_requests] == ["pass_idle"]
+        assert [r.tags["pipeline"] for r in again.run_requests or []] == ["pass_idle"]
         reads.clear()
         tick()
         assert "pass_over" not in reads
