@@ -14,10 +14,11 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ingestion.spec.pipeline import parse_pipeline_spec
+from ingestion.spec.pipeline import PipelineSpec, parse_pipeline_spec
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.ledger import Ledger
@@ -109,8 +110,8 @@ def test_a_stream_worker_streams_two_pipelines_on_a_two_worker_cluster(
     report = run_driver(
         {
             "stream": [
-                {"spec": first.model_dump(mode="json", by_alias=True), "rows": 400},
-                {"spec": second.model_dump(mode="json", by_alias=True), "rows": 300},
+                {"spec": raw(first), "rows": 400},
+                {"spec": raw(second), "rows": 300},
             ],
             "bootstrap_servers": kafka.bootstrap_servers,
             "state_dir": str(state_dir),
@@ -134,3 +135,10 @@ def test_a_stream_worker_streams_two_pipelines_on_a_two_worker_cluster(
     judge = dataclasses.replace(harness, catalog=catalog)
     assert judge.assert_exactly_once(first, ledger).rows == 400
     assert judge.assert_exactly_once(second, ledger).rows == 300
+
+
+def raw(spec: PipelineSpec) -> dict[str, Any]:
+    """The spec as the driver process receives it (what was set: a derived bound would clash)."""
+    dumped: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    assert parse_pipeline_spec(dumped) == spec
+    return dumped

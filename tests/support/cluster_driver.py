@@ -142,9 +142,9 @@ def stream(config: dict[str, Any], spark: SparkResource, timeout_s: float = 240.
                 for e in result.get_asset_materialization_events()
             ]
 
+        catalog = iceberg.load_catalog()  # first: creating the SQLite catalog's tables twice races
         thread = threading.Thread(target=execute, daemon=True)
         thread.start()
-        catalog = iceberg.load_catalog()
         deadline = time.monotonic() + timeout_s
         landed: dict[str, int] = {}
         while time.monotonic() < deadline and landed != rows:
