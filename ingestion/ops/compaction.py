@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,7 @@ class CompactionReport:
     groups_retried: int = 0
     groups_replanned: int = 0
     groups_skipped: list[str] = field(default_factory=list)
+    stopped: str = ""  # why the pass stopped before its last group (it yielded), "" otherwise
 
 
 def pick_merge(record_counts: list[int], min_files: int = 2) -> int:
@@ -195,9 +197,15 @@ def compact_group(
 
 
 def compact_small_files(
-    table: Table, hooks: FailureHooks = NO_HOOKS, **limits: Any
+    table: Table,
+    hooks: FailureHooks = NO_HOOKS,
+    yield_to: Callable[[], str | None] | None = None,
+    **limits: Any,
 ) -> CompactionReport:
-    """Compact every partition that has small files to merge, one group at a time.
+    """Compact every partition that has small files to merge, one group at a time; before each
+    group ``yield_to`` may give a reason to stop (an operator action on the pipeline: its own
+    commit must not lose its compare-and-set to one compaction commit after another), which
+    ``report.stopped`` keeps. The groups not reached wait for the next pass.
 
     Delivery: each group commits at most once, against the head it was planned from or one
     where its inputs are unchanged; a group that keeps losing is skipped, never raised.
@@ -205,5 +213,8 @@ def compact_small_files(
     report = CompactionReport()
     table.refresh()
     for key in sorted(plan_groups(_live_tasks(table), target_file_bytes(table))):
+        if yield_to is not None and (why := yield_to()):
+            report.stopped = why
+            break
         compact_group(table, key, report, hooks, **limits)
     return report

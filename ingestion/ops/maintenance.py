@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Collection, Set
+from collections.abc import Callable, Collection, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -99,6 +99,8 @@ class MaintenanceReport:
             f"{self.orphan_window_s / 3600:.2f} h ({self.orphan_window_reason})",
         ]
         lines += [f"skipped compaction of {s}" for s in c.groups_skipped]
+        if c.stopped:
+            lines.append(f"compaction stopped early ({c.stopped}); the next pass goes on")
         lines += [f"FAILED {e}" for e in self.errors]
         if self.quarantine is not None:
             own = [line for line in self.quarantine.describe() if not line.startswith("FAILED")]
@@ -265,11 +267,13 @@ def maintain_table(
     quarantine: Table | None = None,
     keep_after: int | None = None,
     keep_files: Collection[str] = (),
+    yield_to: Callable[[], str | None] | None = None,
 ) -> MaintenanceReport:
     """Compact, expire, then remove orphans older than the safety window (see the module
     docstring); ``group_id`` is the pipeline's current group, whose watermark is always kept;
     ``keep_after`` the exactly-once audit's cursor, after which nothing is expired (R47);
-    ``keep_files`` files orphan removal keeps though no snapshot of ``table`` names them.
+    ``keep_files`` files orphan removal keeps though no snapshot of ``table`` names them;
+    ``yield_to`` may stop compaction between two groups (``compact_small_files``).
 
     Delivery: every step is a compare-and-set or provably safe, and is safe to repeat; a step
     that fails (a lost race, a refusal) is reported in ``errors`` and the next steps still run.
@@ -280,7 +284,7 @@ def maintain_table(
     )
     if compact:
         try:
-            report.compaction = compact_small_files(table, hooks)
+            report.compaction = compact_small_files(table, hooks, yield_to)
         except Exception as exc:
             report.errors.append(f"compaction: {exc}")
     cutoff = int((time.time() - snapshot_retention_s) * 1000)
@@ -317,6 +321,7 @@ def maintain_pipeline(
     compact: bool = True,
     hooks: FailureHooks = NO_HOOKS,
     keep_after: int | None = None,
+    yield_to: Callable[[], str | None] | None = None,
 ) -> MaintenanceReport:
     """Maintain the pipeline's table: bring its quarantine table up to date first (so expiry
     has as little as possible to keep for it), then :func:`maintain_table` with the pipeline's
@@ -345,6 +350,7 @@ def maintain_pipeline(
         group_id=spec.consumer_group_id,
         quarantine=quarantine,
         keep_after=keep_after,
+        yield_to=yield_to,
     )
     if quarantine is not None:
         try:
@@ -359,6 +365,7 @@ def maintain_pipeline(
             compact,
             hooks,
             keep_files=named,
+            yield_to=yield_to,
         )
         report.errors += [f"quarantine table: {e}" for e in report.quarantine.errors]
     return report

@@ -21,6 +21,7 @@ from ingestion.ops.reset import migrate_group
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from platform_assets.ingest.checks import previous_audit_memory
+from platform_assets.ingest.jobs import operator_holds
 from platform_assets.ingest.liveness import record_run_process
 from platform_assets.operations.actions import count_ingestion_runs, hold_ingestion, reset_offsets
 from platform_assets.pipelines import table_key
@@ -206,6 +207,11 @@ def maintain_one(
     memory = previous_audit_memory(
         context.instance, AssetCheckKey(table_key(spec), AUDIT_CHECK.name)
     )
+
+    def yield_to() -> str | None:  # an operator action's commit goes first (R41)
+        acting = operator_holds(context.instance, [spec.name]).get(spec.name)
+        return f"operator action in progress (run {acting})" if acting else None
+
     return maintain_pipeline(
         catalog,
         spec,
@@ -213,6 +219,7 @@ def maintain_one(
         (orphan_window_hours(spec) if window is None else window) * 3600,
         config.compact,
         keep_after=memory.cursor if memory else None,
+        yield_to=yield_to,
     )
 
 

@@ -293,3 +293,26 @@ def test_expiry_keeps_the_commits_the_audit_has_not_recounted(
     )  # fmt: skip
     assert audit.cursor_expired == cursor.snapshot_id  # check_exactly_once: ERROR (test_checks)
     harness.assert_exactly_once(spec, ledger)
+
+
+def test_compaction_yields_to_an_operator_action_and_the_next_pass_goes_on(
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """An operator action on the pipeline (its run holds it) stops compaction before its next
+    group, so the action's own commit does not lose its compare-and-set to one compaction
+    commit after another; expiry and orphan removal still run, and the next pass compacts."""
+    topic, spec = new_pipeline("compact_yield", partitions=2, max_records_per_task=10)
+    for batch in range(3):
+        ledger_producer.produce(topic, records(40, first=batch * 40))
+        ingest(harness, spec)
+    held = maintain_table(
+        harness.table(spec), 3600, 3600, yield_to=lambda: "operator action in progress (run r1)"
+    )
+    assert held.compaction.stopped == "operator action in progress (run r1)"
+    assert held.rows_rewritten == 0
+    assert not held.errors
+    assert any("compaction stopped early (operator action" in line for line in held.describe())
+    free = maintain_table(harness.table(spec), 3600, 3600, yield_to=lambda: None)
+    assert free.rows_rewritten == 120
+    assert not free.compaction.stopped
+    harness.assert_exactly_once(spec, ledger)
