@@ -31,8 +31,8 @@ stack's instance through the UI's GraphQL API (what the UI's Launch button sends
   docs/operate.md "Maintenance"); expiry and orphan removal bound the snapshot counts;
 - 0.70 the reverse copy drained: the reverse flow stops, the ``failover`` job with
   ``complete: true``;
-- 0.80 ``platform reset orders --to timestamp:<30 s ago> --apply`` from the CLI, racing the
-  stream (its compare-and-set; retried when it loses);
+- 0.80 ``platform reset orders --to timestamp:<30 s ago> --apply`` from the CLI, which holds
+  the pipeline as the jobs do (the worker stops its lane between two commits);
 - 0.90 ``maintain_tables`` job, without compaction, as at 0.63.
 
 Then it stops producing, waits for the lag to reach 0, and prints the oracle from plain reads:
@@ -566,7 +566,7 @@ def timeline(
         5,
     )
     at(0.80)
-    say("platform reset from the CLI: back 30 s, racing the stream")
+    say("platform reset from the CLI: back 30 s, holding the stream's lane")
     back = int(time.time() * 1000) - 30_000
     operator.cli(
         "CLI reset",

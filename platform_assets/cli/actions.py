@@ -3,19 +3,24 @@ complete-failback.
 
 Each commit of an action first counts the pipeline's active Dagster runs (see
 :func:`count_active_ingestion_runs`) and refuses while one may be alive, naming them;
-``clear-dead-runs`` marks failed those whose process is provably gone.
+``clear-dead-runs`` marks failed those whose process is provably gone. ``reset --apply`` and
+``migrate-group`` then hold the pipeline as the operator jobs do (:func:`holding`): a stream
+worker serving it stops its lane between two commits, instead of the command racing it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from platform_assets.ingest.liveness import clear_dead_runs
 from platform_assets.operations.actions import (
+    hold_ingestion,
     ingestion_runs,
     maintain_pipeline_table,
     migrate_group_offsets,
@@ -56,6 +61,47 @@ def audit_cursor(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> tuple[i
         memory = previous_audit_memory(instance, key)
     cursor = memory.cursor if memory else None
     return cursor, f"kept the commits after the audit's cursor ({cursor or 'none yet'})"
+
+
+CLI_ACTION_JOB = "platform_cli"
+"""The job name of the run record a CLI action adds while it holds a pipeline: it is listed
+among the instance's runs while the command acts and deleted when it ends."""
+CLI_HOLD_WAIT_SECONDS = 120.0  # as the operator jobs' wait_for_runs_seconds
+
+
+@contextmanager
+def holding(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource, command: str
+) -> Iterator[tuple[int, str]]:
+    """Count the pipeline's active runs (refusing while one may be alive:
+    :func:`count_active_ingestion_runs`), then, with a Dagster instance, hold the pipeline
+    while the body acts, as the operator jobs do (``hold_ingestion``): a run record of
+    :data:`CLI_ACTION_JOB` marked as acting on it, so no run is launched for it and a stream
+    worker stops its lane between two commits (waiting up to 120 s for it); the record is
+    deleted when the body ends. Without it a stream commits every few seconds and the
+    command's compare-and-set loses to it again and again (measured: 10 attempts in a row on
+    ``make dev``, scripts/dev_chaos.py). A command killed meanwhile leaves the record: it
+    holds the pipeline for at most 20 minutes (``OPERATOR_HOLD_LIMIT``)."""
+    from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+
+    active, counted = count_active_ingestion_runs(spec, iceberg)
+    home = dagster_home(iceberg)
+    if not home:
+        yield active, counted
+        return
+    with DagsterInstance.from_config(home) as instance:
+        record = instance.add_run(
+            DagsterRun(
+                job_name=CLI_ACTION_JOB,
+                status=DagsterRunStatus.STARTED,
+                tags={"platform/cli": command, "pipeline": spec.name},
+            )
+        )
+        try:
+            hold_ingestion(instance, record.run_id, spec, CLI_HOLD_WAIT_SECONDS)
+            yield active, f"{counted}; held it while acting (run record {record.run_id})"
+        finally:
+            instance.delete_run(record.run_id)
 
 
 def count_active_ingestion_runs(
@@ -154,14 +200,14 @@ def run_action(
     if args.command == "reset" and not args.apply:
         position = parse_position(args.to)
         return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
-    active, counted = count_active_ingestion_runs(spec, iceberg)
-    if args.command == "reset":
-        position = parse_position(args.to)
-        lines = reset_offsets(
-            spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
-        )
-    else:
-        lines = migrate_group_offsets(
-            spec, kafka, iceberg, args.new_group, args.by, args.reason, active_runs=active
-        )
+    with holding(spec, iceberg, args.command) as (active, counted):
+        if args.command == "reset":
+            position = parse_position(args.to)
+            lines = reset_offsets(
+                spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
+            )
+        else:
+            lines = migrate_group_offsets(
+                spec, kafka, iceberg, args.new_group, args.by, args.reason, active_runs=active
+            )
     return [counted, *lines]
