@@ -11,13 +11,17 @@ worker serving it stops its lane between two commits, instead of the command rac
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from platform_assets.ingest.jobs import OPERATOR_HOLD_LIMIT, operator_holds, operator_runs
 from platform_assets.ingest.liveness import clear_dead_runs
 from platform_assets.operations.actions import (
     hold_ingestion,
@@ -78,10 +82,11 @@ def holding(
     while the body acts, as the operator jobs do (``hold_ingestion``): a run record of
     :data:`CLI_ACTION_JOB` marked as acting on it, so no run is launched for it and a stream
     worker stops its lane between two commits (waiting up to 120 s for it); the record is
-    deleted when the body ends. Without it a stream commits every few seconds and the
-    command's compare-and-set loses to it again and again (measured: 10 attempts in a row on
-    ``make dev``, scripts/dev_chaos.py). A command killed meanwhile leaves the record: it
-    holds the pipeline for at most 20 minutes (``OPERATOR_HOLD_LIMIT``)."""
+    deleted when the body ends (SIGTERM too: it ends the body first). Without it a stream
+    commits every few seconds and the command's compare-and-set loses to it again and again
+    (measured: 10 attempts in a row on ``make dev``, scripts/dev_chaos.py). A command killed
+    with SIGKILL leaves the record: it holds the pipeline for at most 20 minutes
+    (``OPERATOR_HOLD_LIMIT``), and the next CLI action marks it failed."""
     from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
     active, counted = count_active_ingestion_runs(spec, iceberg)
@@ -89,7 +94,8 @@ def holding(
     if not home:
         yield active, counted
         return
-    with DagsterInstance.from_config(home) as instance:
+    with DagsterInstance.from_config(home) as instance, terminating_cleanly():
+        fail_stale_records(instance)
         record = instance.add_run(
             DagsterRun(
                 job_name=CLI_ACTION_JOB,
@@ -99,9 +105,74 @@ def holding(
         )
         try:
             hold_ingestion(instance, record.run_id, spec, CLI_HOLD_WAIT_SECONDS)
+            if record.run_id not in {r.run_id for r in operator_runs(instance, [spec.name])}:
+                raise OperationRefusedError(  # its age is judged by this host's clock
+                    f"pipeline {spec.name!r}: this command's hold (run record {record.run_id}) "
+                    "is not seen as recent: this host's clock differs from the Dagster "
+                    "instance's by more than 20 minutes; nothing was changed. Fix the clock, "
+                    "or run the Dagster job instead"
+                )
             yield active, f"{counted}; held it while acting (run record {record.run_id})"
         finally:
-            instance.delete_run(record.run_id)
+            try:
+                instance.delete_run(record.run_id)
+            except Exception as exc:  # the action's own outcome stands; say what is left
+                print(
+                    f"warning: run record {record.run_id} could not be deleted ({exc}); it "
+                    "holds the pipeline for at most 20 minutes, or delete it in the UI"
+                )
+
+
+@contextmanager
+def terminating_cleanly() -> Iterator[None]:
+    """SIGTERM raises ``SystemExit`` here, so ``finally`` blocks run (a hold is released)."""
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread (a test): nothing to install
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def fail_stale_records(instance: Any) -> None:
+    """Mark failed the CLI hold records older than ``OPERATOR_HOLD_LIMIT`` still STARTED (their
+    command was killed with SIGKILL): they no longer hold anything, but would keep a run slot."""
+    from dagster import DagsterRunStatus, RunsFilter
+
+    since = dt.datetime.now(dt.UTC) - OPERATOR_HOLD_LIMIT
+    stale = instance.get_runs(
+        RunsFilter(
+            job_name=CLI_ACTION_JOB, statuses=[DagsterRunStatus.STARTED], created_before=since
+        )
+    )
+    for run in stale:
+        instance.report_run_failed(run, "a platform CLI command's hold whose command was killed")
+
+
+def yield_to_operators(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource
+) -> Callable[[], str | None] | None:
+    """With a Dagster instance: what stops ``maintain``'s compaction while an operator action
+    holds the pipeline (its commit goes first); None without one."""
+    home = dagster_home(iceberg)
+    if not home:
+        return None
+
+    def acting() -> str | None:
+        from dagster import DagsterInstance
+
+        with DagsterInstance.from_config(home) as instance:
+            run = operator_holds(instance, [spec.name]).get(spec.name)
+        return f"operator action in progress (run {run})" if run else None
+
+    return acting
 
 
 def count_active_ingestion_runs(
@@ -189,6 +260,7 @@ def run_action(
             (snapshot_retention_hours(spec) if retention is None else retention) * 3600,
             (orphan_window_hours(spec) if window is None else window) * 3600,
             keep_after=cursor,
+            yield_to=yield_to_operators(spec, iceberg),
         )
         return [where, *lines]
     if args.command == "clear-dead-runs":

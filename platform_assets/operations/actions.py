@@ -5,6 +5,7 @@ Each returns the lines that describe what it did; the caller prints or records t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dagster import DagsterInstance
@@ -194,10 +195,13 @@ def maintain_pipeline_table(
     retention_s: float,
     orphan_window_s: float,
     keep_after: int | None = None,
+    yield_to: Callable[[], str | None] | None = None,
 ) -> list[str]:
     """Compact, expire and remove orphans on the pipeline's table (keeping the current group's
-    watermark and the commits after the audit's cursor ``keep_after``); return the lines
-    describing what was done and what failed."""
+    watermark and the commits after the audit's cursor ``keep_after``; compaction stops when
+    ``yield_to`` gives a reason); return the lines describing what was done and what failed."""
     catalog = iceberg.load_catalog()
-    report = maintain_pipeline(catalog, spec, retention_s, orphan_window_s, keep_after=keep_after)
+    report = maintain_pipeline(
+        catalog, spec, retention_s, orphan_window_s, keep_after=keep_after, yield_to=yield_to
+    )
     return report.describe()
