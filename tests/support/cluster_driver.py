@@ -55,6 +55,21 @@ def probe_executors(spark: Any) -> list[dict[str, Any]]:
     return [row.asDict() for row in frame.collect()]  # DataFrames: classic and Connect alike
 
 
+def materializations(result: Any) -> list[dict[str, Any]]:
+    """Each materialization of an in-process result: its asset and its plain metadata."""
+    return [
+        {
+            "asset": str(e.asset_key and e.asset_key.to_user_string()),
+            "metadata": {
+                k: v.value
+                for k, v in e.materialization.metadata.items()
+                if isinstance(v.value, int | float | str)
+            },
+        }
+        for e in result.get_asset_materialization_events()
+    ]
+
+
 def main(config_path: str) -> int:
     config = json.loads(Path(config_path).read_text())
     spark = (
@@ -81,17 +96,7 @@ def main(config_path: str) -> int:
         "connect": type(session).__module__.startswith("pyspark.sql.connect"),
         "driver_pid": os.getpid(),
         "executors": probe_executors(session),
-        "materializations": [
-            {
-                "asset": str(e.asset_key and e.asset_key.to_user_string()),
-                "metadata": {
-                    k: v.value
-                    for k, v in e.materialization.metadata.items()
-                    if isinstance(v.value, int | float | str)
-                },
-            }
-            for e in result.get_asset_materialization_events()
-        ],
+        "materializations": materializations(result),
     }
     spark.stop_session()
     print("CLUSTER-REPORT " + json.dumps(report))
@@ -130,17 +135,7 @@ def stream(config: dict[str, Any], spark: SparkResource, timeout_s: float = 240.
                 instance=instance, resources=resources, tags=tags, raise_on_error=False
             )
             outcome["success"] = result.success
-            outcome["materializations"] = [
-                {
-                    "asset": str(e.asset_key and e.asset_key.to_user_string()),
-                    "metadata": {
-                        k: v.value
-                        for k, v in e.materialization.metadata.items()
-                        if isinstance(v.value, int | float | str)
-                    },
-                }
-                for e in result.get_asset_materialization_events()
-            ]
+            outcome["materializations"] = materializations(result)
 
         catalog = iceberg.load_catalog()  # first: creating the SQLite catalog's tables twice races
         thread = threading.Thread(target=execute, daemon=True)

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from dagster import AssetSelection, DagsterInstance, ExecuteInProcessResult, materialize
+from dagster import (
+    AssetSelection,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    ExecuteInProcessResult,
+    materialize,
+)
 
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.assets import build_pipeline_assets
@@ -57,3 +65,24 @@ def job_execute_setup(
     command = [str(Path(sys.executable).with_name("dagster")), "job", "execute"]
     command += ["-m", "platform_assets.definitions", "-j", ingest_job_name(spec)]
     return env, command
+
+
+def add_serving_worker(instance: DagsterInstance, *specs: PipelineSpec) -> DagsterRun:
+    """A stream worker's run record in ``instance``: STARTED, beating now and serving ``specs``,
+    as the sensors and ``hold_ingestion`` read it (no process behind it)."""
+    from platform_assets.streaming.jobs import (
+        HEARTBEAT_TAG,
+        SERVING_TAG,
+        STREAM_JOB,
+        dump_tag_map,
+        spec_version,
+    )
+
+    serving = dump_tag_map({spec.name: spec_version(spec) for spec in specs})
+    return instance.add_run(
+        DagsterRun(
+            job_name=STREAM_JOB,
+            status=DagsterRunStatus.STARTED,
+            tags={SERVING_TAG: serving, HEARTBEAT_TAG: str(int(time.time()))},
+        )
+    )

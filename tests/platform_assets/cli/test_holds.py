@@ -14,21 +14,18 @@ import time
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster import DagsterInstance
 
 from ingestion.table.offsets import find_committed_state
 from platform_assets.cli.actions import CLI_ACTION_JOB
 from platform_assets.cli.main import main
 from platform_assets.ingest.jobs import operator_holds
 from platform_assets.streaming.jobs import (
-    HEARTBEAT_TAG,
     SERVING_TAG,
-    STREAM_JOB,
     dump_tag_map,
-    spec_version,
 )
 from resources.iceberg import IcebergCatalogResource
-from tests.support.dagster_runs import job_execute_setup
+from tests.support.dagster_runs import add_serving_worker, job_execute_setup
 from tests.support.pipelines import Harness, NewPipeline
 
 pytestmark = pytest.mark.integration
@@ -57,16 +54,7 @@ def test_a_cli_reset_holds_a_streaming_pipeline_instead_of_racing_it(
         )
 
     with DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
-        worker = instance.add_run(
-            DagsterRun(
-                job_name=STREAM_JOB,
-                status=DagsterRunStatus.STARTED,
-                tags={
-                    SERVING_TAG: dump_tag_map({spec.name: spec_version(spec)}),
-                    HEARTBEAT_TAG: str(int(time.time())),
-                },
-            )
-        )
+        worker = add_serving_worker(instance, spec)
         command = threading.Thread(target=reset, daemon=True)
         command.start()
         deadline = time.monotonic() + 60

@@ -6,7 +6,6 @@ observation."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,16 +33,9 @@ from platform_assets.ingest.sensors import build_lag_sensor
 from platform_assets.operations.jobs import MAINTAIN_JOB, MAINTAIN_OP
 from platform_assets.pipelines import commit_state_key, table_key
 from platform_assets.state import StateReader
-from platform_assets.streaming.jobs import (
-    HEARTBEAT_TAG,
-    SERVING_TAG,
-    STREAM_JOB,
-    dump_tag_map,
-    spec_version,
-)
 from resources.alerts import AlertResource
 from resources.kafka import KafkaResource
-from tests.support.dagster_runs import materialize_pipeline
+from tests.support.dagster_runs import add_serving_worker, materialize_pipeline
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 from tests.support.webhook import WebhookReceiver
@@ -246,16 +238,7 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
 
     monkeypatch.setattr(StateReader, "read", read_or_fail)
     with instance_for_test() as instance:
-        instance.add_run(
-            DagsterRun(
-                job_name=STREAM_JOB,
-                status=DagsterRunStatus.STARTED,
-                tags={
-                    SERVING_TAG: dump_tag_map({streamed.name: spec_version(streamed)}),
-                    HEARTBEAT_TAG: str(int(time.time())),
-                },
-            )
-        )
+        add_serving_worker(instance, streamed)
 
         def tick(sensor: Any = sensor, cursor: str | None = None) -> Any:
             context = build_sensor_context(

@@ -51,6 +51,7 @@ from platform_assets.streaming.jobs import (
     read_tag_map,
     spec_version,
 )
+from tests.support.dagster_runs import add_serving_worker
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 
@@ -360,16 +361,7 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
         # A stream worker's Dagster run, started, beating and serving the pipeline (a second
         # Dagster execution in this process would share its loggers): the loop a lane runs is
         # the engine's stream_pipeline, run here in a thread on its own catalog.
-        instance.add_run(
-            DagsterRun(
-                job_name=STREAM_JOB,
-                status=DagsterRunStatus.STARTED,
-                tags={
-                    SERVING_TAG: dump_tag_map({spec.name: spec_version(spec)}),
-                    HEARTBEAT_TAG: str(int(time.time())),
-                },
-            )
-        )
+        add_serving_worker(instance, spec)
         stop_stream, reports = threading.Event(), list[RunReport]()
         stream = threading.Thread(
             target=lambda: stream_pipeline(
