@@ -63,9 +63,13 @@ class StateReader:
 
         Read on the pipeline's active route: after a failover, the replica and its topic names.
         """
+        from pyiceberg.exceptions import NoSuchTableError
+
         route = active_route(spec, self.kafka, self.iceberg)
-        catalog = self.catalog()
-        table = catalog.load_table(spec.table) if catalog.table_exists(spec.table) else None
+        try:  # one load: a catalog's table_exists loads the table too (pyiceberg's SqlCatalog)
+            table = self.catalog().load_table(spec.table)
+        except NoSuchTableError:
+            table = None
         admin, consumer = self._clients_of(route.cluster, route.kafka)
         config: dict[str, Any] | None = route.kafka.client_config() if with_oldest else None
         return read_state(route.spec, table, admin, consumer, config)

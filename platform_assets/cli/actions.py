@@ -21,7 +21,11 @@ from typing import Any
 from ingestion.exceptions import OperationRefusedError
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
-from platform_assets.ingest.jobs import OPERATOR_HOLD_LIMIT, operator_holds, operator_runs
+from platform_assets.ingest.jobs import (
+    OPERATOR_HOLD_LIMIT,
+    operator_action_in_progress,
+    operator_runs,
+)
 from platform_assets.ingest.liveness import clear_dead_runs
 from platform_assets.operations.actions import (
     hold_ingestion,
@@ -169,8 +173,7 @@ def yield_to_operators(
         from dagster import DagsterInstance
 
         with DagsterInstance.from_config(home) as instance:
-            run = operator_holds(instance, [spec.name]).get(spec.name)
-        return f"operator action in progress (run {run})" if run else None
+            return operator_action_in_progress(instance, spec)
 
     return acting
 

@@ -83,6 +83,13 @@ def operator_holds(instance: DagsterInstance, pipelines: list[str]) -> dict[str,
     return {run.tags[OPERATOR_TAG]: run.run_id for run in operator_runs(instance, pipelines)}
 
 
+def operator_action_in_progress(instance: DagsterInstance, spec: PipelineSpec) -> str | None:
+    """Why maintenance must give way now: an operator action holds ``spec`` (its run named);
+    None otherwise (:func:`operator_holds`)."""
+    acting = operator_holds(instance, [spec.name]).get(spec.name)
+    return f"operator action in progress (run {acting})" if acting else None
+
+
 def active_operator_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[str]:
     """Ids of the operator jobs' runs acting on ``spec`` now (see :func:`operator_holds`)."""
     return [run.run_id for run in operator_runs(instance, [spec.name])]

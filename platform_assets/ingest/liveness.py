@@ -145,33 +145,27 @@ def active_runs(
     instance: DagsterInstance, job_names: list[str], statuses: list[object]
 ) -> list[ActiveRun]:
     """The runs of ``job_names`` in ``statuses``, each judged alive or provably dead."""
-    found = []
     wanted = set(job_names)
-    if len(wanted) == 1:  # the usual case: one job's runs
-        filters = [RunsFilter(job_name=name, statuses=statuses) for name in wanted]  # type: ignore[arg-type]
-    else:  # one query for all of them (the lag sensor's pass over every pipeline)
-        filters = [RunsFilter(statuses=statuses)]  # type: ignore[arg-type]
-    for runs_filter in filters:
-        for record in instance.get_run_records(runs_filter):
-            run = record.dagster_run
-            if run.job_name not in wanted:
-                continue
-            job_name = run.job_name
-            found.append(
-                ActiveRun(
-                    run.run_id,
-                    job_name,
-                    run.status.value,
-                    record.start_time,
-                    # Only a STARTED run is judged: one queued or starting has no process of
-                    # its own yet (a tag it carries was inherited).
-                    death_evidence(run.tags.get(PROCESS_TAG), run.run_id)
-                    if run.status == DagsterRunStatus.STARTED
-                    else None,
-                    run.asset_selection,
-                )
-            )
-    return found
+    # One query: by job for one job's runs (the usual case), else every active run, filtered
+    # here (the lag sensor's pass over every pipeline).
+    only = next(iter(wanted)) if len(wanted) == 1 else None
+    records = instance.get_run_records(RunsFilter(job_name=only, statuses=statuses))  # type: ignore[arg-type]
+    return [
+        ActiveRun(
+            run.run_id,
+            run.job_name,
+            run.status.value,
+            record.start_time,
+            # Only a STARTED run is judged: one queued or starting has no process of its own
+            # yet (a tag it carries was inherited).
+            death_evidence(run.tags.get(PROCESS_TAG), run.run_id)
+            if run.status == DagsterRunStatus.STARTED
+            else None,
+            run.asset_selection,
+        )
+        for record in records
+        if (run := record.dagster_run).job_name in wanted
+    ]
 
 
 def clear_dead_runs(

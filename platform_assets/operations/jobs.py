@@ -21,7 +21,7 @@ from ingestion.ops.reset import migrate_group
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from platform_assets.ingest.checks import previous_audit_memory
-from platform_assets.ingest.jobs import operator_holds
+from platform_assets.ingest.jobs import operator_action_in_progress
 from platform_assets.ingest.liveness import record_run_process
 from platform_assets.operations.actions import count_ingestion_runs, hold_ingestion, reset_offsets
 from platform_assets.pipelines import table_key
@@ -209,8 +209,7 @@ def maintain_one(
     )
 
     def yield_to() -> str | None:  # an operator action's commit goes first (R41)
-        acting = operator_holds(context.instance, [spec.name]).get(spec.name)
-        return f"operator action in progress (run {acting})" if acting else None
+        return operator_action_in_progress(context.instance, spec)
 
     return maintain_pipeline(
         catalog,

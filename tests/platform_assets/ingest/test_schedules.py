@@ -43,25 +43,16 @@ def test_one_fallback_schedule_per_cron_and_one_maintenance_schedule_per_cadence
 
 def test_a_maintenance_schedule_waits_for_its_own_run_only() -> None:
     with instance_for_test() as instance:
+
+        def add(trigger: str, status: DagsterRunStatus) -> DagsterRun:
+            return instance.add_run(
+                DagsterRun(job_name=MAINTAIN_JOB, status=status, tags={"trigger": trigger})
+            )
+
         assert active_maintenance(instance, "maintenance_schedule") is None
-        theirs = DagsterRun(
-            job_name=MAINTAIN_JOB,
-            status=DagsterRunStatus.STARTED,
-            tags={"trigger": "daily_maintenance_schedule"},
-        )
-        instance.add_run(theirs)
+        add("daily_maintenance_schedule", DagsterRunStatus.STARTED)  # another schedule's
         assert active_maintenance(instance, "maintenance_schedule") is None
-        ended = DagsterRun(
-            job_name=MAINTAIN_JOB,
-            status=DagsterRunStatus.SUCCESS,
-            tags={"trigger": "maintenance_schedule"},
-        )
-        instance.add_run(ended)
+        add("maintenance_schedule", DagsterRunStatus.SUCCESS)  # ended
         assert active_maintenance(instance, "maintenance_schedule") is None
-        mine = DagsterRun(
-            job_name=MAINTAIN_JOB,
-            status=DagsterRunStatus.STARTED,
-            tags={"trigger": "maintenance_schedule"},
-        )
-        instance.add_run(mine)  # no process recorded: it may be alive
-        assert active_maintenance(instance, "maintenance_schedule") == mine.run_id
+        mine = add("maintenance_schedule", DagsterRunStatus.STARTED)  # no process recorded
+        assert active_maintenance(instance, "maintenance_schedule") == mine.run_id  # may be alive
