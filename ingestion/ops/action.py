@@ -27,7 +27,19 @@ from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets, read_
 from ingestion.quarantine.dead_letters import copy_pending_dead_letters
 from ingestion.quarantine.sync import sync_quarantine
 from ingestion.spec.pipeline import PipelineSpec
-from ingestion.table.offsets import COMMIT_ID, OffsetMap, find_commit, find_committed_state
+from ingestion.table.offsets import (
+    COMMIT_ID,
+    MIGRATED_FROM,
+    OFFSETS_PREFIX,
+    OffsetMap,
+    carried_witness,
+    decode_offsets,
+    find_committed_state,
+    find_landed_commit,
+    flatten,
+    offset_groups,
+    record_position,
+)
 from ingestion.table.rewind import find_retirement
 
 if TYPE_CHECKING:
@@ -117,6 +129,11 @@ def _write(
             with transaction.update_snapshot(snapshot_properties=properties).fast_append():
                 pass
         snapshot_id = transaction.table_metadata.current_snapshot_id
+        for group in offset_groups(properties):  # each keeps its position (R56)
+            source = properties.get(MIGRATED_FROM, group)  # a migration's rows are the old's
+            offsets = flatten(decode_offsets(properties[OFFSETS_PREFIX + group]))
+            witness = carried_witness(table.metadata.properties, source, offsets)
+            record_position(transaction, group, witness, appended=False)
     assert snapshot_id is not None
     return snapshot_id
 
@@ -139,7 +156,7 @@ def commit_action(
     """
     from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
-    commit_id = commit.properties[COMMIT_ID]
+    commit_id, groups = commit.properties[COMMIT_ID], offset_groups(commit.properties)
     for attempt in range(1, max_attempts + 1):
         try:
             table = load_table_with_retry(catalog, commit.table)
@@ -153,9 +170,9 @@ def commit_action(
                 f"pipeline {commit.pipeline!r}: table {commit.table} was recreated since the "
                 f"{commit.action} was planned; nothing was committed"
             )
-        existing = find_commit(table, commit_id)
+        existing = find_landed_commit(table, commit_id, groups)
         if existing is not None:
-            return existing.snapshot_id
+            return existing
         _check_planned_state(table, commit)
         hooks.fire("before_catalog_call", action=commit.action, table=table)
         try:
@@ -164,9 +181,10 @@ def commit_action(
             time.sleep(backoff_s(attempt))  # the head moved: reload and re-check
             continue
         except Exception as exc:  # ambiguous: the catalog may or may not have applied it (R3)
-            found = find_commit(load_table_with_retry(catalog, commit.table), commit_id)
+            reloaded = load_table_with_retry(catalog, commit.table)
+            found = find_landed_commit(reloaded, commit_id, groups)
             if found is not None:
-                return found.snapshot_id
+                return found
             raise exceptions.CommitOutcomeUnknownError(
                 f"pipeline {commit.pipeline!r}: the catalog call failed ({exc!r}) and the "
                 f"{commit.action} (commit {commit_id}) is not in the table; plan it again"

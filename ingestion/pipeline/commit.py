@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 from ingestion import exceptions
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.plan import Plan
-from ingestion.table.offsets import find_commit, find_committed_state, flatten
+from ingestion.table.offsets import (
+    GROUP_ID,
+    Witness,
+    find_committed_state,
+    find_landed_commit,
+    flatten,
+    record_position,
+)
 from ingestion.table.rewind import find_retirement
 
 if TYPE_CHECKING:
@@ -50,14 +57,17 @@ def commit_view(table: Table) -> Table:
     return IcebergTable(table.name(), metadata, table.metadata_location, table.io, table.catalog)
 
 
-def append_files(table: Table, files: list[DataFile], properties: dict[str, str]) -> int:
-    """Append ``files`` (possibly none) in one snapshot with ``properties``; no retry."""
-    with (
-        commit_view(table).transaction() as transaction,
-        transaction.update_snapshot(snapshot_properties=properties).fast_append() as append,
-    ):
-        for data_file in files:
-            append.append_data_file(data_file)
+def append_files(
+    table: Table, files: list[DataFile], properties: dict[str, str], witness: Witness | None = None
+) -> int:
+    """Append ``files`` (possibly none) in one snapshot with ``properties``, and set the
+    group's position table property (R56, ``witness``: a row of ``files``) in the same
+    commit; no retry."""
+    with commit_view(table).transaction() as transaction:
+        with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+        record_position(transaction, properties[GROUP_ID], witness, appended=True)
     committed = transaction.table_metadata.current_snapshot()
     assert committed is not None
     return committed.snapshot_id
@@ -112,8 +122,10 @@ def commit_data(
     hooks: FailureHooks = NO_HOOKS,
     max_attempts: int = 5,
     backoff_s: Callable[[int], float] = lambda attempt: min(2.0, 0.1 * 2**attempt),
+    witness: Witness | None = None,
 ) -> CommitOutcome:
-    """Commit ``files`` with the plan's next offsets, exactly once.
+    """Commit ``files`` with the plan's next offsets, exactly once (``witness``: one of their
+    rows, kept with the position table property, R56).
 
     Delivery: idempotent. If the plan's commit id is already in the table's ancestry the
     existing snapshot is returned (R5). If another commit moved the group's offsets since the
@@ -138,9 +150,9 @@ def commit_data(
                 f"pipeline {plan.pipeline!r}: table {plan.table} was recreated during the run "
                 f"(uuid {table.metadata.table_uuid}, planned {plan.table_uuid}); nothing committed"
             )
-        existing = find_commit(table, plan.commit_id)
+        existing = find_landed_commit(table, plan.commit_id, [group])
         if existing is not None:
-            return CommitOutcome(existing.snapshot_id, replayed=True, attempts=attempt)
+            return CommitOutcome(existing, replayed=True, attempts=attempt)
         current = find_committed_state(table, group)
         if (current.offsets if current else None) != plan.committed:
             delete_files(table, files)
@@ -160,15 +172,16 @@ def commit_data(
             )
         try:
             hooks.fire("before_catalog_call", plan=plan)
-            snapshot_id = append_files(table, files, properties)
+            snapshot_id = append_files(table, files, properties, witness)
             hooks.fire("after_catalog_call", plan=plan, snapshot_id=snapshot_id)
         except CommitFailedException:
             time.sleep(backoff_s(attempt))  # the head moved (R27): refresh and re-check
             continue
         except Exception as exc:  # ambiguous: the catalog may or may not have applied it (R3)
-            found = find_commit(load_table_with_retry(catalog, plan.table), plan.commit_id)
+            reloaded = load_table_with_retry(catalog, plan.table)
+            found = find_landed_commit(reloaded, plan.commit_id, [group])
             if found is not None:
-                return CommitOutcome(found.snapshot_id, replayed=False, attempts=attempt)
+                return CommitOutcome(found, replayed=False, attempts=attempt)
             raise exceptions.CommitOutcomeUnknownError(
                 f"pipeline {plan.pipeline!r}: the catalog call failed ({exc!r}) and commit "
                 f"{plan.commit_id} is not in the table; files were kept. The next run re-plans."

@@ -25,7 +25,13 @@ from ingestion.quarantine.dead_letters import (
 from ingestion.quarantine.sync import quarantine_properties, sync_quarantine
 from ingestion.replicas import replica_support
 from ingestion.spec.pipeline import PipelineSpec
-from ingestion.table.offsets import SKIPPED, commit_properties, flatten, skipped_property
+from ingestion.table.offsets import (
+    SKIPPED,
+    commit_properties,
+    find_witness,
+    flatten,
+    skipped_property,
+)
 from ingestion.table.schema import load_or_create_quarantine_table, load_or_create_table
 
 if TYPE_CHECKING:
@@ -246,7 +252,8 @@ def run_pipeline(
     if replicas is not None:  # a moved route outlives the expiry of its switch (R49)
         properties.update(replicas.commit_properties(table, plan.group_id))
     try:
-        outcome = commit_data(catalog, plan, data_files, properties, hooks)
+        witness = find_witness(table.schema(), results, cluster)
+        outcome = commit_data(catalog, plan, data_files, properties, hooks, witness=witness)
     except exceptions.CommitConflictError:
         if quarantine is not None:  # no commit names them: no reader will ever see them
             delete_files(quarantine, quarantine_files)

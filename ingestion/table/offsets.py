@@ -1,14 +1,29 @@
-"""Offset maps and their home: properties of the Iceberg snapshots that commit them.
+"""Offset maps and their home: properties of the Iceberg snapshots that commit them, and a copy
+in a table property that survives any maintenance tool.
 
 Each ingestion snapshot carries, under ``kafka.offsets.<group id>``, the next offset to read per
 topic-partition together with each topic's id. The committed offsets of a group are those of the
 newest snapshot in the current snapshot's ancestry that carries that key; snapshots of other
 writers (compaction, other groups) are skipped.
+
+**When another tool expired them (R56).** Spark's ``expire_snapshots``, Trino's or a managed
+optimizer may expire every snapshot that carries the offsets (a compaction is the head, its
+parents expire). So the same commit also sets the table property ``kafka.position.<group id>``:
+the offsets, the commit's identity, and a *witness*, one row the newest commit with rows wrote
+(topic, partition, offset, cluster). Table properties are kept by every maintenance tool and are
+not versioned, so a rollback leaves the property ahead of the table. The property is used only
+when it is proven to belong to the head's history: the ancestry walk found no snapshot with the
+group's offsets and did not reach the table's first snapshot (it ended at an expired parent), and
+the head still holds the witness row. Rows reach the head only through its ancestry, so the commit
+that wrote the witness is an ancestor; the commits after it up to the property's wrote no rows,
+so a rollback between them cannot make the property skip a row. Otherwise the group has no
+proven offsets and ingestion refuses by name (``MissingOffsetsError``), never re-reading from the
+start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,7 +32,8 @@ import orjson
 from ingestion.kafka.ranges import Key
 
 if TYPE_CHECKING:
-    from pyiceberg.table import Table
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table, Transaction
     from pyiceberg.table.snapshots import Snapshot
 
     from ingestion.task.spec import TaskResult
@@ -50,6 +66,12 @@ RUN_DURATION_MS = "kafka.run-duration-ms"  # plan to commit: orphan removal wait
 # Where the ranges of partitions new in this commit (absent from the previous offsets) start,
 # as {"topic": {"partition": offset}}: the audit's recount of a new partition starts there.
 RANGE_STARTS = "kafka.range-starts"
+# Table property (not snapshot): a group's last committed position, kept by every maintenance
+# tool (R56): {"commit-id", "snapshot-id", "offsets", "properties", "witness"}.
+POSITION_PREFIX = "kafka.position."
+# The snapshot properties a position keeps (what names and describes the commit).
+POSITION_KEYS = (COMMIT_ID, GROUP_ID, CLUSTER_ID, RUN_ID, PIPELINE, RESET_BY, RESET_REASON,
+                 MIGRATED_FROM, FAILOVER_TO)  # fmt: skip
 # The Kafka group's offsets an operator action found and replaced, as a JSON object
 # {"topic:partition": offset}: a position the table vouches for, so the mirror may move the group
 # back from it to the table's offsets (ingestion/table/rewind.py).
@@ -236,17 +258,166 @@ def describe_commit(snapshot_id: int, properties: dict[str, str]) -> str:
 
 @dataclass(frozen=True)
 class CommittedState:
-    """A group's offsets as of the snapshot that committed them."""
+    """A group's offsets as of the snapshot that committed them (``from_position``: read from
+    the table property because another tool expired that snapshot, R56)."""
 
     snapshot_id: int
     offsets: OffsetMap
     commit_id: str | None
     cluster_id: str | None
     properties: dict[str, str] = field(default_factory=dict)
+    from_position: bool = False
 
     def describe(self) -> str:
         """The commit that set these offsets, named for a message (:func:`describe_commit`)."""
-        return describe_commit(self.snapshot_id, self.properties)
+        expired = " (expired; its offsets kept by the table property)" if self.from_position else ""
+        return describe_commit(self.snapshot_id, self.properties) + expired
+
+
+@dataclass(frozen=True)
+class Witness:
+    """One row a commit wrote, by its Kafka coordinates and the cluster it was read on (None:
+    the pipeline's own): the proof that the commit is an ancestor of a head that holds it."""
+
+    topic: str
+    partition: int
+    offset: int
+    cluster: str | None = None
+
+
+@dataclass(frozen=True)
+class Position:
+    """A group's last committed position as the table property ``kafka.position.<group>``
+    keeps it (R56)."""
+
+    snapshot_id: int
+    offsets: OffsetMap
+    properties: dict[str, str]
+    witness: Witness | None
+
+    def encode(self) -> str:
+        """Compact JSON for the table property.
+
+        Example:
+            >>> p = Position(7, {"t": TopicOffsets("id1", {0: 5})}, {COMMIT_ID: "c1"},
+            ...              Witness("t", 0, 4))
+            >>> p.encode()
+            '{"snapshot-id":7,"offsets":{"t":{"id":"id1","next":{"0":5}}},"properties":{"kafka.commit-id":"c1"},"witness":["t",0,4,null]}'
+            >>> Position.decode(p.encode()) == p
+            True
+        """
+        w = self.witness
+        return orjson.dumps(
+            {
+                "snapshot-id": self.snapshot_id,
+                "offsets": orjson.loads(encode_offsets(self.offsets)),
+                "properties": self.properties,
+                "witness": None if w is None else [w.topic, w.partition, w.offset, w.cluster],
+            }
+        ).decode()
+
+    @staticmethod
+    def decode(text: str) -> Position:
+        """Decode :meth:`encode` output."""
+        document = orjson.loads(text)
+        w = document.get("witness")
+        return Position(
+            int(document["snapshot-id"]),
+            decode_offsets(orjson.dumps(document["offsets"]).decode()),
+            {str(k): str(v) for k, v in document.get("properties", {}).items()},
+            None if w is None else Witness(str(w[0]), int(w[1]), int(w[2]), w[3]),
+        )
+
+
+def read_position(properties: dict[str, str], group_id: str) -> Position | None:
+    """The group's position from the table's ``properties`` (None: never recorded)."""
+    raw = properties.get(POSITION_PREFIX + group_id)
+    return None if raw is None else Position.decode(raw)
+
+
+def record_position(
+    transaction: Transaction, group_id: str, witness: Witness | None, *, appended: bool
+) -> None:
+    """In ``transaction``, whose snapshot with the group's offsets is staged: set the table
+    property that keeps them (R56) in the same atomic commit. ``witness`` is a row this commit
+    wrote; an ``appended`` commit (it deletes no row) without one keeps the previous witness,
+    another one keeps ``witness`` as given (:func:`carried_witness`)."""
+    snapshot = transaction.table_metadata.current_snapshot()
+    assert snapshot is not None, "record_position follows the commit's snapshot"
+    properties = snapshot_properties(snapshot)
+    assert OFFSETS_PREFIX + group_id in properties, "the staged snapshot commits the group"
+    if witness is None and appended:
+        previous = read_position(transaction.table_metadata.properties, group_id)
+        witness = previous.witness if previous else None
+    position = Position(
+        snapshot.snapshot_id,
+        decode_offsets(properties[OFFSETS_PREFIX + group_id]),
+        {key: properties[key] for key in POSITION_KEYS if key in properties},
+        witness,
+    )
+    transaction.set_properties({POSITION_PREFIX + group_id: position.encode()})
+
+
+def carried_witness(
+    properties: dict[str, str], group_id: str, offsets: dict[Key, int]
+) -> Witness | None:
+    """The witness of ``group_id``'s position if an action that sets ``offsets`` (and deletes
+    the rows at or after a rewound offset) keeps its row: it lies below the new offset of its
+    partition. None otherwise."""
+    previous = read_position(properties, group_id)
+    w = previous.witness if previous else None
+    if w is None or w.offset >= offsets.get((w.topic, w.partition), -1):
+        return None
+    return w
+
+
+def find_witness(
+    schema: Schema, results: list[TaskResult], cluster: str | None = None
+) -> Witness | None:
+    """A row this run's tasks wrote: the highest ``_kafka_offset`` of a data file of the
+    first task with one (a task reads one partition; the file's upper bound is a row's
+    offset). None when no file was written or the column keeps no bounds."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import LongType
+
+    field_id = schema.find_field("_kafka_offset").field_id
+    for result in results:
+        bounds = [
+            f.upper_bounds[field_id]
+            for f in result.data_files
+            if field_id in (f.upper_bounds or {})
+        ]
+        if bounds:
+            offset = max(int(from_bytes(LongType(), b)) for b in bounds)
+            return Witness(result.range.topic, result.range.partition, offset, cluster)
+    return None
+
+
+def holds_witness(table: Table, witness: Witness) -> bool:
+    """Whether the head holds the witness row (a scan pruned by column bounds: few files)."""
+    from ingestion.table.schema import CLUSTER_COLUMN, PRIMARY, labels_cluster
+
+    key = (table.metadata_location, witness)
+    if key in _HELD:
+        return _HELD[key]
+    labelled = labels_cluster(table.schema())
+    rows = table.scan(
+        row_filter=(  # Kafka topic names hold no quote
+            f"_kafka_topic = '{witness.topic}' and _kafka_partition = {witness.partition} "
+            f"and _kafka_offset = {witness.offset}"
+        ),
+        selected_fields=("_kafka_offset", CLUSTER_COLUMN) if labelled else ("_kafka_offset",),
+    ).to_arrow()
+    names = rows.column(CLUSTER_COLUMN).to_pylist() if labelled else [None] * rows.num_rows
+    held = any((name or PRIMARY) == (witness.cluster or PRIMARY) for name in names)
+    if len(_HELD) >= 1024:
+        _HELD.clear()
+    _HELD[key] = held
+    return held
+
+
+# (metadata location, witness) -> held: a metadata file never changes, so neither does this.
+_HELD: dict[tuple[str, Witness], bool] = {}
 
 
 def iter_ancestry(table: Table) -> Iterator[Snapshot]:
@@ -262,8 +433,11 @@ def snapshot_properties(snapshot: Snapshot) -> dict[str, str]:
 
 
 def find_committed_state(table: Table, group_id: str) -> CommittedState | None:
-    """Return the group's offsets from the newest ancestor snapshot that carries them."""
+    """Return the group's offsets from the newest ancestor snapshot that carries them, else
+    from the table property when it is proven to belong to the head's history (module
+    docstring, R56); None when neither."""
     key = OFFSETS_PREFIX + group_id
+    oldest = None
     for snapshot in iter_ancestry(table):
         properties = snapshot_properties(snapshot)
         if key in properties:
@@ -274,7 +448,55 @@ def find_committed_state(table: Table, group_id: str) -> CommittedState | None:
                 properties.get(CLUSTER_ID),
                 properties,
             )
+        oldest = snapshot
+    position = read_position(table.metadata.properties, group_id)
+    if position is None or oldest is None or _is_first(oldest):
+        return None  # no copy; an empty table; or the walk reached the table's first snapshot
+    if position.witness is None:
+        if table_has_rows(table):
+            return None  # nothing proves the position belongs to this history
+    elif not holds_witness(table, position.witness):
+        return None  # rolled back past the witness's commit, or its row was deleted
+    return CommittedState(
+        position.snapshot_id,
+        position.offsets,
+        position.properties.get(COMMIT_ID),
+        position.properties.get(CLUSTER_ID),
+        position.properties,
+        from_position=True,
+    )
+
+
+def _is_first(snapshot: Snapshot) -> bool:
+    """Whether ``snapshot`` is the table's first: no parent and the first sequence number. A
+    parent id alone does not tell: pyiceberg's expiry clears the parent id of a snapshot
+    whose parent it removes (Java keeps it)."""
+    return snapshot.parent_snapshot_id is None and snapshot.sequence_number == 1
+
+
+def find_landed_commit(table: Table, commit_id: str, group_ids: Iterable[str]) -> int | None:
+    """The snapshot id of the commit ``commit_id``, which sets the offsets of ``group_ids``,
+    if it is in the head's history: an ancestor, or a group's committed state (its snapshot
+    possibly expired by another tool, R56). Used before a retry and after an ambiguous
+    catalog error."""
+    found = find_commit(table, commit_id)
+    if found is not None:
+        return found.snapshot_id
+    for group_id in group_ids:
+        state = find_committed_state(table, group_id)
+        if state is not None and state.commit_id == commit_id:
+            return state.snapshot_id
     return None
+
+
+def offset_groups(properties: dict[str, str]) -> list[str]:
+    """The groups whose offsets a commit with these snapshot ``properties`` sets.
+
+    Example:
+        >>> offset_groups({"kafka.offsets.g": "{}", "kafka.commit-id": "c"})
+        ['g']
+    """
+    return [k.removeprefix(OFFSETS_PREFIX) for k in properties if k.startswith(OFFSETS_PREFIX)]
 
 
 def find_groups(table: Table) -> set[str]:

@@ -25,6 +25,7 @@ from ingestion.table.offsets import (
     OFFSETS_PREFIX,
     find_committed_state,
     iter_ancestry,
+    read_position,
     snapshot_properties,
 )
 from tests.support.ledger import Ledger, LedgerEntry, LedgerProducer
@@ -283,14 +284,16 @@ def test_renamed_group_is_refused(harness: Harness, new_pipeline: NewPipeline) -
 def test_expired_watermark_on_non_empty_table_fails(
     harness: Harness, new_pipeline: NewPipeline
 ) -> None:
-    """R31: no snapshot in the ancestry carries our offsets, the table is not empty: fail."""
-    import pyarrow as pa
-
+    """R31: no snapshot in the ancestry carries our offsets, the table is not empty, and the
+    position table property is not proven (R56: another writer deleted its witness row): fail."""
     _, spec = new_pipeline("expired", produce=10)
     harness.run(spec)
     table = harness.table(spec)
-    rows = table.scan().to_arrow().slice(0, 1)
-    table.append(pa.Table.from_pylist(rows.to_pylist(), schema=table.schema().as_arrow()))
+    position = read_position(table.metadata.properties, spec.consumer_group_id)
+    assert position is not None
+    assert position.witness is not None
+    w = position.witness
+    table.delete(f"_kafka_partition = {w.partition} and _kafka_offset = {w.offset}")
     table = harness.table(spec)
     current = table.current_snapshot()
     assert current is not None
