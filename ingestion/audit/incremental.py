@@ -15,7 +15,13 @@ snapshot already audited), oldest first:
   (retention), the recount starts at the log start and only a commit that added fewer records
   than Kafka still holds is flagged: no false alarm either way;
 - an operator's rewind: the rows at or after each rewound offset are gone in that snapshot;
-- a compaction: it adds as many records as it deletes;
+- a compaction: it adds as many records as it deletes (``replace`` or our compaction's
+  marker: :func:`ingestion.audit.snapshots.check_maintenance`);
+- commits another tool expired before they were audited (R56: the cursor's snapshot is gone,
+  ``cursor_offsets`` remembers where it stood): the ranges from the cursor's offsets to those of
+  the oldest commit left (or the position the table property keeps) are audited as one: the
+  rows the head holds there (and the quarantine table's) once each, as many as Kafka's visible
+  records (:func:`audit_gap`);
 - any other snapshot that adds or deletes rows, or commits another group's offsets: a writer
   outside the pipeline.
 
@@ -32,9 +38,11 @@ and the next one retries it (R47).
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ingestion import exceptions
 from ingestion.audit.recount import plan_recount
 from ingestion.audit.snapshots import (
     CommitAudit,
@@ -43,8 +51,8 @@ from ingestion.audit.snapshots import (
     check_rewind,
     check_rows,
 )
-from ingestion.kafka.consumer import open_consumer
-from ingestion.kafka.ranges import Key
+from ingestion.kafka.consumer import iter_batches, open_consumer
+from ingestion.kafka.ranges import Key, OffsetRange
 from ingestion.table.offsets import (
     COMMIT_ID,
     FAILOVER_TO,
@@ -52,12 +60,13 @@ from ingestion.table.offsets import (
     OFFSETS_PREFIX,
     RESET_BY,
     decode_offsets,
+    find_committed_state,
     flatten,
     iter_ancestry,
     snapshot_properties,
 )
 from ingestion.table.route import route_of
-from ingestion.table.schema import PRIMARY
+from ingestion.table.schema import CLUSTER_COLUMN, PRIMARY, labels_cluster
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -82,6 +91,7 @@ class AuditMemory:
     unrecounted_snapshot: int | None = None
     attempts: int = 0
     group: str | None = None  # the consumer group audited (a cursor under another says nothing)
+    cursor_offsets: dict[Key, int] | None = None  # the group's offsets at the cursor (R56)
 
 
 def _log_starts(
@@ -192,6 +202,8 @@ def audit_commits(
     max_offsets: int | None = 3_000_000,
     timeout_s: float = 30.0,
     cluster_configs: dict[str, dict[str, Any]] | None = None,
+    cursor_offsets: dict[Key, int] | None = None,
+    quarantine: Table | None = None,
 ) -> CommitAudit:
     """Audit the snapshots after ``after_snapshot_id`` (see the module docstring).
 
@@ -199,16 +211,40 @@ def audit_commits(
     only; safe to run at any time and repeatedly. Across a failover each commit is recounted
     on the cluster it read (:func:`clusters_by_snapshot`), through ``cluster_configs`` (by
     cluster name; ``kafka_config`` for a cluster not in it); a failover commit itself is a
-    switch, not a rewind (its offsets are another cluster's).
+    switch, not a rewind (its offsets are another cluster's). ``cursor_offsets`` (the group's
+    offsets at the cursor) and ``quarantine`` (the pipeline's quarantine table) let it audit
+    commits another tool expired (R56).
     """
     key = OFFSETS_PREFIX + group_id
     window = _select_window(table, group_id, after_snapshot_id, max_offsets)
     audit = CommitAudit(cursor=after_snapshot_id, notes=list(window.notes))
+    audit.cursor_offsets = cursor_offsets
+    covered: set[int] = set()  # carriers the gap audit covered (R56)
     if window.notes and after_snapshot_id is not None:
         audit.cursor = None
         if table.metadata.snapshot_by_id(after_snapshot_id) is None:  # expired, not rolled back
-            audit.cursor_expired = after_snapshot_id
-    carriers = [s for s in window.snapshots if key in snapshot_properties(s)]
+            gap = _expired_window(table, group_id, cursor_offsets)
+            if gap is None:
+                audit.cursor_expired = after_snapshot_id
+            else:
+                window, end, covered, cluster = gap
+                audit.notes = [
+                    f"commits after snapshot {after_snapshot_id} (the audit's cursor) were "
+                    "expired by another tool: their ranges are audited as one (R56)"
+                ]
+                audit_gap(
+                    table, quarantine, cursor_offsets or {}, end, cluster,
+                    (cluster_configs or {}).get(cluster, kafka_config), pipeline, timeout_s,
+                    audit,
+                )  # fmt: skip
+                if audit.findings or audit.unrecounted is not None:
+                    return audit
+                audit.cursor = after_snapshot_id  # moves on below, over the covered commits
+    carriers = [
+        s
+        for s in window.snapshots
+        if key in snapshot_properties(s) and s.snapshot_id not in covered
+    ]
     clusters = clusters_by_snapshot(table, group_id)  # also what each commit's rows record
 
     def config_of(snapshot: Snapshot) -> dict[str, Any]:
@@ -232,7 +268,9 @@ def audit_commits(
         found = len(audit.findings)
         if ids[index] is not None and ids[index] in ids[index + 1 :]:
             continue  # an intermediate snapshot of a commit that continues later
-        if key not in properties:
+        if snapshot.snapshot_id in covered:  # audited with the expired commits (R56)
+            previous = _offsets(snapshot, key)
+        elif key not in properties:
             check_other(snapshot, properties, group_id, audit)
         elif RESET_BY in properties:
             current = _offsets(snapshot, key)
@@ -260,4 +298,120 @@ def audit_commits(
         clean = clean and len(audit.findings) == found
         if clean:
             audit.cursor = snapshot.snapshot_id
+            audit.cursor_offsets = previous
     return audit
+
+
+def _expired_window(
+    table: Table, group_id: str, cursor_offsets: dict[Key, int] | None
+) -> tuple[_Window, dict[Key, int], set[int], str] | None:
+    """After another tool expired the cursor's snapshot: every snapshot left in the lineage
+    (oldest first), where the expired commits' ranges end (the oldest carrier left, else the
+    position the table property keeps), the carriers up to it, and the cluster they read.
+    None when the gap cannot be audited as one range: the cursor's offsets are unknown (an
+    evaluation before R56), or offsets moved back or dropped a partition in between (a reset
+    or a rollback among the expired commits)."""
+    if cursor_offsets is None:
+        return None
+    key = OFFSETS_PREFIX + group_id
+    snapshots = list(reversed(list(iter_ancestry(table))))
+    first = next((s for s in snapshots if key in snapshot_properties(s)), None)
+    if first is not None:
+        end, covered = _offsets(first, key), {first.snapshot_id}
+    else:
+        state = find_committed_state(table, group_id)
+        if state is None:
+            return None
+        end, covered = flatten(state.offsets), set()
+    if any(k not in end or end[k] < o for k, o in cursor_offsets.items()):
+        return None
+    cluster = (
+        clusters_by_snapshot(table, group_id).get(first.snapshot_id, PRIMARY) if first else PRIMARY
+    )
+    return _Window(snapshots, end, []), end, covered, cluster
+
+
+def audit_gap(
+    table: Table,
+    quarantine: Table | None,
+    start: dict[Key, int],
+    end: dict[Key, int],
+    cluster: str,
+    kafka_config: dict[str, Any],
+    pipeline: str,
+    timeout_s: float,
+    audit: CommitAudit,
+) -> None:
+    """The ranges ``start`` -> ``end`` of commits whose snapshots are gone, audited as one
+    (R56): the head's rows there read on ``cluster`` and the quarantine table's rows there,
+    each coordinate once, as many together as Kafka's visible records. A partition new since
+    ``start`` begins at its log start (a lower bound: only fewer rows than Kafka holds is a
+    finding), as does a range retention has shortened. Cost: a scan pruned by the offset
+    column's bounds to the gap's files, and a recount of the gap. Late copies skipped by the
+    expired commits (after a ``--source-lost`` failover, R54) are not known here: the audit
+    then reports fewer rows than Kafka holds; a full audit tells."""
+    from confluent_kafka import KafkaException
+
+    keys = sorted(k for k, o in end.items() if o > start.get(k, 0) or k not in start)
+    log_starts = _log_starts(kafka_config, set(keys), f"{pipeline}-audit", min(10.0, timeout_s))
+    ranges, exact = [], True
+    for k in keys:
+        floor = log_starts.get(k, 0)
+        begin = start.get(k, floor)
+        if k not in start or begin < floor:
+            begin, exact = floor, False
+        if end[k] > begin:
+            ranges.append(OffsetRange(k[0], k[1], begin, end[k]))
+    if not ranges:
+        return
+    rows = _rows_in(table, ranges, cluster) + (
+        _rows_in(quarantine, ranges, cluster) if quarantine else []
+    )
+    twice = sorted(c for c, n in Counter(rows).items() if n > 1)
+    visible, role, where = 0, f"{pipeline}-audit", ranges[0]
+    try:
+        with open_consumer(kafka_config, role) as consumer:
+            for where in ranges:
+                visible += sum(len(b) for b in iter_batches(consumer, where, timeout_s, role))
+    except (exceptions.ReadError, KafkaException) as exc:
+        audit.unrecounted = (
+            f"commits expired by another tool: could not recount {where.topic}[{where.partition}] "
+            f"[{where.start}, {where.end}) ({exc})"
+        )
+        return
+    size = sum(r.size for r in ranges)
+    audit.offsets_recounted += size
+    found = len(set(rows))
+    if twice:
+        audit.findings.append(
+            f"commits expired by another tool: {len(twice)} records held twice in their ranges, "
+            f"e.g. {twice[:5]}"
+        )
+    if found < visible or (exact and found != visible):
+        audit.findings.append(
+            f"commits expired by another tool: the table and its quarantine table hold {found} "
+            f"records of their ranges ({size} offsets) but Kafka holds {visible} visible records"
+        )
+    elif not twice:
+        audit.notes.append(
+            f"commits expired by another tool audited as one range: {size} offsets, {found} "
+            f"records held once each{'' if exact else ' (a start is a lower bound)'}, as Kafka "
+            "holds"
+        )
+
+
+def _rows_in(table: Table, ranges: list[OffsetRange], cluster: str) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of ``table``'s rows in ``ranges`` read on ``cluster``."""
+    clauses = " or ".join(
+        f"(_kafka_topic = '{r.topic}' and _kafka_partition = {r.partition} and "
+        f"_kafka_offset >= {r.start} and _kafka_offset < {r.end})"
+        for r in ranges
+    )
+    labelled = labels_cluster(table.schema())
+    columns = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
+    found = table.scan(
+        row_filter=clauses, selected_fields=(*columns, CLUSTER_COLUMN) if labelled else columns
+    ).to_arrow()
+    names = found.column(CLUSTER_COLUMN).to_pylist() if labelled else [None] * found.num_rows
+    coordinates = zip(*(found.column(c).to_pylist() for c in columns), strict=True)
+    return [c for c, name in zip(coordinates, names, strict=True) if (name or PRIMARY) == cluster]

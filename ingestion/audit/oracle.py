@@ -249,6 +249,7 @@ def audit_pipeline(
     after_snapshot_id: int | None = None,
     full: bool = False,
     cluster_configs: dict[str, dict[str, Any]] | None = None,
+    cursor_offsets: dict[Key, int] | None = None,
 ) -> PipelineAudit | None:
     """The production oracle of one pipeline; None when the table does not exist.
 
@@ -258,11 +259,15 @@ def audit_pipeline(
     ``full`` recounts every commit in the lineage and scans every row's coordinates of the
     table and its quarantine table as well.
     ``cluster_configs`` (by cluster name) recount each commit on the cluster it read, across
-    failovers.
+    failovers. ``cursor_offsets`` (the group's offsets at the cursor) audit the commits
+    another tool expired after the cursor (R56).
     """
     if not catalog.table_exists(spec.table):
         return None
     table = catalog.load_table(spec.table)
+    quarantine = None
+    if spec.errors_tolerance == "all" and catalog.table_exists(spec.quarantine_table):
+        quarantine = catalog.load_table(spec.quarantine_table)
     commits = audit_commits(
         table,
         spec.consumer_group_id,
@@ -271,11 +276,12 @@ def audit_pipeline(
         after_snapshot_id=None if full else after_snapshot_id,
         max_offsets=None if full else spec.audit_recount_offsets,
         cluster_configs=cluster_configs,
+        cursor_offsets=None if full else cursor_offsets,
+        quarantine=quarantine,
     )
     if not full:
         return PipelineAudit(commits, budget=spec.audit_recount_offsets)
-    quarantine = None
-    if catalog.table_exists(spec.quarantine_table):
+    if quarantine is None and catalog.table_exists(spec.quarantine_table):
         quarantine = catalog.load_table(spec.quarantine_table)
     replicas = replica_support(spec)  # the names MM2 gives each topic, with replicas only
     families = replicas.name_families(spec) if replicas is not None else []

@@ -47,6 +47,7 @@ class CommitAudit:
     unrecounted: str | None = None  # the commit whose recount failed, where and why
     unrecounted_snapshot: int | None = None
     cursor_expired: int | None = None  # the cursor snapshot was expired: commits after it unaudited
+    cursor_offsets: dict[Key, int] | None = None  # the group's offsets at the cursor (R56)
 
     @property
     def ok(self) -> bool:
@@ -231,11 +232,9 @@ def check_other(
     """A snapshot without this group's offsets: a compaction, a migration, or a foreign write."""
     sid = snapshot.snapshot_id
     added, deleted = _count(snapshot, "added-records"), _count(snapshot, "deleted-records")
-    if properties.get(MAINTENANCE) == "compaction":
-        if added != deleted:
-            audit.findings.append(
-                f"snapshot {sid} (compaction) added {added} records but deleted {deleted}"
-            )
+    operation = snapshot.summary.operation.value if snapshot.summary else "?"
+    if operation == "replace" or properties.get(MAINTENANCE) == "compaction":
+        check_maintenance(snapshot, properties, audit)
         return
     others = sorted(
         k.removeprefix(OFFSETS_PREFIX) for k in properties if k.startswith(OFFSETS_PREFIX)
@@ -248,8 +247,38 @@ def check_other(
             "this table"
         )
     elif added or deleted:
-        operation = snapshot.summary.operation.value if snapshot.summary else "?"
         audit.findings.append(
             f"snapshot {sid} ({operation}) added {added} and deleted {deleted} rows without "
             "offsets: a writer outside the pipeline"
         )
+
+
+def check_maintenance(snapshot: Snapshot, properties: dict[str, str], audit: CommitAudit) -> None:
+    """A snapshot that rewrites files without changing the rows passes, with a note: Iceberg's
+    ``replace`` (Spark's ``rewrite_data_files``, ``rewrite_position_delete_files`` and
+    ``rewrite_manifests``, Trino's ``optimize``, a managed optimizer) or our own compaction
+    (``kafka.maintenance=compaction``; tables written before it wrote ``replace`` have
+    ``overwrite`` ones). Proven from the summary alone, no scan: the data files it removed
+    held as many records as those it added, and it removed as many position deletes as it
+    added, or more (deletes of removed rows dropped with them); equality deletes are never
+    ours. Anything else is a finding (R56)."""
+    sid = snapshot.snapshot_id
+    added, deleted = _count(snapshot, "added-records"), _count(snapshot, "deleted-records")
+    kind = "compaction" if properties.get(MAINTENANCE) == "compaction" else "replace"
+    deletes_added = _count(snapshot, "added-position-deletes")
+    deletes_removed = _count(snapshot, "removed-position-deletes")
+    equality = _count(snapshot, "added-equality-deletes")
+    if added != deleted or equality or deletes_added > deletes_removed:
+        audit.findings.append(
+            f"snapshot {sid} ({kind}) changed the rows: data files with {deleted} records "
+            f"replaced by {added}, {deletes_added - deletes_removed} more position deletes, "
+            f"{equality} equality deletes added. A rewrite keeps the rows; this one did not"
+        )
+        return
+    files = _count(snapshot, "deleted-data-files"), _count(snapshot, "added-data-files")
+    manifests = _count(snapshot, "manifests-replaced"), _count(snapshot, "manifests-created")
+    audit.notes.append(
+        f"snapshot {sid}: maintenance ({kind}) kept the rows: {files[0]} data files "
+        f"({deleted} records) rewritten into {files[1]}, {manifests[0]} manifests into "
+        f"{manifests[1]}, {deletes_removed} position deletes removed"
+    )

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion.audit.incremental import BACKLOG_BOUND_SECONDS, MAX_RECOUNT_ATTEMPTS, AuditMemory
 from ingestion.health.checks import Finding, Severity, failed, passed, skipped
+from ingestion.table.offsets import encode_positions
 
 if TYPE_CHECKING:
     from ingestion.audit.oracle import PipelineAudit
@@ -42,6 +43,9 @@ def check_exactly_once(
     commits, full = audit.commits, audit.full
     metadata: dict[str, Any] = {
         "audit_cursor": "" if commits.cursor is None else str(commits.cursor),
+        "audit_cursor_offsets": (
+            "" if commits.cursor_offsets is None else encode_positions(commits.cursor_offsets)
+        ),
         "commits_recounted": len(commits.recounted),
         "offsets_recounted": commits.offsets_recounted,
         "commits_pending": commits.pending,

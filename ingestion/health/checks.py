@@ -298,14 +298,23 @@ def check_dead_letter_rate(state: PipelineState, window: int = 20) -> Finding:
 
 
 def check_watermark_reachable(state: PipelineState) -> Finding:
-    """The current snapshot's ancestry still carries this group's offsets (R31)."""
-    if state.committed is not None or not state.table_has_rows:
+    """The current snapshot's ancestry still carries this group's offsets (R31), or the
+    position table property does, proven by its witness row (R56)."""
+    committed = state.committed
+    if committed is not None and committed.from_position:
+        return passed(
+            "the offsets watermark is reachable through the position table property: another "
+            "tool expired every snapshot that carried it (R56)"
+        )
+    if committed is not None or not state.table_has_rows:
         return passed("the offsets watermark is reachable")
     return failed(
         "ERROR",
         f"table {state.spec.table} holds rows but no snapshot in its ancestry carries offsets "
-        f"for {state.spec.consumer_group_id!r} (expired, or rolled back past them). "
-        "Ingestion is blocked; reset the offsets explicitly.",
+        f"for {state.spec.consumer_group_id!r} (expired, or rolled back past them), and the "
+        f"position table property cannot be proven to belong to this history (its witness "
+        "row is gone: rolled back, or deleted). Ingestion is blocked; reset the offsets "
+        "explicitly.",
     )
 
 
@@ -344,7 +353,8 @@ STATE_CHECKS = (
     ),
     CheckDef(
         "offsets_watermark_reachable",
-        "The current snapshot's ancestry still carries this group's offsets.",
+        "The current snapshot's ancestry still carries this group's offsets, or the position "
+        "table property does, proven by its witness row.",
         check_watermark_reachable,
     ),
 )

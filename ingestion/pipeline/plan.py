@@ -123,8 +123,10 @@ def plan_partitions(
     if committed is None and table_has_rows:
         raise exceptions.MissingOffsetsError(
             f"pipeline {name!r}: table {spec.table} holds rows but no snapshot in its current "
-            "ancestry carries offsets (expired snapshots, or data written by another tool). "
-            "Refusing to restart from the starting position; reset the offsets explicitly."
+            "ancestry carries offsets (expired snapshots, or data written by another tool), and "
+            f"the table property kafka.position.{group} cannot be proven to belong to this "
+            "history (R56: its witness row is gone). Refusing to restart from the starting "
+            "position; reset the offsets explicitly."
         )
     current = {state.topic: state for state in topics}
     old = committed.offsets if committed else {}

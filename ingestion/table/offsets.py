@@ -67,15 +67,19 @@ RUN_DURATION_MS = "kafka.run-duration-ms"  # plan to commit: orphan removal wait
 # as {"topic": {"partition": offset}}: the audit's recount of a new partition starts there.
 RANGE_STARTS = "kafka.range-starts"
 # Table property (not snapshot): a group's last committed position, kept by every maintenance
-# tool (R56): {"commit-id", "snapshot-id", "offsets", "properties", "witness"}.
+# tool (R56): {"snapshot-id", "offsets", "properties", "witness"} (:class:`Position`).
 POSITION_PREFIX = "kafka.position."
-# The snapshot properties a position keeps (what names and describes the commit).
-POSITION_KEYS = (COMMIT_ID, GROUP_ID, CLUSTER_ID, RUN_ID, PIPELINE, RESET_BY, RESET_REASON,
-                 MIGRATED_FROM, FAILOVER_TO)  # fmt: skip
 # The Kafka group's offsets an operator action found and replaced, as a JSON object
 # {"topic:partition": offset}: a position the table vouches for, so the mirror may move the group
 # back from it to the table's offsets (ingestion/table/rewind.py).
 GROUP_OFFSETS_BEFORE = "kafka.group-offsets-before"
+# The snapshot properties a position leaves out: its offsets (kept apart) and the lists that
+# grow with a commit (late copies, dead-letter files, lost ranges, a switch's plan). It keeps the
+# rest: what names and describes the commit, and the route it carries (ingestion.table.route).
+POSITION_LEAVES_OUT = frozenset(
+    {"kafka.quarantine-files", "kafka.failover-plan",  # ingestion.quarantine.sync, ingestion.dr
+     RANGE_STARTS, SKIPPED, LOST_RANGES, GROUP_OFFSETS_BEFORE}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -352,7 +356,11 @@ def record_position(
     position = Position(
         snapshot.snapshot_id,
         decode_offsets(properties[OFFSETS_PREFIX + group_id]),
-        {key: properties[key] for key in POSITION_KEYS if key in properties},
+        {
+            key: value
+            for key, value in properties.items()
+            if key not in POSITION_LEAVES_OUT and not key.startswith(OFFSETS_PREFIX)
+        },
         witness,
     )
     transaction.set_properties({POSITION_PREFIX + group_id: position.encode()})

@@ -101,6 +101,8 @@ def active_switch(table: Table, group_id: str) -> dict[str, str] | None:
             if replaced is not None:
                 route[REPLACED_SNAPSHOT] = str(replaced.snapshot_id)
         return route
+    if committed.from_position and ROUTE_ENDED not in committed.properties:
+        return route_of(committed.properties)  # the commits were expired by another tool (R56)
     return None
 
 

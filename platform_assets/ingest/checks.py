@@ -36,6 +36,7 @@ from ingestion.health.checks import (
     replica_check_def,
 )
 from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import decode_positions, encode_positions
 from platform_assets.pipelines import table_key
 from platform_assets.state import read_pipeline_state
 from resources.iceberg import IcebergCatalogResource
@@ -61,6 +62,7 @@ def audit_finding(
         iceberg.load_catalog(),
         kafka.client_config(),
         after_snapshot_id=previous.cursor if previous else None,
+        cursor_offsets=previous.cursor_offsets if previous else None,
         full=full,
         cluster_configs=clusters if spec.replicas else None,
     )
@@ -98,11 +100,15 @@ def previous_audit_memory(instance: DagsterInstance, key: AssetCheckKey) -> Audi
         text = str(metadata[name].value) if name in metadata else ""
         return int(text) if text.isdigit() else None
 
+    offsets = (
+        str(metadata["audit_cursor_offsets"].value) if "audit_cursor_offsets" in metadata else ""
+    )
     return AuditMemory(
         cursor=number("audit_cursor"),
         unrecounted_snapshot=number("unrecounted_snapshot"),
         attempts=number("recount_attempts") or 0,
         group=str(metadata["audit_group"].value) if "audit_group" in metadata else None,
+        cursor_offsets=decode_positions(offsets) if offsets else None,
     )
 
 
@@ -113,6 +119,8 @@ def memory_metadata(memory: AuditMemory | None) -> dict[str, str]:
     carried = {"audit_cursor": "" if memory.cursor is None else str(memory.cursor)}
     if memory.group is not None:
         carried["audit_group"] = memory.group
+    if memory.cursor_offsets is not None:
+        carried["audit_cursor_offsets"] = encode_positions(memory.cursor_offsets)
     if memory.unrecounted_snapshot is not None:
         carried["unrecounted_snapshot"] = str(memory.unrecounted_snapshot)
         carried["recount_attempts"] = str(memory.attempts)
