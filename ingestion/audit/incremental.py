@@ -227,19 +227,20 @@ def audit_commits(
             if gap is None:
                 audit.cursor_expired = after_snapshot_id
             else:
-                window, end, covered, cluster = gap
+                window, end, covered, at = gap
                 audit.notes = [
                     f"commits after snapshot {after_snapshot_id} (the audit's cursor) were "
                     "expired by another tool: their ranges are audited as one (R56)"
                 ]
                 audit_gap(
-                    table, quarantine, cursor_offsets or {}, end, cluster,
-                    (cluster_configs or {}).get(cluster, kafka_config), pipeline, timeout_s,
-                    audit,
+                    table, quarantine, cursor_offsets or {}, end, at, kafka_config, pipeline,
+                    timeout_s, audit,
                 )  # fmt: skip
-                if audit.findings or audit.unrecounted is not None:
-                    return audit
                 audit.cursor = after_snapshot_id  # moves on below, over the covered commits
+                if audit.findings or audit.unrecounted is not None:  # stays, and says so again
+                    if audit.unrecounted is not None:
+                        audit.unrecounted_snapshot = after_snapshot_id  # retried, then ERROR
+                    return audit
     carriers = [
         s
         for s in window.snapshots
@@ -304,31 +305,36 @@ def audit_commits(
 
 def _expired_window(
     table: Table, group_id: str, cursor_offsets: dict[Key, int] | None
-) -> tuple[_Window, dict[Key, int], set[int], str] | None:
+) -> tuple[_Window, dict[Key, int], set[int], int | None] | None:
     """After another tool expired the cursor's snapshot: every snapshot left in the lineage
     (oldest first), where the expired commits' ranges end (the oldest carrier left, else the
-    position the table property keeps), the carriers up to it, and the cluster they read.
-    None when the gap cannot be audited as one range: the cursor's offsets are unknown (an
-    evaluation before R56), or offsets moved back or dropped a partition in between (a reset
-    or a rollback among the expired commits)."""
+    position the table property keeps), the carriers up to it, and the snapshot to read their
+    rows at (None: the head). None when the gap cannot be audited as one range: the cursor's
+    offsets are unknown (an evaluation before R56); offsets moved back or dropped a partition
+    in between; the end is an operator's reset; or the group reads a replica (a switch among
+    the expired commits would compare one cluster's offsets with another's)."""
     if cursor_offsets is None:
         return None
     key = OFFSETS_PREFIX + group_id
     snapshots = list(reversed(list(iter_ancestry(table))))
     first = next((s for s in snapshots if key in snapshot_properties(s)), None)
     if first is not None:
-        end, covered = _offsets(first, key), {first.snapshot_id}
+        end, covered, properties = (
+            _offsets(first, key),
+            {first.snapshot_id},
+            snapshot_properties(first),
+        )
     else:
         state = find_committed_state(table, group_id)
         if state is None:
             return None
-        end, covered = flatten(state.offsets), set()
+        end, covered, properties = flatten(state.offsets), set(), state.properties
     if any(k not in end or end[k] < o for k, o in cursor_offsets.items()):
         return None
-    cluster = (
-        clusters_by_snapshot(table, group_id).get(first.snapshot_id, PRIMARY) if first else PRIMARY
-    )
-    return _Window(snapshots, end, []), end, covered, cluster
+    if RESET_BY in properties or route_of(properties) is not None:
+        return None
+    at = first.snapshot_id if first is not None else None
+    return _Window(snapshots, end, []), end, covered, at
 
 
 def audit_gap(
@@ -336,20 +342,22 @@ def audit_gap(
     quarantine: Table | None,
     start: dict[Key, int],
     end: dict[Key, int],
-    cluster: str,
+    snapshot_id: int | None,
     kafka_config: dict[str, Any],
     pipeline: str,
     timeout_s: float,
     audit: CommitAudit,
 ) -> None:
     """The ranges ``start`` -> ``end`` of commits whose snapshots are gone, audited as one
-    (R56): the head's rows there read on ``cluster`` and the quarantine table's rows there,
-    each coordinate once, as many together as Kafka's visible records. A partition new since
+    (R56): the table's rows there at ``snapshot_id`` (the commit that ends the gap; None: the
+    head) read on the pipeline's own cluster, and the quarantine table's rows there, each
+    coordinate once, as many together as Kafka's visible records. A partition new since
     ``start`` begins at its log start (a lower bound: only fewer rows than Kafka holds is a
     finding), as does a range retention has shortened. Cost: a scan pruned by the offset
-    column's bounds to the gap's files, and a recount of the gap. Late copies skipped by the
-    expired commits (after a ``--source-lost`` failover, R54) are not known here: the audit
-    then reports fewer rows than Kafka holds; a full audit tells."""
+    column's bounds to the gap's files, and a recount of the gap, however long (the budget
+    does not split it). Late copies skipped by the expired commits (after a ``--source-lost``
+    failover, R54) are not known here: the audit then reports fewer rows than Kafka holds; a
+    full audit tells."""
     from confluent_kafka import KafkaException
 
     keys = sorted(k for k, o in end.items() if o > start.get(k, 0) or k not in start)
@@ -364,9 +372,8 @@ def audit_gap(
             ranges.append(OffsetRange(k[0], k[1], begin, end[k]))
     if not ranges:
         return
-    rows = _rows_in(table, ranges, cluster) + (
-        _rows_in(quarantine, ranges, cluster) if quarantine else []
-    )
+    rows = _rows_in(table, ranges, snapshot_id)
+    rows += _rows_in(quarantine, ranges, None) if quarantine is not None else []
     twice = sorted(c for c, n in Counter(rows).items() if n > 1)
     visible, role, where = 0, f"{pipeline}-audit", ranges[0]
     try:
@@ -400,8 +407,11 @@ def audit_gap(
         )
 
 
-def _rows_in(table: Table, ranges: list[OffsetRange], cluster: str) -> list[tuple[str, int, int]]:
-    """(topic, partition, offset) of ``table``'s rows in ``ranges`` read on ``cluster``."""
+def _rows_in(
+    table: Table, ranges: list[OffsetRange], snapshot_id: int | None
+) -> list[tuple[str, int, int]]:
+    """(topic, partition, offset) of ``table``'s rows in ``ranges`` at ``snapshot_id`` (None:
+    the head) read on the pipeline's own cluster (``_kafka_cluster`` null or ``primary``)."""
     clauses = " or ".join(
         f"(_kafka_topic = '{r.topic}' and _kafka_partition = {r.partition} and "
         f"_kafka_offset >= {r.start} and _kafka_offset < {r.end})"
@@ -410,8 +420,10 @@ def _rows_in(table: Table, ranges: list[OffsetRange], cluster: str) -> list[tupl
     labelled = labels_cluster(table.schema())
     columns = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
     found = table.scan(
-        row_filter=clauses, selected_fields=(*columns, CLUSTER_COLUMN) if labelled else columns
+        row_filter=clauses,
+        selected_fields=(*columns, CLUSTER_COLUMN) if labelled else columns,
+        snapshot_id=snapshot_id,
     ).to_arrow()
     names = found.column(CLUSTER_COLUMN).to_pylist() if labelled else [None] * found.num_rows
     coordinates = zip(*(found.column(c).to_pylist() for c in columns), strict=True)
-    return [c for c, name in zip(coordinates, names, strict=True) if (name or PRIMARY) == cluster]
+    return [c for c, name in zip(coordinates, names, strict=True) if (name or PRIMARY) == PRIMARY]

@@ -30,14 +30,13 @@ from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import (
     COMMIT_ID,
     MIGRATED_FROM,
-    OFFSETS_PREFIX,
+    POSITION_PREFIX,
+    RETIRED_GROUPS,
     OffsetMap,
-    carried_witness,
-    decode_offsets,
     find_committed_state,
     find_landed_commit,
-    flatten,
     offset_groups,
+    previous_witness,
     record_position,
 )
 from ingestion.table.rewind import find_retirement
@@ -131,9 +130,16 @@ def _write(
         snapshot_id = transaction.table_metadata.current_snapshot_id
         for group in offset_groups(properties):  # each keeps its position (R56)
             source = properties.get(MIGRATED_FROM, group)  # a migration's rows are the old's
-            offsets = flatten(decode_offsets(properties[OFFSETS_PREFIX + group]))
-            witness = carried_witness(table.metadata.properties, source, offsets)
-            record_position(transaction, group, witness, appended=False)
+            kept = delete_filter is None  # a delete (a rewind) leaves nothing proven
+            witness = previous_witness(table.metadata.properties, source) if kept else None
+            record_position(transaction, group, witness)
+        retired = {g for g in properties.get(RETIRED_GROUPS, "").split(",") if g}
+        retired |= {properties[MIGRATED_FROM]} if MIGRATED_FROM in properties else set()
+        gone = [
+            POSITION_PREFIX + g for g in sorted(retired) if POSITION_PREFIX + g in table.properties
+        ]
+        if gone:  # a retired group's position must not outlive its retirement's snapshot
+            transaction.remove_properties(*gone)
     assert snapshot_id is not None
     return snapshot_id
 

@@ -18,10 +18,12 @@ from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.plan import Plan
 from ingestion.table.offsets import (
     GROUP_ID,
+    QUARANTINED,
     Witness,
     find_committed_state,
     find_landed_commit,
     flatten,
+    previous_witness,
     record_position,
 )
 from ingestion.table.rewind import find_retirement
@@ -63,11 +65,14 @@ def append_files(
     """Append ``files`` (possibly none) in one snapshot with ``properties``, and set the
     group's position table property (R56, ``witness``: a row of ``files``) in the same
     commit; no retry."""
+    group = properties[GROUP_ID]
+    if not files and properties.get(QUARANTINED, "0") == "0":  # no row, no dead letter
+        witness = previous_witness(table.metadata.properties, group)
     with commit_view(table).transaction() as transaction:
         with transaction.update_snapshot(snapshot_properties=properties).fast_append() as append:
             for data_file in files:
                 append.append_data_file(data_file)
-        record_position(transaction, properties[GROUP_ID], witness, appended=True)
+        record_position(transaction, group, witness)
     committed = transaction.table_metadata.current_snapshot()
     assert committed is not None
     return committed.snapshot_id

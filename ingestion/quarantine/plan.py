@@ -79,7 +79,8 @@ def plan_sync(
         newer: the data table's commits after it, oldest first.
         before: offsets of the commit before ``newer[0]``; ``{}`` when there is none, None when
             it expired (then nothing below the commits' own offsets is deleted).
-        head: the data table's newest commit (None: none in its lineage).
+        head: the data table's newest commit (None: none in its lineage; with ``before``
+            None too, another tool expired them all, R56: nothing is cut).
         synced_cluster: cluster id of the last reflected commit (None or "": unknown, every
             cut holds, as before clusters were compared).
         labelled: the quarantine table has ``_kafka_cluster``.
@@ -123,6 +124,8 @@ def plan_sync(
             bound = end
             cluster = commit.cluster_id or cluster
         known.update({(here, key): offset for key, offset in end.items()})
+    if not newer and head is None and before is None:
+        return []  # another tool expired every commit (R56): no rollback is proven, rows stay
     if not newer:  # rolled back (or emptied) past the last reflected commit: truncate to it
         end = flatten(head.offsets) if head else {}
         cuts = {

@@ -339,20 +339,14 @@ def read_position(properties: dict[str, str], group_id: str) -> Position | None:
     return None if raw is None else Position.decode(raw)
 
 
-def record_position(
-    transaction: Transaction, group_id: str, witness: Witness | None, *, appended: bool
-) -> None:
+def record_position(transaction: Transaction, group_id: str, witness: Witness | None) -> None:
     """In ``transaction``, whose snapshot with the group's offsets is staged: set the table
-    property that keeps them (R56) in the same atomic commit. ``witness`` is a row this commit
-    wrote; an ``appended`` commit (it deletes no row) without one keeps the previous witness,
-    another one keeps ``witness`` as given (:func:`carried_witness`)."""
+    property that keeps them (R56) in the same atomic commit, with ``witness``: a row this
+    commit wrote, or :func:`previous_witness` when it wrote and deleted none."""
     snapshot = transaction.table_metadata.current_snapshot()
     assert snapshot is not None, "record_position follows the commit's snapshot"
     properties = snapshot_properties(snapshot)
     assert OFFSETS_PREFIX + group_id in properties, "the staged snapshot commits the group"
-    if witness is None and appended:
-        previous = read_position(transaction.table_metadata.properties, group_id)
-        witness = previous.witness if previous else None
     position = Position(
         snapshot.snapshot_id,
         decode_offsets(properties[OFFSETS_PREFIX + group_id]),
@@ -366,17 +360,13 @@ def record_position(
     transaction.set_properties({POSITION_PREFIX + group_id: position.encode()})
 
 
-def carried_witness(
-    properties: dict[str, str], group_id: str, offsets: dict[Key, int]
-) -> Witness | None:
-    """The witness of ``group_id``'s position if an action that sets ``offsets`` (and deletes
-    the rows at or after a rewound offset) keeps its row: it lies below the new offset of its
-    partition. None otherwise."""
+def previous_witness(properties: dict[str, str], group_id: str) -> Witness | None:
+    """The witness of ``group_id``'s position in the table ``properties``. Only a commit that
+    wrote no row, deleted none and set no record aside (a switch, a forward reset, a commit
+    over markers or skipped copies) may carry it on: the proof needs every commit after the
+    witness's to have changed no row and no dead letter."""
     previous = read_position(properties, group_id)
-    w = previous.witness if previous else None
-    if w is None or w.offset >= offsets.get((w.topic, w.partition), -1):
-        return None
-    return w
+    return previous.witness if previous else None
 
 
 def find_witness(
@@ -460,6 +450,8 @@ def find_committed_state(table: Table, group_id: str) -> CommittedState | None:
     position = read_position(table.metadata.properties, group_id)
     if position is None or oldest is None or _is_first(oldest):
         return None  # no copy; an empty table; or the walk reached the table's first snapshot
+    if table.metadata.snapshot_by_id(position.snapshot_id) is not None:
+        return None  # its snapshot is there but not in the head's history: rolled back past it
     if position.witness is None:
         if table_has_rows(table):
             return None  # nothing proves the position belongs to this history

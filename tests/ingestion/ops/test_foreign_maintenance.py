@@ -5,6 +5,7 @@ each step."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -62,6 +63,16 @@ def _read_with_duckdb(harness: Harness, spec: PipelineSpec) -> tuple[int, int]:
         ).fetchone()
     assert found is not None
     return int(found[0]), int(found[1])
+
+
+def _plant_orphan(harness: Harness, spec: PipelineSpec) -> Path:
+    """A data file no snapshot names, older than remove_orphan_files' default 3 days."""
+    data = Path(urlparse(harness.table(spec).location()).path) / "data"
+    planted = data / "orphan-of-a-crashed-writer.parquet"
+    planted.write_bytes(b"PAR1")
+    old = time.time() - 4 * 86_400
+    os.utime(planted, (old, old))
+    return planted
 
 
 def test_spark_procedures_while_a_stream_ingests(
@@ -165,7 +176,10 @@ def test_spark_procedures_while_a_stream_ingests(
             assert any("audited as one range" in n for n in notes), notes
 
             produce(400)  # the stream reads on from the position property
+            planted = _plant_orphan(harness, spec)  # a crashed writer's file, 4 days old
             done = other.call("remove_orphan_files", f"table => '{table}'")
+            assert [urlparse(r["orphan_file_location"]).path for r in done] == [str(planted)]
+            assert not planted.exists()
             assert _read_with_duckdb(harness, spec) == (120, 120)
             audit_is_green()
     finally:

@@ -81,6 +81,14 @@ def commit(
             id="table-without-commits-empties-the-quarantine",
         ),
         pytest.param(
+            {P0: 10},
+            [],
+            None,
+            None,
+            [],
+            id="every-commit-expired-by-another-tool-cuts-nothing",  # R56
+        ),
+        pytest.param(
             {P0: 10, P1: 8},
             [commit(5, "reset-drops-p1", 4)],
             {P0: 10, P1: 8},

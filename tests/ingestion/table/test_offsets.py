@@ -2,7 +2,7 @@
 
 "Another tool" here is pyiceberg's own maintenance API (a real Iceberg implementation): a
 rewrite of the same rows, then ``expire_snapshots`` keeping only the head. The same with Spark's
-Iceberg procedures while a stream ingests is ``tests/platform_assets/test_foreign_maintenance.py``.
+Iceberg procedures while a stream ingests is ``tests/ingestion/ops/test_foreign_maintenance.py``.
 """
 
 from __future__ import annotations
@@ -126,3 +126,47 @@ def test_an_offset_reset_keeps_the_witness_only_below_its_offsets(
     state = find_committed_state(table, group)
     assert state is not None
     assert rewound.offsets == state.offsets
+
+
+def test_a_migration_retires_the_old_groups_position(
+    harness: Harness, new_pipeline: NewPipeline
+) -> None:
+    """R56 with R22/R42: a migration removes the old group's position in its commit, so once
+    expiry removed the migration's snapshot the old group has no offsets to plan from (the run
+    under it is refused, never a second reader of the same range)."""
+    from ingestion.ops.reset import migrate_group
+
+    _, spec = new_pipeline("migrated", produce=10)
+    harness.run(spec)
+    old = spec.consumer_group_id
+    admin = harness.kafka.get_admin_client()
+    migrate_group(harness.catalog, spec, "migrated-new", admin, "ops", "rename")
+    table = harness.table(spec)
+    assert read_position(table.metadata.properties, old) is None
+    moved = read_position(table.metadata.properties, "migrated-new")
+    assert moved is not None
+    assert moved.witness is not None  # the rows are the old group's: its witness carries over
+    _rewrite_same_rows(table)
+    _expire_all_but_head(harness.table(spec))
+    table = harness.table(spec)
+    assert find_committed_state(table, old) is None
+    state = find_committed_state(table, "migrated-new")
+    assert state is not None
+    assert state.from_position
+
+
+def test_a_commit_that_only_quarantined_records_proves_nothing(
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer
+) -> None:
+    """R56: the proof needs every commit after the witness's to have changed no row and no dead
+    letter; a commit that set records aside drops the witness."""
+    topic, spec = new_pipeline("deadonly", produce=5, errors_tolerance="all")
+    harness.run(spec)
+    position = read_position(harness.table(spec).metadata.properties, spec.consumer_group_id)
+    assert position is not None
+    assert position.witness is not None
+    ledger_producer.produce(topic, [(b"bad", b"{", 0)])
+    assert harness.run(spec).quarantined == 1
+    after = read_position(harness.table(spec).metadata.properties, spec.consumer_group_id)
+    assert after is not None
+    assert after.witness is None
