@@ -2,9 +2,12 @@
 running Iceberg's standard procedures, in a process of its own (as another team's Spark job).
 
 The runtime jar (``org.apache.iceberg:iceberg-spark-runtime-4.1_2.13``, Maven Central) and the
-SQLite JDBC driver come from ``resources/jvm/iceberg-spark/pom.xml``. The platform's SQL catalog
-is opened by Iceberg's own ``JdbcCatalog`` on the same SQLite file: both commit by
-compare-and-set on the same row of ``iceberg_tables``.
+SQLite JDBC driver come from ``resources/jvm/iceberg-spark/pom.xml``. Iceberg 1.12's newest
+runtime is for Spark 4.1 (on the suite's Spark 4.3 it fails to load: IncompatibleClassChangeError
+on ``SparkView``), so the child runs PySpark :data:`OTHER_PYSPARK` from a virtual environment of
+its own, made once under the JVM cache directory (``resources.jvm.cache_dir``), as another team's
+Spark would be. The platform's SQL catalog is opened by Iceberg's own ``JdbcCatalog`` on the same
+SQLite file: both commit by compare-and-set on the same row of ``iceberg_tables``.
 
 Protocol: the child reads one JSON request per line (``{"call": "<procedure>", "args": "..."}``
 runs ``CALL <catalog>.system.<procedure>(<args>)``) and answers one JSON line: the procedure's
@@ -14,12 +17,38 @@ output rows, or the error.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+# 4.1.4: the newest PySpark of the newest Spark line Iceberg 1.12's Spark runtime supports (4.1).
+OTHER_PYSPARK = "pyspark==4.1.4"
+
+
+def other_spark_python() -> str:
+    """The interpreter of the other engine's virtual environment, made on first use with
+    :data:`OTHER_PYSPARK` and published by rename (a crash leaves no half-made one; the child
+    runs ``bin/python`` with a script, which a moved venv serves)."""
+    from resources.jvm import cache_dir
+
+    home = cache_dir() / ("venv-" + OTHER_PYSPARK.replace("==", "-"))
+    python = home / "bin" / "python"
+    if not python.exists():
+        staging = home.with_name(f"{home.name}.{os.getpid()}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
+        pip = [str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, OTHER_PYSPARK], check=True)
+        try:
+            staging.rename(home)
+        except OSError:  # another process published it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(python)
 
 
 def iceberg_spark_config(name: str, catalog_properties: dict[str, str]) -> dict[str, str]:
@@ -48,6 +77,10 @@ def iceberg_spark_config(name: str, catalog_properties: dict[str, str]) -> dict[
         # V0: the table layout pyiceberg creates; V1 would add a column to it.
         f"spark.sql.catalog.{name}.jdbc.schema-version": "V0",
         f"spark.sql.catalog.{name}.warehouse": catalog_properties["warehouse"],
+        # Plan each procedure from the table as it is now, not as cached up to 30 s ago: a
+        # rewrite_manifests planned from a stale snapshot fails its validation once the
+        # platform's appends (pyiceberg drops manifests left with deleted entries only) moved on.
+        f"spark.sql.catalog.{name}.cache-enabled": "false",
         "spark.master": "local[1]",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
@@ -63,7 +96,7 @@ class OtherSpark:
         self._log = log.open("w")
         config = iceberg_spark_config(name, catalog_properties)
         self._process = subprocess.Popen(
-            [sys.executable, __file__, name, json.dumps(config)],
+            [other_spark_python(), __file__, name, json.dumps(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -93,6 +126,9 @@ class OtherSpark:
             self._process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self._process.kill()
+            self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
         self._log.close()
 
     def __enter__(self) -> OtherSpark:
