@@ -215,10 +215,16 @@ def _replace(**summary: str) -> Snapshot:
     the check reads only the summary)."""
     from pyiceberg.table.snapshots import Operation, Summary
 
-    return Snapshot(
-        snapshot_id=7, parent_snapshot_id=6, sequence_number=7, timestamp_ms=0,
-        manifest_list="unused", summary=Summary(Operation.REPLACE, **summary),
-    )  # fmt: skip
+    return Snapshot.model_validate(
+        {
+            "snapshot-id": 7,
+            "parent-snapshot-id": 6,
+            "sequence-number": 7,
+            "timestamp-ms": 0,
+            "manifest-list": "unused",
+            "summary": Summary(Operation.REPLACE, **summary),
+        }
+    )
 
 
 @pytest.mark.parametrize(
