@@ -15,10 +15,10 @@ not versioned, so a rollback leaves the property ahead of the table. The propert
 when it is proven to belong to the head's history: the ancestry walk found no snapshot with the
 group's offsets and did not reach the table's first snapshot (it ended at an expired parent), and
 the head still holds the witness row. Rows reach the head only through its ancestry, so the commit
-that wrote the witness is an ancestor; the commits after it up to the property's wrote no rows,
-so a rollback between them cannot make the property skip a row. Otherwise the group has no
-proven offsets and ingestion refuses by name (``MissingOffsetsError``), never re-reading from the
-start.
+that wrote the witness is an ancestor; the commits after it up to the property's changed no row
+and no dead letter (only such a commit carries the witness on: :func:`previous_witness`), so a
+rollback between them cannot make the property skip a record. Otherwise the group has no proven
+offsets and ingestion refuses by name (``MissingOffsetsError``), never re-reading from the start.
 """
 
 from __future__ import annotations
