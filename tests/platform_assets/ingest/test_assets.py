@@ -21,6 +21,7 @@ from dagster import (
 )
 
 from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import read_position
 from platform_assets.alerts.sensors import build_check_alert_sensor
 from platform_assets.definitions import build_definitions
 from platform_assets.ingest.assets import build_pipeline_assets, observe_topic
@@ -186,7 +187,8 @@ def test_failing_checks_say_what_and_how(
     resources: dict[str, Any], create_topic: CreateTopic, ledger_producer: LedgerProducer
 ) -> None:
     """commit_freshness (lag + old commit), dead_letter_rate, exactly_once_audit (a duplicate
-    appended behind the pipeline's back) and offsets_watermark_reachable (expired) fail."""
+    appended behind the pipeline's back) and offsets_watermark_reachable (expired, and the
+    position's witness row deleted) fail."""
     import time
 
     topic = create_topic(partitions=1)
@@ -220,6 +222,17 @@ def test_failing_checks_say_what_and_how(
     found = evaluations(run_pipeline_assets(spec, resources, checks_only=True))
     assert not found["exactly_once_audit"].passed
     assert "a writer outside the pipeline" in found["exactly_once_audit"].description
+    # R56: no snapshot with the offsets is left, but the position table property is proven by
+    # its witness row; once another writer deletes that row, nothing proves it (R31).
+    watermark = found["offsets_watermark_reachable"]
+    assert watermark.passed
+    assert "position table property" in watermark.description
+    position = read_position(table.properties, spec.consumer_group_id)
+    assert position is not None
+    assert position.witness is not None
+    table = resources["iceberg"].load_catalog().load_table(spec.table)
+    table.delete(f"_kafka_offset = {position.witness.offset}")
+    found = evaluations(run_pipeline_assets(spec, resources, checks_only=True))
     assert not found["offsets_watermark_reachable"].passed
     assert "reset the offsets explicitly" in found["offsets_watermark_reachable"].description
 
