@@ -362,14 +362,8 @@ def audit_gap(
 
     keys = sorted(k for k, o in end.items() if o > start.get(k, 0) or k not in start)
     log_starts = _log_starts(kafka_config, set(keys), f"{pipeline}-audit", min(10.0, timeout_s))
-    ranges, exact = [], True
-    for k in keys:
-        floor = log_starts.get(k, 0)
-        begin = start.get(k, floor)
-        if k not in start or begin < floor:
-            begin, exact = floor, False
-        if end[k] > begin:
-            ranges.append(OffsetRange(k[0], k[1], begin, end[k]))
+    recount = plan_recount(start, end, {}, log_starts)  # the gap as one commit's ranges
+    ranges, exact = list(recount.ranges), recount.exact
     if not ranges:
         return
     rows = _rows_in(table, ranges, snapshot_id)
