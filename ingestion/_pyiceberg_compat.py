@@ -11,6 +11,12 @@ because executors write files and only the coordinator commits (two-phase).
   ``pyiceberg.io.pyarrow._get_parquet_writer_kwargs``: the Parquet settings pyiceberg derives
   from the table properties (codec, level, page and dictionary sizes), so that our files are
   written exactly as pyiceberg's own would be. The rest of that writer is public API.
+- :func:`replace_files` (compaction) subclasses ``pyiceberg.table.update.snapshot._OverwriteFiles``:
+  pyiceberg 0.12 has no public way to commit a ``replace`` snapshot (files rewritten, rows
+  unchanged, as Spark's ``rewrite_data_files`` writes); its summary code raises "Operation not
+  implemented: replace". The subclass builds the summary as an overwrite's (the same counts
+  and totals) and records it as ``replace``. ``tests/ingestion/test_pyiceberg_compat.py`` fails
+  when pyiceberg learns to write ``replace`` itself: then switch to its public call.
 
 Check this module first when upgrading pyiceberg.
 """
@@ -25,7 +31,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyiceberg.io import FileIO
     from pyiceberg.manifest import DataFile
+    from pyiceberg.table import Transaction
     from pyiceberg.table.metadata import TableMetadata
+    from pyiceberg.table.update.snapshot import _OverwriteFiles
 
 
 def write_data_files(metadata: TableMetadata, io: FileIO, rows: pa.Table) -> list[DataFile]:
@@ -60,3 +68,29 @@ def parquet_writer_kwargs(properties: dict[str, str]) -> dict[str, Any]:
     from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs
 
     return _get_parquet_writer_kwargs(properties)
+
+
+def replace_files(
+    transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]
+) -> _OverwriteFiles:
+    """A snapshot producer of ``transaction`` that commits a ``replace`` snapshot: use its
+    ``delete_data_file`` and ``append_data_file`` (the same rows in new files), as a context
+    manager that commits on a clean exit.
+
+    Delivery: as pyiceberg's overwrite, one snapshot when the transaction commits, none if it
+    fails; the caller checks that the files hold the same rows (a ``replace`` promises it).
+    """
+    from pyiceberg.table.snapshots import Operation, Summary
+    from pyiceberg.table.update.snapshot import _OverwriteFiles
+
+    class _ReplaceFiles(_OverwriteFiles):
+        def _summary(self, snapshot_properties: dict[str, str] | None = None) -> Summary:
+            summary = super()._summary(snapshot_properties or {})  # counted as an overwrite
+            return Summary(Operation.REPLACE, **summary.additional_properties)
+
+    return _ReplaceFiles(
+        operation=Operation.OVERWRITE,
+        transaction=transaction,
+        io=io,
+        snapshot_properties=snapshot_properties,
+    )

@@ -19,12 +19,13 @@ are deleted and it is planned again from the new head, a bounded number of times
 rows can therefore never come back. A group that cannot commit is skipped and reported; it
 never raises out of the pass.
 
-**What readers see.** pyiceberg 0.12 cannot record a ``replace`` snapshot (its summary code
-raises "Operation not implemented: replace"), so each group is an ``overwrite`` snapshot that
-deletes and adds the same rows, marked ``kafka.maintenance=compaction``; it carries no offsets,
-so offsets and the audit are unaffected (rule 7). An incremental reader that follows
-``append`` snapshots only skips it, which is right; one that applies ``overwrite`` snapshots
-must treat those marked as compaction as no change.
+**What readers see.** Each group is one ``replace`` snapshot, as Spark's ``rewrite_data_files``
+writes (the same rows in new files), marked ``kafka.maintenance=compaction``: incremental
+readers (Spark's and Flink's incremental and changelog scans, streaming reads) skip it, and the
+audit passes it from its summary counts. It carries no offsets, so offsets are unaffected (rule
+7). pyiceberg 0.12 has no public call for ``replace`` (``_pyiceberg_compat.replace_files``);
+tables compacted before it was used hold ``overwrite`` snapshots with the same marker, which
+the audit passes alike.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ingestion._pyiceberg_compat import write_data_files
+from ingestion._pyiceberg_compat import replace_files, write_data_files
 from ingestion.pipeline.commit import commit_view, delete_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.table.offsets import iter_ancestry, snapshot_properties
@@ -124,12 +125,12 @@ def _still_live(table: Table, inputs: list[DataFile]) -> bool:
 def _commit_rewrite(
     table: Table, inputs: list[DataFile], outputs: list[DataFile], commit_id: str
 ) -> None:
-    """One overwrite snapshot removing ``inputs`` and adding ``outputs``, against the head
-    ``table`` was loaded at (no retry: a moved head raises ``CommitFailedException``)."""
+    """One replace snapshot removing ``inputs`` and adding ``outputs`` (the same rows), against
+    the head ``table`` was loaded at (no retry: a moved head raises ``CommitFailedException``)."""
     properties = {MAINTENANCE: "compaction", COMPACTION_ID: commit_id}
     with (
         commit_view(table).transaction() as transaction,
-        transaction.update_snapshot(snapshot_properties=properties).overwrite() as rewrite,
+        replace_files(transaction, table.io, properties) as rewrite,
     ):
         for data_file in inputs:
             rewrite.delete_data_file(data_file)

@@ -1,6 +1,7 @@
 """The one home of private pyiceberg calls, against the installed pyiceberg: data files written
-without a commit (partitioned, uniquely named on every call) and the Parquet settings a table's
-properties give. Real SQL catalog and local files; no Kafka, no Spark."""
+without a commit (partitioned, uniquely named on every call), the Parquet settings a table's
+properties give, and ``replace`` snapshots (with a test that fails once pyiceberg can write them
+itself). Real SQL catalog and local files; no Kafka, no Spark."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from ingestion._pyiceberg_compat import parquet_writer_kwargs, write_data_files
+from ingestion._pyiceberg_compat import parquet_writer_kwargs, replace_files, write_data_files
 
 ROWS = pa.table(
     {"region": pa.array(["eu", "us", "eu", "ap"], pa.large_string()), "n": [1, 2, 3, 4]}
@@ -87,3 +88,40 @@ def test_parquet_settings_follow_the_table_properties_as_pyiceberg_writes_them(
     with pq.ParquetWriter(path, ROWS.schema, **kwargs) as writer:
         writer.write_table(ROWS)
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "GZIP"
+
+
+def test_replace_files_commits_a_replace_snapshot_counted_as_spark_counts_one(
+    table: Table,
+) -> None:
+    """Two files rewritten into one: a ``replace`` snapshot whose summary counts the rows
+    removed and added (equal) and keeps the totals; the rows read back unchanged."""
+    for rows in (ROWS.slice(0, 2), ROWS.slice(2, 2)):
+        table.append(rows)
+    inputs = [task.file for task in table.scan().plan_files()]
+    merged = table.scan().to_arrow()
+    outputs = write_data_files(table.metadata, table.io, merged)
+    with table.transaction() as transaction, replace_files(transaction, table.io, {"k": "v"}) as r:
+        for data_file in inputs:
+            r.delete_data_file(data_file)
+        for data_file in outputs:
+            r.append_data_file(data_file)
+    head = table.refresh().current_snapshot()
+    assert head is not None
+    assert head.summary is not None
+    summary = head.summary
+    assert summary.operation.value == "replace"
+    assert summary["k"] == "v"
+    assert summary["added-records"] == summary["deleted-records"] == "4"
+    assert summary["total-records"] == "4"
+    assert summary["total-data-files"] == str(len(outputs))
+    back = table.scan().to_arrow().sort_by("n")
+    assert back.column("n").to_pylist() == [1, 2, 3, 4]
+
+
+def test_pyiceberg_still_cannot_record_replace_itself() -> None:
+    """Fails when an upgraded pyiceberg summarises ``replace`` snapshots: then move compaction
+    to its public call and drop :func:`replace_files`."""
+    from pyiceberg.table.snapshots import Operation, Summary, update_snapshot_summaries
+
+    with pytest.raises(ValueError, match="Operation not implemented"):
+        update_snapshot_summaries(Summary(Operation.REPLACE))

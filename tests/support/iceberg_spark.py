@@ -9,9 +9,10 @@ its own, made once under the JVM cache directory (``resources.jvm.cache_dir``), 
 Spark would be. The platform's SQL catalog is opened by Iceberg's own ``JdbcCatalog`` on the same
 SQLite file: both commit by compare-and-set on the same row of ``iceberg_tables``.
 
-Protocol: the child reads one JSON request per line (``{"call": "<procedure>", "args": "..."}``
-runs ``CALL <catalog>.system.<procedure>(<args>)``) and answers one JSON line: the procedure's
-output rows, or the error.
+Protocol: the child reads one JSON request per line and answers one JSON line: the rows, or the
+error. ``{"call": "<procedure>", "args": "..."}`` runs ``CALL <catalog>.system.<procedure>(<args>)``;
+``{"sql": "..."}`` runs a query; ``{"read": "<table>", "options": {...}}`` reads the table with
+Spark read options (an incremental read: ``start-snapshot-id``, ``end-snapshot-id``).
 """
 
 from __future__ import annotations
@@ -106,16 +107,27 @@ class OtherSpark:
 
     def call(self, procedure: str, args: str) -> list[dict[str, Any]]:
         """Run ``CALL <catalog>.system.<procedure>(<args>)``; raise on its error."""
+        return self._ask({"call": procedure, "args": args})
+
+    def sql(self, query: str) -> list[dict[str, Any]]:
+        """Run a Spark SQL query (table names under the catalog's name); its rows."""
+        return self._ask({"sql": query})
+
+    def read(self, table: str, options: dict[str, str]) -> list[dict[str, Any]]:
+        """The rows of ``table`` read with Spark read ``options`` (e.g. an incremental read)."""
+        return self._ask({"read": table, "options": options})
+
+    def _ask(self, request: dict[str, Any]) -> list[dict[str, Any]]:
         assert self._process.stdin is not None
         assert self._process.stdout is not None
-        self._process.stdin.write(json.dumps({"call": procedure, "args": args}) + "\n")
+        self._process.stdin.write(json.dumps(request) + "\n")
         self._process.stdin.flush()
         line = self._process.stdout.readline()
         if not line:
             raise RuntimeError(f"the Spark process exited; see {self._log.name}")
         answer = json.loads(line)
         if "error" in answer:
-            raise RuntimeError(f"{procedure}: {answer['error']}")
+            raise RuntimeError(f"{request}: {answer['error']}")
         return list(answer["rows"])
 
     def close(self) -> None:
@@ -148,8 +160,13 @@ def _serve(name: str, config: dict[str, str]) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            sql = f"CALL {name}.system.{request['call']}({request['args']})"
-            rows = [row.asDict() for row in spark.sql(sql).collect()]
+            if "read" in request:
+                frame = spark.read.options(**request["options"]).table(f"{name}.{request['read']}")
+            elif "sql" in request:
+                frame = spark.sql(request["sql"])
+            else:
+                frame = spark.sql(f"CALL {name}.system.{request['call']}({request['args']})")
+            rows = [row.asDict() for row in frame.collect()]
             answer: dict[str, Any] = {"rows": json.loads(json.dumps(rows, default=str))}
         except Exception as exc:  # the caller raises it
             answer = {"error": str(exc)[:2000]}

@@ -1,11 +1,12 @@
 """Small-file compaction on its own, on a real SQL catalog (no Kafka, no Spark): which files a
 pass merges (the prefix rule, per partition, capped per group), that a pass keeps every row in
-one ``overwrite`` marked as compaction and a second pass rewrites nothing, and what a group does
+one ``replace`` marked as compaction and a second pass rewrites nothing, and what a group does
 when the head moves under it (retried, replanned, or skipped; never raised, never resurrecting a
 deleted row)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
@@ -27,6 +29,7 @@ from ingestion.ops.compaction import (
 )
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.table.offsets import snapshot_properties
+from tests.support.iceberg_spark import OtherSpark
 
 
 @pytest.mark.parametrize(
@@ -134,7 +137,7 @@ def test_a_pass_merges_each_partition_once_keeps_every_row_and_a_second_does_not
     head = table.current_snapshot()
     assert head is not None
     assert head.summary is not None
-    assert head.summary.operation.value == "overwrite"
+    assert head.summary.operation.value == "replace"
     assert snapshot_properties(head)[MAINTENANCE] == "compaction"
     snapshots = len(table.metadata.snapshots)
     again = compact_small_files(table)
@@ -192,3 +195,33 @@ def test_a_group_that_keeps_losing_is_skipped_not_raised(table: Table) -> None:
     assert report.files_compacted == 0
     assert live_files(table)["eu"] == files_before["eu"]
     assert numbers(table) == [*range(30), 100, 100]
+
+
+def test_an_incremental_reader_sees_no_new_rows_in_a_compaction(
+    table: Table, tmp_path: Path
+) -> None:
+    """Spark with Apache Iceberg's runtime (``tests/support/iceberg_spark.py``) reads the table's
+    changes between two snapshots (its ``changes`` table, the changelog scan CDC readers use):
+    over the appends it finds their rows, over the compaction nothing, as over Spark's own
+    ``rewrite_data_files`` (both ``replace``; an ``overwrite`` reads as every rewritten row
+    deleted and inserted again)."""
+    append(table, "eu", range(0, 10))
+    start = table.current_snapshot()
+    for first in (10, 20):
+        append(table, "eu", range(first, first + 10))
+    appended = table.current_snapshot()
+    assert compact_small_files(table).files_compacted == 3
+    compacted = table.refresh().current_snapshot()
+    assert start is not None and appended is not None and compacted is not None
+    assert compacted.summary is not None
+    assert compacted.summary.operation.value == "replace"
+
+    def changes(other: OtherSpark, after: Snapshot, upto: Snapshot) -> dict[str, int]:
+        window = {"start-snapshot-id": str(after.snapshot_id)}
+        window["end-snapshot-id"] = str(upto.snapshot_id)
+        found = Counter(row["_change_type"] for row in other.read("n.t.changes", window))
+        return dict(found)
+
+    with OtherSpark("c", table.catalog.properties, tmp_path / "spark.log") as other:
+        assert changes(other, start, appended) == {"INSERT": 20}
+        assert changes(other, appended, compacted) == {}
