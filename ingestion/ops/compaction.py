@@ -19,6 +19,11 @@ are deleted and it is planned again from the new head, a bounded number of times
 rows can therefore never come back. A group that cannot commit is skipped and reported; it
 never raises out of the pass.
 
+**How outputs are written.** As the table's properties say (target file size, Parquet codec and
+settings, as pyiceberg writes them) and, when the table declares a sort order, sorted by it and
+marked sorted (``ingestion.table.sort_order``): merged files come out ordered even when the
+small ones were written in several runs.
+
 **What readers see.** Each group is one ``replace`` snapshot, as Spark's ``rewrite_data_files``
 writes (the same rows in new files), marked ``kafka.maintenance=compaction``: incremental
 readers (Spark's and Flink's incremental and changelog scans, streaming reads) skip it, and the
@@ -36,12 +41,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ingestion._pyiceberg_compat import replace_files, write_data_files
+from ingestion._pyiceberg_compat import replace_files
 from ingestion.pipeline.commit import commit_view, delete_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.table.offsets import iter_ancestry, snapshot_properties
+from ingestion.table.sort_order import sort_rows, write_order
+from ingestion.task.writer import FanoutWriter
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import FileScanTask, Table
 
@@ -138,6 +146,22 @@ def _commit_rewrite(
             rewrite.append_data_file(data_file)
 
 
+def _write_sorted(table: Table, rows: pa.Table) -> list[DataFile]:
+    """Write ``rows`` as new data files of ``table`` (the executors' writer: the table's write
+    properties, fresh file names), sorted as one run by the table's sort order if it has one.
+
+    Delivery: commits nothing; files of a group that does not commit are deleted by the caller
+    or, after a crash, removed as orphans by recovery.
+    """
+    writer = FanoutWriter(table.metadata, table.io, sorted_input=True)
+    try:
+        writer.write(sort_rows(rows, table.schema(), write_order(table.metadata)))
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
 def _landed(table: Table, commit_id: str) -> bool:
     """Whether a compaction commit with ``commit_id`` is in the current ancestry."""
     return any(snapshot_properties(s).get(COMPACTION_ID) == commit_id for s in iter_ancestry(table))
@@ -168,7 +192,7 @@ def compact_group(
             return  # nothing (left) to merge here
         rows = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(group)
         inputs = [task.file for task in group]
-        outputs = write_data_files(table.metadata, table.io, rows)
+        outputs = _write_sorted(table, rows)
         commit_id = uuid.uuid4().hex
         for _attempt in range(max_attempts):
             hooks.fire("before_compaction_commit", table=table, files=inputs)

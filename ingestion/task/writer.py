@@ -5,6 +5,8 @@ partition value in one vectorised pass (the table's partition transforms, then o
 group-by); the parts are held up to :data:`BUFFER_BYTES` in all, then the largest is appended
 to the open file of its partition value: at most one open file per partition value, rolled
 to a new file only when it reaches the table's ``write.target-file-size-bytes`` (on disk).
+When the table declares a sort order, each part is sorted by it before it is written
+(``ingestion.table.sort_order``), and a file written in one such run is marked sorted.
 Files are laid out and described as pyiceberg's own writer does (same field ids, Parquet
 settings, statistics, partition records and paths), built from pyiceberg's public helpers.
 
@@ -44,6 +46,7 @@ class _OpenFile:
     writer: Any
     partition_key: PartitionKey | None
     rows: int = 0
+    runs: int = 0  # sorted runs written to it: the file is sorted when there is one
 
 
 class FanoutWriter:
@@ -55,7 +58,10 @@ class FanoutWriter:
     coordinator, :meth:`abort` deletes the files (best-effort) and returns nothing.
     """
 
-    def __init__(self, metadata: TableMetadata, io: FileIO) -> None:
+    def __init__(self, metadata: TableMetadata, io: FileIO, *, sorted_input: bool = False) -> None:
+        """``sorted_input``: the caller passes all rows already in the table's sort order (a
+        compaction sorting a whole group); they are written as they come, each file as one
+        sorted run."""
         from pyiceberg.io.pyarrow import (
             compute_statistics_plan,
             parquet_path_to_id_mapping,
@@ -67,8 +73,11 @@ class FanoutWriter:
         from pyiceberg.utils.properties import property_as_int
 
         from ingestion._pyiceberg_compat import parquet_writer_kwargs
+        from ingestion.table.sort_order import write_order
 
         self._metadata, self._io = metadata, io
+        self._order = write_order(metadata)
+        self._sorted_input = sorted_input
         props = metadata.properties
         self._file_schema = sanitize_column_names(metadata.schema())  # as pyiceberg writes
         self._arrow_schema = schema_to_pyarrow(self._file_schema, include_field_ids=True)
@@ -125,9 +134,15 @@ class FanoutWriter:
         return list(self._closed)
 
     def _flush(self, value: tuple[Any, ...]) -> None:
-        """Write the rows held for ``value`` (in arrival order) to its file."""
+        """Write the rows held for ``value`` to its file: in the table's sort order if it has
+        one, in arrival order otherwise."""
+        from ingestion.table.sort_order import sort_rows
+
         del self._pending_bytes[value]
-        self._append(value, pa.concat_tables(self._pending.pop(value)))
+        rows = pa.concat_tables(self._pending.pop(value))
+        if not self._sorted_input:
+            rows = sort_rows(rows, self._metadata.schema(), self._order)
+        self._append(value, rows)
 
     def abort(self) -> None:
         """Close and delete every file written (best-effort: leftovers are orphans)."""
@@ -189,9 +204,13 @@ class FanoutWriter:
                 )
 
     def _append(self, value: tuple[Any, ...], rows: pa.Table) -> None:
-        """Write ``rows`` to the value's open file, rolling at the target size."""
+        """Write ``rows`` (one run) to the value's open file, rolling at the target size."""
+        continued: _OpenFile | None = None
         while rows.num_rows:
             open_file = self._open.get(value) or self._start(value)
+            if open_file is not continued and not (self._sorted_input and open_file.runs):
+                open_file.runs += 1  # a new run, unless the input is one sorted run
+            continued = open_file
             size = open_file.stream.tell()
             if self._rows:  # the rows that fit before the target, at the bytes per row so far
                 fits = max(1, int((self._target - size) * self._rows / max(self._bytes, 1)))
@@ -242,7 +261,7 @@ class FanoutWriter:
                 file_format=FileFormat.PARQUET,
                 partition=key.partition if key is not None else Record(),
                 file_size_in_bytes=len(open_file.output),
-                sort_order_id=None,
+                sort_order_id=self._order.order_id if self._order and open_file.runs == 1 else None,
                 spec_id=self._metadata.default_spec_id,
                 equality_ids=None,
                 key_metadata=None,

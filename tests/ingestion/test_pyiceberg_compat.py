@@ -1,7 +1,6 @@
-"""The one home of private pyiceberg calls, against the installed pyiceberg: data files written
-without a commit (partitioned, uniquely named on every call), the Parquet settings a table's
-properties give, and ``replace`` snapshots (with a test that fails once pyiceberg can write them
-itself). Real SQL catalog and local files; no Kafka, no Spark."""
+"""The one home of private pyiceberg calls, against the installed pyiceberg: the Parquet settings
+a table's properties give, and ``replace`` snapshots (with a test that fails once pyiceberg can
+write them itself). Real SQL catalog and local files; no Kafka, no Spark."""
 
 from __future__ import annotations
 
@@ -17,7 +16,8 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from ingestion._pyiceberg_compat import parquet_writer_kwargs, replace_files, write_data_files
+from ingestion._pyiceberg_compat import parquet_writer_kwargs, replace_files
+from ingestion.task.writer import FanoutWriter
 
 ROWS = pa.table(
     {"region": pa.array(["eu", "us", "eu", "ap"], pa.large_string()), "n": [1, 2, 3, 4]}
@@ -37,31 +37,6 @@ def table(tmp_path: Path) -> Table:
     )
     spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "region"))
     return catalog.create_table("n.t", schema, partition_spec=spec)
-
-
-def test_rows_are_written_one_file_per_partition_and_nothing_is_committed(table: Table) -> None:
-    files = write_data_files(table.metadata, table.io, ROWS)
-    by_region = {f.partition[0]: f.record_count for f in files}
-    assert by_region == {"eu": 2, "us": 1, "ap": 1}
-    assert all(Path(f.file_path.removeprefix("file://")).is_file() for f in files)
-    assert table.refresh().current_snapshot() is None  # written, not committed
-
-
-def test_no_rows_write_no_file(table: Table) -> None:
-    assert write_data_files(table.metadata, table.io, ROWS.slice(0, 0)) == []
-
-
-def test_a_retried_call_writes_new_files_and_both_sets_read_back_whole(table: Table) -> None:
-    """A fresh write uuid per call: a second call with the same rows names other files, so
-    committing both keeps every row (a reused name would have overwritten the first set)."""
-    first = write_data_files(table.metadata, table.io, ROWS)
-    second = write_data_files(table.metadata, table.io, ROWS)
-    assert not {f.file_path for f in first} & {f.file_path for f in second}
-    with table.transaction() as transaction, transaction.update_snapshot().fast_append() as app:
-        for data_file in first + second:
-            app.append_data_file(data_file)
-    back = table.refresh().scan().to_arrow()
-    assert sorted(back.column("n").to_pylist()) == [1, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_parquet_settings_follow_the_table_properties_as_pyiceberg_writes_them(
@@ -99,7 +74,9 @@ def test_replace_files_commits_a_replace_snapshot_counted_as_spark_counts_one(
         table.append(rows)
     inputs = [task.file for task in table.scan().plan_files()]
     merged = table.scan().to_arrow()
-    outputs = write_data_files(table.metadata, table.io, merged)
+    writer = FanoutWriter(table.metadata, table.io)
+    writer.write(merged)
+    outputs = writer.close()
     with table.transaction() as transaction, replace_files(transaction, table.io, {"k": "v"}) as r:
         for data_file in inputs:
             r.delete_data_file(data_file)

@@ -10,9 +10,10 @@ Spark would be. The platform's SQL catalog is opened by Iceberg's own ``JdbcCata
 SQLite file: both commit by compare-and-set on the same row of ``iceberg_tables``.
 
 Protocol: the child reads one JSON request per line and answers one JSON line: the rows, or the
-error. ``{"call": "<procedure>", "args": "..."}`` runs ``CALL <catalog>.system.<procedure>(<args>)``;
-``{"sql": "..."}`` runs a query; ``{"read": "<table>", "options": {...}}`` reads the table with
-Spark read options (an incremental read: ``start-snapshot-id``, ``end-snapshot-id``).
+error. ``{"call": "<procedure>", "args": "..."}`` runs
+``CALL <catalog>.system.<procedure>(<args>)``; ``{"read": "<table>", "options": {...}}`` reads
+the table with Spark read options (an incremental read: ``start-snapshot-id``,
+``end-snapshot-id``).
 """
 
 from __future__ import annotations
@@ -109,10 +110,6 @@ class OtherSpark:
         """Run ``CALL <catalog>.system.<procedure>(<args>)``; raise on its error."""
         return self._ask({"call": procedure, "args": args})
 
-    def sql(self, query: str) -> list[dict[str, Any]]:
-        """Run a Spark SQL query (table names under the catalog's name); its rows."""
-        return self._ask({"sql": query})
-
     def read(self, table: str, options: dict[str, str]) -> list[dict[str, Any]]:
         """The rows of ``table`` read with Spark read ``options`` (e.g. an incremental read)."""
         return self._ask({"read": table, "options": options})
@@ -162,8 +159,6 @@ def _serve(name: str, config: dict[str, str]) -> None:
         try:
             if "read" in request:
                 frame = spark.read.options(**request["options"]).table(f"{name}.{request['read']}")
-            elif "sql" in request:
-                frame = spark.sql(request["sql"])
             else:
                 frame = spark.sql(f"CALL {name}.system.{request['call']}({request['args']})")
             rows = [row.asDict() for row in frame.collect()]

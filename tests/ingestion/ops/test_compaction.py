@@ -1,6 +1,8 @@
-"""Small-file compaction on its own, on a real SQL catalog (no Kafka, no Spark): which files a
+"""Small-file compaction on its own, on a real SQL catalog (no Kafka; Spark only as the reader of
+the table's changes): which files a
 pass merges (the prefix rule, per partition, capped per group), that a pass keeps every row in
-one ``replace`` marked as compaction and a second pass rewrites nothing, and what a group does
+one ``replace`` marked as compaction (which Spark's changelog reads as no change), sorted by a
+declared sort order, and a second pass rewrites nothing, and what a group does
 when the head moves under it (retried, replanned, or skipped; never raised, never resurrecting a
 deleted row)."""
 
@@ -11,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.sorting import NullOrder
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
@@ -212,7 +216,9 @@ def test_an_incremental_reader_sees_no_new_rows_in_a_compaction(
     appended = table.current_snapshot()
     assert compact_small_files(table).files_compacted == 3
     compacted = table.refresh().current_snapshot()
-    assert start is not None and appended is not None and compacted is not None
+    assert start is not None
+    assert appended is not None
+    assert compacted is not None
     assert compacted.summary is not None
     assert compacted.summary.operation.value == "replace"
 
@@ -225,3 +231,17 @@ def test_an_incremental_reader_sees_no_new_rows_in_a_compaction(
     with OtherSpark("c", table.catalog.properties, tmp_path / "spark.log") as other:
         assert changes(other, start, appended) == {"INSERT": 20}
         assert changes(other, appended, compacted) == {}
+
+
+def test_merged_files_follow_the_declared_sort_order_and_are_marked_sorted(table: Table) -> None:
+    """Small files written before the table declared an order (arrival order) merge into one
+    file sorted by it; its ``sort_order_id`` says so."""
+    for first in (0, 10, 20):
+        append(table, "eu", range(first, first + 10))
+    with table.update_sort_order() as order:
+        order.desc("n", IdentityTransform(), NullOrder.NULLS_LAST)
+    assert compact_small_files(table).files_compacted == 3
+    (task,) = table.refresh().scan().plan_files()
+    written = pq.read_table(task.file.file_path.removeprefix("file://"))
+    assert written.column("n").to_pylist() == list(range(29, -1, -1))
+    assert task.file.sort_order_id == table.metadata.default_sort_order_id != 0

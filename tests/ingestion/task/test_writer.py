@@ -1,18 +1,24 @@
-"""The fanout writer on its own, on a real SQL catalog and local files (no Kafka, no Spark)."""
+"""The fanout writer on its own, on a real SQL catalog and local files (no Kafka, no Spark):
+partition values, field types, and the table's declared sort order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.table.sorting import NullOrder, SortDirection, SortField, SortOrder
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
 from ingestion.formats.decode import merge_field_types
+from ingestion.task import writer as writer_module
 from ingestion.task.writer import FanoutWriter
 
 
@@ -56,3 +62,90 @@ def test_chunks_and_tasks_merge_new_field_types_like_one_parse(
 ) -> None:
     merge_field_types(seen, new)
     assert seen["x"] == merged
+
+
+@pytest.fixture
+def sorted_table(tmp_path: Path) -> Table:
+    """A table partitioned by ``region`` whose declared sort order is ``n`` descending."""
+    catalog = SqlCatalog(
+        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    schema = Schema(
+        NestedField(1, "region", StringType(), required=False),
+        NestedField(2, "n", LongType(), required=False),
+    )
+    spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "region"))
+    order = SortOrder(SortField(2, IdentityTransform(), SortDirection.DESC, NullOrder.NULLS_LAST))
+    return catalog.create_table("n.t", schema, partition_spec=spec, sort_order=order)
+
+
+def chunk(regions: str, numbers: list[int]) -> pa.Table:
+    return pa.table(
+        {"region": pa.array(list(regions), pa.large_string()), "n": pa.array(numbers, pa.int64())}
+    )
+
+
+def file_numbers(data_file: DataFile) -> list[int]:
+    return list(pq.read_table(data_file.file_path.removeprefix("file://")).column("n").to_pylist())
+
+
+def test_a_declared_sort_order_sorts_each_file_and_marks_it(sorted_table: Table) -> None:
+    writer = FanoutWriter(sorted_table.metadata, sorted_table.io)
+    writer.write(chunk("abab", [1, 7, 3, 5]))
+    writer.write(chunk("aa", [2, 9]))
+    files = {f.partition[0]: f for f in writer.close()}
+    assert {region: file_numbers(f) for region, f in files.items()} == {
+        "a": [9, 3, 2, 1],
+        "b": [7, 5],
+    }
+    order_id = sorted_table.metadata.default_sort_order_id
+    assert order_id != 0
+    assert {f.sort_order_id for f in files.values()} == {order_id}
+
+
+def test_a_file_written_in_several_runs_is_not_marked_sorted(
+    sorted_table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each write flushed at once (no buffer): one file, two sorted runs, no sort order id."""
+    monkeypatch.setattr(writer_module, "BUFFER_BYTES", 0)
+    writer = FanoutWriter(sorted_table.metadata, sorted_table.io)
+    writer.write(chunk("aa", [1, 3]))
+    writer.write(chunk("aa", [2, 9]))
+    (data_file,) = writer.close()
+    assert file_numbers(data_file) == [3, 1, 9, 2]
+    assert data_file.sort_order_id is None
+
+
+def test_an_unsorted_table_keeps_arrival_order(tmp_path: Path) -> None:
+    catalog = SqlCatalog(
+        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    schema = Schema(
+        NestedField(1, "region", StringType(), required=False),
+        NestedField(2, "n", LongType(), required=False),
+    )
+    table = catalog.create_table("n.t", schema)
+    writer = FanoutWriter(table.metadata, table.io)
+    writer.write(chunk("aaa", [2, 9, 1]))
+    (data_file,) = writer.close()
+    assert file_numbers(data_file) == [2, 9, 1]
+    assert data_file.sort_order_id is None
+
+
+def test_each_writer_names_new_files_and_both_sets_read_back_whole(sorted_table: Table) -> None:
+    """A fresh uuid per writer (a retried task or compaction): the same rows written twice
+    land in other files, so committing both keeps every row (a reused name would overwrite)."""
+    sets = []
+    for _ in range(2):
+        writer = FanoutWriter(sorted_table.metadata, sorted_table.io)
+        writer.write(chunk("ab", [1, 2]))
+        sets.append(writer.close())
+    first, second = sets
+    assert not {f.file_path for f in first} & {f.file_path for f in second}
+    table = sorted_table
+    with table.transaction() as transaction, transaction.update_snapshot().fast_append() as app:
+        for data_file in first + second:
+            app.append_data_file(data_file)
+    assert sorted(table.refresh().scan().to_arrow().column("n").to_pylist()) == [1, 1, 2, 2]
