@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyiceberg.transforms import IdentityTransform
 
 from ingestion import exceptions
 from ingestion.pipeline.commit import commit_data
@@ -679,3 +680,31 @@ def test_a_partition_added_to_the_topic_is_read_from_its_start(
     committed = find_committed_state(harness.table(spec), spec.consumer_group_id)
     assert committed is not None
     assert committed.offsets[topic].next_offsets == {0: 20, 1: 10, 2: 5}
+
+
+def test_spark_tasks_write_in_the_tables_declared_sort_order(
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
+) -> None:
+    """Another engine declares a sort order on the table (``WRITE ORDERED BY name DESC``); the
+    executors' files of the next run are each sorted by it and marked sorted, as Spark's own
+    writes would be."""
+    import pyarrow.parquet as pq
+    from pyiceberg.table.sorting import NullOrder
+
+    topic, spec = new_pipeline("sorted", partitions=2, produce=50)
+    assert harness.run(spec).committed
+    table = harness.table(spec)
+    with table.update_sort_order() as order:
+        order.desc("name", IdentityTransform(), NullOrder.NULLS_LAST)
+    before = {task.file.file_path for task in table.scan().plan_files()}
+    ledger_producer.produce(topic, records(300, first=50))
+    report = harness.run(spec)
+    assert (report.records, report.executed_in) == (300, "spark")
+    table = harness.table(spec)
+    new = [task.file for task in table.scan().plan_files() if task.file.file_path not in before]
+    assert new
+    for data_file in new:
+        names = pq.read_table(data_file.file_path.removeprefix("file://")).column("name")
+        assert names.to_pylist() == sorted(names.to_pylist(), reverse=True)
+        assert data_file.sort_order_id == table.metadata.default_sort_order_id != 0
+    harness.assert_exactly_once(spec, ledger)
