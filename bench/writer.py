@@ -1,4 +1,5 @@
-"""The executor tasks' writer: events spread over 30 day-partitions vs one, and task memory.
+"""The executor tasks' writer: events spread over 30 day-partitions vs one, a declared sort
+order's cost, and task memory.
 
     .venv/bin/python bench/writer.py [--records 500000] [--partitions 2]
         [--small-task 12500] [--large-task 250000] [--rounds 2] [--json .platform/bench/writer.json]
@@ -9,6 +10,9 @@ ratios within this run (absolute rates on a shared machine are noise):
 - ``spread_30d / one_partition``: records/s of the same events (bench.workloads) spread over
   30 day-partitions vs all on one day; local[2], one task per Kafka partition; the best of
   ``--rounds`` runs of each, alternating (the smoke test runs one).
+- ``sorted / unsorted``: records/s of the one-day events into a table that declares a sort order
+  (``customer_id``, 5,000 values in random order: each task sorts its rows) vs one that does not;
+  best of ``--rounds``, alternating, on the same warm session.
 - worker peak RSS at ``--large-task`` vs ``--small-task`` records per task (the Python
   workers of a fresh Spark session per measurement), local[1] and local[2].
 """
@@ -26,6 +30,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from pyiceberg.transforms import IdentityTransform  # noqa: E402
+
 from bench.rss import PeakRss  # noqa: E402
 from bench.workloads import (  # noqa: E402
     BROKER_STOP_S,
@@ -42,15 +48,28 @@ from resources.kafka import KafkaResource  # noqa: E402
 from resources.spark import SparkResource  # noqa: E402
 
 ROUNDS = 2  # each workload runs this many times, alternating; the best rate counts
+SORT_COLUMN = "customer_id"  # the declared sort order's column: 5,000 values, random order
 
 
 def ingest(
-    kafka: KafkaResource, catalog: Any, spark: Any, name: str, topic: str, per_task: int
+    kafka: KafkaResource,
+    catalog: Any,
+    spark: Any,
+    name: str,
+    topic: str,
+    per_task: int,
+    sort_by: str | None = None,
 ) -> dict[str, Any]:
-    """One run of a fresh pipeline (its own table) over the whole topic, on Spark."""
+    """One run of a fresh pipeline (its own table, sorted by ``sort_by`` if given: created and
+    given the order before the run) over the whole topic, on Spark."""
     spec = spec_for(name, topic, None).model_copy(
         update={"max_records_per_task": per_task, "in_process_max_records": 0}
     )
+    if sort_by is not None:
+        from ingestion.table.schema import load_or_create_table
+
+        with load_or_create_table(catalog, spec).update_sort_order() as order:
+            order.asc(sort_by, IdentityTransform())
     report = run_pipeline(spec, kafka.client_config(), catalog, spark, kafka.get_cluster_id())
     return {
         "records": report.records,
@@ -81,6 +100,25 @@ def compare_partitioning(
             print(f"  {workload.name} round {round_}: {run}", flush=True)
             if run["records_per_s"] > best.get(workload.name, {}).get("records_per_s", 0):
                 best[workload.name] = run
+    resource.stop_session()
+    return best
+
+
+def compare_sort_order(
+    kafka: KafkaResource, catalog: Any, topic: str, per_task: int, rounds: int = ROUNDS
+) -> dict[str, dict[str, Any]]:
+    """Best-of-``rounds`` records/s into an unsorted table and one sorted by ``customer_id``."""
+    resource = SparkResource(master="local[2]")
+    spark = resource.spark_session
+    spark.range(8).collect()
+    ingest(kafka, catalog, spark, "sort_warmup", "warmup", per_task, SORT_COLUMN)
+    best: dict[str, dict[str, Any]] = {}
+    for round_ in range(rounds):
+        for name, sort_by in (("unsorted", None), ("sorted", SORT_COLUMN)):
+            run = ingest(kafka, catalog, spark, f"{name}_{round_}", topic, per_task, sort_by)
+            print(f"  {name} round {round_}: {run}", flush=True)
+            if run["records_per_s"] > best.get(name, {}).get("records_per_s", 0):
+                best[name] = run
     resource.stop_session()
     return best
 
@@ -129,6 +167,9 @@ def main() -> int:
         figures["workloads"] = compare_partitioning(
             kafka, catalog, workloads, args.large_task, args.rounds
         )
+        figures["sort_order"] = compare_sort_order(
+            kafka, catalog, ONE_PARTITION.name, args.large_task, args.rounds
+        )
         figures["rss"] = [
             measure_rss(kafka, catalog, ONE_PARTITION.name, slots, per_task)
             for slots in (1, 2)
@@ -154,6 +195,15 @@ def print_figures(
         print(
             f"{workload.name:<16}{row['records']:>10}{row['records_per_s']:>10}"
             f"{row['files']:>7}{ratio:>16.2f}"
+        )
+    sort = figures["sort_order"]
+    unsorted = sort["unsorted"]["records_per_s"]
+    print(f"\n{'sort order':<16}{'records':>10}{'rec/s':>10}{'files':>7}{'/unsorted':>16}")
+    for name in ("unsorted", "sorted"):
+        row = sort[name]
+        print(
+            f"{name:<16}{row['records']:>10}{row['records_per_s']:>10}{row['files']:>7}"
+            f"{row['records_per_s'] / unsorted:>16.2f}"
         )
     print(f"\n{'workers peak RSS':<18}{f'{small}/task MB':>16}{f'{large}/task MB':>16}{'ratio':>8}")
     for slots in (1, 2):

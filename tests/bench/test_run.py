@@ -157,7 +157,10 @@ def test_writer_compares_workloads_and_task_memory(tmp_path: Path) -> None:
         (1, 500), (1, 2000), (2, 500), (2, 2000),
     ]  # fmt: skip
     assert all(r["records"] == 2000 and r["workers_rss_mb"] > 0 for r in figures["rss"])
-    for line in ("spread_30d", "one_partition", "workers peak RSS", "local[2]"):
+    assert {name: run["records"] for name, run in figures["sort_order"].items()} == {
+        "unsorted": 2000, "sorted": 2000,
+    }  # fmt: skip
+    for line in ("spread_30d", "one_partition", "sort order", "workers peak RSS", "local[2]"):
         assert line in out
 
 
