@@ -1,0 +1,138 @@
+"""Debezium change events (``tests/support/debezium.py`` writes them as the PostgreSQL connector
+does) decoded into keyed changes: applied in order, the last change per key of the whole stream
+equals the source table's state; the flattened form and tombstones; what is set aside and why."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pytest
+
+from ingestion.formats.debezium import OP, decode_changes, last_change_per_key
+from tests.support.debezium import DebeziumTable, Record
+
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("name", pa.string()),
+        ("balance", pa.decimal128(10, 2)),
+        ("updated_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+KEY = ("id",)
+
+
+def apply(changes: pa.Table) -> dict[int, dict[str, Any]]:
+    """The state the last change per key leaves, as the ledger spells rows."""
+    state: dict[int, dict[str, Any]] = {}
+    for row in last_change_per_key(changes, KEY).to_pylist():
+        if row[OP] == "d":
+            state.pop(row["id"], None)
+            continue
+        state[row["id"]] = {
+            "id": row["id"],
+            "name": row["name"],
+            "balance": f"{row['balance']:.2f}",
+            "updated_at": row["updated_at"].isoformat().replace("+00:00", "Z"),
+        }
+    return state
+
+
+def decode(events: Sequence[Record], envelope: Any = "debezium") -> Any:
+    return decode_changes(
+        [v for _, v, _ in events], [k for k, _, _ in events], SCHEMA, KEY, envelope
+    )
+
+
+@pytest.mark.parametrize("schemas_enabled", [True, False])
+def test_a_snapshot_then_hot_key_changes_leave_the_source_tables_state(
+    schemas_enabled: bool,
+) -> None:
+    source = DebeziumTable(schemas_enabled=schemas_enabled)
+    rng = random.Random(11)
+    events = source.snapshot(50) + source.random_changes(rng, 2_000, keys=200)
+    out = decode(events)
+    assert out.rejections == []
+    ops = set(out.table.column(OP).to_pylist())
+    assert ops == {"r", "c", "u", "d"}
+    assert apply(out.table) == source.rows
+    assert out.table.column("_cdc_lsn").null_count < out.table.num_rows  # tombstones have none
+
+
+def flatten(events: list[Record]) -> list[Record]:
+    """The events as Debezium's ``ExtractNewRecordState`` writes them with
+    ``add.fields=op,source.ts_ms,lsn`` and ``delete.handling.mode=rewrite`` (tombstones kept)."""
+    flat: list[Record] = []
+    for key, value, partition in events:
+        if value is None:
+            flat.append((key, None, partition))
+            continue
+        payload = orjson.loads(value)["payload"]
+        deleted = payload["op"] == "d"
+        row = payload["before"] if deleted else payload["after"]
+        source = payload["source"]
+        row = {**row, "__op": payload["op"], "__source_ts_ms": source["ts_ms"],
+               "__lsn": source["lsn"], "__deleted": "true" if deleted else "false"}  # fmt: skip
+        flat.append((key, orjson.dumps(row), partition))
+    return flat
+
+
+def test_the_flattened_form_leaves_the_same_state() -> None:
+    source = DebeziumTable()
+    events = source.snapshot(20) + source.random_changes(random.Random(3), 500, keys=60)
+    out = decode(flatten(events), "flattened")
+    assert out.rejections == []
+    assert apply(out.table) == source.rows
+    assert "__op" not in out.table.column_names
+    assert out.new_fields == {}
+
+
+def test_what_cannot_be_applied_is_set_aside_by_index_with_the_reason() -> None:
+    key = b'{"id": 1}'
+    good = b'{"op": "c", "after": {"id": 1, "balance": "1.00"}, "source": {"ts_ms": 5}}'
+    events = [
+        (key, b'{"op": "t", "source": {}}', 0),  # truncate
+        (key, b'{"op": "c", "after": {"name": "x"}, "source": {}}', 0),  # no key in after
+        (None, b'{"op": "c", "after": {"name": "x"}, "source": {}}', 0),  # nor a record key
+        (None, None, 0),  # a tombstone without a key
+        (key, b"{", 0),
+        (key, b"[1]", 0),
+        (key, b'{"op": "u", "after": {"id": 1, "balance": "abc"}, "source": {}}', 0),
+        (key, good, 0),
+    ]
+    out = decode(events)
+    reasons = {r.index: r.error_class for r in out.rejections}
+    assert reasons[0] == "UnsupportedOperation"
+    assert reasons[2] == reasons[3] == "MissingKey"
+    assert reasons[4] == "JSONDecodeError"
+    assert reasons[5] == "NotAnObject"
+    assert 6 in reasons  # the bad decimal: the row does not decode
+    assert 1 not in reasons  # the record key gives the key
+    assert out.indices == [1, 7]
+    assert "op 't' is not applied" in str(out.rejections[0].message).replace("operation", "op")
+    assert out.table.column("_cdc_source_ts_ms").to_pylist() == [None, 5]
+
+
+def test_a_new_column_in_after_is_a_new_field() -> None:
+    value = b'{"op": "c", "after": {"id": 1, "email": "a@b"}, "source": {}}'
+    out = decode([(b'{"id": 1}', value, 0)])
+    assert out.new_fields == {"email": pa.string()}
+    assert out.table.column("email").to_pylist() == ["a@b"]
+
+
+def test_a_delete_needs_only_the_key_and_a_tombstone_only_the_record_key() -> None:
+    key = b'{"schema": {"type": "struct"}, "payload": {"id": 4}}'
+    events = [
+        (key, b'{"op": "d", "before": null, "after": null, "source": {}}', 0),
+        (key, None, 0),
+    ]
+    out = decode(events)
+    assert out.table.select(["id", "name", OP]).to_pylist() == [
+        {"id": 4, "name": None, OP: "d"},
+        {"id": 4, "name": None, OP: "d"},
+    ]
+    assert out.table.column("balance").to_pylist() == [None, None]

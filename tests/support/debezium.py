@@ -1,0 +1,202 @@
+"""A Debezium-format producer: a Postgres table's change stream as Debezium's PostgreSQL
+connector writes it to Kafka (JsonConverter, schemas enabled by default), built from the
+envelope's specification (field names and Connect types as Debezium emits them), and the
+ledger of the table's current state that the ingested table must equal.
+
+Stand-in for a real Debezium connector against a real Postgres (the envelope is what the
+connector writes; its database side is not exercised). Columns as Debezium maps them with
+``decimal.handling.mode=string``: ``id`` int4 -> int32, ``name`` varchar -> string,
+``balance`` numeric(10,2) -> string, ``updated_at`` timestamptz -> string
+(``io.debezium.time.ZonedTimestamp``, ISO-8601).
+
+A record is ``(key, value, partition)`` as ``tests.support.pipelines.records`` gives them; a
+delete is followed by its tombstone (``tombstones.on.delete=true``, Debezium's default).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+
+Record = tuple[bytes | None, bytes | None, int | None]
+VERSION = "3.2.0.Final"  # the Debezium release whose envelope this follows
+COLUMNS = (
+    ("id", "int32", None, False),
+    ("name", "string", None, True),
+    ("balance", "string", None, True),
+    ("updated_at", "string", "io.debezium.time.ZonedTimestamp", True),
+)
+SOURCE_FIELDS = (
+    ("version", "string", False),
+    ("connector", "string", False),
+    ("name", "string", False),
+    ("ts_ms", "int64", False),
+    ("snapshot", "string", True),
+    ("db", "string", False),
+    ("sequence", "string", True),
+    ("ts_us", "int64", True),
+    ("ts_ns", "int64", True),
+    ("schema", "string", False),
+    ("table", "string", False),
+    ("txId", "int64", True),
+    ("lsn", "int64", True),
+    ("xmin", "int64", True),
+)
+
+
+def _row_schema(name: str, field_name: str | None, optional: bool) -> dict[str, Any]:
+    fields = []
+    for column, kind, logical, nullable in COLUMNS:
+        entry: dict[str, Any] = {"type": kind, "optional": nullable, "field": column}
+        if logical:
+            entry.update(name=logical, version=1)
+        fields.append(entry)
+    schema: dict[str, Any] = {"type": "struct", "fields": fields, "optional": optional}
+    schema["name"] = name
+    if field_name:
+        schema["field"] = field_name
+    return schema
+
+
+@dataclass
+class DebeziumTable:
+    """One source table (``server.schema.table``) and its change events."""
+
+    server: str = "dbserver1"
+    schema: str = "public"
+    table: str = "customers"
+    schemas_enabled: bool = True
+    tombstones: bool = True
+    partitions: int = 1
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # the ledger: current state
+    _lsn: int = 24_023_128
+    _tx: int = 555
+    _clock: datetime = field(default_factory=lambda: datetime(2026, 11, 28, tzinfo=UTC))
+
+    @property
+    def topic(self) -> str:
+        """Debezium's topic name: ``<topic.prefix>.<schema>.<table>``."""
+        return f"{self.server}.{self.schema}.{self.table}"
+
+    def _wrap(self, schema: dict[str, Any], payload: Any) -> bytes:
+        return orjson.dumps(
+            {"schema": schema, "payload": payload} if self.schemas_enabled else payload
+        )
+
+    def _key(self, key: int) -> bytes:
+        schema = {
+            "type": "struct",
+            "fields": [{"type": "int32", "optional": False, "field": "id"}],
+            "optional": False,
+            "name": f"{self.topic}.Key",
+        }
+        return self._wrap(schema, {"id": key})
+
+    def _envelope_schema(self) -> dict[str, Any]:
+        value = f"{self.topic}.Value"
+        source = {
+            "type": "struct",
+            "fields": [{"type": t, "optional": o, "field": f} for f, t, o in SOURCE_FIELDS],
+            "optional": False,
+            "name": "io.debezium.connector.postgresql.Source",
+            "field": "source",
+        }
+        return {
+            "type": "struct",
+            "fields": [
+                _row_schema(value, "before", True),
+                _row_schema(value, "after", True),
+                source,
+                {"type": "string", "optional": False, "field": "op"},
+                {"type": "int64", "optional": True, "field": "ts_ms"},
+                {"type": "int64", "optional": True, "field": "ts_us"},
+                {"type": "int64", "optional": True, "field": "ts_ns"},
+                {"type": "struct", "fields": [], "optional": True, "name": "event.block",
+                 "version": 1, "field": "transaction"},
+            ],
+            "optional": False,
+            "name": f"{self.topic}.Envelope",
+            "version": 2,
+        }  # fmt: skip
+
+    def _event(
+        self, op: str, key: int, before: dict[str, Any] | None, after: dict[str, Any] | None,
+        snapshot: str = "false",
+    ) -> Record:  # fmt: skip
+        self._clock += timedelta(milliseconds=3)
+        self._lsn += 56
+        if snapshot == "false":
+            self._tx += 1
+        ts_ms = int(self._clock.timestamp() * 1000)
+        source = {
+            "version": VERSION, "connector": "postgresql", "name": self.server, "ts_ms": ts_ms,
+            "snapshot": snapshot, "db": "inventory",
+            "sequence": orjson.dumps([str(self._lsn - 56), str(self._lsn)]).decode(),
+            "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": self.schema,
+            "table": self.table, "txId": self._tx, "lsn": self._lsn, "xmin": None,
+        }  # fmt: skip
+        payload = {
+            "before": before, "after": after, "source": source, "op": op,
+            "ts_ms": ts_ms + 1, "ts_us": (ts_ms + 1) * 1000, "ts_ns": (ts_ms + 1) * 1_000_000,
+            "transaction": None,
+        }  # fmt: skip
+        return self._key(key), self._wrap(self._envelope_schema(), payload), self._partition(key)
+
+    def _partition(self, key: int) -> int:
+        return key % self.partitions  # every change of a key in one partition, as Debezium's
+
+    def _row(self, key: int, name: str, balance: str) -> dict[str, Any]:
+        stamp = self._clock.isoformat().replace("+00:00", "Z")
+        return {"id": key, "name": name, "balance": balance, "updated_at": stamp}
+
+    def snapshot(self, count: int) -> list[Record]:
+        """The initial snapshot of ``count`` new rows: ``op: r``, ``source.snapshot`` ``first``,
+        ``true`` .. ``last``."""
+        events = []
+        for position, key in enumerate(range(len(self.rows), len(self.rows) + count)):
+            row = self._row(key, f"name-{key}", f"{key % 997}.{key % 100:02d}")
+            self.rows[key] = row
+            phase = "first" if position == 0 else "last" if position == count - 1 else "true"
+            events.append(self._event("r", key, None, row, snapshot=phase))
+        return events
+
+    def insert(self, key: int) -> list[Record]:
+        row = self._row(key, f"name-{key}", "0.00")
+        self.rows[key] = row
+        return [self._event("c", key, None, row)]
+
+    def update(self, key: int, rng: random.Random) -> list[Record]:
+        before = self.rows[key]
+        after = self._row(key, before["name"], f"{rng.randint(0, 99_999)}.{rng.randint(0, 99):02d}")
+        self.rows[key] = after
+        return [self._event("u", key, before, after)]
+
+    def delete(self, key: int) -> list[Record]:
+        """``op: d`` with the primary key only in ``before`` (Postgres' default replica
+        identity), then the tombstone."""
+        del self.rows[key]
+        events = [self._event("d", key, {"id": key, "name": None, "balance": None,
+                                          "updated_at": None}, None)]  # fmt: skip
+        if self.tombstones:
+            events.append((self._key(key), None, self._partition(key)))
+        return events
+
+    def random_changes(self, rng: random.Random, count: int, keys: int) -> list[Record]:
+        """``count`` changes over ids ``0 .. keys - 1`` with hot keys: a tenth of the keys take
+        half of the changes. An absent key is inserted; a present one updated, or deleted one
+        time in five."""
+        hot = max(1, keys // 10)
+        events: list[Record] = []
+        for _ in range(count):
+            key = rng.randrange(hot) if rng.random() < 0.5 else rng.randrange(keys)
+            if key not in self.rows:
+                events += self.insert(key)
+            elif rng.random() < 0.2:
+                events += self.delete(key)
+            else:
+                events += self.update(key, rng)
+        return events
