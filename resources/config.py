@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from resources.secrets import is_reference, is_secret_key
+from resources.secrets import REFERENCE_FORMS, is_secret_key, keeps_secret_out
 
 CONFIG_ENV = "PLATFORM_CONFIG"
 # A password written into a URI (``scheme://user:password@host``) instead of a reference.
@@ -55,11 +55,11 @@ class ConfigError(ValueError):
 
 def _no_literal_secrets(properties: dict[str, str], section: str) -> dict[str, str]:
     for key, value in properties.items():
-        literal = is_secret_key(key) and value and not is_reference(value)
+        literal = is_secret_key(key) and value and not keeps_secret_out(value)
         if literal or LITERAL_URI_PASSWORD.search(value):
             raise ValueError(
-                f"{section}.{key} holds a literal secret; keep it out of the file: write "
-                '"${ENV_VAR_NAME}" and set that variable where the code runs'
+                f"{section}.{key} holds a literal secret; keep it out of the file: "
+                + REFERENCE_FORMS
             )
     return properties
 
@@ -172,8 +172,8 @@ class AlertsConfig(Section):
     @field_validator("slack_token", "webhook_url")
     @classmethod
     def _secret(cls, value: str) -> str:
-        if value and not is_reference(value):
-            raise ValueError('a credential; write "${ENV_VAR_NAME}", not the value')
+        if value and not keeps_secret_out(value):
+            raise ValueError(f"a credential, not its value: {REFERENCE_FORMS}")
         return value
 
 

@@ -85,11 +85,26 @@ def is_secret_key(key: str) -> bool:
     return bool(SECRET_KEY.search(key))
 
 
-def is_reference(value: str) -> bool:
-    """Whether ``value`` is exactly one ``${NAME}`` reference (a secret kept out of the file).
+def keeps_secret_out(value: str) -> bool:
+    """Whether a credential's ``value`` keeps the secret out of the file: it refers to at least
+    one environment variable, and no reference carries a literal default. References may sit
+    anywhere inside the value, beside literal text (an OAuth2 client credential
+    ``${CLIENT_ID}:${CLIENT_SECRET}``, a header ``Bearer ${TOKEN}``).
 
     Example:
-        >>> is_reference("${KAFKA_SASL_PASSWORD}"), is_reference("hunter2")
+        >>> keeps_secret_out("${KAFKA_SASL_PASSWORD}"), keeps_secret_out("hunter2")
         (True, False)
+        >>> keeps_secret_out("${ID}:${SECRET}"), keeps_secret_out("${TOKEN:-hunter2}")
+        (True, False)
+        >>> keeps_secret_out("${PLATFORM_SLACK_TOKEN:-}")  # unset means no sink: no secret
+        True
     """
-    return REFERENCE.fullmatch(value.strip()) is not None
+    found = list(REFERENCE.finditer(value))
+    return bool(found) and all(not m.group(2) for m in found)
+
+
+REFERENCE_FORMS = (
+    'write "${ENV_VAR_NAME}", or references inside the value such as '
+    '"${CLIENT_ID}:${CLIENT_SECRET}", and set those variables where the code runs'
+)
+"""How to write a credential, for the errors that refuse a literal one."""

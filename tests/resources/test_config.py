@@ -58,6 +58,10 @@ def write(tmp_path: Path, data: Any) -> Path:
             r"catalog\.properties: .*properties\.uri holds a literal secret",
         ),
         ({"file_io": {"s3.secret-access-key": "abc"}}, r"file_io: .*literal secret"),
+        (
+            {"catalog": {"properties": {"credential": "${ID:-me}:${SECRET:-hunter2}"}}},
+            r"properties\.credential holds a literal secret.*\$\{CLIENT_ID\}:\$\{CLIENT_SECRET\}",
+        ),
         ({"alerts": {"slack_token": "xoxb-1"}}, r"alerts\.slack_token: a credential"),
         ({"kafka": {"properties": {"group.id": "g"}}}, r"kafka\.properties: sets \['group\.id'\]"),
         ({"spark": {"ship_engine": "maybe"}}, r"spark\.ship_engine: Input should be a valid bool"),
@@ -158,14 +162,15 @@ def test_embedded_defaults_and_pyiceberg_own_configuration(
     assert iceberg.io_properties() == {"s3.region": "eu-west-1"}  # no URI, no credential
 
 
-def test_io_properties_are_file_io_only() -> None:
+def test_io_properties_are_file_io_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CATALOG_CREDENTIAL", "id:secret")
     config = PlatformConfig.model_validate(
         {
             "catalog": {
                 "properties": {
                     "type": "rest",
                     "uri": "https://catalog",
-                    "credential": "${CATALOG_CREDENTIAL:-id:secret}",
+                    "credential": "${CATALOG_CREDENTIAL}",
                     "s3.region": "eu-west-1",
                 }
             },
@@ -205,3 +210,10 @@ def test_kafka_resource_from_defaults_reads_the_environment_at_use(
     kafka = kafka_resource(PlatformConfig())
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "late:9092")
     assert kafka.client_config() == {"bootstrap.servers": "late:9092"}
+
+
+def test_a_credential_may_hold_references_anywhere_inside_it(tmp_path: Path) -> None:
+    """An OAuth2 client credential of two references (issue 32); resolved only at use."""
+    data = {"catalog": {"properties": {"credential": "${ID}:${SECRET}"}}}
+    config = load_config(write(tmp_path, data))
+    assert config.catalog.properties["credential"] == "${ID}:${SECRET}"
