@@ -8,6 +8,7 @@ the offending key, before anything is read or committed.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -300,16 +301,22 @@ class PipelineSpec(_Model):
         return self
 
 
-def _format_error(pipeline: str, exc: ValidationError) -> str:
+def _format_error(
+    pipeline: str, exc: ValidationError, where: Callable[[tuple[str | int, ...]], str] | None = None
+) -> str:
     lines = []
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"]) or "<spec>"
-        lines.append(f"  {key}: {error['msg']}")
+        at = f"{where(tuple(error['loc']))}: " if where else ""
+        lines.append(f"  {at}{key}: {error['msg'].removeprefix('Value error, ')}")
     return f"pipeline {pipeline!r} is invalid:\n" + "\n".join(lines)
 
 
-def parse_pipeline_spec(raw: dict[str, Any]) -> PipelineSpec:
-    """Validate one raw mapping into a :class:`PipelineSpec`.
+def parse_pipeline_spec(
+    raw: dict[str, Any], where: Callable[[tuple[str | int, ...]], str] | None = None
+) -> PipelineSpec:
+    """Validate one raw mapping into a :class:`PipelineSpec`; ``where`` names the place of a
+    key path in the file it came from (``file:line``).
 
     Raises:
         PipelineSpecError: the spec is invalid; the message names the pipeline and the key.
@@ -318,7 +325,7 @@ def parse_pipeline_spec(raw: dict[str, Any]) -> PipelineSpec:
     try:
         return PipelineSpec.model_validate(raw)
     except ValidationError as exc:
-        raise PipelineSpecError(_format_error(name, exc)) from None
+        raise PipelineSpecError(_format_error(name, exc, where)) from None
 
 
 def load_pipeline_specs(path: str | Path) -> list[PipelineSpec]:
@@ -330,13 +337,37 @@ def load_pipeline_specs(path: str | Path) -> list[PipelineSpec]:
         ['orders']
 
     Raises:
-        PipelineSpecError: the file is malformed, a spec is invalid, or two pipelines share a
-            name, a table or a group id.
+        PipelineSpecError: the file cannot be read or is malformed, a spec is invalid, or two
+            pipelines share a name, a table or a group id; each message names the file and,
+            where it can, the line (``file:line: key: what is wrong``).
     """
-    document = yaml.safe_load(Path(path).read_text()) or {}
+    from ingestion.spec.source_lines import key_lines, line_of, yaml_error_line
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise PipelineSpecError(
+            f"{path}: cannot read the pipelines file ({exc.strerror})"
+        ) from None
+    try:
+        document = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        line = yaml_error_line(exc)
+        problem = getattr(exc, "problem", None) or str(exc)
+        at = f"{path}:{line}" if line else str(path)
+        raise PipelineSpecError(f"{at}: not valid YAML: {problem}") from None
     if not isinstance(document, dict) or not isinstance(document.get("pipelines"), list):
         raise PipelineSpecError(f"{path}: expected a top-level 'pipelines:' list")
-    specs = [parse_pipeline_spec(raw) for raw in document["pipelines"]]
+    lines = key_lines(text)
+
+    def where_in(index: int) -> Callable[[tuple[str | int, ...]], str]:
+        def where(loc: tuple[str | int, ...]) -> str:
+            line = line_of(lines, ("pipelines", index, *loc))
+            return f"{path}:{line}" if line else str(path)
+
+        return where
+
+    specs = [parse_pipeline_spec(raw, where_in(i)) for i, raw in enumerate(document["pipelines"])]
     for attribute in ("name", "table", "consumer_group_id"):
         values = [getattr(spec, attribute) for spec in specs]
         repeats = sorted({value for value in values if values.count(value) > 1})

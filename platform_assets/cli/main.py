@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from ingestion.exceptions import IngestionError
+from ingestion.exceptions import IngestionError, PipelineSpecError
 from ingestion.health.checks import (
     AUDIT_CHECK,
     GROUP_CHECK,
@@ -220,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     clear.add_argument("pipeline")
     args = parser.parse_args(argv)
     config = load_platform_config()
-    specs = {spec.name: spec for spec in load_pipelines()}
+    try:
+        specs = {spec.name: spec for spec in load_pipelines()}
+    except PipelineSpecError as exc:
+        raise SystemExit(f"platform: invalid pipelines file:\n{exc}") from None
     kafka, iceberg = connect(
         config,
         check_kafka=args.command not in ("failover", "release-late-copies", "clear-dead-runs"),

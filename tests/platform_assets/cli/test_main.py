@@ -182,3 +182,26 @@ def test_unreachable_kafka_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "CONNECT_TIMEOUT_S", 2.0)
     with pytest.raises(SystemExit, match=f"no Kafka broker answered at {address} within 2 s"):
         main(["status"])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("pipelines:\n  - name: a\n    topic: [t\n", r".*p\.yaml:4: not valid YAML: expected ','"),
+        (
+            "pipelines:\n  - name: a\n    topic: t\n    table: x.a\n    consumer_group_id: g\n"
+            "    value_format: json\n    schema:\n      - {name: id, type: lung}\n",
+            r"pipeline 'a' is invalid:\n  .*p\.yaml:8: schema\.0\.type: unknown type",
+        ),
+    ],
+)
+def test_a_bad_pipelines_file_is_named_by_file_and_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str, message: str
+) -> None:
+    """Issue 32: the file, the line and the key, before anything connects."""
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("PLATFORM_PIPELINES_FILE", str(path))
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+    with pytest.raises(SystemExit, match=f"platform: invalid pipelines file:\\n{message}"):
+        main(["validate"])
