@@ -81,6 +81,7 @@ class FanoutWriter:
         props = metadata.properties
         self._file_schema = sanitize_column_names(metadata.schema())  # as pyiceberg writes
         self._arrow_schema = schema_to_pyarrow(self._file_schema, include_field_ids=True)
+        self._table_arrow_schema = schema_to_pyarrow(metadata.schema(), include_field_ids=True)
         self._stats_plan = compute_statistics_plan(self._file_schema, props)
         self._id_mapping = parquet_path_to_id_mapping(self._file_schema)
         self._writer_kwargs = parquet_writer_kwargs(props)
@@ -161,10 +162,19 @@ class FanoutWriter:
         self._paths.clear()
 
     def _to_file_schema(self, rows: pa.Table) -> pa.Table:
-        columns = [
-            column if column.type == field.type else column.cast(field.type)
-            for column, field in zip(rows.columns, self._arrow_schema, strict=True)
-        ]
+        """``rows`` under the file's Parquet-safe names. Each column is cast to the table's
+        own type first (a cast matches struct fields by name: cast straight to a sanitised
+        name such as ``user_x2Dagent``, ``user-agent`` would come out null), then viewed under
+        the file's names, the same layout."""
+        columns = []
+        for column, named, field in zip(
+            rows.columns, self._table_arrow_schema, self._arrow_schema, strict=True
+        ):
+            if column.type != named.type:
+                column = column.cast(named.type)
+            if named.type != field.type:
+                column = pa.chunked_array([c.view(field.type) for c in column.chunks], field.type)
+            columns.append(column)
         return pa.Table.from_arrays(columns, schema=self._arrow_schema)
 
     def _split(self, rows: pa.Table) -> list[tuple[tuple[Any, ...], pa.Table]]:

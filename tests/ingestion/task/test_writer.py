@@ -149,3 +149,34 @@ def test_each_writer_names_new_files_and_both_sets_read_back_whole(sorted_table:
         for data_file in first + second:
             app.append_data_file(data_file)
     assert sorted(table.refresh().scan().to_arrow().column("n").to_pylist()) == [1, 1, 2, 2]
+
+
+def test_nested_fields_whose_names_parquet_sanitises_keep_their_values(tmp_path: Path) -> None:
+    """A struct field ``user-agent`` and a list element field ``p-q`` are written under
+    Parquet-safe names and read back with their values (a cast by name would null them)."""
+    from pyiceberg.types import ListType, StructType
+
+    catalog = SqlCatalog(
+        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    schema = Schema(
+        NestedField(1, "ctx", StructType(NestedField(2, "user-agent", StringType(), False)), False),
+        NestedField(
+            3, "items",
+            ListType(4, StructType(NestedField(5, "p-q", LongType(), False)), False),
+            False,
+        ),
+    )  # fmt: skip
+    table = catalog.create_table("n.t", schema)
+    rows = pa.table(
+        {"ctx": [{"user-agent": "curl"}], "items": [[{"p-q": 7}, {"p-q": 8}]]}
+    )  # arrow's own types (string, not large_string): cast to the table's first
+    writer = FanoutWriter(table.metadata, table.io)
+    writer.write(rows)
+    files = writer.close()
+    with table.transaction() as transaction, transaction.update_snapshot().fast_append() as app:
+        for data_file in files:
+            app.append_data_file(data_file)
+    back = catalog.load_table("n.t").scan().to_arrow().to_pylist()
+    assert back == [{"ctx": {"user-agent": "curl"}, "items": [{"p-q": 7}, {"p-q": 8}]}]
