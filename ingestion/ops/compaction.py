@@ -24,6 +24,11 @@ settings, as pyiceberg writes them) and, when the table declares a sort order, s
 marked sorted (``ingestion.table.sort_order``): merged files come out ordered even when the
 small ones were written in several runs.
 
+**What is checked before a commit.** The outputs' metrics must count, per field, as many
+values and nulls as the inputs' (:func:`counts_differ`, metadata only): a rewrite that lost
+or nulled values is deleted and reported, never committed. A retry after the head moved also
+needs the table's partition spec and schema unchanged (the outputs were written for them).
+
 **What readers see.** Each group is one ``replace`` snapshot, as Spark's ``rewrite_data_files``
 writes (the same rows in new files), marked ``kafka.maintenance=compaction``: incremental
 readers (Spark's and Flink's incremental and changelog scans, streaming reads) skip it, and the
@@ -45,7 +50,7 @@ from ingestion._pyiceberg_compat import replace_files
 from ingestion.pipeline.commit import commit_view, delete_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.table.offsets import iter_ancestry, snapshot_properties
-from ingestion.table.sort_order import sort_rows, write_order
+from ingestion.table.sort_order import try_sort_rows, write_order
 from ingestion.task.writer import FanoutWriter
 
 if TYPE_CHECKING:
@@ -153,13 +158,38 @@ def _write_sorted(table: Table, rows: pa.Table) -> list[DataFile]:
     Delivery: commits nothing; files of a group that does not commit are deleted by the caller
     or, after a crash, removed as orphans by recovery.
     """
-    writer = FanoutWriter(table.metadata, table.io, sorted_input=True)
+    ordered = try_sort_rows(rows, table.schema(), write_order(table.metadata))
+    writer = FanoutWriter(table.metadata, table.io, sorted_input=ordered is not None)
     try:
-        writer.write(sort_rows(rows, table.schema(), write_order(table.metadata)))
+        writer.write(rows if ordered is None else ordered)
         return writer.close()
     except BaseException:
         writer.abort()
         raise
+
+
+def counts_differ(inputs: list[DataFile], outputs: list[DataFile]) -> str:
+    """What a rewrite changed by the files' own metrics: per field id, the values and the
+    nulls the inputs hold against the outputs' ("" when they agree). Only fields every file
+    counts are compared (another engine may keep no metrics for some columns).
+
+    Example:
+        >>> from types import SimpleNamespace as F
+        >>> old = [F(value_counts={1: 2, 2: 2}, null_value_counts={1: 0, 2: 1})] * 2
+        >>> counts_differ(old, [F(value_counts={1: 4, 2: 4}, null_value_counts={1: 0, 2: 2})])
+        ''
+        >>> counts_differ(old, [F(value_counts={1: 4, 2: 4}, null_value_counts={1: 0, 2: 4})])
+        'null_value_counts of field 2: 2 -> 4'
+    """
+    for metric in ("value_counts", "null_value_counts"):
+        counted = [getattr(f, metric) or {} for f in [*inputs, *outputs]]
+        fields = set.intersection(*(set(c) for c in counted)) if counted else set()
+        for field_id in sorted(fields):
+            before = sum(c[field_id] for c in counted[: len(inputs)])
+            after = sum(c[field_id] for c in counted[len(inputs) :])
+            if before != after:
+                return f"{metric} of field {field_id}: {before} -> {after}"
+    return ""
 
 
 def _landed(table: Table, commit_id: str) -> bool:
@@ -192,7 +222,12 @@ def compact_group(
             return  # nothing (left) to merge here
         rows = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(group)
         inputs = [task.file for task in group]
+        layout = (table.metadata.default_spec_id, table.metadata.current_schema_id)
         outputs = _write_sorted(table, rows)
+        if differs := counts_differ(inputs, outputs):  # the rewrite changed values: never commit
+            delete_files(table, outputs)
+            report.groups_skipped.append(f"{key}: refused, the rewrite changed {differs}")
+            return
         commit_id = uuid.uuid4().hex
         for _attempt in range(max_attempts):
             hooks.fire("before_compaction_commit", table=table, files=inputs)
@@ -200,7 +235,10 @@ def compact_group(
                 _commit_rewrite(table, inputs, outputs, commit_id)
             except CommitFailedException:
                 table.refresh()  # the head moved: are our inputs still what the table holds?
-                if not _still_live(table, inputs):
+                if not _still_live(table, inputs) or layout != (
+                    table.metadata.default_spec_id,  # the outputs' partitioning and columns
+                    table.metadata.current_schema_id,
+                ):
                     break
                 report.groups_retried += 1
                 continue

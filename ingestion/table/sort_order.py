@@ -9,15 +9,25 @@ with :func:`sort_rows`, and mark a data file with the order's id (``sort_order_i
 the whole file is one sorted run, as the spec asks: a file of several runs is left unmarked.
 
 Sort keys follow the spec: each field's transform of its source column (a struct's field
-included), ascending or descending, nulls first or last.
+included), ascending or descending, nulls first or last. Two limits, both safe:
+
+- Arrow orders floating-point NaN and -0.0 otherwise than the spec, and the spec's order of
+  UUIDs is engine-specific: files sorted on such a key are sorted but not marked
+  (:func:`marks_files`).
+- An order our writers cannot compute (a transform with no Arrow implementation, a type Arrow
+  cannot sort) is logged and not applied: files are written in arrival order, unmarked. Sorting
+  never fails a write.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyiceberg.schema import Schema
@@ -26,9 +36,43 @@ if TYPE_CHECKING:
 
 
 def write_order(metadata: TableMetadata) -> SortOrder | None:
-    """The table's default sort order, or ``None`` when it is unsorted."""
+    """The table's default sort order, or ``None`` when it is unsorted or our writers cannot
+    compute one of its keys (logged)."""
     order = metadata.sort_order()
-    return None if order.is_unsorted else order
+    if order.is_unsorted:
+        return None
+    schema = metadata.schema()
+    for field in order.fields:
+        try:
+            field.transform.pyarrow_transform(schema.find_type(field.source_id))
+        except (NotImplementedError, ValueError, AttributeError) as exc:
+            log.warning(
+                "sort order %s is not applied: %s has no Arrow form (%s)", order, field, exc
+            )
+            return None
+    return order
+
+
+def marks_files(metadata: TableMetadata, order: SortOrder) -> bool:
+    """Whether files sorted by ``order`` may say so (``sort_order_id``): not when a key is a
+    float, a double or a UUID, which Arrow orders otherwise than Iceberg's engines."""
+    from pyiceberg.types import DoubleType, FloatType, UUIDType
+
+    schema = metadata.schema()
+    for field in order.fields:
+        kind = field.transform.result_type(schema.find_type(field.source_id))
+        if isinstance(kind, FloatType | DoubleType | UUIDType):
+            return False
+    return True
+
+
+def try_sort_rows(rows: pa.Table, schema: Schema, order: SortOrder | None) -> pa.Table | None:
+    """:func:`sort_rows`, or ``None`` (logged) when Arrow cannot sort these keys."""
+    try:
+        return sort_rows(rows, schema, order)
+    except (pa.ArrowException, NotImplementedError) as exc:
+        log.warning("rows written unsorted: sort order %s failed (%s)", order, exc)
+        return None
 
 
 def _source_column(rows: pa.Table, schema: Schema, source_id: int) -> pa.ChunkedArray:
@@ -68,6 +112,8 @@ def sort_rows(rows: pa.Table, schema: Schema, order: SortOrder | None) -> pa.Tab
         value = _source_column(rows, schema, field.source_id)
         if not isinstance(field.transform, IdentityTransform):
             value = field.transform.pyarrow_transform(schema.find_type(field.source_id))(value)
+        if isinstance(value.type, pa.BaseExtensionType):  # uuid: by its 16 bytes
+            value = pa.chunked_array([c.storage for c in value.chunks], value.type.storage_type)
         keys[f"null_{index}"], keys[f"value_{index}"] = pc.is_null(value), value
         nulls_first = field.null_order == NullOrder.NULLS_FIRST
         ascending = field.direction == SortDirection.ASC

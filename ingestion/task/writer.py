@@ -73,10 +73,11 @@ class FanoutWriter:
         from pyiceberg.utils.properties import property_as_int
 
         from ingestion._pyiceberg_compat import parquet_writer_kwargs
-        from ingestion.table.sort_order import write_order
+        from ingestion.table.sort_order import marks_files, write_order
 
         self._metadata, self._io = metadata, io
         self._order = write_order(metadata)
+        self._marked = self._order if self._order and marks_files(metadata, self._order) else None
         self._sorted_input = sorted_input
         props = metadata.properties
         self._file_schema = sanitize_column_names(metadata.schema())  # as pyiceberg writes
@@ -137,12 +138,15 @@ class FanoutWriter:
     def _flush(self, value: tuple[Any, ...]) -> None:
         """Write the rows held for ``value`` to its file: in the table's sort order if it has
         one, in arrival order otherwise."""
-        from ingestion.table.sort_order import sort_rows
+        from ingestion.table.sort_order import try_sort_rows
 
         del self._pending_bytes[value]
         rows = pa.concat_tables(self._pending.pop(value))
-        if not self._sorted_input:
-            rows = sort_rows(rows, self._metadata.schema(), self._order)
+        if self._order is not None and not self._sorted_input:
+            ordered = try_sort_rows(rows, self._metadata.schema(), self._order)
+            if ordered is None:  # Arrow cannot sort these keys: unsorted from now on, unmarked
+                self._order = self._marked = None
+            rows = rows if ordered is None else ordered
         self._append(value, rows)
 
     def abort(self) -> None:
@@ -271,7 +275,9 @@ class FanoutWriter:
                 file_format=FileFormat.PARQUET,
                 partition=key.partition if key is not None else Record(),
                 file_size_in_bytes=len(open_file.output),
-                sort_order_id=self._order.order_id if self._order and open_file.runs == 1 else None,
+                sort_order_id=self._marked.order_id
+                if self._marked and open_file.runs == 1
+                else None,
                 spec_id=self._metadata.default_spec_id,
                 equality_ids=None,
                 key_metadata=None,

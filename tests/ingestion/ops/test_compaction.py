@@ -245,3 +245,56 @@ def test_merged_files_follow_the_declared_sort_order_and_are_marked_sorted(table
     written = pq.read_table(task.file.file_path.removeprefix("file://"))
     assert written.column("n").to_pylist() == list(range(29, -1, -1))
     assert task.file.sort_order_id == table.metadata.default_sort_order_id != 0
+
+
+def test_nested_fields_with_sanitised_names_keep_their_values(tmp_path: Path) -> None:
+    """Files written by pyiceberg with a struct field ``x-y`` compact into files that still
+    hold its values (the review found them nulled: a cast matched the Parquet-safe name)."""
+    from pyiceberg.types import StructType
+
+    catalog = SqlCatalog(
+        "c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    schema = Schema(
+        NestedField(1, "n", LongType(), required=False),
+        NestedField(2, "s", StructType(NestedField(3, "x-y", StringType(), False)), False),
+    )
+    nested = catalog.create_table("n.nested", schema)
+    kind = pa.struct([("x-y", pa.large_string())])
+    for first in (0, 10, 20):
+        values = [{"x-y": f"v{i}"} for i in range(first, first + 10)]
+        nested.append(pa.table({"n": range(first, first + 10), "s": pa.array(values, kind)}))
+    assert compact_small_files(nested).files_compacted == 3
+    back = nested.refresh().scan().to_arrow().sort_by("n").column("s").to_pylist()
+    assert back == [{"x-y": f"v{i}"} for i in range(30)]
+
+
+def test_a_rewrite_that_changed_values_is_refused_not_committed(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injected into our own writer (a column nulled): the files' metrics disagree, the
+    outputs are deleted, nothing is committed, the pass reports it."""
+    from ingestion.ops import compaction
+
+    for first in (0, 10, 20):
+        append(table, "eu", range(first, first + 10))
+    write = compaction._write_sorted
+    written: list[str] = []
+
+    def lossy(table: Table, rows: pa.Table) -> Any:
+        nulled = rows.set_column(1, "n", pa.nulls(rows.num_rows, rows.schema.field("n").type))
+        outputs = write(table, nulled)
+        written.extend(f.file_path for f in outputs)
+        return outputs
+
+    monkeypatch.setattr(compaction, "_write_sorted", lossy)
+    snapshots = len(table.metadata.snapshots)
+    report = compact_small_files(table)
+    (skipped,) = report.groups_skipped
+    assert "refused, the rewrite changed null_value_counts of field 2: 0 -> 30" in skipped
+    assert report.files_compacted == 0
+    assert len(table.refresh().metadata.snapshots) == snapshots
+    assert written
+    assert not any(Path(p.removeprefix("file://")).exists() for p in written)
+    assert numbers(table) == list(range(30))

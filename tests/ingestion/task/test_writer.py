@@ -4,6 +4,7 @@ partition values, field types, and the table's declared sort order."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -180,3 +181,38 @@ def test_nested_fields_whose_names_parquet_sanitises_keep_their_values(tmp_path:
             app.append_data_file(data_file)
     back = catalog.load_table("n.t").scan().to_arrow().to_pylist()
     assert back == [{"ctx": {"user-agent": "curl"}, "items": [{"p-q": 7}, {"p-q": 8}]}]
+
+
+@pytest.mark.parametrize("kind", ["uuid", "double"])
+def test_a_key_arrow_orders_otherwise_than_iceberg_sorts_but_leaves_files_unmarked(
+    tmp_path: Path, kind: str
+) -> None:
+    """A UUID key (an Arrow extension type: sorted by its bytes) or a double key (NaN and -0.0
+    ordered otherwise than the spec): the file is written, sorted, and not marked sorted."""
+    import uuid
+
+    from pyiceberg.types import DoubleType, UUIDType
+
+    catalog = SqlCatalog(
+        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
+    )
+    catalog.create_namespace("n")
+    key_type = UUIDType() if kind == "uuid" else DoubleType()
+    schema = Schema(NestedField(1, "k", key_type, required=False))
+    order = SortOrder(SortField(1, IdentityTransform(), SortDirection.ASC, NullOrder.NULLS_LAST))
+    table = catalog.create_table("n.t", schema, sort_order=order)
+    values: list[Any] = (
+        [uuid.UUID(int=n).bytes for n in (3, 1, 2)] if kind == "uuid" else [3.0, 1.0, 2.0]
+    )
+    arrow_type = table.schema().as_arrow().field("k").type
+    writer = FanoutWriter(table.metadata, table.io)
+    writer.write(
+        pa.table(
+            {"k": pa.array(values, arrow_type.storage_type if kind == "uuid" else arrow_type)}
+        ).cast(table.schema().as_arrow())
+    )
+    (data_file,) = writer.close()
+    assert data_file.sort_order_id is None
+    written = pq.read_table(data_file.file_path.removeprefix("file://")).column("k").to_pylist()
+    expected = [uuid.UUID(bytes=v) for v in sorted(values)] if kind == "uuid" else sorted(values)
+    assert written == expected
