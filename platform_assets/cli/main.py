@@ -1,7 +1,8 @@
 """``platform``: the operator's command line, on the same code as the Dagster jobs.
 
-    platform status [--json] [--skip-audit | --full-audit]   offsets, lag, last commit, checks
-    platform validate                   specs + Kafka + catalog + group-id consistency
+    platform [--config FILE] COMMAND ...
+    platform status [PIPELINE] [--json] [--skip-audit | --full-audit]   offsets, lag, checks
+    platform validate [--offline]       specs + Kafka + catalog + group-id consistency
     platform reset PIPELINE --to earliest|latest|timestamp:MS [--apply --by WHO --reason WHY]
     platform migrate-group PIPELINE NEW_GROUP --by WHO --reason WHY
     platform maintain PIPELINE [--retention-hours H] [--orphan-window-hours H]
@@ -10,8 +11,10 @@
     platform release-late-copies PIPELINE --reason WHY [--by WHO]
 
 Connection settings come from the same configuration as the code location's
-(``resources.config``: the file named by ``$PLATFORM_CONFIG``, else the embedded stack's
-defaults), read when the command runs; ``validate`` names a wrong key first. A reset (applied)
+(``resources.config``: the file named by ``--config``, else by ``$PLATFORM_CONFIG``, else the
+embedded stack's defaults), read when the command runs; ``validate`` names a wrong key first,
+and ``validate --offline`` checks the configuration and the pipelines file without connecting
+to anything (before a deployment, in CI). A reset (applied)
 and a migration first count the pipeline's active Dagster runs in the instance of
 ``DAGSTER_HOME`` (or the embedded ``state_dir/dagster_home``, where ``make dev`` keeps it) and
 refuse
@@ -40,7 +43,7 @@ from platform_assets.cli.actions import run_action
 from platform_assets.ingest.checks import audit_finding
 from platform_assets.pipelines import load_pipelines
 from platform_assets.state import read_pipeline_state
-from resources.config import ConfigError, PlatformConfig, config_path, load_config
+from resources.config import CONFIG_ENV, ConfigError, PlatformConfig, config_path, load_config
 from resources.factory import iceberg_resource, kafka_resource, redact, unresolved
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -158,33 +161,83 @@ def replica_config_problems(specs: list[PipelineSpec], kafka: KafkaResource) -> 
     return problems(specs, kafka)
 
 
+def load_specs() -> dict[str, PipelineSpec]:
+    """Every pipeline spec by name; a clear exit naming the file, line and key otherwise."""
+    try:
+        return {spec.name: spec for spec in load_pipelines()}
+    except PipelineSpecError as exc:
+        raise SystemExit(f"platform: invalid pipelines file:\n{exc}") from None
+
+
+def validate_offline() -> int:
+    """The configuration and the pipelines file, connecting to nothing; environment
+    variables the configuration refers to and that are unset here are listed, not fatal (they
+    are needed where the platform runs)."""
+    try:
+        config = load_config()
+    except ConfigError as exc:
+        raise SystemExit(f"platform: invalid configuration:\n{exc}") from None
+    specs = load_specs()
+    source = config_path() or "defaults (the embedded stack)"
+    print(f"configuration {source}: valid (offline: nothing was connected to)")
+    print(f"{len(specs)} pipeline spec(s) valid: {', '.join(sorted(specs))}")
+    missing = unresolved(config, dict(os.environ))
+    if missing:
+        print("unset here, needed where it runs:\n  " + "\n  ".join(missing))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="platform", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"the platform configuration (default: ${CONFIG_ENV}, else the embedded stack's)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    status = commands.add_parser(
+        "status", help="offsets, lag, last commit and checks of every pipeline, or of one"
+    )
+    status.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
     status.add_argument("--json", action="store_true")
     status.add_argument("--skip-audit", action="store_true", help="skip the exactly-once audit")
     status.add_argument(
         "--full-audit", action="store_true", help="recount every commit, scan every row"
     )
-    commands.add_parser("validate")
-    reset = commands.add_parser("reset")
+    validate = commands.add_parser(
+        "validate",
+        help="check the configuration, the pipeline specs, Kafka, the catalog and group ids",
+    )
+    validate.add_argument(
+        "--offline",
+        action="store_true",
+        help="check the configuration and the pipelines file only; connect to nothing",
+    )
+    reset = commands.add_parser(
+        "reset", help="move a pipeline's committed offsets (dry run unless --apply)"
+    )
     reset.add_argument("pipeline")
     reset.add_argument("--to", required=True)
     reset.add_argument("--apply", action="store_true", help="commit it (default: dry run)")
     reset.add_argument("--by", default=os.environ.get("USER", "operator"))
     reset.add_argument("--reason", default="")
-    migrate = commands.add_parser("migrate-group")
+    migrate = commands.add_parser(
+        "migrate-group", help="move a pipeline's offsets to a new consumer group id"
+    )
     migrate.add_argument("pipeline")
     migrate.add_argument("new_group")
     migrate.add_argument("--by", default=os.environ.get("USER", "operator"))
     migrate.add_argument("--reason", required=True)
-    maintain = commands.add_parser("maintain")
+    maintain = commands.add_parser(
+        "maintain", help="compact, expire snapshots and remove orphan files of a pipeline's tables"
+    )
     maintain.add_argument("pipeline")
     # Defaults: the pipeline's own (snapshot_retention_hours), as its maintenance schedule uses.
     maintain.add_argument("--retention-hours", type=float, default=None)
     maintain.add_argument("--orphan-window-hours", type=float, default=None)
-    failover = commands.add_parser("failover")
+    failover = commands.add_parser(
+        "failover", help="switch a pipeline to a replica cluster, or back to the primary"
+    )
     failover.add_argument("pipeline")
     failover.add_argument("--to", required=True, help="a replica's name, or primary (failback)")
     failover.add_argument("--dry-run", action="store_true", help="print the plan only")
@@ -219,11 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     clear.add_argument("pipeline")
     args = parser.parse_args(argv)
+    if args.config:  # for every reader of the configuration, the pipelines file's too
+        os.environ[CONFIG_ENV] = args.config
+    if args.command == "validate" and args.offline:
+        return validate_offline()
     config = load_platform_config()
-    try:
-        specs = {spec.name: spec for spec in load_pipelines()}
-    except PipelineSpecError as exc:
-        raise SystemExit(f"platform: invalid pipelines file:\n{exc}") from None
+    specs = load_specs()
+    if getattr(args, "pipeline", None) and args.pipeline not in specs:
+        raise SystemExit(f"platform: unknown pipeline {args.pipeline!r}; known: {sorted(specs)}")
+    if args.command == "status" and args.pipeline:
+        specs = {args.pipeline: specs[args.pipeline]}
     kafka, iceberg = connect(
         config,
         check_kafka=args.command not in ("failover", "release-late-copies", "clear-dead-runs"),

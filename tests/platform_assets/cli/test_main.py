@@ -86,7 +86,7 @@ def test_status_validate_reset_and_maintain(
     assert lagging
     assert all(p["oldest_uncommitted_age_s"] is not None for p in lagging)
     assert all(p["committed"] == p["mirrored"] for p in status["partitions"])
-    assert main(["status", "--skip-audit"]) == 0
+    assert main(["status", "orders", "--skip-audit"]) == 0  # one pipeline
     text = capsys.readouterr().out
     assert "lag: 5 records (oldest uncommitted" in text
     assert "exactly_once_audit" not in text
@@ -205,3 +205,46 @@ def test_a_bad_pipelines_file_is_named_by_file_and_line_not_a_traceback(
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
     with pytest.raises(SystemExit, match=f"platform: invalid pipelines file:\\n{message}"):
         main(["validate"])
+
+
+def test_help_describes_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    listed = re.search(r"COMMAND\n(.*?)\n\n", text, flags=re.DOTALL)
+    assert listed is not None
+    entries = re.findall(r"^    (\S+)(.*)$", listed.group(1), flags=re.MULTILINE)
+    names = [name for name, _ in entries]
+    assert names == [
+        "status", "validate", "reset", "migrate-group", "maintain", "failover",
+        "complete-failback", "release-late-copies", "clear-dead-runs",
+    ]  # fmt: skip
+    described = re.split(r"\n    (?=\S)", listed.group(1))
+    assert all(len(entry.split()) > 2 for entry in described), described  # a description each
+
+
+def test_validate_offline_connects_to_nothing_and_names_what_is_unset(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config`` names the file; Kafka's address is an unset reference: listed, not fatal."""
+    config = tmp_path / "platform.yaml"
+    config.write_text("kafka:\n  bootstrap_servers: ${PROD_KAFKA}\n")
+    monkeypatch.delenv("PROD_KAFKA", raising=False)
+    monkeypatch.setenv("PLATFORM_CONFIG", "/nonexistent")  # --config wins; restored after
+    assert main(["--config", str(config), "validate", "--offline"]) == 0
+    out = capsys.readouterr().out
+    assert f"configuration {config}: valid (offline" in out
+    assert "1 pipeline spec(s) valid: orders" in out
+    assert "kafka.bootstrap_servers: PROD_KAFKA" in out
+    config.write_text("kafka:\n  bootstrap: x\n")
+    with pytest.raises(SystemExit, match=r"kafka\.bootstrap: Extra inputs"):
+        main(["--config", str(config), "validate", "--offline"])
+
+
+def test_status_of_an_unknown_pipeline_is_refused_before_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # nothing listens: unused
+    with pytest.raises(SystemExit, match=r"unknown pipeline 'nope'; known: \['orders'\]"):
+        main(["status", "nope"])
