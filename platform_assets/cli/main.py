@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -66,6 +67,22 @@ def load_platform_config() -> PlatformConfig:
     return config
 
 
+class _ClientLog(logging.Handler):
+    """A librdkafka client's log lines, kept instead of printed (``logger`` client property):
+    the last one names the cause (e.g. "Connect to ipv4#10.0.0.7:9092 failed: Connection
+    refused")."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = ""
+        self.logger = logging.getLogger(f"platform.librdkafka.{id(self)}")
+        self.logger.propagate = False
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.last = record.getMessage().rsplit("]: ", 1)[-1]
+
+
 def connect(
     config: PlatformConfig, check_kafka: bool = True
 ) -> tuple[KafkaResource, IcebergCatalogResource]:
@@ -74,13 +91,17 @@ def connect(
     from confluent_kafka import KafkaException
 
     kafka, iceberg = kafka_resource(config), iceberg_resource(config)
+    said = _ClientLog()
+    admin = kafka.get_admin_client(logger=said.logger)  # its log: one line below, not hundreds
     try:
         if check_kafka:
-            kafka.get_admin_client().list_topics(timeout=CONNECT_TIMEOUT_S)
+            admin.list_topics(timeout=CONNECT_TIMEOUT_S)
     except KafkaException as exc:
+        admin.poll(0)  # serves the queued log lines to ``said``
+        last = f"; the client said: {said.last}" if said.last else ""
         raise SystemExit(
             f"platform: no Kafka broker answered at {kafka.client_config()['bootstrap.servers']} "
-            f"within {CONNECT_TIMEOUT_S:.0f} s ({exc.args[0].str()}). Check "
+            f"within {CONNECT_TIMEOUT_S:.0f} s ({exc.args[0].str()}{last}). Check "
             "kafka.bootstrap_servers and kafka.properties in the configuration, and that the "
             "broker is up."
         ) from None

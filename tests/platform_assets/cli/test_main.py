@@ -175,8 +175,11 @@ def test_operator_jobs_in_dagster(
     assert maintained.success
 
 
-def test_unreachable_kafka_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No traceback: the command says which address did not answer and what to check."""
+def test_unreachable_kafka_is_named(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No traceback, and one line: the command says which address did not answer, what the
+    client last said and what to check; librdkafka prints nothing of its own (issue 32)."""
     from platform_assets.cli import main as cli
     from resources.embedded import find_free_port
 
@@ -185,6 +188,10 @@ def test_unreachable_kafka_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cli, "CONNECT_TIMEOUT_S", 2.0)
     with pytest.raises(SystemExit, match=f"no Kafka broker answered at {address} within 2 s"):
         main(["status"])
+    err = capfd.readouterr().err
+    assert "%3|" not in err, err  # librdkafka's own log lines, routed away
+    with pytest.raises(SystemExit, match=r"the client said: .*Connect to ipv4#.* refused"):
+        main(["validate"])
 
 
 @pytest.mark.parametrize(
