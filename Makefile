@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck validate pytest java jvm test-jvm clean
+.PHONY: dev test lint typecheck validate pytest java jvm test-jvm clean lock
 
 java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found."; \
@@ -28,11 +28,18 @@ jvm: java $(STAMP)
 test-jvm: jvm
 	$(BIN)/python -c "from resources.jvm import quarkus_runner; quarkus_runner('schema-registry')"
 
-$(STAMP): pyproject.toml
+# Installed from the lock (constraints.txt): a fresh clone gets the versions CI ran.
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
+
+# Rewrite the lock from .venv after changing a range in pyproject.toml (then commit both).
+lock: $(STAMP)
+	{ sed -n '1,/^# reproducible/p' constraints.txt; \
+	  $(BIN)/python -m pip freeze --exclude-editable | grep -v '^kafka-iceberg-platform'; } \
+	  > constraints.txt.new && mv constraints.txt.new constraints.txt
 
 # The dbt manifest the Dagster definitions load (dbt/target is git-ignored).
 DBT_MANIFEST := dbt/target/manifest.json
