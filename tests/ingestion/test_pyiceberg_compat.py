@@ -9,7 +9,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -18,6 +17,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from ingestion._pyiceberg_compat import parquet_writer_kwargs, replace_files
 from ingestion.task.writer import FanoutWriter
+from tests.support.catalogs import local_catalog
 
 ROWS = pa.table(
     {"region": pa.array(["eu", "us", "eu", "ap"], pa.large_string()), "n": [1, 2, 3, 4]}
@@ -27,10 +27,7 @@ ROWS = pa.table(
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
     """An empty table partitioned by ``region`` (identity) in a fresh SQL catalog."""
-    catalog = SqlCatalog(
-        "compat", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "compat")
     schema = Schema(
         NestedField(1, "region", StringType(), required=False),
         NestedField(2, "n", LongType(), required=False),

@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -33,6 +32,7 @@ from ingestion.ops.compaction import (
 )
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.table.offsets import snapshot_properties
+from tests.support.catalogs import local_catalog
 from tests.support.iceberg_spark import OtherSpark
 
 
@@ -62,10 +62,7 @@ def test_min_files_raises_the_bar() -> None:
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
     """A table partitioned by ``region``, its target file size 64 KiB."""
-    catalog = SqlCatalog(
-        "c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "c")
     schema = Schema(
         NestedField(1, "region", StringType(), required=False),
         NestedField(2, "n", LongType(), required=False),
@@ -252,10 +249,7 @@ def test_nested_fields_with_sanitised_names_keep_their_values(tmp_path: Path) ->
     hold its values (the review found them nulled: a cast matched the Parquet-safe name)."""
     from pyiceberg.types import StructType
 
-    catalog = SqlCatalog(
-        "c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "c")
     schema = Schema(
         NestedField(1, "n", LongType(), required=False),
         NestedField(2, "s", StructType(NestedField(3, "x-y", StringType(), False)), False),

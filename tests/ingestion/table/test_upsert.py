@@ -12,7 +12,6 @@ from urllib.parse import urlparse
 
 import duckdb
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -27,6 +26,7 @@ from pyiceberg.types import (
 
 from ingestion.formats.debezium import decode_changes
 from ingestion.table.upsert import DELETES, INSERTS, UPDATES, commit_upsert, plan_upsert
+from tests.support.catalogs import local_catalog
 from tests.support.debezium import DebeziumTable, Record
 
 KEY = ("id",)
@@ -43,10 +43,7 @@ SCHEMA = Schema(
 def table(request: pytest.FixtureRequest, tmp_path: Path) -> Table:
     """Partitioned by the key's bucket, or by ``updated_at`` (a delete carries no
     ``updated_at``: its row is found by the key alone)."""
-    catalog = SqlCatalog(
-        "c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "c")
     field = (
         PartitionField(1, 1000, BucketTransform(4), "id_bucket")
         if request.param == "bucket"
@@ -124,10 +121,7 @@ def test_a_delete_of_an_absent_key_and_a_repeated_tombstone_change_nothing(table
 def test_a_batch_touches_only_the_files_holding_its_keys(tmp_path: Path) -> None:
     """Unpartitioned, one file per snapshot batch of 100 keys: updating keys of one batch
     rewrites that file only (the key bounds prune the others)."""
-    catalog = SqlCatalog(
-        "c", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "c")
     flat = catalog.create_table("n.t", SCHEMA)
     source = DebeziumTable()
     for _ in range(4):

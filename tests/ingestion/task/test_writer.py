@@ -9,7 +9,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -21,15 +20,13 @@ from pyiceberg.types import LongType, NestedField, StringType
 from ingestion.formats.decode import merge_field_types
 from ingestion.task import writer as writer_module
 from ingestion.task.writer import FanoutWriter
+from tests.support.catalogs import local_catalog
 
 
 def test_a_partition_column_whose_name_parquet_sanitises_splits_and_reads_back(
     tmp_path: Path,
 ) -> None:
-    catalog = SqlCatalog(
-        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "w")
     schema = Schema(
         NestedField(1, "event-type", StringType(), required=False),
         NestedField(2, "n", LongType(), required=False),
@@ -68,10 +65,7 @@ def test_chunks_and_tasks_merge_new_field_types_like_one_parse(
 @pytest.fixture
 def sorted_table(tmp_path: Path) -> Table:
     """A table partitioned by ``region`` whose declared sort order is ``n`` descending."""
-    catalog = SqlCatalog(
-        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "w")
     schema = Schema(
         NestedField(1, "region", StringType(), required=False),
         NestedField(2, "n", LongType(), required=False),
@@ -119,10 +113,7 @@ def test_a_file_written_in_several_runs_is_not_marked_sorted(
 
 
 def test_an_unsorted_table_keeps_arrival_order(tmp_path: Path) -> None:
-    catalog = SqlCatalog(
-        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "w")
     schema = Schema(
         NestedField(1, "region", StringType(), required=False),
         NestedField(2, "n", LongType(), required=False),
@@ -157,10 +148,7 @@ def test_nested_fields_whose_names_parquet_sanitises_keep_their_values(tmp_path:
     Parquet-safe names and read back with their values (a cast by name would null them)."""
     from pyiceberg.types import ListType, StructType
 
-    catalog = SqlCatalog(
-        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "w")
     schema = Schema(
         NestedField(1, "ctx", StructType(NestedField(2, "user-agent", StringType(), False)), False),
         NestedField(
@@ -193,10 +181,7 @@ def test_a_key_arrow_orders_otherwise_than_iceberg_sorts_but_leaves_files_unmark
 
     from pyiceberg.types import DoubleType, UUIDType
 
-    catalog = SqlCatalog(
-        "w", uri=f"sqlite:///{tmp_path}/c.db", warehouse=f"file://{tmp_path}/warehouse"
-    )
-    catalog.create_namespace("n")
+    catalog = local_catalog(tmp_path, "w")
     key_type = UUIDType() if kind == "uuid" else DoubleType()
     schema = Schema(NestedField(1, "k", key_type, required=False))
     order = SortOrder(SortField(1, IdentityTransform(), SortDirection.ASC, NullOrder.NULLS_LAST))
