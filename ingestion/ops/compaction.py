@@ -51,7 +51,7 @@ from ingestion.pipeline.commit import commit_view, delete_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.table.offsets import iter_ancestry, snapshot_properties
 from ingestion.table.sort_order import try_sort_rows, write_order
-from ingestion.task.writer import FanoutWriter
+from ingestion.task.writer import write_data_files
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -159,13 +159,12 @@ def _write_sorted(table: Table, rows: pa.Table) -> list[DataFile]:
     or, after a crash, removed as orphans by recovery.
     """
     ordered = try_sort_rows(rows, table.schema(), write_order(table.metadata))
-    writer = FanoutWriter(table.metadata, table.io, sorted_input=ordered is not None)
-    try:
-        writer.write(rows if ordered is None else ordered)
-        return writer.close()
-    except BaseException:
-        writer.abort()
-        raise
+    return write_data_files(
+        table.metadata,
+        table.io,
+        [rows if ordered is None else ordered],
+        sorted_input=ordered is not None,
+    )
 
 
 def counts_differ(inputs: list[DataFile], outputs: list[DataFile]) -> str:

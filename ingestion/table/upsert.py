@@ -65,7 +65,7 @@ class UpsertPlan:
         }
 
 
-def _key_strings(table: pa.Table, key_fields: tuple[str, ...]) -> pa.ChunkedArray | pa.Array:
+def _key_values(table: pa.Table, key_fields: tuple[str, ...]) -> pa.ChunkedArray | pa.Array:
     """One comparable value per row for a key of one or more fields."""
     if len(key_fields) == 1:
         return table.column(key_fields[0])
@@ -114,20 +114,22 @@ def plan_upsert(
     from pyiceberg.expressions import AlwaysTrue
     from pyiceberg.io.pyarrow import ArrowScan
 
-    from ingestion.task.writer import FanoutWriter
+    from ingestion.task.writer import write_data_files
 
     last = last_change_per_key(changes, key_fields)
-    keys = _key_strings(last, key_fields)
+    keys = _key_values(last, key_fields)
+    changed_keys = pa.array(keys)
     plan = UpsertPlan()
     kept: list[pa.Table] = []
     existing: set[Any] = set()
     schema = table.schema()
     for task in candidate_files(table, last.select(list(key_fields)), key_fields):
         rows = ArrowScan(table.metadata, table.io, schema, AlwaysTrue()).to_table([task])
-        changed = pc.is_in(_key_strings(rows, key_fields), value_set=pa.array(keys))
+        row_keys = _key_values(rows, key_fields)
+        changed = pc.is_in(row_keys, value_set=changed_keys)
         if not pc.any(changed).as_py():
             continue
-        existing.update(pc.filter(_key_strings(rows, key_fields), changed).to_pylist())
+        existing.update(pc.filter(row_keys, changed).to_pylist())
         kept.append(rows.filter(pc.invert(changed)))
         plan.removed.append(task.file)
     upserts = last.filter(pc.not_equal(last.column(OP), DELETE))
@@ -150,14 +152,8 @@ def plan_upsert(
             for f in arrow_schema
         }
     ).cast(arrow_schema)
-    writer = FanoutWriter(table.metadata, table.io)
-    try:
-        for part in (*kept, new_rows):
-            writer.write(part.cast(arrow_schema))
-        plan.added = writer.close()
-    except BaseException:
-        writer.abort()
-        raise
+    kept = [part.cast(arrow_schema) for part in kept]
+    plan.added = write_data_files(table.metadata, table.io, [*kept, new_rows])
     return plan
 
 

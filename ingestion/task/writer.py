@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from ingestion.table.sort_order import marks_files, try_sort_rows, write_order
+
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO, OutputFile
     from pyiceberg.manifest import DataFile
@@ -73,7 +75,6 @@ class FanoutWriter:
         from pyiceberg.utils.properties import property_as_int
 
         from ingestion._pyiceberg_compat import parquet_writer_kwargs
-        from ingestion.table.sort_order import marks_files, write_order
 
         self._metadata, self._io = metadata, io
         self._order = write_order(metadata)
@@ -138,8 +139,6 @@ class FanoutWriter:
     def _flush(self, value: tuple[Any, ...]) -> None:
         """Write the rows held for ``value`` to its file: in the table's sort order if it has
         one, in arrival order otherwise."""
-        from ingestion.table.sort_order import try_sort_rows
-
         del self._pending_bytes[value]
         rows = pa.concat_tables(self._pending.pop(value))
         if self._order is not None and not self._sorted_input:
@@ -284,3 +283,22 @@ class FanoutWriter:
                 **statistics.to_serialized_dict(),
             )
         )
+
+
+def write_data_files(
+    metadata: TableMetadata, io: FileIO, parts: list[pa.Table], *, sorted_input: bool = False
+) -> list[DataFile]:
+    """Write ``parts`` (rows of the table, in its Arrow schema) with one :class:`FanoutWriter`
+    and return the files' metadata; ``sorted_input`` as the writer's.
+
+    Delivery: commits nothing; on any error the files written so far are deleted (best-effort)
+    and the error is raised.
+    """
+    writer = FanoutWriter(metadata, io, sorted_input=sorted_input)
+    try:
+        for part in parts:
+            writer.write(part)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise
