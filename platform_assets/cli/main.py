@@ -52,12 +52,17 @@ from resources.kafka import KafkaResource
 CONNECT_TIMEOUT_S = 10.0
 
 
-def load_platform_config() -> PlatformConfig:
-    """The configuration, every reference resolvable; a clear exit naming the key otherwise."""
+def read_platform_config() -> PlatformConfig:
+    """The configuration as written; a clear exit naming the file and key when it is invalid."""
     try:
-        config = load_config()
+        return load_config()
     except ConfigError as exc:
         raise SystemExit(f"platform: invalid configuration:\n{exc}") from None
+
+
+def load_platform_config() -> PlatformConfig:
+    """The configuration, every reference resolvable; a clear exit naming the key otherwise."""
+    config = read_platform_config()
     missing = unresolved(config, dict(os.environ))
     if missing:
         raise SystemExit(
@@ -91,20 +96,20 @@ def connect(
     from confluent_kafka import KafkaException
 
     kafka, iceberg = kafka_resource(config), iceberg_resource(config)
-    said = _ClientLog()
-    admin = kafka.get_admin_client(logger=said.logger)  # its log: one line below, not hundreds
-    try:
-        if check_kafka:
+    if check_kafka:
+        said = _ClientLog()
+        admin = kafka.get_admin_client(logger=said.logger)  # its log: one line below
+        try:
             admin.list_topics(timeout=CONNECT_TIMEOUT_S)
-    except KafkaException as exc:
-        admin.poll(0)  # serves the queued log lines to ``said``
-        last = f"; the client said: {said.last}" if said.last else ""
-        raise SystemExit(
-            f"platform: no Kafka broker answered at {kafka.client_config()['bootstrap.servers']} "
-            f"within {CONNECT_TIMEOUT_S:.0f} s ({exc.args[0].str()}{last}). Check "
-            "kafka.bootstrap_servers and kafka.properties in the configuration, and that the "
-            "broker is up."
-        ) from None
+        except KafkaException as exc:
+            admin.poll(0)  # serves the queued log lines to ``said``
+            last = f"; the client said: {said.last}" if said.last else ""
+            raise SystemExit(
+                "platform: no Kafka broker answered at "
+                f"{kafka.client_config()['bootstrap.servers']} within {CONNECT_TIMEOUT_S:.0f} s "
+                f"({exc.args[0].str()}{last}). Check kafka.bootstrap_servers and "
+                "kafka.properties in the configuration, and that the broker is up."
+            ) from None
     try:
         iceberg.load_catalog()
     except Exception as exc:  # any catalog backend's own error types
@@ -194,10 +199,7 @@ def validate_offline() -> int:
     """The configuration and the pipelines file, connecting to nothing; environment
     variables the configuration refers to and that are unset here are listed, not fatal (they
     are needed where the platform runs)."""
-    try:
-        config = load_config()
-    except ConfigError as exc:
-        raise SystemExit(f"platform: invalid configuration:\n{exc}") from None
+    config = read_platform_config()
     specs = load_specs()
     source = config_path() or "defaults (the embedded stack)"
     print(f"configuration {source}: valid (offline: nothing was connected to)")
