@@ -9,15 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.partitioning import PartitionField, PartitionSpec
-from pyiceberg.schema import Schema
 from pyiceberg.table import Table
-from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import LongType, NestedField, StringType
 
 from ingestion._pyiceberg_compat import parquet_writer_kwargs, replace_files
 from ingestion.task.writer import FanoutWriter
-from tests.support.catalogs import local_catalog
+from tests.support.catalogs import local_catalog, region_table
 
 ROWS = pa.table(
     {"region": pa.array(["eu", "us", "eu", "ap"], pa.large_string()), "n": [1, 2, 3, 4]}
@@ -27,13 +23,7 @@ ROWS = pa.table(
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
     """An empty table partitioned by ``region`` (identity) in a fresh SQL catalog."""
-    catalog = local_catalog(tmp_path, "compat")
-    schema = Schema(
-        NestedField(1, "region", StringType(), required=False),
-        NestedField(2, "n", LongType(), required=False),
-    )
-    spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "region"))
-    return catalog.create_table("n.t", schema, partition_spec=spec)
+    return region_table(local_catalog(tmp_path, "compat"))
 
 
 def test_parquet_settings_follow_the_table_properties_as_pyiceberg_writes_them(

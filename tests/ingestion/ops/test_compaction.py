@@ -15,7 +15,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
@@ -32,7 +31,7 @@ from ingestion.ops.compaction import (
 )
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.table.offsets import snapshot_properties
-from tests.support.catalogs import local_catalog
+from tests.support.catalogs import local_catalog, region_table
 from tests.support.iceberg_spark import OtherSpark
 
 
@@ -62,16 +61,10 @@ def test_min_files_raises_the_bar() -> None:
 @pytest.fixture
 def table(tmp_path: Path) -> Table:
     """A table partitioned by ``region``, its target file size 64 KiB."""
-    catalog = local_catalog(tmp_path, "c")
-    schema = Schema(
-        NestedField(1, "region", StringType(), required=False),
-        NestedField(2, "n", LongType(), required=False),
-    )
-    spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "region"))
-    return catalog.create_table(
-        "n.t", schema, partition_spec=spec,
+    return region_table(
+        local_catalog(tmp_path, "c"),
         properties={"write.target-file-size-bytes": str(64 * 1024)},
-    )  # fmt: skip
+    )
 
 
 def append(table: Table, region: str, numbers: range) -> None:

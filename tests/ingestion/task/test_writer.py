@@ -20,7 +20,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from ingestion.formats.decode import merge_field_types
 from ingestion.task import writer as writer_module
 from ingestion.task.writer import FanoutWriter
-from tests.support.catalogs import local_catalog
+from tests.support.catalogs import local_catalog, region_table
 
 
 def test_a_partition_column_whose_name_parquet_sanitises_splits_and_reads_back(
@@ -65,14 +65,8 @@ def test_chunks_and_tasks_merge_new_field_types_like_one_parse(
 @pytest.fixture
 def sorted_table(tmp_path: Path) -> Table:
     """A table partitioned by ``region`` whose declared sort order is ``n`` descending."""
-    catalog = local_catalog(tmp_path, "w")
-    schema = Schema(
-        NestedField(1, "region", StringType(), required=False),
-        NestedField(2, "n", LongType(), required=False),
-    )
-    spec = PartitionSpec(PartitionField(1, 1000, IdentityTransform(), "region"))
     order = SortOrder(SortField(2, IdentityTransform(), SortDirection.DESC, NullOrder.NULLS_LAST))
-    return catalog.create_table("n.t", schema, partition_spec=spec, sort_order=order)
+    return region_table(local_catalog(tmp_path, "w"), sort_order=order)
 
 
 def chunk(regions: str, numbers: list[int]) -> pa.Table:
