@@ -5,6 +5,7 @@ kind of client only, so librdkafka has nothing to ignore. Real librdkafka client
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -55,23 +56,21 @@ def test_librdkafka_ignores_nothing(kind: str) -> None:
     """Before, one map fed every client: a consumer setting made producers and admin clients
     warn ("... is a consumer property and will be ignored by this producer instance")."""
     logger, said = _logger(kind)
+    routed: dict[str, Any] = {"logger": logger}
     if kind == "consumer":
-        client = Consumer({**consumer_config(FLAT, "r"), "logger": logger})
-        client.poll(0.1)
-        client.close()
+        consumer = Consumer({**consumer_config(FLAT, "r"), **routed})
+        consumer.poll(0.1)
+        consumer.close()
     elif kind == "producer":
-        client = Producer({**client_properties(FLAT, "producer"), "logger": logger})
-        client.poll(0.1)
+        Producer({**client_properties(FLAT, "producer"), **routed}).poll(0.1)
     else:
-        admin = AdminClient({**client_properties(FLAT, "admin"), "logger": logger})
-        admin.poll(0.1)
+        AdminClient({**client_properties(FLAT, "admin"), **routed}).poll(0.1)
     assert not [line for line in said.lines if "will be ignored" in line], said.lines
 
 
 def test_the_old_shared_map_did_make_librdkafka_ignore_a_property() -> None:
     """The test above can fail: a consumer property given to a producer is reported."""
     logger, said = _logger("shared")
-    producer = Producer({"bootstrap.servers": "127.0.0.1:1", "fetch.max.bytes": "1048576",
-                         "logger": logger})  # fmt: skip
-    producer.poll(0.1)
+    shared: dict[str, Any] = {"bootstrap.servers": "127.0.0.1:1", "fetch.max.bytes": "1048576"}
+    Producer({**shared, "logger": logger}).poll(0.1)
     assert any("will be ignored" in line for line in said.lines), said.lines
