@@ -29,7 +29,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from resources.secrets import REFERENCE_FORMS, is_secret_key, keeps_secret_out
 
@@ -71,14 +79,22 @@ class Section(BaseModel):
 
 
 class KafkaConfig(Section):
-    """Any librdkafka property (SASL/SSL/OAUTHBEARER...); secrets as ``${NAME}``."""
+    """Any librdkafka property (SASL/SSL/OAUTHBEARER...); secrets as ``${NAME}``.
+
+    ``properties`` feed every client; ``consumer_properties``, ``producer_properties`` and
+    ``admin_properties`` one kind only and win over ``properties`` there (Kafka Connect's
+    ``consumer.override.*`` and the like, ``ingestion.kafka.clients``).
+    """
 
     bootstrap_servers: str = "${KAFKA_BOOTSTRAP_SERVERS}"
     properties: Properties = Field(default_factory=dict)
+    consumer_properties: Properties = Field(default_factory=dict)
+    producer_properties: Properties = Field(default_factory=dict)
+    admin_properties: Properties = Field(default_factory=dict)
 
-    @field_validator("properties")
+    @field_validator("properties", "consumer_properties")
     @classmethod
-    def _secrets(cls, value: dict[str, str]) -> dict[str, str]:
+    def _secrets(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
         from ingestion.kafka.consumer import ENGINE_OWNED_PROPERTIES
 
         owned = sorted(ENGINE_OWNED_PROPERTIES & value.keys())
@@ -86,7 +102,26 @@ class KafkaConfig(Section):
             raise ValueError(
                 f"sets {owned}: the ingestion engine sets these for exactly-once reads; remove them"
             )
-        return _no_literal_secrets(value, "properties")
+        return _no_literal_secrets(value, str(info.field_name))
+
+    @field_validator("producer_properties", "admin_properties")
+    @classmethod
+    def _client_secrets(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        return _no_literal_secrets(value, str(info.field_name))
+
+    def client_maps(self) -> dict[str, str]:
+        """``properties`` with each client's overrides under its Kafka Connect prefix: the
+        flat map the resource and the engine carry."""
+        from ingestion.kafka.clients import with_overrides
+
+        return with_overrides(
+            self.properties,
+            {
+                "consumer": self.consumer_properties,
+                "producer": self.producer_properties,
+                "admin": self.admin_properties,
+            },
+        )
 
 
 class ReplicaClusterConfig(KafkaConfig):

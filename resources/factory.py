@@ -27,11 +27,11 @@ def kafka_resource(config: PlatformConfig) -> KafkaResource:
     """
     return KafkaResource(
         bootstrap_servers=config.kafka.bootstrap_servers,
-        client_properties=dict(config.kafka.properties),
+        client_properties=config.kafka.client_maps(),
         schema_registry_url=config.schema_registry.url,
         schema_registry_properties=dict(config.schema_registry.properties),
         replicas={
-            name: {"bootstrap.servers": replica.bootstrap_servers, **replica.properties}
+            name: {"bootstrap.servers": replica.bootstrap_servers, **replica.client_maps()}
             for name, replica in config.replicas.items()
         },
     )

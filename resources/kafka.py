@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from dagster import ConfigurableResource
 from pydantic import ConfigDict, Field, field_validator
 
+from ingestion.kafka.clients import client_properties
 from ingestion.kafka.consumer import ENGINE_OWNED_PROPERTIES, consumer_config
 from resources.secrets import resolve, resolve_all
 
@@ -90,7 +91,7 @@ class KafkaResource(ConfigurableResource):
     @classmethod
     def _refuse_engine_owned(cls, properties: dict[str, str]) -> dict[str, str]:
         """Refused when the resource is built, so ``dagster definitions validate`` fails."""
-        owned = sorted(ENGINE_OWNED_PROPERTIES & properties.keys())
+        owned = sorted(ENGINE_OWNED_PROPERTIES & client_properties(properties, "consumer").keys())
         if owned:
             raise ValueError(
                 f"KafkaResource.client_properties sets {owned}: these are set by the ingestion "
@@ -142,14 +143,16 @@ class KafkaResource(ConfigurableResource):
         """Return a new admin client."""
         from confluent_kafka.admin import AdminClient
 
-        return AdminClient({**self.client_config(), **overrides})
+        return AdminClient({**client_properties(self.client_config(), "admin"), **overrides})
 
     def get_producer(self, **overrides: Any) -> Producer:
         """Return a new idempotent producer (acks=all, enable.idempotence=true by default)."""
         from confluent_kafka import Producer
 
         defaults = {"enable.idempotence": True, "acks": "all"}
-        return Producer({**defaults, **self.client_config(), **overrides})
+        return Producer(
+            {**defaults, **client_properties(self.client_config(), "producer"), **overrides}
+        )
 
     def get_consumer(self, **overrides: Any) -> Consumer:
         """Return a consumer for ``assign()`` reads with the engine's settings

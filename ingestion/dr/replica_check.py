@@ -39,6 +39,7 @@ from ingestion.dr.failback.flow_loop import LoopedRecord
 from ingestion.dr.mm2 import Checkpoint, ReplicationPolicy, checkpoints_topic, decode_checkpoint
 from ingestion.dr.mm2 import replica_topic as copy_name
 from ingestion.health.checks import Finding, failed, passed
+from ingestion.kafka.clients import client_properties
 from ingestion.kafka.consumer import iter_range, open_consumer
 from ingestion.kafka.ranges import OffsetRange
 from ingestion.kafka.topics import read_topic_ends
@@ -286,8 +287,8 @@ def read_replica_facts(
     """Read the facts :func:`~ingestion.dr.replica_check.check_replica` judges."""
     from confluent_kafka.admin import AdminClient
 
-    source = AdminClient(source_config)
-    replica = AdminClient(target.kafka_config)
+    source = AdminClient(client_properties(source_config, "admin"))
+    replica = AdminClient(client_properties(target.kafka_config, "admin"))
     topic = checkpoints_topic(target.source_alias)
     partitions = _partitions(replica, topic, timeout_s)
     policy = (
@@ -327,7 +328,9 @@ def count_records(
     from confluent_kafka.admin import AdminClient
 
     # Topics in error in the cluster's metadata (not ready, not authorised) are passed over.
-    listed = AdminClient(dict(kafka_config)).list_topics(timeout=timeout_s).topics
+    listed = (
+        AdminClient(client_properties(kafka_config, "admin")).list_topics(timeout=timeout_s).topics
+    )
     present = [t for t in topics if t in listed and listed[t].error is None]
     found = read_topic_ends(kafka_config, present, timeout_s, open_transactions=False)
     spans = {topic: ends.record_span for topic in present if (ends := found.get(topic))}

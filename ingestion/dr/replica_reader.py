@@ -15,6 +15,7 @@ from ingestion.dr.align import RecordId, digest_record
 from ingestion.dr.mm2 import OffsetSync, decode_offset_sync
 from ingestion.dr.rows import Records
 from ingestion.exceptions import FailoverRefusedError
+from ingestion.kafka.clients import client_properties
 from ingestion.kafka.consumer import iter_batches, iter_range, open_consumer
 from ingestion.kafka.ranges import OffsetRange
 
@@ -43,7 +44,7 @@ class Replica:
         from confluent_kafka import KafkaException, TopicCollection
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient(self.kafka_config)
+        admin = AdminClient(client_properties(self.kafka_config, "admin"))
         try:
             found = admin.describe_topics(TopicCollection([topic]))[topic].result(self.timeout_s)
         except KafkaException as exc:
@@ -129,7 +130,7 @@ def cluster_answers(kafka_config: dict[str, Any], timeout_s: float = 10.0) -> bo
     from confluent_kafka.admin import AdminClient
 
     try:
-        AdminClient(kafka_config).list_topics(timeout=timeout_s)
+        AdminClient(client_properties(kafka_config, "admin")).list_topics(timeout=timeout_s)
     except KafkaException:
         return False
     return True

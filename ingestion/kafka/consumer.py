@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
+from ingestion.kafka.clients import client_properties
 from ingestion.kafka.ranges import OffsetRange
 
 if TYPE_CHECKING:
@@ -39,11 +40,12 @@ def consumer_config(kafka_config: dict[str, Any], role: str) -> dict[str, Any]:
         >>> config["isolation.level"], config["enable.auto.commit"], config["group.id"]
         ('read_committed', False, 'kafka-iceberg-orders-reader')
     """
-    owned = sorted(ENGINE_OWNED_PROPERTIES & kafka_config.keys())
+    properties = client_properties(kafka_config, "consumer")
+    owned = sorted(ENGINE_OWNED_PROPERTIES & properties.keys())
     if owned:
         raise ValueError(f"Kafka settings {owned} are owned by the ingestion engine; remove them")
     return {
-        **kafka_config,
+        **properties,
         "group.id": f"kafka-iceberg-{role}",  # required by librdkafka; never joined
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,

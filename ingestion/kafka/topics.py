@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ingestion.exceptions import TopicNotFoundError
+from ingestion.kafka.clients import client_properties
 from ingestion.kafka.consumer import consumer_config
 from ingestion.kafka.ranges import Key
 
@@ -133,7 +134,7 @@ def read_topic_ends(
 
     if not topics:
         return {}
-    admin = AdminClient(dict(kafka_config))
+    admin = AdminClient(client_properties(kafka_config, "admin"))
     found: dict[str, TopicEnds | None] = {}
     config = consumer_config(kafka_config, "topic-ends-reader")
     if open_transactions:

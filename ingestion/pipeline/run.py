@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion import exceptions
 from ingestion.formats.avro import avro_to_iceberg_schema, fetch_writer_schemas
 from ingestion.formats.bad_values import DecodeStats
+from ingestion.kafka.clients import client_properties
 from ingestion.kafka.consumer import open_consumer
 from ingestion.kafka.ranges import Key
 from ingestion.pipeline.commit import commit_data, delete_files
@@ -149,7 +150,7 @@ def run_pipeline(
     # The registry is needed until the tasks are prepared; one made here is closed then.
     with _registry(spec, schema_registry) as registry:
         table = _open_table(catalog, spec, registry)
-        admin = AdminClient(dict(kafka_config))
+        admin = AdminClient(client_properties(kafka_config, "admin"))
         # read_committed: the planned end offsets are the last stable offsets (R16).
         replicas = replica_support(spec)  # None without replicas: no disaster-recovery code runs
         with open_consumer(kafka_config, f"{spec.name}-planner") as consumer:

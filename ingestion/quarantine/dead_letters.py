@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from ingestion.exceptions import DeadLetterTopicError
+from ingestion.kafka.clients import client_properties
 from ingestion.kafka.consumer import consumer_config, open_consumer
 from ingestion.table.offsets import (
     CLUSTER_ID,
@@ -612,7 +613,7 @@ def dead_letter_producer(
     """
     from confluent_kafka import KafkaException, Producer
 
-    config = {**kafka_config}
+    config = client_properties(kafka_config, "producer")
     for key in ("message.timeout.ms", "delivery.timeout.ms", "socket.timeout.ms"):
         if key in config:
             config[key] = min(int(config[key]), TRANSACTION_TIMEOUT_MS)

@@ -217,3 +217,48 @@ def test_a_credential_may_hold_references_anywhere_inside_it(tmp_path: Path) -> 
     data = {"catalog": {"properties": {"credential": "${ID}:${SECRET}"}}}
     config = load_config(write(tmp_path, data))
     assert config.catalog.properties["credential"] == "${ID}:${SECRET}"
+
+
+def test_per_client_properties_reach_their_client_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: ``kafka.consumer_properties`` and the like, as Kafka Connect's overrides."""
+    from ingestion.kafka.clients import client_properties
+    from resources.factory import kafka_resource
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "b:9092")
+    data = {
+        "kafka": {
+            "properties": {"client.id": "platform"},
+            "consumer_properties": {"fetch.max.bytes": 1048576},
+            "producer_properties": {"linger.ms": 5, "sasl.password": "${PRODUCER_PASSWORD}"},
+        }
+    }
+    resource = kafka_resource(load_config(write(tmp_path, data)))
+    monkeypatch.setenv("PRODUCER_PASSWORD", "s3cret")
+    config = resource.client_config()
+    assert client_properties(config, "consumer") == {
+        "bootstrap.servers": "b:9092", "client.id": "platform", "fetch.max.bytes": "1048576",
+    }  # fmt: skip
+    assert client_properties(config, "producer")["sasl.password"] == "s3cret"
+    assert "linger.ms" not in client_properties(config, "admin")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"kafka": {"consumer_properties": {"isolation.level": "read_uncommitted"}}},
+            r"kafka\.consumer_properties: .*sets \['isolation\.level'\]",
+        ),
+        (
+            {"kafka": {"admin_properties": {"sasl.password": "hunter2"}}},
+            r"kafka\.admin_properties: .*holds a literal secret",
+        ),
+    ],
+)
+def test_per_client_properties_are_checked_like_the_shared_ones(
+    tmp_path: Path, data: Any, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, data))
