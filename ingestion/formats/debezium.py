@@ -38,6 +38,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion.formats.bad_values import DecodeStats
 from ingestion.formats.decode import Rejection, decode_json
 
 Envelope = Literal["debezium", "flattened"]
@@ -63,6 +64,7 @@ class Changes:
     rejections: list[Rejection] = field(default_factory=list)
     new_fields: dict[str, pa.DataType] = field(default_factory=dict)
     promotions: dict[str, pa.DataType] = field(default_factory=dict)
+    stats: DecodeStats = field(default_factory=DecodeStats)
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,7 @@ def decode_changes(
         rejections,
         decoded.new_fields,
         decoded.promotions,
+        decoded.stats,
     )
 
 

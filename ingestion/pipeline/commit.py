@@ -128,9 +128,15 @@ def commit_data(
     max_attempts: int = 5,
     backoff_s: Callable[[int], float] = lambda attempt: min(2.0, 0.1 * 2**attempt),
     witness: Witness | None = None,
+    apply: Callable[[Table, dict[str, str]], int] | None = None,
 ) -> CommitOutcome:
     """Commit ``files`` with the plan's next offsets, exactly once (``witness``: one of their
     rows, kept with the position table property, R56).
+
+    ``apply(table, properties)``, when given, makes the snapshot instead of appending
+    ``files``: it is called on each attempt's freshly loaded head, after the checks below,
+    commits against that head without retrying, and raises ``CommitFailedException`` (its own
+    files deleted) when the head moved (``mode: upsert``: ingestion.table.upsert.ApplyChanges).
 
     Delivery: idempotent. If the plan's commit id is already in the table's ancestry the
     existing snapshot is returned (R5). If another commit moved the group's offsets since the
@@ -177,7 +183,10 @@ def commit_data(
             )
         try:
             hooks.fire("before_catalog_call", plan=plan)
-            snapshot_id = append_files(table, files, properties, witness)
+            if apply is None:
+                snapshot_id = append_files(table, files, properties, witness)
+            else:
+                snapshot_id = apply(table, properties)
             hooks.fire("after_catalog_call", plan=plan, snapshot_id=snapshot_id)
         except CommitFailedException:
             time.sleep(backoff_s(attempt))  # the head moved (R27): refresh and re-check

@@ -186,6 +186,8 @@ def build_task_specs(
             engine_version=engine_fingerprint(),
             guard=guards.get((task.topic, task.partition)),
             cluster=cluster,
+            key_fields=tuple(spec.key_fields or ()) if spec.mode == "upsert" else (),
+            envelope=spec.envelope,
         )
         for task in plan.tasks
     ]

@@ -32,10 +32,14 @@ from ingestion.table.offsets import (
     find_witness,
     flatten,
     skipped_property,
+    snapshot_properties,
 )
 from ingestion.table.schema import load_or_create_quarantine_table, load_or_create_table
+from ingestion.table.upsert import ApplyChanges, gather_changes, upsert_witness
+from ingestion.task.spec import TaskResult
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from confluent_kafka.admin import AdminClient
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
@@ -70,6 +74,12 @@ class RunReport:
     decode_stats: DecodeStats = field(default_factory=DecodeStats)
     executed_in: str = ""  # "spark", "driver" (in_process_max_records), "" (nothing to read)
     spark_tasks: int = 0  # tasks run on Spark for this run, reruns included
+    # mode: upsert (issue 31): what the commit did to the table's keys (a replayed commit's
+    # counts are read from its snapshot), and the files it rewrote without the changed keys.
+    inserts: int = 0
+    updates: int = 0
+    deletes: int = 0
+    rewritten_files: int = 0
 
     @property
     def lag_after(self) -> int:
@@ -150,6 +160,7 @@ def run_pipeline(
     # The registry is needed until the tasks are prepared; one made here is closed then.
     with _registry(spec, schema_registry) as registry:
         table = _open_table(catalog, spec, registry)
+        check_table_mode(spec, table)
         admin = AdminClient(client_properties(kafka_config, "admin"))
         # read_committed: the planned end offsets are the last stable offsets (R16).
         replicas = replica_support(spec)  # None without replicas: no disaster-recovery code runs
@@ -217,6 +228,7 @@ def run_pipeline(
         report.spark_tasks = prepared.tasks_run
     report.schema_changes = prepared.schema_changes
     timings["prepare"] = time.monotonic() - started - timings["plan"]
+    upsert = _gather_upsert(spec, results)
     data_files = [f for r in results for f in r.data_files]
     quarantine_files = [f for r in results for f in r.quarantine_files]
     report.records = sum(r.records for r in results)
@@ -253,8 +265,11 @@ def run_pipeline(
     if replicas is not None:  # a moved route outlives the expiry of its switch (R49)
         properties.update(replicas.commit_properties(table, plan.group_id))
     try:
-        witness = find_witness(table.schema(), results, cluster)
-        outcome = commit_data(catalog, plan, data_files, properties, hooks, witness=witness)
+        if upsert is None:
+            witness = find_witness(table.schema(), results, cluster)
+            outcome = commit_data(catalog, plan, data_files, properties, hooks, witness=witness)
+        else:
+            outcome = commit_data(catalog, plan, [], properties, hooks, apply=upsert)
     except exceptions.CommitConflictError:
         if quarantine is not None:  # no commit names them: no reader will ever see them
             delete_files(quarantine, quarantine_files)
@@ -265,12 +280,73 @@ def run_pipeline(
         True,
     )
     report.offsets_after = dict(plan.end)
+    if upsert is not None:
+        _count_upsert(report, upsert, catalog, spec.table, outcome.snapshot_id)
     timings["commit"] = time.monotonic() - started - timings["plan"] - timings["prepare"]
     hooks.fire("after_commit", plan=plan, snapshot_id=outcome.snapshot_id)
     hooks.fire("before_mirror", plan=plan)
     _publish(spec, catalog, admin, kafka_config, report)
     report.timings_s = {**timings, "total": time.monotonic() - started}
     return report
+
+
+def check_table_mode(spec: PipelineSpec, table: Table) -> None:
+    """Refuse a pipeline whose ``mode`` is not the one its table was created for: an upsert
+    into an append table would replace rows it never keyed, an append into an upsert table
+    would add a second row per key."""
+    from ingestion.formats.debezium import OP
+
+    keyed = OP in table.schema().column_names
+    if keyed == (spec.mode == "upsert"):
+        return
+    created = "mode: upsert" if keyed else "mode: append"
+    raise exceptions.PipelineSpecError(
+        f"pipeline {spec.name!r} has mode: {spec.mode}, but table {spec.table} was created "
+        f"for {created}; nothing was read. Point the pipeline at a new table, or set mode "
+        "back (docs/cdc.md)"
+    )
+
+
+def _gather_upsert(spec: PipelineSpec, results: list[TaskResult]) -> ApplyChanges | None:
+    """The batch's changes to apply, in ``mode: upsert`` (None otherwise)."""
+    if spec.mode != "upsert":
+        return None
+    keys = tuple(spec.key_fields or ())
+    ordered = sorted(results, key=lambda r: (r.range.topic, r.range.partition, r.range.start))
+    tables = [r.changes for r in ordered if r.changes is not None and r.changes.num_rows]
+    if not tables:
+        return ApplyChanges(_no_changes(ordered), keys)
+    changes = gather_changes(tables, keys)
+    return ApplyChanges(changes, keys, upsert_witness(changes))
+
+
+def _no_changes(results: list[TaskResult]) -> pa.Table:
+    """An empty batch of changes (its tasks decoded none: all set aside or skipped)."""
+    import pyarrow as pa
+
+    empty = [r.changes for r in results if r.changes is not None]
+    return empty[0] if empty else pa.table({})
+
+
+def _count_upsert(
+    report: RunReport, upsert: ApplyChanges, catalog: Catalog, name: str, snapshot_id: int
+) -> None:
+    """The commit's counts: its plan's, or a replayed commit's snapshot summary."""
+    from ingestion.table.upsert import DELETES, INSERTS, REWRITTEN_FILES, UPDATES
+
+    plan = upsert.plan
+    if plan is not None and not report.replayed:
+        report.inserts, report.updates, report.deletes = plan.inserts, plan.updates, plan.deletes
+        report.rewritten_files = len(plan.removed)
+        report.files = len(plan.added)
+        report.bytes_written += sum(f.file_size_in_bytes for f in plan.added)
+        return
+    snapshot = catalog.load_table(name).snapshot_by_id(snapshot_id)
+    summary = snapshot_properties(snapshot) if snapshot is not None else {}
+    report.inserts = int(summary.get(INSERTS, "0"))
+    report.updates = int(summary.get(UPDATES, "0"))
+    report.deletes = int(summary.get(DELETES, "0"))
+    report.rewritten_files = int(summary.get(REWRITTEN_FILES, "0"))
 
 
 def _publish(

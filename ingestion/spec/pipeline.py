@@ -207,6 +207,24 @@ class PipelineSpec(_Model):
     replicas: list[ReplicaSpec] = Field(
         default_factory=list, description="MirrorMaker 2 replicas a failover may switch to."
     )
+    mode: Literal["append", "upsert"] = Field(
+        default="append",
+        description="append: every record becomes a row. upsert: the topic carries keyed "
+        "changes (Debezium); the table holds the current row per key_fields, replaced by "
+        "copy-on-write (ingestion/table/upsert.py, docs/cdc.md).",
+    )
+    key_fields: list[str] | None = Field(
+        default=None,
+        description="With mode 'upsert': the columns that identify a row (the source table's "
+        "primary key, as in Debezium's record key). Created required, and the table's "
+        "identifier fields and sort order.",
+    )
+    envelope: Literal["debezium", "flattened"] = Field(
+        default="debezium",
+        description="With mode 'upsert': debezium (before/after/op/source) or flattened "
+        "(ExtractNewRecordState: the row with __op/__deleted). A null value (tombstone) "
+        "deletes the record key's row in both.",
+    )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -294,11 +312,37 @@ class PipelineSpec(_Model):
             raise ValueError("schema has repeated field names")
         if any(name.startswith("_kafka_") for name in names):
             raise ValueError("schema field names must not start with '_kafka_' (metadata columns)")
+        self._check_upsert(names)
         partitionable = {*names, "_kafka_topic", "_kafka_partition", "_kafka_timestamp"}
         unknown = [part.source for part in self.partition_by if part.source not in partitionable]
         if unknown and self.schema_fields is not None:
             raise ValueError(f"partition_by sources {unknown} are not schema or _kafka_ columns")
         return self
+
+    def _check_upsert(self, names: list[str]) -> None:
+        if (self.mode == "upsert") != bool(self.key_fields):
+            raise ValueError("key_fields is required with mode 'upsert' and only then")
+        if self.mode != "upsert":
+            return
+        keys = list(self.key_fields or [])
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"key_fields {keys} repeat a field")
+        if self.value_format != "json":
+            raise ValueError(
+                f"mode 'upsert' reads JSON change events (value_format: json); "
+                f"{self.value_format!r} envelopes are not supported yet"
+            )
+        types = {field.name: field.type for field in self.schema_fields or []}
+        unknown = [key for key in keys if key not in types]
+        if unknown:
+            raise ValueError(f"key_fields {unknown} are not columns of schema")
+        nested = [key for key in keys if types[key].startswith(("struct", "list", "map"))]
+        if nested:
+            raise ValueError(f"key_fields {nested} must be primitive columns")
+        if any(name.startswith("_cdc_") for name in names):
+            raise ValueError("schema field names must not start with '_cdc_' (change columns)")
+        if self.replicas:
+            raise ValueError("mode 'upsert' with replicas (failover) is not supported yet")
 
 
 def _format_error(

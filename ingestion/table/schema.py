@@ -7,6 +7,13 @@ of the cluster the row was read on (``primary`` or a replica's name; docs/cluste
 A table created before that column gains it on its first run (:func:`add_cluster_column`, a
 metadata-only schema change); its older rows read null, which every reader takes for
 ``primary``.
+
+A ``mode: upsert`` table (issue 31) also has the change columns between the user's and the
+Kafka ones: ``_cdc_op`` (``c``, ``u`` or ``r``: how the row's last change reached it),
+``_cdc_source_ts_ms`` (when the database made it, Debezium's ``source.ts_ms``) and ``_cdc_lsn``
+(its log position where the source has one). Its key fields are required and are the schema's
+identifier fields, and the table is created sorted by them (copy-on-write finds a key's file
+by the files' bounds: ingestion/table/upsert.py).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
+    from pyiceberg.table.sorting import SortOrder
     from pyiceberg.types import IcebergType
 
 CLUSTER_COLUMN = "_kafka_cluster"
@@ -140,9 +148,12 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     )
 
     ids = itertools.count(len(spec.schema_fields or []) + 1)  # nested ids after the columns
+    keys = spec.key_fields or []
     if spec.schema_fields:
         fields = [
-            NestedField(i, f.name, parse_type(f.type, ids), required=f.required, doc=f.doc)
+            NestedField(
+                i, f.name, parse_type(f.type, ids), required=f.required or f.name in keys, doc=f.doc
+            )
             for i, f in enumerate(spec.schema_fields, start=1)
         ]
     elif derived is not None:
@@ -153,7 +164,8 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
         raise ValueError(f"pipeline {spec.name!r}: no declared or derived schema")
     first = max(Schema(*fields).highest_field_id, len(fields)) + 1
     ids = itertools.count(first + 16)  # ids of the metadata columns' nested fields
-    metadata = coordinate_columns(key_type(spec, ids))
+    metadata = change_columns() if spec.mode == "upsert" else []
+    metadata += coordinate_columns(key_type(spec, ids))
     if spec.headers:
         metadata.append(("_kafka_headers", headers_type(ids), False))
     metadata.append(cluster_column())
@@ -161,7 +173,32 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
         NestedField(first + i, name, kind, required=required)
         for i, (name, kind, required) in enumerate(metadata)
     ]
-    return Schema(*fields)
+    identifiers = [f.field_id for f in fields if f.name in keys]
+    return Schema(*fields, identifier_field_ids=identifiers)
+
+
+def change_columns() -> list[tuple[str, IcebergType, bool]]:
+    """(name, type, required) of an upsert table's change columns (see the module docstring)."""
+    from pyiceberg.types import LongType, StringType
+
+    from ingestion.formats.debezium import LSN, OP, SOURCE_TS_MS
+
+    return [(OP, StringType(), False), (SOURCE_TS_MS, LongType(), False), (LSN, LongType(), False)]
+
+
+def build_sort_order(spec: PipelineSpec, schema: Schema) -> SortOrder:
+    """An upsert table's sort order: its key fields, ascending (others: unsorted)."""
+    from pyiceberg.table.sorting import UNSORTED_SORT_ORDER, SortField, SortOrder
+    from pyiceberg.transforms import IdentityTransform
+
+    if spec.mode != "upsert":
+        return UNSORTED_SORT_ORDER
+    return SortOrder(
+        *[
+            SortField(source_id=schema.find_field(name).field_id, transform=IdentityTransform())
+            for name in spec.key_fields or []
+        ]
+    )
 
 
 def build_partition_spec(spec: PipelineSpec, schema: Schema) -> PartitionSpec:
@@ -214,6 +251,7 @@ def load_or_create_table(
         spec.table,
         schema=schema,
         partition_spec=build_partition_spec(spec, schema),
+        sort_order=build_sort_order(spec, schema),
         properties=properties,
     )
 

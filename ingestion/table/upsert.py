@@ -39,6 +39,8 @@ if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import FileScanTask, Table
 
+    from ingestion.table.offsets import Witness
+
 INSERTS = "kafka.cdc.inserts"
 UPDATES = "kafka.cdc.updates"
 DELETES = "kafka.cdc.deletes"
@@ -116,6 +118,8 @@ def plan_upsert(
 
     from ingestion.task.writer import write_data_files
 
+    if changes.num_rows == 0:
+        return UpsertPlan()
     last = last_change_per_key(changes, key_fields)
     keys = _key_values(last, key_fields)
     changed_keys = pa.array(keys)
@@ -157,20 +161,98 @@ def plan_upsert(
     return plan
 
 
-def commit_upsert(table: Table, plan: UpsertPlan, properties: dict[str, str]) -> int:
+def commit_upsert(
+    table: Table,
+    plan: UpsertPlan,
+    properties: dict[str, str],
+    witness: Witness | None = None,
+) -> int:
     """Commit ``plan`` in one ``overwrite`` snapshot with ``properties`` and the plan's counts,
-    against the head ``table`` was loaded at (no retry); the new snapshot's id."""
-    from ingestion.pipeline.commit import commit_view
+    against the head ``table`` was loaded at (no retry); the new snapshot's id.
 
+    When ``properties`` commit a group's offsets, the group's position table property (R56)
+    is set in the same metadata commit, with ``witness`` (one row this commit wrote), or the
+    previous witness when the commit changes no row and sets no record aside.
+    """
+    from ingestion.pipeline.commit import commit_view
+    from ingestion.table.offsets import GROUP_ID, QUARANTINED, previous_witness, record_position
+
+    group = properties.get(GROUP_ID)
+    quarantined = properties.get(QUARANTINED, "0") != "0"
+    if group is not None and not (plan.added or plan.removed or quarantined):
+        witness = previous_witness(table.metadata.properties, group)
     with commit_view(table).transaction() as transaction:
         update = transaction.update_snapshot(
             snapshot_properties={**properties, **plan.properties()}
         )
-        with update.overwrite() as overwrite:
-            for data_file in plan.removed:
-                overwrite.delete_data_file(data_file)
-            for data_file in plan.added:
-                overwrite.append_data_file(data_file)
+        if plan.added or plan.removed:
+            with update.overwrite() as overwrite:
+                for data_file in plan.removed:
+                    overwrite.delete_data_file(data_file)
+                for data_file in plan.added:
+                    overwrite.append_data_file(data_file)
+        else:  # nothing to change (every record set aside): the offsets alone
+            with update.fast_append():
+                pass
+        if group is not None:
+            record_position(transaction, group, witness)
     committed = transaction.table_metadata.current_snapshot()
     assert committed is not None
     return committed.snapshot_id
+
+
+@dataclass
+class ApplyChanges:
+    """One batch's changes, applied by :func:`ingestion.pipeline.commit.commit_data` on each
+    attempt's fresh head: plan against that head, commit against it, or delete the plan's
+    files and let the caller retry (``CommitFailedException``: the head moved, e.g. a
+    compaction replaced a candidate file). ``plan`` is the last attempt's.
+
+    Delivery: the plan is a pure function of the head and the changes, so an attempt on a new
+    head never applies a change twice; the commit carries the offsets (the compare-and-set is
+    the caller's).
+    """
+
+    changes: pa.Table
+    key_fields: tuple[str, ...]
+    witness: Witness | None = None
+    plan: UpsertPlan | None = None
+
+    def __call__(self, table: Table, properties: dict[str, str]) -> int:
+        from pyiceberg.exceptions import CommitFailedException
+
+        self.plan = plan_upsert(table, self.changes, self.key_fields, self.changes.column_names)
+        try:
+            return commit_upsert(table, self.plan, properties, self.witness)
+        except CommitFailedException:
+            for data_file in self.plan.added:  # never committed: the head moved first
+                table.io.delete(data_file.file_path)
+            raise
+
+
+def gather_changes(tables: list[pa.Table], key_fields: tuple[str, ...]) -> pa.Table:
+    """One batch's changes from its tasks' (each its range's last change per key, the tasks
+    in offset order within a partition): the last change per key of them all. Tables decoded
+    before a schema change of the same run lack its columns: they read null."""
+    together = pa.concat_tables(tables, promote_options="permissive")
+    return last_change_per_key(together, key_fields)
+
+
+def upsert_witness(changes: pa.Table) -> Witness | None:
+    """A row the batch's commit writes: the upsert with the highest offset in the first
+    partition holding one (None when the batch only deletes)."""
+    from ingestion.table.offsets import Witness
+
+    upserts = changes.filter(pc.not_equal(changes.column(OP), DELETE))
+    if upserts.num_rows == 0:
+        return None
+    first = upserts.slice(0, 1).to_pylist()[0]
+    same = upserts.filter(
+        pc.and_(
+            pc.equal(upserts.column("_kafka_topic"), first["_kafka_topic"]),
+            pc.equal(upserts.column("_kafka_partition"), first["_kafka_partition"]),
+        )
+    )
+    offset = pc.max(same.column("_kafka_offset")).as_py()
+    cluster = first.get("_kafka_cluster")
+    return Witness(first["_kafka_topic"], first["_kafka_partition"], offset, cluster)

@@ -15,6 +15,7 @@ import pyarrow as pa
 from ingestion import exceptions
 from ingestion.formats.avro import decode_avro
 from ingestion.formats.bad_values import find_invalid_utf8
+from ingestion.formats.debezium import decode_changes, last_change_per_key
 from ingestion.formats.decode import Decoded, Rejection, decode_json, merge_field_types
 from ingestion.formats.headers import decode_json_keys, headers_column
 from ingestion.formats.nested import cast_nested
@@ -147,6 +148,26 @@ def _decode_chunk(
     return Decoded(pa.table({"value": column}), list(range(len(values))))
 
 
+def _decode_changes(spec: TaskSpec, raw: RawChunk, schema: pa.Schema) -> Decoded:
+    """Decode one chunk of change events (``mode: upsert``): the rows carry the change
+    columns (ingestion.formats.debezium)."""
+    changes = decode_changes(
+        raw.values,
+        raw.keys,
+        schema,
+        spec.key_fields,
+        "flattened" if spec.envelope == "flattened" else "debezium",
+    )
+    return Decoded(
+        changes.table,
+        changes.indices,
+        changes.rejections,
+        changes.new_fields,
+        changes.promotions,
+        changes.stats,
+    )
+
+
 class ChunkWriter:
     """One task's writers and counts; stops writing (and deletes) once nothing may be reported."""
 
@@ -165,6 +186,7 @@ class ChunkWriter:
         self.data = FanoutWriter(metadata, load_file_io(spec.io_properties, metadata.location))
         self.quarantine: FanoutWriter | None = None
         self.quarantine_schema: pa.Schema | None = None
+        self.changes: pa.Table | None = None  # mode: upsert: the last change per key so far
         self.first_bad: tuple[int, Rejection] | None = None  # (offset, rejection)
         self.bad = 0
         self.writing = True
@@ -179,7 +201,10 @@ class ChunkWriter:
             keys, key_rejections = decode_json_keys(raw.keys, self.target.field("_kafka_key").type)
         else:
             keys, key_rejections = _decode_keys(raw.keys, as_string=spec.key_format == "string")
-        decoded = _decode_chunk(spec, raw.values, self.user_schema, self.required, result)
+        if spec.key_fields:
+            decoded = _decode_changes(spec, raw, self.user_schema)
+        else:
+            decoded = _decode_chunk(spec, raw.values, self.user_schema, self.required, result)
         result.decode_stats.add(decoded.stats)
         merge_field_types(result.new_fields, decoded.new_fields)
         result.promotions.update(decoded.promotions)
@@ -213,7 +238,12 @@ class ChunkWriter:
             columns = {name: column.take(take) for name, column in columns.items()}
         for name, column in {**_coordinates(self.spec, raw, rows), **columns}.items():
             table = table.append_column(name, column)
-        self.data.write(_conform(table, self.target))
+        rows = _conform(table, self.target)
+        if self.spec.key_fields:  # held, reduced: the coordinator applies them (upsert.py)
+            together = rows if self.changes is None else pa.concat_tables([self.changes, rows])
+            self.changes = last_change_per_key(together, self.spec.key_fields)
+        else:
+            self.data.write(rows)
         self.result.records += table.num_rows
 
     def _write_quarantine(self, raw: RawChunk, rejected: list[Rejection]) -> None:
@@ -245,6 +275,7 @@ class ChunkWriter:
                 "was committed. Fix the producer, or set errors_tolerance: all to quarantine "
                 "bad records."
             )
+        result.changes = self.changes
         result.data_files = self.data.close()
         result.quarantine_files = self.quarantine.close() if self.quarantine else []
         result.bytes_written = sum(
@@ -255,6 +286,7 @@ class ChunkWriter:
     def abort(self) -> None:
         """Stop writing; delete every file written so far (best-effort); report none."""
         self.writing = False
+        self.changes = None
         self.result.records = self.result.quarantined = 0
         try:
             self.data.abort()

@@ -96,7 +96,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
     spec.hooks.fire("in_task", task=spec.range, stage="start")
     metadata: TableMetadata = TableMetadataUtil.parse_raw(spec.table_metadata_json)
     target = schema_to_pyarrow(metadata.schema())
-    user_schema = pa.schema([f for f in target if not f.name.startswith("_kafka_")])
+    user_schema = pa.schema([f for f in target if not f.name.startswith(("_kafka_", "_cdc_"))])
     state = ChunkWriter(spec, metadata, target, user_schema, TaskResult(spec.range))
     chunks = read_chunks(spec)
     try:

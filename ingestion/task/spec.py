@@ -72,11 +72,16 @@ class TaskSpec:
     # The name (platform configuration) of the cluster the range is read on: every data and
     # quarantine row records it in _kafka_cluster (docs/cluster-column.md).
     cluster: str = "primary"
+    # mode: upsert (issue 31): the key columns and the envelope the values are decoded from.
+    key_fields: tuple[str, ...] = ()
+    envelope: str = "debezium"
 
 
 @dataclass
 class TaskResult:
-    """What a task returns: file metadata and counts, never rows."""
+    """What a task returns: file metadata and counts; rows only in ``mode: upsert``, where
+    ``changes`` is its range's last change per key (the coordinator applies them to the files
+    they touch: ingestion/table/upsert.py)."""
 
     range: OffsetRange
     data_files: list[DataFile] = field(default_factory=list)
@@ -93,6 +98,7 @@ class TaskResult:
     guard_candidates: int = 0  # records the guard could not judge yet: resolve, then rerun
     guard_met: set[Hashable] = field(default_factory=set)  # what they carried (RunGuard.resolve)
     skipped: list[int] = field(default_factory=list)  # offsets the guard skipped (read, not kept)
+    changes: pa.Table | None = None  # mode: upsert: the last change per key, in offset order
 
     @property
     def needs_rerun(self) -> bool:
