@@ -21,10 +21,12 @@ from ingestion.table.offsets import (
     OFFSETS_PREFIX,
     QUARANTINED,
     RANGE_STARTS,
+    RECORDS,
     count_skipped,
     decode_starts,
 )
 from ingestion.table.schema import CLUSTER_COLUMN, PRIMARY, labels_cluster
+from ingestion.table.upsert import DELETES, INSERTS, UPDATES
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -128,6 +130,9 @@ def check_rows(
             "the run was not told the route's cluster; a failback under identity naming would "
             "trust these labels"
         )
+    if UPDATES in properties:  # mode: upsert: it also rewrote rows of earlier commits
+        _check_upsert_rows(snapshot, rows, current, low, properties, audit)
+        return
     twice = sorted(c for c, n in Counter(rows).items() if n > 1)
     outside = sorted(
         c
@@ -142,6 +147,46 @@ def check_rows(
         audit.findings.append(
             f"snapshot {sid}: {len(outside)} records outside its offset ranges (committed "
             f"before, or beyond its offsets), e.g. {outside[:5]}"
+        )
+
+
+def _check_upsert_rows(
+    snapshot: Snapshot,
+    rows: list[tuple[str, int, int]],
+    current: dict[Key, int],
+    low: dict[Key, int | None],
+    properties: dict[str, str],
+    audit: CommitAudit,
+) -> None:
+    """An upsert commit (``mode: upsert``, ingestion.table.upsert): the rows it added from its
+    own ranges, once each, are its inserts and updates; the others are rows of earlier commits
+    it carried over from the files it rewrote. By its summary, the rewritten files' records are
+    the carried rows, the updated and the deleted ones: no row is dropped or kept twice."""
+    sid = snapshot.snapshot_id
+
+    def inside(c: tuple[str, int, int]) -> bool:
+        end = current.get((c[0], c[1]))
+        return end is not None and (low[(c[0], c[1])] or 0) <= c[2] < end
+
+    mine = [c for c in rows if inside(c)]
+    twice = sorted(c for c, n in Counter(mine).items() if n > 1)
+    if twice:
+        audit.findings.append(
+            f"snapshot {sid}: {len(twice)} changes applied twice, e.g. {twice[:5]}"
+        )
+    inserts, updates, deletes = (int(properties.get(k, "0")) for k in (INSERTS, UPDATES, DELETES))
+    carried = len(rows) - len(mine)
+    if len(mine) != inserts + updates:
+        audit.findings.append(
+            f"snapshot {sid}: {len(mine)} rows from its ranges, but it counts {inserts} inserts "
+            f"and {updates} updates"
+        )
+    removed = _count(snapshot, "deleted-records")
+    if removed != carried + updates + deletes:
+        audit.findings.append(
+            f"snapshot {sid}: its rewritten files held {removed} records, but it carried "
+            f"{carried} over, updated {updates} and deleted {deletes}: rows were dropped or "
+            "kept twice"
         )
 
 
@@ -178,7 +223,10 @@ def check_count(
         return
     audit.recounted.append(sid)
     audit.offsets_recounted += sum(r.size for r in recount.ranges)
-    added = _count(snapshot, "added-records") + int(properties.get(QUARANTINED, "0"))
+    # An upsert commit's rows are not its records: it counts the changes it decoded.
+    applied = int(properties[RECORDS]) if UPDATES in properties else None
+    added = applied if applied is not None else _count(snapshot, "added-records")
+    added += int(properties.get(QUARANTINED, "0"))
     added += count_skipped(properties)  # read and skipped: ingestion.task.spec
     if added < visible or (recount.exact and added != visible):
         audit.findings.append(

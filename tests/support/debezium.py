@@ -18,9 +18,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 import orjson
+
+if TYPE_CHECKING:
+    from pyiceberg.table import Table
 
 Record = tuple[bytes | None, bytes | None, int | None]
 VERSION = "3.2.0.Final"  # the Debezium release whose envelope this follows
@@ -200,3 +204,36 @@ class DebeziumTable:
             else:
                 events += self.update(key, rng)
         return events
+
+
+def state_by_duckdb(table: Table) -> dict[int, dict[str, Any]]:
+    """The table's rows read by DuckDB from its live data files (no Iceberg reader), by id;
+    a key holding two rows fails."""
+    import duckdb
+
+    files = [urlparse(t.file.file_path).path for t in table.refresh().scan().plan_files()]
+    if not files:
+        return {}
+    with duckdb.connect() as connection:
+        rows = connection.execute(
+            "select id, name, cast(balance as varchar), "
+            "strftime(updated_at at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%fZ') "
+            "from read_parquet(?)",
+            [files],
+        ).fetchall()
+    ids = [row[0] for row in rows]
+    assert len(ids) == len(set(ids)), "a key holds two rows"
+    return {
+        row[0]: {"id": row[0], "name": row[1], "balance": row[2], "updated_at": row[3]}
+        for row in rows
+    }
+
+
+def expected(source: DebeziumTable) -> dict[int, dict[str, Any]]:
+    """The ledger's rows as DuckDB prints them (timestamps always with microseconds)."""
+    out = {}
+    for key, row in source.rows.items():
+        stamp = row["updated_at"].removesuffix("Z")
+        stamp = stamp if "." in stamp else stamp + ".000000"
+        out[key] = {**row, "updated_at": stamp + "Z"}
+    return out

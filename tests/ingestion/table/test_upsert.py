@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
 
-import duckdb
 import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
@@ -27,7 +24,7 @@ from pyiceberg.types import (
 from ingestion.formats.debezium import decode_changes
 from ingestion.table.upsert import DELETES, INSERTS, UPDATES, commit_upsert, plan_upsert
 from tests.support.catalogs import local_catalog
-from tests.support.debezium import DebeziumTable, Record
+from tests.support.debezium import DebeziumTable, Record, expected, state_by_duckdb
 
 KEY = ("id",)
 SCHEMA = Schema(
@@ -63,35 +60,6 @@ def apply(table: Table, events: list[Record]) -> dict[str, str]:
     assert head is not None
     assert head.summary is not None
     return dict(head.summary.additional_properties)
-
-
-def state_by_duckdb(table: Table) -> dict[int, dict[str, Any]]:
-    files = [urlparse(t.file.file_path).path for t in table.refresh().scan().plan_files()]
-    if not files:
-        return {}
-    with duckdb.connect() as connection:
-        rows = connection.execute(
-            "select id, name, cast(balance as varchar), "
-            "strftime(updated_at at time zone 'UTC', '%Y-%m-%dT%H:%M:%S.%fZ') "
-            "from read_parquet(?)",
-            [files],
-        ).fetchall()
-    ids = [row[0] for row in rows]
-    assert len(ids) == len(set(ids)), "a key holds two rows"
-    return {
-        row[0]: {"id": row[0], "name": row[1], "balance": row[2], "updated_at": row[3]}
-        for row in rows
-    }
-
-
-def expected(source: DebeziumTable) -> dict[int, dict[str, Any]]:
-    """The ledger's rows as DuckDB prints them (timestamps always with microseconds)."""
-    out = {}
-    for key, row in source.rows.items():
-        stamp = row["updated_at"].removesuffix("Z")
-        stamp = stamp if "." in stamp else stamp + ".000000"
-        out[key] = {**row, "updated_at": stamp + "Z"}
-    return out
 
 
 def test_a_debezium_stream_applied_in_batches_leaves_the_source_state(table: Table) -> None:
