@@ -60,6 +60,7 @@ class AuditResult:
     beyond_watermark: list[Coordinates] = field(default_factory=list)
     commit_mismatches: list[str] = field(default_factory=list)
     cross_name_duplicates: list[str] = field(default_factory=list)  # ingestion.audit.names
+    duplicate_keys: list[Any] = field(default_factory=list)  # mode: upsert, a key in two rows
 
     @property
     def ok(self) -> bool:
@@ -73,6 +74,7 @@ class AuditResult:
             or self.beyond_watermark
             or self.commit_mismatches
             or self.cross_name_duplicates
+            or self.duplicate_keys
         )
 
     def summary(self) -> str:
@@ -87,6 +89,7 @@ class AuditResult:
             "beyond_watermark",
             "commit_mismatches",
             "cross_name_duplicates",
+            "duplicate_keys",
         ):
             found = getattr(self, name)
             if found:
@@ -126,6 +129,21 @@ def _lineage_checks(table: Table, group_id: str, result: AuditResult) -> dict[Ke
                 )
         previous = current
     return {**dropped, **previous}
+
+
+def find_duplicate_keys(table: Table) -> list[Any]:
+    """An upsert table's keys (its identifier fields) held by more than one row; [] for an
+    append table, which has no identifier fields."""
+    import pyarrow.compute as pc
+
+    schema = table.schema()
+    names = [schema.find_column_name(i) for i in schema.identifier_field_ids]
+    if not names:
+        return []
+    keys = table.scan(selected_fields=tuple(n for n in names if n)).to_arrow()
+    counts = keys.group_by(keys.column_names).aggregate([([], "count_all")])
+    repeated = counts.filter(pc.greater(counts.column("count_all"), 1))
+    return repeated.drop_columns(["count_all"]).to_pylist()
 
 
 def audit_table(
@@ -175,6 +193,7 @@ def audit_table(
             and (cluster is None or cluster == reads or (c[0], c[1]) not in now)
         }
     )
+    result.duplicate_keys = find_duplicate_keys(table)
     if expected is not None:
         allowed_missing = (lost or set()) | skipped_offsets(table)  # MM2's, R54
         within = {c for c in expected if c[2] < watermark.get((c[0], c[1]), 0)}

@@ -63,6 +63,17 @@ class Commit:
     offsets: dict[Key, int]
     properties: dict[str, str]
 
+    @property
+    def changes(self) -> dict[str, int]:
+        """An upsert commit's inserts, updates and deletes (``mode: upsert``: its snapshot's
+        ``kafka.cdc.*`` properties); an append commit's rows are all inserts."""
+        from ingestion.table.upsert import DELETES, INSERTS, UPDATES
+
+        if UPDATES not in self.properties:
+            return {"inserts": self.records, "updates": 0, "deletes": 0}
+        names = {"inserts": INSERTS, "updates": UPDATES, "deletes": DELETES}
+        return {name: int(self.properties.get(key, "0")) for name, key in names.items()}
+
 
 @dataclass
 class PipelineState:

@@ -17,6 +17,8 @@ from ingestion.health.lag import measure_lag_age
 from ingestion.health.state import PipelineState
 from ingestion.table.offsets import VALID_THROUGH_MS
 
+SHOWN_COMMITS = 5  # the newest commits ``platform status`` lists
+
 
 @dataclass
 class PartitionStatus:
@@ -44,6 +46,8 @@ class PipelineStatus:
     future_timestamps: str | None = None  # untrusted producer timestamps (ingestion.health.lag)
     partitions: list[PartitionStatus] = field(default_factory=list)
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The newest commits, newest first: when, records, quarantined, inserts, updates, deletes.
+    commits: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def failing(self) -> dict[str, str]:
@@ -103,6 +107,18 @@ def build_status(
             else None
         ),
         partitions=partitions,
+        commits=[
+            {
+                "snapshot_id": c.snapshot_id,
+                "committed_at": datetime.fromtimestamp(c.timestamp_ms / 1000, UTC).isoformat(
+                    timespec="seconds"
+                ),
+                "records": c.records,
+                "quarantined": c.quarantined,
+                **c.changes,
+            }
+            for c in state.commits[:SHOWN_COMMITS]
+        ],
         checks={
             name: {
                 "passed": f.passed,

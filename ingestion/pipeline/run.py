@@ -76,6 +76,7 @@ class RunReport:
     spark_tasks: int = 0  # tasks run on Spark for this run, reruns included
     # mode: upsert (issue 31): what the commit did to the table's keys (a replayed commit's
     # counts are read from its snapshot), and the files it rewrote without the changed keys.
+    mode: str = "append"
     inserts: int = 0
     updates: int = 0
     deletes: int = 0
@@ -184,6 +185,7 @@ def run_pipeline(
             lost_ranges=[f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in plan.lost],
             notes=list(plan.notes),
             valid_through_ms=plan.planned_at_ms,
+            mode=spec.mode,
         )
         # A first run from "latest", a timestamp or explicit offsets pins its start offsets in a
         # snapshot even when there is nothing to read yet; otherwise the next run would resolve

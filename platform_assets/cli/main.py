@@ -166,6 +166,15 @@ def print_status(status: PipelineStatus) -> None:
             f"  {p.partition:<20} {p.committed!s:>10} {p.end:>10} {p.mirrored!s:>10} {p.lag:>8}"
             f"  {age}"
         )
+    if status.commits:
+        print(
+            f"  {'commit (newest first)':<26} {'records':>8} {'ins':>7} {'upd':>7} {'del':>7}  dead"
+        )
+        for c in status.commits:
+            print(
+                f"  {c['committed_at']:<26} {c['records']:>8} {c['inserts']:>7} "
+                f"{c['updates']:>7} {c['deletes']:>7}  {c['quarantined']}"
+            )
     for name, message in status.failing.items():
         print(f"  FAILING {name}: {message}")
     skipped = {n: c["message"] for n, c in status.checks.items() if c["skipped"]}

@@ -42,6 +42,13 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
         "timings_s": MetadataValue.json({k: round(v, 3) for k, v in report.timings_s.items()}),
         "decode_stats": MetadataValue.json(asdict(report.decode_stats)),
     }
+    if report.mode == "upsert":  # what the commit did to the table's keys (issue 31)
+        metadata |= {
+            "inserts": MetadataValue.int(report.inserts),
+            "updates": MetadataValue.int(report.updates),
+            "deletes": MetadataValue.int(report.deletes),
+            "rewritten_files": MetadataValue.int(report.rewritten_files),
+        }
     if report.valid_through_ms is not None:
         metadata["valid_through"] = _time(report.valid_through_ms)
     if report.schema_changes:
@@ -67,6 +74,9 @@ COMMIT_COLUMNS = [
     TableColumn("commit_id", "string"),
     TableColumn("records", "int"),
     TableColumn("quarantined", "int"),
+    TableColumn("inserts", "int"),
+    TableColumn("updates", "int"),
+    TableColumn("deletes", "int"),
     TableColumn("run_id", "string"),
     TableColumn("offsets", "string"),
 ]
@@ -84,6 +94,7 @@ def commit_log_metadata(commits: list[Commit], group_id: str, shown: int = 20) -
                 "commit_id": c.properties.get(COMMIT_ID, ""),
                 "records": c.records,
                 "quarantined": c.quarantined,
+                **c.changes,
                 "run_id": c.properties.get(RUN_ID, ""),
                 "offsets": ", ".join(f"{t}:{p}={o}" for (t, p), o in sorted(c.offsets.items())),
             }

@@ -26,6 +26,8 @@ import orjson
 if TYPE_CHECKING:
     from pyiceberg.table import Table
 
+    from ingestion.spec.pipeline import PipelineSpec
+
 Record = tuple[bytes | None, bytes | None, int | None]
 VERSION = "3.2.0.Final"  # the Debezium release whose envelope this follows
 COLUMNS = (
@@ -237,3 +239,29 @@ def expected(source: DebeziumTable) -> dict[int, dict[str, Any]]:
         stamp = stamp if "." in stamp else stamp + ".000000"
         out[key] = {**row, "updated_at": stamp + "Z"}
     return out
+
+
+def cdc_spec(topic: str, name: str, **overrides: Any) -> PipelineSpec:
+    """A ``mode: upsert`` pipeline of this source table's columns on ``topic``, partitioned by
+    a bucket of ``name``, which a delete event does not carry (the key alone finds the row)."""
+    from ingestion.spec.pipeline import parse_pipeline_spec
+
+    raw: dict[str, Any] = {
+        "name": name,
+        "topic": topic,
+        "table": f"tests.{name}",
+        "consumer_group_id": f"group-{name}",
+        "mode": "upsert",
+        "key_fields": ["id"],
+        "schema": [
+            {"name": "id", "type": "long"},
+            {"name": "name", "type": "string"},
+            {"name": "balance", "type": "decimal(10,2)"},
+            {"name": "updated_at", "type": "timestamptz"},
+        ],
+        "partition_by": [{"source": "name", "transform": "bucket[4]"}],
+        "max_records_per_task": 300,
+        "read_timeout_seconds": 20,
+        **overrides,
+    }
+    return parse_pipeline_spec(raw)

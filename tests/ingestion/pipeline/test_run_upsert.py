@@ -18,39 +18,15 @@ from ingestion.audit.incremental import audit_commits
 from ingestion.ops.compaction import compact_small_files
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.pipeline.recovery import list_orphan_files
-from ingestion.spec.pipeline import PipelineSpec, parse_pipeline_spec
+from ingestion.spec.pipeline import PipelineSpec
 from ingestion.table.offsets import snapshot_properties
 from ingestion.table.upsert import DELETES, INSERTS
 from tests.ingestion.pipeline.test_run import crash_once
-from tests.support.debezium import DebeziumTable, Record, expected, state_by_duckdb
+from tests.support.debezium import DebeziumTable, Record, cdc_spec, expected, state_by_duckdb
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness
 
 pytestmark = pytest.mark.integration
-
-
-def cdc_spec(topic: str, name: str, **overrides: Any) -> PipelineSpec:
-    """The source table's columns; partitioned by a bucket of ``name``, which a delete event
-    does not carry (the key alone finds the row)."""
-    raw: dict[str, Any] = {
-        "name": name,
-        "topic": topic,
-        "table": f"tests.{name}",
-        "consumer_group_id": f"group-{name}",
-        "mode": "upsert",
-        "key_fields": ["id"],
-        "schema": [
-            {"name": "id", "type": "long"},
-            {"name": "name", "type": "string"},
-            {"name": "balance", "type": "decimal(10,2)"},
-            {"name": "updated_at", "type": "timestamptz"},
-        ],
-        "partition_by": [{"source": "name", "transform": "bucket[4]"}],
-        "max_records_per_task": 300,
-        "read_timeout_seconds": 20,
-        **overrides,
-    }
-    return parse_pipeline_spec(raw)
 
 
 def head_summary(harness: Harness, spec: PipelineSpec) -> dict[str, str]:
