@@ -1,8 +1,8 @@
 """docs/reliability.md defines every scenario id and rule the repository cites (pure, no broker).
 
-Code, tests and docs cite scenarios as R1..R55 and the design rules as "rule N". Each citation in
+Code, tests and docs cite scenarios as R1..R57 and the design rules as "rule N". Each citation in
 a tracked .py or .md file must resolve to a heading of docs/reliability.md; the page must define
-exactly R1..R55 (in their groups A-L) and rules 1..7; every test it names must exist.
+exactly R1..R57 (in their groups A-N) and rules 1..7; every test it names must exist.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SCENARIO = re.compile(r"\bR(\d+)\b")
 RULE = re.compile(r"\b[Rr]ules? (\d+)\b")
 SCENARIO_HEADING = re.compile(r"^### R(\d+) — \S")
 RULE_HEADING = re.compile(r"^### Rule (\d+) — \S")
-GROUP_HEADING = re.compile(r"^## ([A-M])\. \S")
+GROUP_HEADING = re.compile(r"^## ([A-N])\. \S")
 TEST_REFERENCE = re.compile(r"\b(tests/[\w/]+\.py)::(\w+)")
 # Design notes that live outside this repository: a reader cannot follow a citation of them.
 OUTSIDE_NOTES = re.compile(r"\b(?:ARCHITECTURE|RELIABILITY)\.md\b")
@@ -40,6 +40,7 @@ GROUPS = {
     "K": [53],
     "L": [54, 55],
     "M": [56],
+    "N": [57],
 }
 
 
@@ -110,7 +111,7 @@ def module_functions(path: Path) -> dict[str, ast.FunctionDef | ast.AsyncFunctio
 
 
 def test_doc_defines_exactly_the_scenarios_and_rules() -> None:
-    assert headings(SCENARIO_HEADING) == list(range(1, 57)), "### R1 … ### R56, once each, in order"
+    assert headings(SCENARIO_HEADING) == list(range(1, 58)), "### R1 … ### R57, once each, in order"
     assert headings(RULE_HEADING) == list(range(1, 8)), "### Rule 1 … ### Rule 7, once each"
 
 

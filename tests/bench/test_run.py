@@ -164,6 +164,25 @@ def test_writer_compares_workloads_and_task_memory(tmp_path: Path) -> None:
         assert line in out
 
 
+def test_upsert_compares_with_append_and_many_commits(tmp_path: Path) -> None:
+    """bench/upsert.py at toy sizes: both modes read every change; both tables after the
+    commits equal the source (the bench asserts it) and maintenance expired snapshots."""
+    target = tmp_path / "upsert.json"
+    out = run_bench(
+        "bench/upsert.py", "--keys", "300", "--changes", "600", "--cap", "300", "--commits", "4",
+        "--per-commit", "5", "--maintain-every", "2", "--json", str(target),
+    )  # fmt: skip
+    figures = json.loads(target.read_text())
+    throughput = figures["throughput"]
+    assert throughput["append"]["records"] == throughput["upsert"]["records"] == 600
+    assert throughput["upsert"]["updates"] > 0
+    commits = figures["commits"]
+    assert commits["plain"]["rows"] == commits["kept"]["rows"]
+    assert commits["kept"]["snapshots"] < commits["plain"]["snapshots"]
+    for line in ("change phase", "after 4 commits", "run time per commit"):
+        assert line in out
+
+
 def test_snapshot_cost_prints_each_history_size() -> None:
     out = run_bench("bench/snapshot_cost.py", "--snapshots", "3", "6")
     lines = out.strip().splitlines()

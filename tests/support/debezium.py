@@ -77,6 +77,9 @@ class DebeziumTable:
     table: str = "customers"
     schemas_enabled: bool = True
     tombstones: bool = True
+    # ExtractNewRecordState (add.fields=op,source.ts_ms,lsn; delete.handling.mode=rewrite): the
+    # row with __op, __source_ts_ms, __lsn and __deleted, and no tombstones (dropped by it).
+    flattened: bool = False
     partitions: int = 1
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # the ledger: current state
     _lsn: int = 24_023_128
@@ -145,6 +148,12 @@ class DebeziumTable:
             "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": self.schema,
             "table": self.table, "txId": self._tx, "lsn": self._lsn, "xmin": None,
         }  # fmt: skip
+        if self.flattened:
+            row = dict(after if after is not None else before or {})
+            row.update(__op=op, __source_ts_ms=ts_ms, __lsn=self._lsn,
+                       __deleted="true" if op == "d" else "false")  # fmt: skip
+            flat_schema = _row_schema(f"{self.topic}.Value", None, False)
+            return self._key(key), self._wrap(flat_schema, row), self._partition(key)
         payload = {
             "before": before, "after": after, "source": source, "op": op,
             "ts_ms": ts_ms + 1, "ts_us": (ts_ms + 1) * 1000, "ts_ns": (ts_ms + 1) * 1_000_000,
@@ -187,7 +196,7 @@ class DebeziumTable:
         del self.rows[key]
         events = [self._event("d", key, {"id": key, "name": None, "balance": None,
                                           "updated_at": None}, None)]  # fmt: skip
-        if self.tombstones:
+        if self.tombstones and not self.flattened:
             events.append((self._key(key), None, self._partition(key)))
         return events
 

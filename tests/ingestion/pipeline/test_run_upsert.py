@@ -177,3 +177,23 @@ def test_mode_must_match_the_table(
     append = spec.model_copy(update={"mode": "append", "key_fields": None})
     with pytest.raises(exceptions.PipelineSpecError, match="created for mode: upsert"):
         harness.run(append)
+
+
+def test_the_flattened_form_leaves_the_source_state(
+    harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer
+) -> None:
+    """Debezium's ExtractNewRecordState rows (``__op``, ``__deleted``, ``__source_ts_ms``,
+    ``__lsn``; no tombstones) with the JsonConverter's schema wrapper: the same state, and the
+    change columns carry the source's timestamps and log positions."""
+    source = DebeziumTable(flattened=True)
+    topic = create_topic(partitions=1)
+    spec = cdc_spec(topic, "cdc_flattened", envelope="flattened")
+    produce(ledger_producer, topic, source.snapshot(30))
+    produce(ledger_producer, topic, source.random_changes(random.Random(2), 90, keys=40))
+    report = harness.run(spec)
+    assert report.deletes > 0
+    assert state_by_duckdb(harness.table(spec)) == expected(source)
+    rows = harness.table(spec).scan().to_arrow()
+    assert set(rows.column("_cdc_op").to_pylist()) <= {"r", "c", "u"}
+    assert None not in rows.column("_cdc_source_ts_ms").to_pylist()
+    assert None not in rows.column("_cdc_lsn").to_pylist()

@@ -94,6 +94,41 @@ def test_valid_spec_defaults() -> None:
             "replicas.0",
             "cannot fail back",
         ),
+        ({"mode": "upsert"}, "<spec>", "key_fields is required with mode 'upsert'"),
+        ({"key_fields": ["order_id"]}, "<spec>", "key_fields is required with mode 'upsert'"),
+        ({"mode": "upsert", "key_fields": ["id"]}, "<spec>", "key_fields ['id'] are not columns"),
+        (
+            {"mode": "upsert", "key_fields": ["order_id", "order_id"]},
+            "<spec>",
+            "repeat a field",
+        ),
+        (
+            {
+                "mode": "upsert",
+                "key_fields": ["k"],
+                "schema": [{"name": "k", "type": "struct<a:long>"}],
+            },
+            "<spec>",
+            "must be primitive columns",
+        ),
+        (
+            {"mode": "upsert", "key_fields": ["order_id"], "value_format": "raw", "schema": None},
+            "<spec>",
+            "'raw' envelopes are not supported yet",
+        ),
+        (
+            {
+                "mode": "upsert",
+                "key_fields": ["order_id"],
+                "schema": [
+                    {"name": "order_id", "type": "long"},
+                    {"name": "_cdc_op", "type": "string"},
+                ],
+            },
+            "<spec>",
+            "'_cdc_'",
+        ),
+        ({"mode": "upsert", "key_fields": ["order_id"], "envelope": "avro"}, "envelope", "Input"),
         (  # 'primary' names the pipeline's own cluster (_kafka_cluster, failover --to)
             {"replicas": [{"name": "primary", "source_alias": "east"}]},
             "replicas.0.name",
@@ -110,6 +145,32 @@ def test_invalid_spec_names_pipeline_and_key(
     assert f"pipeline {changes.get('name', 'orders')!r} is invalid" in text
     assert f"{key}:" in text
     assert message in text
+
+
+def test_an_upsert_table_is_keyed_and_sorted_by_its_key_fields() -> None:
+    """mode: upsert (docs/cdc.md): the key fields are required identifier fields, the change
+    columns come before the Kafka ones, and the table is created sorted by the key."""
+    from ingestion.table.schema import build_schema, build_sort_order
+
+    spec = parse_pipeline_spec(
+        base_spec(
+            mode="upsert",
+            key_fields=["order_id"],
+            schema=[{"name": "order_id", "type": "string"}, {"name": "n", "type": "long"}],
+        )
+    )
+    schema = build_schema(spec)
+    key = schema.find_field("order_id")
+    assert key.required
+    assert list(schema.identifier_field_ids) == [key.field_id]
+    names = schema.column_names
+    assert names.index("_cdc_op") < names.index("_kafka_topic")
+    assert {"_cdc_source_ts_ms", "_cdc_lsn"} <= set(names)
+    (field,) = build_sort_order(spec, schema).fields
+    assert field.source_id == key.field_id
+    append = build_schema(parse_pipeline_spec(base_spec()))
+    assert "_cdc_op" not in append.column_names
+    assert not append.identifier_field_ids
 
 
 def test_seed_misconfiguration_is_rejected_with_both_ids() -> None:

@@ -73,12 +73,16 @@ def test_status_validate_reset_and_maintain(
     assert "lag: 0 records" in text
     assert "checks: all 6 pass" in text
     assert "exactly_once_audit" in text
+    assert "commit (newest first)" in text  # the newest commits, with their counts
     produced_ms = int(time.time() * 1000)
     ledger_producer.produce(demo_topic, orders(100, 5))
     time.sleep(1.0)
     assert main(["status", "--json"]) == 0
     (status,) = json.loads(capsys.readouterr().out)
     assert status["lag_records"] == 5
+    newest = status["commits"][0]
+    assert newest["inserts"] == newest["records"]  # an append commit: every record a row
+    assert newest["updates"] == newest["deletes"] == 0
     assert status["checks"]["exactly_once_audit"]["passed"] is True
     waited_s = (int(time.time() * 1000) - produced_ms) / 1000
     assert 1.0 <= status["oldest_uncommitted_age_s"] <= waited_s + 0.2

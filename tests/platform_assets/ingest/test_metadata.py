@@ -88,13 +88,30 @@ def test_the_commit_log_shows_the_newest_commits_as_a_table() -> None:
     assert rows[0] == TableRecord({
         "committed_at": datetime.fromtimestamp((T + 3000) / 1000, tz=UTC).isoformat(),
         "snapshot_id": "103", "commit_id": "c3", "records": 10, "quarantined": 0,
-        "run_id": "r3", "offsets": "o:0=3, o:1=23",
+        "inserts": 10, "updates": 0, "deletes": 0, "run_id": "r3", "offsets": "o:0=3, o:1=23",
     })  # fmt: skip
     assert len(rows) == 2
     assert metadata["committed_offsets"] == MetadataValue.json({"o:0": 3, "o:1": 23})
     empty = commit_log_metadata([], "g")
     assert empty["commits_shown"] == MetadataValue.int(0)
     assert "last_commit_at" not in empty
+
+
+def test_an_upsert_run_and_commit_show_inserts_updates_and_deletes() -> None:
+    """mode: upsert (docs/cdc.md): the run's counts and rewritten files; the commit log reads
+    them from the snapshot's kafka.cdc.* properties."""
+    metadata = run_metadata(
+        report(mode="upsert", inserts=4, updates=20, deletes=3, rewritten_files=2)
+    )
+    assert metadata["inserts"] == MetadataValue.int(4)
+    assert metadata["updates"] == MetadataValue.int(20)
+    assert metadata["deletes"] == MetadataValue.int(3)
+    assert metadata["rewritten_files"] == MetadataValue.int(2)
+    assert "inserts" not in run_metadata(report())  # append: every record is a row
+    cdc = {"kafka.cdc.inserts": "4", "kafka.cdc.updates": "20", "kafka.cdc.deletes": "3"}
+    upserted = Commit(9, T, 30, 1, {("o", 0): 40}, {"kafka.commit-id": "c9", **cdc})
+    (row,) = commit_log_metadata([upserted], "g")["commit_log"].value.records
+    assert (row.data["inserts"], row.data["updates"], row.data["deletes"]) == (4, 20, 3)
 
 
 def test_a_topic_observation_sums_its_partitions() -> None:
