@@ -174,6 +174,7 @@ def commit_upsert(
     is set in the same metadata commit, with ``witness`` (one row this commit wrote), or the
     previous witness when the commit changes no row and sets no record aside.
     """
+    from ingestion._pyiceberg_compat import overwrite_files
     from ingestion.pipeline.commit import commit_view
     from ingestion.table.offsets import GROUP_ID, QUARANTINED, previous_witness, record_position
 
@@ -181,18 +182,16 @@ def commit_upsert(
     quarantined = properties.get(QUARANTINED, "0") != "0"
     if group is not None and not (plan.added or plan.removed or quarantined):
         witness = previous_witness(table.metadata.properties, group)
+    summary = {**properties, **plan.properties()}
     with commit_view(table).transaction() as transaction:
-        update = transaction.update_snapshot(
-            snapshot_properties={**properties, **plan.properties()}
-        )
-        if plan.added or plan.removed:
-            with update.overwrite() as overwrite:
+        if plan.added or plan.removed:  # pyiceberg's overwrite, without its dead manifests
+            with overwrite_files(transaction, table.io, summary) as overwrite:
                 for data_file in plan.removed:
                     overwrite.delete_data_file(data_file)
                 for data_file in plan.added:
                     overwrite.append_data_file(data_file)
         else:  # nothing to change (every record set aside): the offsets alone
-            with update.fast_append():
+            with transaction.update_snapshot(snapshot_properties=summary).fast_append():
                 pass
         if group is not None:
             record_position(transaction, group, witness)
