@@ -63,7 +63,7 @@ def replace_files(
             summary = super()._summary(snapshot_properties or {})  # counted as an overwrite
             return Summary(Operation.REPLACE, **summary.additional_properties)
 
-    return _ReplaceFiles(  # type: ignore[no-any-return]
+    return _ReplaceFiles(
         operation=Operation.OVERWRITE,
         transaction=transaction,
         io=io,
@@ -83,7 +83,7 @@ def overwrite_files(
     """
     from pyiceberg.table.snapshots import Operation
 
-    return _overwrite_class()(  # type: ignore[no-any-return]
+    return _overwrite_class()(
         operation=Operation.OVERWRITE,
         transaction=transaction,
         io=io,
