@@ -156,7 +156,7 @@ def job_config(args: list[str]) -> dict[str, Any]:
         >>> job_config(["complete-failback", "orders", "--reason", "drained"])
         {'complete': True, 'source_lost': False, 'reason': 'drained'}
     """
-    options = [arg for arg in args[2:] if arg != "--source-lost"]
+    options = [arg for arg in args[2:] if arg not in ("--source-lost", "--apply")]
     config: dict[str, Any] = {
         "complete": args[0] == "complete-failback",
         "source_lost": "--source-lost" in args,

@@ -400,7 +400,8 @@ def run_drill(
     os.kill(p.pid or 0, signal.SIGSTOP)
     say("2. disaster: primary SIGSTOPped; producers on dr; platform failover orders --to dr")
     tries, seconds, _ = operate(
-        drill, ["failover", "orders", "--to", "dr", "--source-lost", "--reason", "drill"],
+        drill,
+        ["failover", "orders", "--to", "dr", "--source-lost", "--reason", "drill", "--apply"],
         5 * patience, 1.0,
     )  # fmt: skip
     to_dr = first_commit_on(drill, cluster_id_for("dr_cluster"))
@@ -426,7 +427,7 @@ def run_drill(
     drill.target = (p.bootstrap_servers, "orders")
     drill.producing.set()
     say("4. primary back, reverse flow on; producers on the primary; failback")
-    back = ["failover", "orders", "--to", "primary", "--reason", "back"]
+    back = ["failover", "orders", "--to", "primary", "--reason", "back", "--apply"]
     tries, seconds, _ = operate(drill, back, 60 * patience, 5.0)
     catalog = iceberg.load_catalog()
     table = catalog.load_table(spec.table)
@@ -443,7 +444,7 @@ def run_drill(
     drain(drill, skip="orders", flow=reverse)
     note_rss(drill, reverse)
     reverse.stop()
-    end = ["complete-failback", "orders", "--reason", "reverse copy drained"]
+    end = ["complete-failback", "orders", "--reason", "reverse copy drained", "--apply"]
     tries, seconds, _ = operate(drill, end, 12 * patience, 5.0)
     say(f"   completed after {tries} attempt(s), {seconds:.1f} s; producers keep writing")
     time.sleep(10)

@@ -125,13 +125,13 @@ def plan_groups(tasks: list[FileScanTask], target_bytes: int) -> dict[str, list[
     return groups
 
 
-def _live_tasks(table: Table) -> list[FileScanTask]:
+def live_tasks(table: Table) -> list[FileScanTask]:
     return list(table.scan().plan_files()) if table.current_snapshot() else []
 
 
 def _still_live(table: Table, inputs: list[DataFile]) -> bool:
     """Every input is a live data file of the current head with no delete file applying."""
-    live = {task.file.file_path: task for task in _live_tasks(table)}
+    live = {task.file.file_path: task for task in live_tasks(table)}
     return all(f.file_path in live and not live[f.file_path].delete_files for f in inputs)
 
 
@@ -216,7 +216,7 @@ def compact_group(
 
     for _ in range(max_plans):
         table.refresh()
-        group = plan_groups(_live_tasks(table), target_file_bytes(table)).get(key)
+        group = plan_groups(live_tasks(table), target_file_bytes(table)).get(key)
         if not group:
             return  # nothing (left) to merge here
         rows = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue()).to_table(group)
@@ -274,7 +274,7 @@ def compact_small_files(
     """
     report = CompactionReport()
     table.refresh()
-    for key in sorted(plan_groups(_live_tasks(table), target_file_bytes(table))):
+    for key in sorted(plan_groups(live_tasks(table), target_file_bytes(table))):
         if yield_to is not None and (why := yield_to()):
             report.stopped = why
             break

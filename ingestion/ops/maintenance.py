@@ -12,7 +12,9 @@ Orphan removal waits for a safety window that is never shorter than the longest 
 table has recorded (``kafka.run-duration-ms``, plan to commit) times :data:`RUN_WINDOW_FACTOR`,
 nor than a floor: a run still in flight may yet commit the files it wrote.
 
-Each step runs even when an earlier one failed; failures are collected in the report.
+Each step runs even when an earlier one failed; failures are collected in the report. The steps
+(:data:`MAINTENANCE_STEPS`) may be chosen, and a dry run plans each and changes nothing: the
+compaction groups it would merge, the snapshots it would expire, the orphans it would remove.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ingestion import exceptions
-from ingestion.ops.compaction import CompactionReport, compact_small_files
+from ingestion.ops.compaction import (
+    CompactionReport,
+    compact_small_files,
+    live_tasks,
+    plan_groups,
+    target_file_bytes,
+)
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
-from ingestion.pipeline.recovery import OrphanFile, remove_orphan_files
+from ingestion.pipeline.recovery import OrphanFile, list_orphan_files, remove_orphan_files
 from ingestion.quarantine.sync import (
     named_quarantine_files,
     sync_quarantine,
@@ -49,6 +57,7 @@ if TYPE_CHECKING:
 
     from ingestion.spec.pipeline import PipelineSpec
 
+MAINTENANCE_STEPS = ("compact", "expire", "orphans")  # in the order they run
 MIN_ORPHAN_WINDOW_S = 3600.0  # the floor: runs longer than any yet recorded stay safe
 RUN_WINDOW_FACTOR = 2.0  # the window covers twice the longest recorded run
 
@@ -65,6 +74,9 @@ class MaintenanceReport:
     orphan_window_reason: str = ""
     errors: list[str] = field(default_factory=list)
     quarantine: MaintenanceReport | None = None  # the pipeline's quarantine table, maintained alike
+    steps: tuple[str, ...] = MAINTENANCE_STEPS
+    dry_run: bool = False
+    compaction_plan: dict[str, int] = field(default_factory=dict)  # dry run: partition -> files
 
     @property
     def files_compacted(self) -> int:
@@ -89,22 +101,45 @@ class MaintenanceReport:
     def describe(self) -> list[str]:
         """The lines an operator reads (CLI, Dagster metadata)."""
         c = self.compaction
-        lines = [
-            f"compacted {c.files_compacted} files into {c.files_written} ({c.rows_rewritten} "
-            f"rows rewritten; {c.groups_retried} commits retried on a new head, "
-            f"{c.groups_replanned} groups re-planned, {len(c.groups_skipped)} skipped)",
-            f"expired {self.expired_snapshots} snapshots, kept {self.kept_for_watermark} for "
-            "the offsets watermark",
-            f"removed {len(self.orphans_removed)} orphan files older than "
-            f"{self.orphan_window_s / 3600:.2f} h ({self.orphan_window_reason})",
-        ]
+        would = "would " if self.dry_run else ""
+        lines = []
+        if "compact" in self.steps and self.dry_run:
+            files = sum(self.compaction_plan.values())
+            lines.append(
+                f"would compact {files} files in {len(self.compaction_plan)} partition(s)"
+                + "".join(
+                    f"; {key or 'unpartitioned'}: {n}" for key, n in self.compaction_plan.items()
+                )
+            )
+        elif "compact" in self.steps:
+            lines.append(
+                f"compacted {c.files_compacted} files into {c.files_written} ({c.rows_rewritten} "
+                f"rows rewritten; {c.groups_retried} commits retried on a new head, "
+                f"{c.groups_replanned} groups re-planned, {len(c.groups_skipped)} skipped)"
+            )
+        if "expire" in self.steps:
+            lines.append(
+                f"{would}expire{'' if would else 'd'} {self.expired_snapshots} snapshots, "
+                f"kept {self.kept_for_watermark} for the offsets watermark"
+            )
+        if "orphans" in self.steps:
+            lines.append(
+                f"{would}remove{'' if would else 'd'} {len(self.orphans_removed)} orphan files "
+                f"older than {self.orphan_window_s / 3600:.2f} h ({self.orphan_window_reason})"
+            )
         lines += [f"skipped compaction of {s}" for s in c.groups_skipped]
         if c.stopped:
             lines.append(f"compaction stopped early ({c.stopped}); the next pass goes on")
         lines += [f"FAILED {e}" for e in self.errors]
         if self.quarantine is not None:
-            own = [line for line in self.quarantine.describe() if not line.startswith("FAILED")]
+            own = [
+                line
+                for line in self.quarantine.describe()
+                if not line.startswith(("FAILED", "dry run"))
+            ]
             lines += [f"quarantine table: {line}" for line in own]  # its errors are ours
+        if self.dry_run:
+            lines.append("dry run: nothing changed (add --apply)")
         return lines
 
 
@@ -173,11 +208,12 @@ def expire_snapshots(
     max_attempts: int = 5,
     quarantine: Table | None = None,
     keep_after: int | None = None,
+    dry_run: bool = False,
 ) -> tuple[int, int]:
     """Expire snapshots older than ``older_than_ms`` except the heads of branches and tags,
     their watermark paths, and the commits the quarantine table has not followed yet (their
     snapshots alone name those dead letters' files); return (expired, kept only for the
-    watermark).
+    watermark). ``dry_run``: count them, expire nothing.
 
     Delivery: a compare-and-set on every ref's head; when one moved it is planned again.
 
@@ -201,8 +237,8 @@ def expire_snapshots(
         old = [s for s in metadata.snapshots if s.timestamp_ms < older_than_ms]
         expired = [s.snapshot_id for s in old if s.snapshot_id not in heads | path]
         kept = sum(1 for s in old if s.snapshot_id in path - heads)
-        if not expired:
-            return 0, kept
+        if not expired or dry_run:
+            return len(expired), kept
         hooks.fire("before_expiry_commit", table=table, expired=expired)
         requirements: tuple[TableRequirement, ...] = (
             AssertTableUUID(uuid=metadata.table_uuid),
@@ -268,9 +304,12 @@ def maintain_table(
     keep_after: int | None = None,
     keep_files: Collection[str] = (),
     yield_to: Callable[[], str | None] | None = None,
+    steps: Collection[str] = MAINTENANCE_STEPS,
+    dry_run: bool = False,
 ) -> MaintenanceReport:
     """Compact, expire, then remove orphans older than the safety window (see the module
-    docstring); ``group_id`` is the pipeline's current group, whose watermark is always kept;
+    docstring), each of ``steps`` only; ``dry_run`` plans them and changes nothing;
+    ``group_id`` is the pipeline's current group, whose watermark is always kept;
     ``keep_after`` the exactly-once audit's cursor, after which nothing is expired (R47);
     ``keep_files`` files orphan removal keeps though no snapshot of ``table`` names them;
     ``yield_to`` may stop compaction between two groups (``compact_small_files``).
@@ -278,15 +317,21 @@ def maintain_table(
     Delivery: every step is a compare-and-set or provably safe, and is safe to repeat; a step
     that fails (a lost race, a refusal) is reported in ``errors`` and the next steps still run.
     """
-    report = MaintenanceReport()
+    report = MaintenanceReport(steps=tuple(s for s in MAINTENANCE_STEPS if s in steps))
+    report.dry_run = dry_run
     report.orphan_window_s, report.orphan_window_reason = orphan_window(
         orphan_window_s, longest_run_s(table), min_orphan_window_s
     )
-    if compact:
+    if compact and "compact" in steps and dry_run:
+        groups = plan_groups(live_tasks(table), target_file_bytes(table))
+        report.compaction_plan = {key: len(tasks) for key, tasks in sorted(groups.items())}
+    elif compact and "compact" in steps:
         try:
             report.compaction = compact_small_files(table, hooks, yield_to)
         except Exception as exc:
             report.errors.append(f"compaction: {exc}")
+    elif "compact" in report.steps:
+        report.steps = tuple(s for s in report.steps if s != "compact")
     cutoff = int((time.time() - snapshot_retention_s) * 1000)
     keep = {group_id} if group_id else set()
     cursor = table.metadata.snapshot_by_id(keep_after) if keep_after is not None else None
@@ -299,17 +344,21 @@ def maintain_table(
             "exactly_once_audit)"
         )
         keep_after = None
-    try:
-        report.expired_snapshots, report.kept_for_watermark = expire_snapshots(
-            table, cutoff, keep, hooks, quarantine=quarantine, keep_after=keep_after
-        )
-    except Exception as exc:
-        report.errors.append(f"snapshot expiry: {exc}")
-    try:
-        table.refresh()
-        report.orphans_removed = remove_orphan_files(table, report.orphan_window_s, keep_files)
-    except Exception as exc:
-        report.errors.append(f"orphan removal: {exc}")
+    if "expire" in steps:
+        try:
+            report.expired_snapshots, report.kept_for_watermark = expire_snapshots(
+                table, cutoff, keep, hooks, quarantine=quarantine, keep_after=keep_after,
+                dry_run=dry_run,
+            )  # fmt: skip
+        except Exception as exc:
+            report.errors.append(f"snapshot expiry: {exc}")
+    if "orphans" in steps:
+        try:
+            table.refresh()
+            find = list_orphan_files if dry_run else remove_orphan_files
+            report.orphans_removed = find(table, report.orphan_window_s, keep=keep_files)
+        except Exception as exc:
+            report.errors.append(f"orphan removal: {exc}")
     return report
 
 
@@ -322,6 +371,8 @@ def maintain_pipeline(
     hooks: FailureHooks = NO_HOOKS,
     keep_after: int | None = None,
     yield_to: Callable[[], str | None] | None = None,
+    steps: Collection[str] = MAINTENANCE_STEPS,
+    dry_run: bool = False,
 ) -> MaintenanceReport:
     """Maintain the pipeline's table: bring its quarantine table up to date first (so expiry
     has as little as possible to keep for it), then :func:`maintain_table` with the pipeline's
@@ -339,7 +390,8 @@ def maintain_pipeline(
     if catalog.table_exists(spec.quarantine_table):
         # On failure expiry still keeps every commit not yet followed; the next run syncs.
         with contextlib.suppress(exceptions.QuarantineSyncError):
-            sync_quarantine(catalog, spec)
+            if not dry_run:
+                sync_quarantine(catalog, spec)
         quarantine = catalog.load_table(spec.quarantine_table)
     report = maintain_table(
         catalog.load_table(spec.table),
@@ -351,6 +403,8 @@ def maintain_pipeline(
         quarantine=quarantine,
         keep_after=keep_after,
         yield_to=yield_to,
+        steps=steps,
+        dry_run=dry_run,
     )
     if quarantine is not None:
         try:
@@ -366,6 +420,8 @@ def maintain_pipeline(
             hooks,
             keep_files=named,
             yield_to=yield_to,
+            steps=steps,
+            dry_run=dry_run,
         )
         report.errors += [f"quarantine table: {e}" for e in report.quarantine.errors]
     return report

@@ -79,19 +79,82 @@ class OffsetReset:
         return lines
 
 
+@dataclass(frozen=True)
+class ResetRequest:
+    """Where a reset moves the offsets, in kafka-consumer-groups' words: ``position``
+    (``--to-earliest``, ``--to-latest``, ``--to-datetime``), else ``to_offset``
+    (``--to-offset``) or ``shift_by`` (``--shift-by``, from the committed offset); for every
+    partition, or for ``partitions`` only (``--topic t:p``: the others keep their offsets).
+    An offset outside a partition's log is clamped to its log start or end, as
+    kafka-consumer-groups does."""
+
+    position: StartingPosition = field(default_factory=StartingPosition)
+    to_offset: int | None = None
+    shift_by: int | None = None
+    partitions: frozenset[Key] | None = None
+
+
+def _requested_offsets(
+    spec: PipelineSpec,
+    request: ResetRequest,
+    consumer: Consumer,
+    topics: list[Any],
+    before: dict[Key, int],
+) -> dict[Key, int]:
+    """The offsets ``request`` asks for, per partition of ``topics``."""
+    bounds = {
+        (state.topic, part.partition): (part.log_start_offset, part.end_offset)
+        for state in topics
+        for part in state.partitions
+    }
+    chosen = set(bounds) if request.partitions is None else set(request.partitions)
+    unknown = sorted(chosen - set(bounds))
+    if unknown:
+        raise exceptions.OperationRefusedError(
+            f"pipeline {spec.name!r}: no partition {unknown} among its topics' "
+            f"{sorted(bounds)}; nothing was changed"
+        )
+    if request.to_offset is None and request.shift_by is None:
+        at = spec.model_copy(update={"starting_position": request.position})
+        wanted = resolve_starting_offsets(at, consumer, topics)
+    else:
+        uncommitted = sorted(k for k in chosen if k not in before)
+        if request.shift_by is not None and uncommitted:
+            raise exceptions.OperationRefusedError(
+                f"pipeline {spec.name!r}: --shift-by moves committed offsets, and {uncommitted} "
+                "has none yet; use --to-offset or --to-earliest for it"
+            )
+        shift = request.shift_by or 0
+        wanted = {
+            key: before[key] + shift if request.to_offset is None else request.to_offset
+            for key in chosen
+        }
+    target = {key: min(max(wanted[key], bounds[key][0]), bounds[key][1]) for key in chosen}
+    if chosen != set(bounds):  # the others keep theirs (or start as the spec says)
+        own = resolve_starting_offsets(spec, consumer, topics)
+        target |= {key: before.get(key, own[key]) for key in set(bounds) - chosen}
+    return target
+
+
 def plan_reset(
     spec: PipelineSpec,
     table: Table,
     admin: AdminClient,
     consumer: Consumer,
-    position: StartingPosition,
+    position: StartingPosition | ResetRequest,
 ) -> OffsetReset:
-    """Resolve ``position`` against Kafka and compare it with the committed offsets (no write)."""
+    """Resolve ``position`` (a :class:`ResetRequest`, or a position for every partition)
+    against Kafka and compare it with the committed offsets (no write).
+
+    Raises:
+        OperationRefusedError: a requested partition is not the pipeline's, or ``shift_by``
+            asks to shift a partition with no committed offset.
+    """
+    request = position if isinstance(position, ResetRequest) else ResetRequest(position)
     topics = [describe_topic(admin, consumer, name) for name in list_pipeline_topics(admin, spec)]
-    target_spec = spec.model_copy(update={"starting_position": position})
-    target = resolve_starting_offsets(target_spec, consumer, topics)
     committed = find_committed_state(table, spec.consumer_group_id)
     before = flatten(committed.offsets) if committed else {}
+    target = _requested_offsets(spec, request, consumer, topics, before)
     by_topic: dict[str, dict[int, int]] = {}
     for (topic, partition), offset in target.items():
         by_topic.setdefault(topic, {})[partition] = offset

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ingestion.exceptions import OperationRefusedError
+from ingestion.kafka.ranges import Key
+from ingestion.ops.maintenance import MAINTENANCE_STEPS
 from ingestion.ops.retention import orphan_window_hours, snapshot_retention_hours
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from platform_assets.ingest.jobs import (
@@ -213,9 +215,12 @@ def count_active_ingestion_runs(
     return 0, line
 
 
-def clear_dead_ingestion_runs(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> list[str]:
+def clear_dead_ingestion_runs(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource, apply: bool = True
+) -> list[str]:
     """``platform clear-dead-runs``: mark failed the pipeline's active ingestion runs whose
-    process is provably gone; name the others, which are left alone."""
+    process is provably gone; name the others, which are left alone. Without ``apply``, name
+    the runs it would mark failed and change nothing."""
     from dagster import DagsterInstance
 
     home = dagster_home(iceberg)
@@ -223,22 +228,92 @@ def clear_dead_ingestion_runs(spec: PipelineSpec, iceberg: IcebergCatalogResourc
         raise OperationRefusedError("no Dagster instance: set DAGSTER_HOME to the instance's")
     with DagsterInstance.from_config(home) as instance:
         runs = ingestion_runs(instance, spec)
-        cleared = clear_dead_runs(instance, runs)
-    lines = [f"marked failed: {run.describe()}" for run in cleared]
+        cleared = clear_dead_runs(instance, runs) if apply else [r for r in runs if r.dead]
+    marked = "marked failed" if apply else "would mark failed"
+    lines = [f"{marked}: {run.describe()}" for run in cleared]
     lines += [
         f"left alone (it may be alive: another host, no process record, or running): "
         f"{run.describe()}"
         for run in runs
         if not run.dead
     ]
-    return lines or [f"no active ingestion run of {spec.name!r} in the Dagster instance {home}"]
+    lines = lines or [f"no active ingestion run of {spec.name!r} in the Dagster instance {home}"]
+    return lines if apply else [*lines, "dry run: nothing changed (add --apply)"]
 
 
 def parse_position(text: str) -> StartingPosition:
-    """``earliest``, ``latest`` or ``timestamp:<ms>``."""
+    """``earliest``, ``latest`` or ``timestamp:<ms>`` (``--to``, the older spelling)."""
     if text.startswith("timestamp:"):
         return StartingPosition(mode="timestamp", timestamp_ms=int(text.split(":", 1)[1]))
+    if text not in ("earliest", "latest"):
+        raise OperationRefusedError(f"--to {text!r}: use earliest, latest or timestamp:<epoch-ms>")
     return StartingPosition(mode=text)  # type: ignore[arg-type]
+
+
+def parse_datetime(text: str) -> int:
+    """Epoch milliseconds of an ISO-8601 date-time (``Z`` or an offset; none: UTC), as
+    kafka-consumer-groups' ``--to-datetime`` takes it.
+
+    Example:
+        >>> parse_datetime("2026-11-28T06:00:00Z"), parse_datetime("2026-11-28T07:00+01:00")
+        (1795845600000, 1795845600000)
+    """
+    from datetime import UTC, datetime
+
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise OperationRefusedError(
+            f"--to-datetime {text!r} is not an ISO-8601 date-time, e.g. 2026-11-28T06:00:00Z"
+        ) from None
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def parse_partitions(values: list[str] | None) -> frozenset[Key] | None:
+    """``--topic t`` (every partition of t: resolved against Kafka by ``partitions_of``) or
+    ``--topic t:0,2``, as kafka-consumer-groups takes them; None: every partition."""
+    if not values:
+        return None
+    chosen: set[Key] = set()
+    for value in values:
+        topic, _, parts = value.rpartition(":") if ":" in value else (value, "", "")
+        if not parts:
+            chosen.add((value, -1))  # every partition of the topic
+            continue
+        try:
+            chosen |= {(topic, int(part)) for part in parts.split(",")}
+        except ValueError:
+            raise OperationRefusedError(
+                f"--topic {value!r}: use TOPIC or TOPIC:PARTITION[,PARTITION...]"
+            ) from None
+    return frozenset(chosen)
+
+
+def reset_request(args: argparse.Namespace, spec: PipelineSpec, kafka: KafkaResource) -> Any:
+    """The :class:`~ingestion.ops.reset.ResetRequest` of ``platform reset``'s options."""
+    from ingestion.ops.reset import ResetRequest
+
+    chosen = parse_partitions(args.topic)
+    if chosen is not None and any(p < 0 for _, p in chosen):  # whole topics: their partitions
+        metadata = kafka.get_admin_client().list_topics(timeout=10).topics
+        whole = {t for t, p in chosen if p < 0}
+        missing = sorted(t for t in whole if t not in metadata)
+        if missing:
+            raise OperationRefusedError(f"--topic {missing}: no such topic in Kafka")
+        chosen = frozenset(
+            {(t, p) for t, p in chosen if p >= 0}
+            | {(t, p) for t in whole for p in metadata[t].partitions}
+        )
+    if args.to_earliest or args.to_latest:
+        position = StartingPosition(mode="earliest" if args.to_earliest else "latest")
+    elif args.to_datetime:
+        position = StartingPosition(mode="timestamp", timestamp_ms=parse_datetime(args.to_datetime))
+    elif args.to:
+        position = parse_position(args.to)
+    else:
+        position = StartingPosition()
+    return ResetRequest(position, args.to_offset, args.shift_by, chosen)
 
 
 # Commands of the disaster-recovery add-on (platform_assets.dr.actions).
@@ -251,11 +326,18 @@ def run_action(
     kafka: KafkaResource,
     iceberg: IcebergCatalogResource,
 ) -> list[str]:
-    """Run ``reset``, ``migrate-group``, ``maintain``, ``failover``, ``complete-failback`` or
-    ``release-late-copies``; return the lines to print."""
+    """Run ``reset``, ``migrate-group``, ``maintain``, ``failover``, ``complete-failback``,
+    ``release-late-copies`` or ``clear-dead-runs``; return the lines to print. Each is a dry run
+    (it changes nothing and says what it would do) unless ``args.apply``."""
     if args.command == "maintain":
         retention = args.retention_hours
         window = args.orphan_window_hours
+        steps = [step.strip() for step in args.steps.split(",") if step.strip()]
+        unknown = sorted(set(steps) - set(MAINTENANCE_STEPS))
+        if unknown or not steps:
+            raise OperationRefusedError(
+                f"--steps {args.steps!r}: choose among {', '.join(MAINTENANCE_STEPS)}"
+            )
         cursor, where = audit_cursor(spec, iceberg)
         lines = maintain_pipeline_table(
             spec,
@@ -264,22 +346,28 @@ def run_action(
             (orphan_window_hours(spec) if window is None else window) * 3600,
             keep_after=cursor,
             yield_to=yield_to_operators(spec, iceberg),
+            steps=steps,
+            dry_run=not args.apply,
         )
         return [where, *lines]
     if args.command == "clear-dead-runs":
-        return clear_dead_ingestion_runs(spec, iceberg)
+        return clear_dead_ingestion_runs(spec, iceberg, apply=args.apply)
     if args.command in DR_COMMANDS:  # the disaster-recovery add-on, loaded when asked for
         from platform_assets.dr.actions import run_dr_action
 
         return run_dr_action(args, spec, kafka, iceberg, count_active_ingestion_runs)
     if args.command == "reset" and not args.apply:
-        position = parse_position(args.to)
-        return reset_offsets(spec, kafka, iceberg, position, False, args.by, args.reason)
+        request = reset_request(args, spec, kafka)
+        return reset_offsets(spec, kafka, iceberg, request, False, args.by, args.reason)
+    if args.command == "migrate-group" and not args.apply:
+        return migrate_group_offsets(
+            spec, kafka, iceberg, args.new_group, args.by, args.reason, apply=False
+        )
     with holding(spec, iceberg, args.command) as (active, counted):
         if args.command == "reset":
-            position = parse_position(args.to)
+            request = reset_request(args, spec, kafka)
             lines = reset_offsets(
-                spec, kafka, iceberg, position, True, args.by, args.reason, active_runs=active
+                spec, kafka, iceberg, request, True, args.by, args.reason, active_runs=active
             )
         else:
             lines = migrate_group_offsets(

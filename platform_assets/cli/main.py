@@ -39,6 +39,7 @@ from ingestion.health.checks import (
     replica_check_def,
 )
 from ingestion.health.status import PipelineStatus, build_status
+from ingestion.ops.maintenance import MAINTENANCE_STEPS
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.cli.actions import run_action
 from platform_assets.ingest.checks import audit_finding
@@ -219,6 +220,20 @@ def validate_offline() -> int:
     return 0
 
 
+APPLY_HELP = "do it (default: a dry run that shows what it would do and changes nothing)"
+
+
+def _operator(command: argparse.ArgumentParser, reason_required: bool = True) -> None:
+    """The options every command that changes state shares: ``--apply`` (every such command
+    is a dry run without it), who asks and why (recorded in the commit)."""
+    command.add_argument("--apply", action="store_true", help=APPLY_HELP)
+    command.add_argument("--by", default=os.environ.get("USER", "operator"), help="who asks")
+    if reason_required:
+        command.add_argument("--reason", required=True, help="why (recorded with the change)")
+    else:
+        command.add_argument("--reason", default="", help="why (recorded with the change)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="platform", description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -246,20 +261,34 @@ def main(argv: list[str] | None = None) -> int:
         help="check the configuration and the pipelines file only; connect to nothing",
     )
     reset = commands.add_parser(
-        "reset", help="move a pipeline's committed offsets (dry run unless --apply)"
+        "reset",
+        help="move a pipeline's committed offsets, as kafka-consumer-groups --reset-offsets does",
     )
     reset.add_argument("pipeline")
-    reset.add_argument("--to", required=True)
-    reset.add_argument("--apply", action="store_true", help="commit it (default: dry run)")
-    reset.add_argument("--by", default=os.environ.get("USER", "operator"))
-    reset.add_argument("--reason", default="")
+    where = reset.add_mutually_exclusive_group(required=True)
+    where.add_argument("--to-earliest", action="store_true", help="each partition's log start")
+    where.add_argument("--to-latest", action="store_true", help="each partition's end")
+    where.add_argument(
+        "--to-datetime", metavar="ISO", help="the first record at or after, e.g. 2026-11-28T06:00Z"
+    )
+    where.add_argument("--to-offset", type=int, metavar="N", help="offset N (clamped to the log)")
+    where.add_argument(
+        "--shift-by", type=int, metavar="N", help="the committed offset plus N (negative: back)"
+    )
+    where.add_argument("--to", help="earliest, latest or timestamp:<epoch-ms> (older spelling)")
+    reset.add_argument(
+        "--topic",
+        action="append",
+        metavar="TOPIC[:P,...]",
+        help="only these partitions (repeatable; default: all); the others keep their offsets",
+    )
+    _operator(reset, reason_required=False)
     migrate = commands.add_parser(
         "migrate-group", help="move a pipeline's offsets to a new consumer group id"
     )
     migrate.add_argument("pipeline")
     migrate.add_argument("new_group")
-    migrate.add_argument("--by", default=os.environ.get("USER", "operator"))
-    migrate.add_argument("--reason", required=True)
+    _operator(migrate)
     maintain = commands.add_parser(
         "maintain", help="compact, expire snapshots and remove orphan files of a pipeline's tables"
     )
@@ -267,14 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     # Defaults: the pipeline's own (snapshot_retention_hours), as its maintenance schedule uses.
     maintain.add_argument("--retention-hours", type=float, default=None)
     maintain.add_argument("--orphan-window-hours", type=float, default=None)
+    maintain.add_argument(
+        "--steps",
+        default=",".join(MAINTENANCE_STEPS),
+        help=f"which of {', '.join(MAINTENANCE_STEPS)} to run, comma-separated (default: all)",
+    )
+    _operator(maintain, reason_required=False)
     failover = commands.add_parser(
         "failover", help="switch a pipeline to a replica cluster, or back to the primary"
     )
     failover.add_argument("pipeline")
     failover.add_argument("--to", required=True, help="a replica's name, or primary (failback)")
-    failover.add_argument("--dry-run", action="store_true", help="print the plan only")
-    failover.add_argument("--by", default=os.environ.get("USER", "operator"))
-    failover.add_argument("--reason", required=True)
     failover.add_argument(
         "--source-lost",
         action="store_true",
@@ -282,27 +314,26 @@ def main(argv: list[str] | None = None) -> int:
         "accept a table ahead of MM2's copy (--to a replica), or fail back from a lost replica "
         "without reading it (--to primary; its records not copied back are lost)",
     )
+    _operator(failover)
     complete = commands.add_parser(
         "complete-failback", help="end a failback's route once its reverse copies are drained"
     )
     complete.add_argument("pipeline")
-    complete.add_argument("--dry-run", action="store_true", help="print the plan only")
-    complete.add_argument("--by", default=os.environ.get("USER", "operator"))
-    complete.add_argument("--reason", required=True)
+    _operator(complete)
     release = commands.add_parser(
         "release-late-copies",
         help="the cluster a --source-lost failover left is lost for good: stop waiting for it "
         "to tell MM2's late copies (R54; releases every entry of the route's guard)",
     )
     release.add_argument("pipeline")
-    release.add_argument("--by", default=os.environ.get("USER", "operator"))
-    release.add_argument("--reason", required=True)
+    _operator(release)
     clear = commands.add_parser(
         "clear-dead-runs",
         help="mark failed the pipeline's ingestion runs that Dagster shows in progress but whose "
         "process is provably gone (killed on this host); runs that may be alive are left alone",
     )
     clear.add_argument("pipeline")
+    clear.add_argument("--apply", action="store_true", help=APPLY_HELP)
     args = parser.parse_args(argv)
     if args.config:  # for every reader of the configuration, the pipelines file's too
         os.environ[CONFIG_ENV] = args.config

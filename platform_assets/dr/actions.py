@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ingestion.dr.late_copies.release import release_guard
+from ingestion.dr.late_copies.release import count_guard, release_guard
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.dr.failover import complete_failback, failover_pipeline
 from resources.iceberg import IcebergCatalogResource
@@ -28,15 +28,22 @@ def run_dr_action(
 ) -> list[str]:
     """Run one disaster-recovery command; return the lines to print (``count_runs``: the
     pipeline's active ingestion runs and a line saying so, for an applied switch)."""
-    if args.command == "failover" and args.dry_run:
+    if args.command == "failover" and not args.apply:
         return failover_pipeline(
             spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by,
             reason=args.reason, source_lost=args.source_lost,
         )  # fmt: skip
-    if args.command == "complete-failback" and args.dry_run:
+    if args.command == "complete-failback" and not args.apply:
         return complete_failback(
             spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason
         )
+    if args.command == "release-late-copies" and not args.apply:
+        held, clusters = count_guard(iceberg.load_catalog(), spec)
+        read_on = ", ".join(f"{n} read on {name!r}" for name, n in sorted(clusters.items()))
+        return [
+            f"would release the {held} uncopied record(s) of {spec.name!r}'s route ({read_on})",
+            "dry run: nothing committed (add --apply)",
+        ]
     if args.command == "release-late-copies":
         released, clusters = release_guard(iceberg.load_catalog(), spec, args.by, args.reason)
         read_on = ", ".join(f"{n} read on {name!r}" for name, n in sorted(clusters.items()))

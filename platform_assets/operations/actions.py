@@ -5,15 +5,16 @@ Each returns the lines that describe what it did; the caller prints or records t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from dagster import DagsterInstance
 
 from ingestion.exceptions import OperationRefusedError
-from ingestion.ops.maintenance import maintain_pipeline
+from ingestion.ops.maintenance import MAINTENANCE_STEPS, maintain_pipeline
 from ingestion.ops.reset import apply_reset, migrate_group, plan_reset
 from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import find_committed_state, flatten
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, OPERATOR_TAG
 from platform_assets.ingest.liveness import ActiveRun, active_runs
 from platform_assets.pipelines import INGEST_ALL_JOB, ingest_job_name, ingests
@@ -167,9 +168,27 @@ def migrate_group_offsets(
     requested_by: str,
     reason: str,
     active_runs: int = 0,
+    apply: bool = True,
 ) -> list[str]:
-    """Carry the offsets to ``new_group`` (one commit); return the lines describing it."""
+    """Carry the offsets to ``new_group`` (one commit); return the lines describing it. A dry
+    run (``apply`` false) says what it would carry and commits nothing."""
     refuse_off_route(spec, kafka, iceberg, "migrate-group")
+    if not apply:
+        table = iceberg.load_catalog().load_table(spec.table)
+        committed = find_committed_state(table, spec.consumer_group_id)
+        if committed is None:
+            raise OperationRefusedError(
+                f"pipeline {spec.name!r}: group {spec.consumer_group_id!r} has no offsets in "
+                f"{spec.table} to carry"
+            )
+        offsets = ", ".join(
+            f"{t}[{p}]={o}" for (t, p), o in sorted(flatten(committed.offsets).items())
+        )
+        return [
+            f"would carry {spec.consumer_group_id!r}'s offsets ({offsets}) to {new_group!r} in "
+            f"one commit and retire {spec.consumer_group_id!r}",
+            "dry run: nothing committed (add --apply)",
+        ]
     migration = migrate_group(
         iceberg.load_catalog(),
         spec,
@@ -196,12 +215,15 @@ def maintain_pipeline_table(
     orphan_window_s: float,
     keep_after: int | None = None,
     yield_to: Callable[[], str | None] | None = None,
+    steps: Collection[str] = MAINTENANCE_STEPS,
+    dry_run: bool = False,
 ) -> list[str]:
     """Compact, expire and remove orphans on the pipeline's table (keeping the current group's
     watermark and the commits after the audit's cursor ``keep_after``; compaction stops when
     ``yield_to`` gives a reason); return the lines describing what was done and what failed."""
     catalog = iceberg.load_catalog()
     report = maintain_pipeline(
-        catalog, spec, retention_s, orphan_window_s, keep_after=keep_after, yield_to=yield_to
-    )
+        catalog, spec, retention_s, orphan_window_s, keep_after=keep_after, yield_to=yield_to,
+        steps=steps, dry_run=dry_run,
+    )  # fmt: skip
     return report.describe()

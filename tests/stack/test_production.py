@@ -283,7 +283,7 @@ def test_production_stack_end_to_end(
     removed = remove_orphan_files(catalog.load_table(spec.table), older_than_s=0)
     assert [o.path for o in removed] == [orphan.removeprefix("s3://")]
     assert not table.io.new_input(orphan).exists()
-    maintained = run_cli(production, "maintain", "orders", "--retention-hours", "0")
+    maintained = run_cli(production, "maintain", "orders", "--retention-hours", "0", "--apply")
     assert "FAILED" not in maintained
     oracle.assert_exactly_once(spec, ledger)
 

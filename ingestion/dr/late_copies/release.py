@@ -4,7 +4,7 @@ left is lost for good (``platform release-late-copies``; design:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -15,6 +15,32 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
     from ingestion.spec.pipeline import PipelineSpec
+
+
+def _held_per_cluster(guard: Any) -> dict[str, int]:
+    """The records a guard holds, per cluster its entries name."""
+    clusters: dict[str, int] = {}
+    for entries in guard.partitions.values():
+        for entry in entries:
+            clusters[entry.source] = clusters.get(entry.source, 0) + len(entry.records)
+    return clusters
+
+
+def count_guard(catalog: Catalog, spec: PipelineSpec) -> tuple[int, dict[str, int]]:
+    """What :func:`release_guard` would release now (its dry run): the records and the records
+    per cluster; reads only.
+
+    Raises:
+        OperationRefusedError: no such record is in force.
+    """
+    guard = read_guard(catalog.load_table(spec.table), spec.consumer_group_id, spec.name)
+    if guard is None:
+        raise OperationRefusedError(
+            f"pipeline {spec.name!r}: no record of uncopied records is in force on its route "
+            "(no --source-lost failover left any, or it was released); nothing to release"
+        )
+    clusters = _held_per_cluster(guard)
+    return sum(clusters.values()), clusters
 
 
 def release_guard(
@@ -60,10 +86,7 @@ def release_guard(
             )
         first = raw
         value = orjson.loads(raw)
-        clusters: dict[str, int] = {}
-        for entries in guard.partitions.values():
-            for entry in entries:
-                clusters[entry.source] = clusters.get(entry.source, 0) + len(entry.records)
+        clusters = _held_per_cluster(guard)
         released = sum(clusters.values())
         value["partitions"] = []
         value["released"] = {

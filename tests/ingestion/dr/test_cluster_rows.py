@@ -287,7 +287,10 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     stack.ingest_route()  # ...but ingested: the table is at offset 60 of each partition
     os.kill(source.pid or 0, signal.SIGSTOP)  # the disaster
     try:
-        assert main(["failover", NAME, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        assert (
+            main(["failover", "--apply", NAME, "--to", "dr", "--source-lost", "--reason", "lost"])
+            == 0
+        )
         assert "20 record(s) MirrorMaker 2 had not copied" in capsys.readouterr().out
         produce(replica.bootstrap_servers, "orders", 120, 30)  # producers moved to dr's orders
         route = active_route(spec, stack.kafka, stack.iceberg)
@@ -313,7 +316,9 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
         reverse.wait_mirrored("orders")
         wait_checkpointed(reverse, replica, group, "orders")
 
-    assert main(["failover", NAME, "--to", "primary", "--reason", "primary is back"]) == 0
+    assert (
+        main(["failover", "--apply", NAME, "--to", "primary", "--reason", "primary is back"]) == 0
+    )
     out = capsys.readouterr().out
     assert "origin orders[0] (at 60 before the failover) resumes at 60" in out
     assert stack.ingest_route() == {"dr.orders", "orders"}
@@ -342,7 +347,7 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
 
     # Completed, expired (the lineage forgets dr), then rewound on the primary: the rewind
     # deletes the primary's rows and dead letters only; dr's, at the same coordinates, stay.
-    assert main(["complete-failback", NAME, "--reason", "reverse copy drained"]) == 0
+    assert main(["complete-failback", "--apply", NAME, "--reason", "reverse copy drained"]) == 0
     expire_all(catalog.load_table(spec.table), stack.group)
     assert main(["reset", NAME, "--to", "earliest", "--apply", "--reason", "re-read"]) == 0
     quarantine = cluster_offsets(catalog.load_table(spec.quarantine_table), labelled=True)

@@ -494,7 +494,7 @@ def test_cli_counts_active_dagster_runs_before_a_reset_or_migration(
         )
     commands = [
         ["reset", "orders", "--to", "latest", "--apply", "--reason", "x"],
-        ["migrate-group", "orders", "cli-active-new", "--reason", "x"],
+        ["migrate-group", "orders", "cli-active-new", "--reason", "x", "--apply"],
     ]
     for command in commands:
         with pytest.raises(SystemExit, match=r"1 ingestion run\(s\) in progress \(run "):

@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from ingestion.exceptions import OperationRefusedError
 from ingestion.spec.pipeline import StartingPosition
 from ingestion.table.schema import load_or_create_table
 from platform_assets.cli.actions import (
     audit_cursor,
     count_active_ingestion_runs,
     dagster_home,
+    parse_datetime,
+    parse_partitions,
     parse_position,
     run_action,
 )
@@ -47,8 +50,20 @@ def test_reset_positions(text: str, position: StartingPosition) -> None:
 
 @pytest.mark.parametrize("text", ["yesterday", "timestamp:soon"])
 def test_a_position_that_is_none_of_them_is_refused(text: str) -> None:
-    with pytest.raises((ValidationError, ValueError)):
+    with pytest.raises((ValidationError, ValueError, OperationRefusedError)):
         parse_position(text)
+
+
+def test_partitions_and_datetimes_are_read_as_kafka_consumer_groups_writes_them() -> None:
+    assert parse_partitions(None) is None
+    assert parse_partitions(["orders:0,2", "refunds"]) == frozenset(
+        {("orders", 0), ("orders", 2), ("refunds", -1)}  # -1: every partition of the topic
+    )
+    with pytest.raises(OperationRefusedError, match="TOPIC:PARTITION"):
+        parse_partitions(["orders:x"])
+    assert parse_datetime("2026-11-28T06:00:00") == parse_datetime("2026-11-28T06:00:00Z")
+    with pytest.raises(OperationRefusedError, match="ISO-8601"):
+        parse_datetime("yesterday")
 
 
 def test_without_an_instance_nothing_is_counted_and_it_is_said(
@@ -89,8 +104,23 @@ def test_maintain_runs_on_the_pipelines_table_and_says_what_it_kept(
     iceberg: IcebergCatalogResource,
 ) -> None:
     load_or_create_table(iceberg.load_catalog(), SPEC)
-    args = argparse.Namespace(command="maintain", retention_hours=None, orphan_window_hours=2.0)
-    lines = run_action(args, SPEC, KafkaResource(bootstrap_servers="nowhere:1"), iceberg)
+    args = argparse.Namespace(
+        command="maintain", retention_hours=None, orphan_window_hours=2.0, apply=True,
+        steps="compact,expire,orphans",
+    )  # fmt: skip
+    kafka = KafkaResource(bootstrap_servers="nowhere:1")
+    lines = run_action(args, SPEC, kafka, iceberg)
     assert lines[0].startswith("the audit's cursor is unknown")
     assert lines[1].startswith("compacted 0 files into 0")
     assert lines[-1] == "removed 0 orphan files older than 2.00 h (as requested)"
+    dry = run_action(argparse.Namespace(**{**vars(args), "apply": False}), SPEC, kafka, iceberg)
+    assert dry[1:] == [
+        "would compact 0 files in 0 partition(s)",
+        "would expire 0 snapshots, kept 0 for the offsets watermark",
+        "would remove 0 orphan files older than 2.00 h (as requested)",
+        "dry run: nothing changed (add --apply)",
+    ]
+    one = run_action(argparse.Namespace(**{**vars(args), "steps": "expire"}), SPEC, kafka, iceberg)
+    assert one[1:] == ["expired 0 snapshots, kept 0 for the offsets watermark"]
+    with pytest.raises(OperationRefusedError, match="choose among compact, expire, orphans"):
+        run_action(argparse.Namespace(**{**vars(args), "steps": "vacuum"}), SPEC, kafka, iceberg)

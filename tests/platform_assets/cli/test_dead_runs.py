@@ -94,9 +94,11 @@ def test_a_killed_run_stops_blocking_actions_and_a_live_one_still_blocks(
         second, second_id = start_and_stop()
         os.killpg(second.pid, signal.SIGKILL)
         second.wait(30)
-        assert main(["clear-dead-runs", spec.name]) == 0
+        assert main(["clear-dead-runs", "--apply", spec.name]) == 0
         out = capsys.readouterr().out
         assert out.count("marked failed: run ") == 2
         assert second_id in out
         assert not instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
-        assert main(["migrate-group", spec.name, "group-dead-runs-2", "--reason", "t"]) == 0
+        assert (
+            main(["migrate-group", "--apply", spec.name, "group-dead-runs-2", "--reason", "t"]) == 0
+        )

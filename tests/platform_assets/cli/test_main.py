@@ -102,6 +102,22 @@ def test_status_validate_reset_and_maintain(
     assert main(["validate"]) == 0
     assert "1 pipeline(s) valid" in capsys.readouterr().out
 
+    assert main(["status", "--json", "--skip-audit"]) == 0
+    (before,) = json.loads(capsys.readouterr().out)
+    committed = {p["partition"]: p["committed"] for p in before["partitions"]}
+    assert main(["reset", "orders", "--shift-by", "-1", "--topic", "orders:1"]) == 0  # dry run
+    shifted = capsys.readouterr().out
+    one = committed["orders:1"]
+    assert f"orders[1]: {one} -> {max(one - 1, 0)}" in shifted
+    assert "orders[0]: {0} -> {0} (unchanged)".format(committed["orders:0"]) in shifted
+    assert main(["reset", "orders", "--to-earliest", "--topic", "orders:1", "--apply"]) == 0
+    capsys.readouterr()
+    assert main(["status", "--json", "--skip-audit"]) == 0
+    (after,) = json.loads(capsys.readouterr().out)
+    moved = {p["partition"]: p["committed"] for p in after["partitions"]}
+    assert moved == {**committed, "orders:1": 0}  # the one partition, the others as they were
+    with pytest.raises(SystemExit, match=r"no partition \[\('orders', 9\)\]"):
+        main(["reset", "orders", "--to-offset", "3", "--topic", "orders:9"])
     assert main(["reset", "orders", "--to", "earliest"]) == 0
     dry = capsys.readouterr().out
     assert "re-read" in dry
@@ -113,7 +129,7 @@ def test_status_validate_reset_and_maintain(
     (status,) = json.loads(capsys.readouterr().out)
     assert status["lag_records"] == sum(p["end"] for p in status["partitions"]) >= 20
     assert status["checks"]["exactly_once_audit"]["passed"], status["checks"]["exactly_once_audit"]
-    assert main(["maintain", "orders", "--retention-hours", "0"]) == 0
+    assert main(["maintain", "--apply", "orders", "--retention-hours", "0"]) == 0
     assert "kept" in capsys.readouterr().out
 
 
@@ -131,13 +147,17 @@ def test_documented_cli_examples_run(demo: Demo, capsys: pytest.CaptureFixture[s
     examples = documented_cli_examples()
     commands = [example[0] for example in examples]
     assert commands == [
-        "status", "validate", "validate", "reset", "reset", "migrate-group", "maintain",
+        "status", "validate", "validate", "reset", "reset", "reset", "migrate-group",
+        "migrate-group", "maintain", "maintain",
     ]  # fmt: skip
     for example in examples:
         assert main(example) == 0, example
     out = capsys.readouterr().out
     assert "dry run: nothing committed" in out
     assert "committed in snapshot" in out
+    assert "would carry 'platform-orders''s offsets" in out
+    assert "would expire" in out
+    assert "dry run: nothing changed (add --apply)" in out
     assert "connect-sink-group" in out
     assert "(offline: nothing was connected to)" in out
 

@@ -35,7 +35,7 @@ def iceberg(tmp_path: Path) -> IcebergCatalogResource:
 
 
 def args(command: str, **fields: object) -> argparse.Namespace:
-    defaults = {"by": "ops", "reason": "drill", "dry_run": False, "to": "dr",
+    defaults = {"by": "ops", "reason": "drill", "apply": False, "to": "dr",
                 "source_lost": False}  # fmt: skip
     return argparse.Namespace(command=command, **{**defaults, **fields})
 
@@ -67,14 +67,19 @@ def test_a_release_says_how_many_records_it_released_and_where(
         ).fast_append():
             pass
     counted = Counted()
-    lines = run_dr_action(args("release-late-copies"), SPEC, KAFKA, iceberg, counted)
+    dry = run_dr_action(args("release-late-copies"), SPEC, KAFKA, iceberg, counted)
+    assert dry == [
+        "would release the 2 uncopied record(s) of 'dr_cli''s route (2 read on 'primary')",
+        "dry run: nothing committed (add --apply)",
+    ]
+    lines = run_dr_action(args("release-late-copies", apply=True), SPEC, KAFKA, iceberg, counted)
     assert lines == [
         "released the 2 uncopied record(s) of 'dr_cli''s route (2 read on 'primary'; by 'ops', "
         "reason 'drill'): runs no longer skip or wait for the late copies of any of them"
     ]
     assert counted.calls == []
     with pytest.raises(OperationRefusedError, match="no record of uncopied records is in force"):
-        run_dr_action(args("release-late-copies"), SPEC, KAFKA, iceberg, counted)
+        run_dr_action(args("release-late-copies", apply=True), SPEC, KAFKA, iceberg, counted)
 
 
 def test_an_applied_switch_counts_the_active_runs_first_and_a_dry_run_does_not(
@@ -83,8 +88,8 @@ def test_an_applied_switch_counts_the_active_runs_first_and_a_dry_run_does_not(
     """The replica is not configured: the switch itself is refused before anything is read."""
     counted = Counted()
     with pytest.raises(FailoverRefusedError, match="no replica cluster 'dr'"):
-        run_dr_action(args("failover", dry_run=True), SPEC, KAFKA, iceberg, counted)
+        run_dr_action(args("failover"), SPEC, KAFKA, iceberg, counted)
     assert counted.calls == []
     with pytest.raises(FailoverRefusedError, match="no replica cluster 'dr'"):
-        run_dr_action(args("failover"), SPEC, KAFKA, iceberg, counted)
+        run_dr_action(args("failover", apply=True), SPEC, KAFKA, iceberg, counted)
     assert counted.calls == ["dr_cli"]

@@ -270,7 +270,9 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
 
     def complete(*extra: str) -> str:
         with pytest.raises(SystemExit) as refused:
-            main(["complete-failback", name, "--reason", "drained", "--by", "ops", *extra])
+            main(
+                ["complete-failback", "--apply", name, "--reason", "drained", "--by", "ops", *extra]
+            )
         return str(refused.value.code)
 
     send(source.bootstrap_servers, topic, list(range(20)), STAMP)
@@ -312,7 +314,7 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
 
     assert ingest_route() == {copy, topic}  # drains the reverse copy, and the tail k20..k23
     reverse.stop()  # the operator stops MM2's reverse flow, as the refusal said
-    assert main(["complete-failback", name, "--reason", "drained", "--dry-run"]) == 0
+    assert main(["complete-failback", name, "--reason", "drained"]) == 0
     assert catalog.load_table(spec.table).current_snapshot() != before  # the run, not the plan
     planned = catalog.load_table(spec.table).current_snapshot()
 
@@ -433,12 +435,12 @@ def test_a_completion_waits_until_mm2_copied_everything_the_replica_holds(
     stack.ingest_route()
     head = stack.head()
     with pytest.raises(SystemExit, match="reverse flow has not copied into the reverse copy"):
-        main(["complete-failback", name, "--reason", "drained", "--by", "ops"])
+        main(["complete-failback", "--apply", name, "--reason", "drained", "--by", "ops"])
     assert stack.head() == head  # nothing changed
     with reverse:  # MM2 catches up; the pipeline reads the copies; then the completion holds
         assert reverse.wait_mirrored(copy) == 2
     stack.ingest_route()
-    assert main(["complete-failback", name, "--reason", "drained", "--by", "ops"]) == 0
+    assert main(["complete-failback", "--apply", name, "--reason", "drained", "--by", "ops"]) == 0
     stack.ingest_route()
     landed = stack.landed_keys()
     assert sorted(landed) == sorted(f"k{i}" for i in [*range(20), 30, 31, 32, 33])

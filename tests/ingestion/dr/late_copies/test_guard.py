@@ -193,7 +193,10 @@ def test_late_copies_after_a_source_lost_failover_land_once(
     ingest(spec, resources)  # ...but ingested
     os.kill(source.pid or 0, signal.SIGSTOP)  # the disaster
     try:
-        assert main(["failover", NAME, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        assert (
+            main(["failover", "--apply", NAME, "--to", "dr", "--source-lost", "--reason", "lost"])
+            == 0
+        )
         assert "20 record(s) MirrorMaker 2 had not copied" in capsys.readouterr().out
         table = catalog.load_table(spec.table)
         recorded = orjson.loads(table.properties[UNCOPIED_PREFIX + spec.consumer_group_id])
@@ -276,7 +279,10 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     ingest(spec, resources)
     os.kill(source.pid or 0, signal.SIGSTOP)
     try:
-        assert main(["failover", name, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        assert (
+            main(["failover", "--apply", name, "--to", "dr", "--source-lost", "--reason", "lost"])
+            == 0
+        )
         produce(replica.bootstrap_servers, copy, 80, 20)
         ingest(spec, resources)
         oracle(catalog, spec, 100)
@@ -289,7 +295,9 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     with reverse:
         reverse.wait_mirrored(copy)
         wait_checkpointed(reverse, replica, group, copy)
-    assert main(["failover", name, "--to", "primary", "--reason", "primary is back"]) == 0
+    assert (
+        main(["failover", "--apply", name, "--to", "primary", "--reason", "primary is back"]) == 0
+    )
     route = active_route(spec, kafka, iceberg)
     assert route.cluster == "primary"
     guard = read_guard(catalog.load_table(spec.table), group, name)
@@ -305,7 +313,7 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     full = audit_finding(spec, iceberg, kafka, full=True)
     assert full.passed, full.message
     # The primary could have been lost for good: the operator stops the wait for it.
-    assert main(["release-late-copies", name, "--reason", "primary rebuilt"]) == 0
+    assert main(["release-late-copies", "--apply", name, "--reason", "primary rebuilt"]) == 0
     assert (
         "released the 20 uncopied record(s) of 'dr_late_back''s route (20 read on 'primary';"
         in (capsys.readouterr().out)
@@ -316,7 +324,7 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     assert released == {"by": os.environ.get("USER", "operator"), "reason": "primary rebuilt",
                         "records": 20, "clusters": {"primary": 20}}  # fmt: skip
     with pytest.raises(SystemExit, match="no record of uncopied records is in force"):
-        main(["release-late-copies", name, "--reason", "again"])
+        main(["release-late-copies", "--apply", name, "--reason", "again"])
 
 
 @pytest.mark.integration
@@ -340,7 +348,10 @@ def test_a_release_lets_runs_ingest_a_record_that_only_looks_like_a_late_copy(
     stamp = original.column("_kafka_timestamp").cast(pa.int64()).to_pylist()[0] // 1000
     os.kill(source.pid or 0, signal.SIGSTOP)
     try:
-        assert main(["failover", name, "--to", "dr", "--source-lost", "--reason", "lost"]) == 0
+        assert (
+            main(["failover", "--apply", name, "--to", "dr", "--source-lost", "--reason", "lost"])
+            == 0
+        )
         resend = Producer({"bootstrap.servers": replica.bootstrap_servers})
         value = (
             b'{"id": 6, "name": "n6 (corrected)", "amount": "6.25", "ts": "2026-11-22T10:00:00Z"}'
@@ -351,7 +362,7 @@ def test_a_release_lets_runs_ingest_a_record_that_only_looks_like_a_late_copy(
         with pytest.raises(LateCopyUnverifiedError, match="release-late-copies dr_late_release"):
             stack.ingest_route()  # no cluster_config: the primary cannot be read
         assert stack.head() == head
-        assert main(["release-late-copies", name, "--reason", "primary lost"]) == 0
+        assert main(["release-late-copies", "--apply", name, "--reason", "primary lost"]) == 0
         assert "released the 2 uncopied record(s)" in capsys.readouterr().out  # k6, k7
         stack.ingest_route()
     finally:
