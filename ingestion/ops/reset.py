@@ -94,6 +94,34 @@ class ResetRequest:
     partitions: frozenset[Key] | None = None
 
 
+def rollback_request(table: Table, group_id: str, snapshot_id: int) -> ResetRequest:
+    """A reset back to where ``snapshot_id``, one of the group's commits in the table's
+    history, left the offsets: ``platform rollback --to-snapshot``. Unlike an Iceberg rollback
+    (moving the table's head, which no snapshot records and which leaves the offsets' table
+    property ahead, R56) it is a recorded commit: the rows read after that commit are deleted
+    and re-read once, and who and why are kept; maintenance since (compaction) stays.
+
+    Raises:
+        OperationRefusedError: the snapshot is not in the head's history, or commits no offsets
+            of the group.
+    """
+    history = {s.snapshot_id: s for s in props.iter_ancestry(table)}
+    snapshot = history.get(snapshot_id)
+    text = (
+        props.snapshot_properties(snapshot).get(props.OFFSETS_PREFIX + group_id)
+        if snapshot
+        else None
+    )
+    if text is None:
+        where = "is not in the table's history" if snapshot is None else "commits no offsets"
+        raise exceptions.OperationRefusedError(
+            f"snapshot {snapshot_id} {where} of group {group_id!r}: roll back to one of its "
+            "commits (platform status lists the newest; Iceberg's snapshots table all)"
+        )
+    offsets = {f"{t}:{p}": o for (t, p), o in flatten(props.decode_offsets(text)).items()}
+    return ResetRequest(StartingPosition(mode="offsets", offsets=offsets))
+
+
 def _requested_offsets(
     spec: PipelineSpec,
     request: ResetRequest,

@@ -291,8 +291,12 @@ def parse_partitions(values: list[str] | None) -> frozenset[Key] | None:
 
 
 def reset_request(args: argparse.Namespace, spec: PipelineSpec, kafka: KafkaResource) -> Any:
-    """The :class:`~ingestion.ops.reset.ResetRequest` of ``platform reset``'s options."""
+    """The :class:`~ingestion.ops.reset.ResetRequest` of ``platform reset``'s options (or the
+    one ``rollback`` resolved)."""
     from ingestion.ops.reset import ResetRequest
+
+    if getattr(args, "request", None) is not None:
+        return args.request
 
     chosen = parse_partitions(args.topic)
     if chosen is not None and any(p < 0 for _, p in chosen):  # whole topics: their partitions
@@ -326,8 +330,9 @@ def run_action(
     kafka: KafkaResource,
     iceberg: IcebergCatalogResource,
 ) -> list[str]:
-    """Run ``reset``, ``migrate-group``, ``maintain``, ``failover``, ``complete-failback``,
-    ``release-late-copies`` or ``clear-dead-runs``; return the lines to print. Each is a dry run
+    """Run ``reset``, ``rollback``, ``migrate-group``, ``maintain``, ``failover``,
+    ``complete-failback``, ``release-late-copies`` or ``clear-dead-runs``; return the lines to
+    print. Each is a dry run
     (it changes nothing and says what it would do) unless ``args.apply``."""
     if args.command == "maintain":
         retention = args.retention_hours
@@ -356,6 +361,12 @@ def run_action(
         from platform_assets.dr.actions import run_dr_action
 
         return run_dr_action(args, spec, kafka, iceberg, count_active_ingestion_runs)
+    if args.command == "rollback":  # a reset to where one of its commits left the offsets
+        from ingestion.ops.reset import rollback_request
+
+        table = iceberg.load_catalog().load_table(spec.table)
+        args.request = rollback_request(table, spec.consumer_group_id, args.to_snapshot)
+        args.command = "reset"
     if args.command == "reset" and not args.apply:
         request = reset_request(args, spec, kafka)
         return reset_offsets(spec, kafka, iceberg, request, False, args.by, args.reason)

@@ -283,6 +283,16 @@ def main(argv: list[str] | None = None) -> int:
         help="only these partitions (repeatable; default: all); the others keep their offsets",
     )
     _operator(reset, reason_required=False)
+    rollback = commands.add_parser(
+        "rollback",
+        help="take a pipeline back to one of its commits: the rows read since are deleted and "
+        "read again, recorded as a reset",
+    )
+    rollback.add_argument("pipeline")
+    rollback.add_argument(
+        "--to-snapshot", type=int, required=True, metavar="ID", help="a commit of the pipeline"
+    )
+    _operator(rollback, reason_required=False)
     migrate = commands.add_parser(
         "migrate-group", help="move a pipeline's offsets to a new consumer group id"
     )

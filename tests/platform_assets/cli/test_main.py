@@ -99,6 +99,20 @@ def test_status_validate_reset_and_maintain(
     assert main(["status"]) == 0  # status reports failing checks; it does not fail
     # 3 bad records among whatever the shared demo topic held (other tests produce to it too).
     assert re.search(r"FAILING dead_letter_rate: 3 of \d+ records", capsys.readouterr().out)
+    table_rows = demo.catalog.load_table("demo.orders").scan().to_arrow().num_rows
+    assert main(["status", "--json", "--skip-audit"]) == 0
+    (now,) = json.loads(capsys.readouterr().out)
+    previous = str(now["commits"][1]["snapshot_id"])  # the commit before the last ingestion
+    assert main(["rollback", "orders", "--to-snapshot", previous]) == 0  # a dry run
+    assert "re-read" in capsys.readouterr().out
+    assert demo.catalog.load_table("demo.orders").scan().to_arrow().num_rows == table_rows
+    rollback = ["rollback", "orders", "--to-snapshot", previous, "--apply", "--reason", "bad"]
+    assert main(rollback) == 0
+    assert "committed in snapshot" in capsys.readouterr().out
+    assert demo.catalog.load_table("demo.orders").scan().to_arrow().num_rows < table_rows
+    with pytest.raises(SystemExit, match="is not in the table's history"):
+        main(["rollback", "orders", "--to-snapshot", "12345"])
+    demo.ingest()  # read again once
     assert main(["validate"]) == 0
     assert "1 pipeline(s) valid" in capsys.readouterr().out
 
@@ -251,7 +265,7 @@ def test_help_describes_every_command(capsys: pytest.CaptureFixture[str]) -> Non
     entries = re.findall(r"^    (\S+)(.*)$", listed.group(1), flags=re.MULTILINE)
     names = [name for name, _ in entries]
     assert names == [
-        "status", "validate", "reset", "migrate-group", "maintain", "failover",
+        "status", "validate", "reset", "rollback", "migrate-group", "maintain", "failover",
         "complete-failback", "release-late-copies", "clear-dead-runs",
     ]  # fmt: skip
     described = re.split(r"\n    (?=\S)", listed.group(1))
