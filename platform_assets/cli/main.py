@@ -241,6 +241,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="FILE",
         help=f"the platform configuration (default: ${CONFIG_ENV}, else the embedded stack's)",
     )
+    parser.add_argument(
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help="json: one JSON document on stdout, for scripts (status: its figures; validate: "
+        "whether valid and why; the others: what they did or would do)",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     status = commands.add_parser(
         "status", help="offsets, lag, last commit and checks of every pipeline, or of one"
@@ -363,36 +370,42 @@ def main(argv: list[str] | None = None) -> int:
         audit = args.command == "status" and not args.skip_audit
         full = args.command == "status" and args.full_audit
         statuses = [pipeline_status(spec, kafka, iceberg, audit, full) for spec in specs.values()]
-        if args.command == "status" and args.json:
+        as_json = args.output == "json" or getattr(args, "json", False)
+        if args.command == "status" and as_json:
             print(json.dumps([item.to_dict() for item in statuses], indent=2))
         elif args.command == "status":
             for item in statuses:
                 print_status(item)
+        if args.command == "status":
+            return 0
         blocking = [s for s in statuses if GROUP_CHECK.name in s.failing]
-        for item in blocking if args.command == "validate" else []:
-            print(f"{item.pipeline}: {item.failing[GROUP_CHECK.name]}")
-        replicas = (
-            replica_config_problems(list(specs.values()), kafka)
-            if args.command == "validate"
-            else []
-        )
-        for problem in replicas if args.command == "validate" else []:
-            print(problem)
-        invalid = args.command == "validate" and bool(blocking or replicas)
-        if args.command == "validate" and not invalid:
+        problems = [f"{item.pipeline}: {item.failing[GROUP_CHECK.name]}" for item in blocking]
+        problems += replica_config_problems(list(specs.values()), kafka)
+        if not problems:
             source = config_path() or "defaults (the embedded stack)"
             catalog = f"{config.catalog.name!r} ({iceberg.source()})"
-            print(f"configuration {source}: valid; catalog {catalog}")
-            print(f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree")
-        return 1 if invalid else 0
+            lines = [
+                f"configuration {source}: valid; catalog {catalog}",
+                f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree",
+            ]
+        if as_json:
+            print(json.dumps({"valid": not problems, "problems": problems}, indent=2))
+        else:
+            print("\n".join(problems or lines))
+        return 1 if problems else 0
     if args.pipeline not in specs:
         raise SystemExit(f"platform: unknown pipeline {args.pipeline!r}; known: {sorted(specs)}")
     spec = specs[args.pipeline]
+    command = args.command
     try:
         lines = run_action(args, spec, kafka, iceberg)
     except IngestionError as exc:
         raise SystemExit(f"platform: {exc}") from None
-    print("\n".join(lines))
+    if args.output == "json":
+        document = {"command": command, "pipeline": spec.name, "applied": args.apply}
+        print(json.dumps({**document, "lines": lines}, indent=2))
+    else:
+        print("\n".join(lines))
     return 0
 
 

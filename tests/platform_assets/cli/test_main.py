@@ -115,6 +115,16 @@ def test_status_validate_reset_and_maintain(
     demo.ingest()  # read again once
     assert main(["validate"]) == 0
     assert "1 pipeline(s) valid" in capsys.readouterr().out
+    assert main(["--output", "json", "validate"]) == 0  # for scripts: one JSON document
+    assert json.loads(capsys.readouterr().out) == {"valid": True, "problems": []}
+    assert main(["--output", "json", "reset", "orders", "--to-latest"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert (planned["command"], planned["pipeline"], planned["applied"]) == (
+        "reset",
+        "orders",
+        False,
+    )
+    assert planned["lines"][-1] == "dry run: nothing committed (add --apply)"
 
     assert main(["status", "--json", "--skip-audit"]) == 0
     (before,) = json.loads(capsys.readouterr().out)
