@@ -136,6 +136,17 @@ class Harness:
         expected = {c for c in ledger.committed() if c[0] in self.topics(spec, ledger)}
         return audit_table(self.table(spec), spec.consumer_group_id, quarantine, expected, lost)
 
+    def assert_commits_audited(self, spec: PipelineSpec) -> Any:
+        """The production audit (ingestion.audit.incremental) over every commit of ``spec``,
+        recounted in Kafka: no finding; returns it (a ``CommitAudit``)."""
+        from ingestion.audit.incremental import audit_commits
+
+        table, group = self.table(spec), spec.consumer_group_id
+        config = self.kafka.client_config()
+        audit = audit_commits(table, group, config, spec.name, max_offsets=None)
+        assert audit.findings == [], audit.findings
+        return audit
+
     @staticmethod
     def topics(spec: PipelineSpec, ledger: Ledger) -> set[str]:
         """Topics of the spec (for a pattern: those in the ledger that match)."""

@@ -14,7 +14,6 @@ import orjson
 import pytest
 
 from ingestion import exceptions
-from ingestion.audit.incremental import audit_commits
 from ingestion.ops.compaction import compact_small_files
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.pipeline.recovery import list_orphan_files
@@ -64,12 +63,7 @@ def test_a_debezium_topic_leaves_the_table_equal_to_the_source(
         assert int(summary[DELETES]) == report.deletes
         assert state_by_duckdb(harness.table(spec)) == expected(source)
     assert report.executed_in == "spark"
-    audit = audit_commits(
-        harness.table(spec), spec.consumer_group_id, harness.kafka.client_config(), spec.name,
-        max_offsets=None,
-    )  # fmt: skip
-    assert audit.findings == []
-    assert len(audit.recounted) == 4
+    assert len(harness.assert_commits_audited(spec).recounted) == 4
 
 
 def test_bad_envelopes_are_set_aside_and_new_columns_join(
@@ -129,11 +123,7 @@ def test_a_crash_around_the_commit_applies_each_change_once(
     again = harness.run(spec)
     assert again.committed == (point != "after_catalog_call")  # nothing left to commit
     assert state_by_duckdb(harness.table(spec)) == expected(source)
-    audit = audit_commits(
-        harness.table(spec), spec.consumer_group_id, harness.kafka.client_config(), spec.name,
-        max_offsets=None,
-    )  # fmt: skip
-    assert audit.findings == []
+    harness.assert_commits_audited(spec)
 
 
 def test_a_compaction_between_the_plan_and_the_commit_is_planned_again(
