@@ -67,7 +67,7 @@ class KilledRuns:
                 os.killpg(run.pid, signal.SIGKILL)
                 return run.wait(timeout=30)
 
-    def kill_while_producing(self, produce_more: Callable[[], None]) -> None:
+    def kill_while_producing(self, produce_more: Callable[[], object]) -> None:
         """:data:`KILLS` runs, each killed after 3-9 s unless it ended first, while
         ``produce_more`` is called every half second; at least one must have been killed."""
         producing = threading.Event()
