@@ -71,6 +71,11 @@ class CommitOutcomeUnknownError(IngestionError):
     """The catalog call failed ambiguously and reconciliation could not find the commit."""
 
 
+class UpsertPlanError(IngestionError):
+    """A ``mode: upsert`` batch could not be planned against the table (a delete file the
+    copy-on-write cannot read, a key value it cannot compare); nothing was committed."""
+
+
 class DecodeError(IngestionError):
     """A record could not be decoded and ``errors_tolerance`` is ``none``."""
 

@@ -26,7 +26,7 @@ from ingestion.table.offsets import (
     decode_starts,
 )
 from ingestion.table.schema import CLUSTER_COLUMN, PRIMARY, labels_cluster
-from ingestion.table.upsert import DELETES, INSERTS, UPDATES
+from ingestion.table.upsert import DELETES, INSERTS, REWRITTEN_RECORDS, UPDATES
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -181,7 +181,8 @@ def _check_upsert_rows(
             f"snapshot {sid}: {len(mine)} rows from its ranges, but it counts {inserts} inserts "
             f"and {updates} updates"
         )
-    removed = _count(snapshot, "deleted-records")
+    # Rows read from the rewritten files (their delete files applied), else their count.
+    removed = int(properties.get(REWRITTEN_RECORDS, _count(snapshot, "deleted-records")))
     if removed != carried + updates + deletes:
         audit.findings.append(
             f"snapshot {sid}: its rewritten files held {removed} records, but it carried "

@@ -22,8 +22,8 @@ values and new columns (schema evolution of ``after``) behave as in append mode.
 
 Rejected, for the dead-letter path like any bad record: a value that is not a JSON object, an
 ``op`` that is not ``c``/``u``/``r``/``d`` (``t`` truncate and ``m`` message are not applied to a
-table's rows), a change with no image to apply, a change whose key fields are missing or null,
-and a row that does not decode.
+table's rows), an upsert with no ``after`` image, a change whose key fields are missing or null,
+an upsert that leaves a required column null, and a row that does not decode.
 
 Delivery: decoding is a pure function of the batch; the same batch decodes the same way on a
 retry.
@@ -111,6 +111,8 @@ def _envelope_change(document: dict[str, Any]) -> _Change | str:
         image = document.get("before")
     else:
         return f"operation {op!r} is not applied (c, u, r upsert; d deletes)"
+    if image is None and op in UPSERTS:  # the key alone would null every other column
+        return f"op {op!r} has no 'after' image to apply"
     if image is not None and not isinstance(image, dict):
         return f"op {op!r}: its image is not a JSON object"
     return _Change(str(op), image or {}, ts_ms, lsn)
@@ -201,6 +203,25 @@ def decode_changes(
         )
     kept = [meta[i] for i in decoded.indices]
     table = decoded.table
+    required = [f.name for f in schema if not f.nullable and f.name not in key_fields]
+    missing = [
+        position
+        for position, (op, _, _) in enumerate(kept)
+        if op != DELETE and any(not table.column(name)[position].is_valid for name in required)
+    ] if required else []  # fmt: skip
+    if missing:  # an upsert must fill the table's required columns (a delete sets the key)
+        for position in missing:
+            rejections.append(
+                Rejection(
+                    present[decoded.indices[position]],
+                    "MissingRequired",
+                    f"an upsert leaves required column(s) {required} null",
+                )
+            )
+        keep = sorted(set(range(len(kept))) - set(missing))
+        table = table.take(pa.array(keep, pa.int64()))
+        kept = [kept[i] for i in keep]
+        decoded.indices = [decoded.indices[i] for i in keep]
     table = table.append_column(OP, pa.array([m[0] for m in kept], pa.string()))
     table = table.append_column(SOURCE_TS_MS, pa.array([m[1] for m in kept], pa.int64()))
     table = table.append_column(LSN, pa.array([m[2] for m in kept], pa.int64()))

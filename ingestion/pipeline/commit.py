@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
     from pyiceberg.table import Table
 
+    from ingestion.table.upsert import ApplyChanges
+
 NO_RETRY = {"commit.retry.num-retries": "0"}
 
 
@@ -128,15 +130,16 @@ def commit_data(
     max_attempts: int = 5,
     backoff_s: Callable[[int], float] = lambda attempt: min(2.0, 0.1 * 2**attempt),
     witness: Witness | None = None,
-    apply: Callable[[Table, dict[str, str]], int] | None = None,
+    apply: ApplyChanges | None = None,
 ) -> CommitOutcome:
     """Commit ``files`` with the plan's next offsets, exactly once (``witness``: one of their
     rows, kept with the position table property, R56).
 
-    ``apply(table, properties)``, when given, makes the snapshot instead of appending
-    ``files``: it is called on each attempt's freshly loaded head, after the checks below,
-    commits against that head without retrying, and raises ``CommitFailedException`` (its own
-    files deleted) when the head moved (``mode: upsert``: ingestion.table.upsert.ApplyChanges).
+    ``apply``, when given, makes the snapshot instead of appending ``files`` (``mode:
+    upsert``, ingestion.table.upsert.ApplyChanges): on each attempt's freshly loaded head,
+    after the checks below, ``apply.prepare`` plans (a failure there is a named error, nothing
+    committed), then ``apply(table, properties)`` commits against that head without retrying,
+    raising ``CommitFailedException`` when the head moved.
 
     Delivery: idempotent. If the plan's commit id is already in the table's ancestry the
     existing snapshot is returned (R5). If another commit moved the group's offsets since the
@@ -181,6 +184,8 @@ def commit_data(
                 f"{retirement.description}; this attempt ({plan.commit_id}) was aborted and its "
                 f"{len(files)} files deleted. Set consumer_group_id: {retirement.successor}"
             )
+        if apply is not None:  # outside the catalog call: its errors are not ambiguous
+            apply.prepare(table, plan.pipeline)
         try:
             hooks.fire("before_catalog_call", plan=plan)
             if apply is None:

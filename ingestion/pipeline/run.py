@@ -298,7 +298,16 @@ def check_table_mode(spec: PipelineSpec, table: Table) -> None:
     would add a second row per key."""
     from ingestion.formats.debezium import OP
 
-    keyed = OP in table.schema().column_names
+    schema = table.schema()
+    keyed = OP in schema.column_names
+    if keyed and spec.mode == "upsert":
+        keys = [schema.find_column_name(i) for i in sorted(schema.identifier_field_ids)]
+        if sorted(n for n in keys if n) != sorted(spec.key_fields or []):
+            raise exceptions.PipelineSpecError(
+                f"pipeline {spec.name!r} has key_fields {spec.key_fields}, but table "
+                f"{spec.table} is keyed by {keys}: re-keying would keep rows the new key never "
+                "matches; nothing was read. Put the key back, or ingest into a new table"
+            )
     if keyed == (spec.mode == "upsert"):
         return
     created = "mode: upsert" if keyed else "mode: append"

@@ -339,6 +339,9 @@ class PipelineSpec(_Model):
         nested = [key for key in keys if types[key].startswith(("struct", "list", "map"))]
         if nested:
             raise ValueError(f"key_fields {nested} must be primitive columns")
+        unkeyable = [key for key in keys if types[key] in ("float", "double", "uuid")]
+        if unkeyable:  # Iceberg refuses float identifier fields; NaN and -0.0 do not compare
+            raise ValueError(f"key_fields {unkeyable}: float, double and uuid cannot be keys")
         if any(name.startswith("_cdc_") for name in names):
             raise ValueError("schema field names must not start with '_cdc_' (change columns)")
         if self.replicas:

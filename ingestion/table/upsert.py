@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingestion.formats.debezium import DELETE, OP, last_change_per_key
+from ingestion.formats.debezium import DELETE, LSN, OP, last_change_per_key
 
 if TYPE_CHECKING:
     from pyiceberg.manifest import DataFile
@@ -45,6 +45,9 @@ INSERTS = "kafka.cdc.inserts"
 UPDATES = "kafka.cdc.updates"
 DELETES = "kafka.cdc.deletes"
 REWRITTEN_FILES = "kafka.cdc.rewritten-files"
+# Rows read from the rewritten files, their delete files applied (a file's record count also
+# holds rows another engine deleted by position): carried over + updated + deleted.
+REWRITTEN_RECORDS = "kafka.cdc.rewritten-records"
 
 
 @dataclass
@@ -56,6 +59,7 @@ class UpsertPlan:
     inserts: int = 0
     updates: int = 0
     deletes: int = 0
+    rows_read: int = 0  # rows of the rewritten files, their delete files applied
 
     def properties(self) -> dict[str, str]:
         """The counts, for the commit's snapshot summary."""
@@ -64,15 +68,38 @@ class UpsertPlan:
             UPDATES: str(self.updates),
             DELETES: str(self.deletes),
             REWRITTEN_FILES: str(len(self.removed)),
+            REWRITTEN_RECORDS: str(self.rows_read),
         }
 
 
 def _key_values(table: pa.Table, key_fields: tuple[str, ...]) -> pa.ChunkedArray | pa.Array:
-    """One comparable value per row for a key of one or more fields."""
+    """One comparable value per row for a key of one or more fields: a composite key is its
+    fields' bytes, each after its length, so no two keys share a value (``("a:b", "c")`` and
+    ``("a", "b:c")`` differ)."""
     if len(key_fields) == 1:
         return table.column(key_fields[0])
-    parts = [pc.cast(table.column(name), pa.string()) for name in key_fields]
-    return pc.binary_join_element_wise(*parts, "\x1f")
+    parts: list[Any] = []
+    for name in key_fields:
+        column = table.column(name)
+        if not pa.types.is_binary(column.type) and not pa.types.is_large_binary(column.type):
+            column = pc.cast(column, pa.large_string())
+        column = pc.cast(column, pa.large_binary())
+        size = pc.cast(pc.cast(pc.binary_length(column), pa.large_string()), pa.large_binary())
+        parts += [size, column]
+    return pc.binary_join_element_wise(*parts, pa.scalar(b":", pa.large_binary()))
+
+
+def _as_bound_values(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """A key column's values as Iceberg's bounds decode (``from_bytes``): dates as days,
+    times and timestamps as microseconds; the others as they are."""
+    kind = column.type
+    if pa.types.is_timestamp(kind):
+        column = pc.cast(pc.cast(column, pa.timestamp("us", kind.tz)), pa.int64())
+    elif pa.types.is_date(kind):
+        column = pc.cast(pc.cast(column, pa.date32()), pa.int32())
+    elif pa.types.is_time(kind):
+        column = pc.cast(pc.cast(column, pa.time64("us")), pa.int64())
+    return column.to_pylist()
 
 
 def candidate_files(
@@ -88,7 +115,7 @@ def candidate_files(
     schema = table.schema()
     first = schema.find_field(key_fields[0])
     assert isinstance(first.field_type, PrimitiveType), "a key field is a primitive column"
-    values = sorted(v for v in keys.column(key_fields[0]).to_pylist() if v is not None)
+    values = sorted(v for v in _as_bound_values(keys.column(key_fields[0])) if v is not None)
     candidates = []
     for task in table.scan().plan_files():
         lower = (task.file.lower_bounds or {}).get(first.field_id)
@@ -136,6 +163,7 @@ def plan_upsert(
         existing.update(pc.filter(row_keys, changed).to_pylist())
         kept.append(rows.filter(pc.invert(changed)))
         plan.removed.append(task.file)
+        plan.rows_read += rows.num_rows
     upserts = last.filter(pc.not_equal(last.column(OP), DELETE))
     for op_is_delete, key in zip(
         pc.equal(last.column(OP), DELETE).to_pylist(), keys.to_pylist(), strict=True
@@ -203,37 +231,65 @@ def commit_upsert(
 @dataclass
 class ApplyChanges:
     """One batch's changes, applied by :func:`ingestion.pipeline.commit.commit_data` on each
-    attempt's fresh head: plan against that head, commit against it, or delete the plan's
-    files and let the caller retry (``CommitFailedException``: the head moved, e.g. a
-    compaction replaced a candidate file). ``plan`` is the last attempt's.
+    attempt's fresh head: :meth:`prepare` plans against that head (outside the catalog call:
+    a planning error is a named failure, never an unknown commit outcome), then the call
+    commits against the same head, or raises ``CommitFailedException`` when the head moved
+    (a compaction replaced a candidate file): the caller retries. ``plan`` is the last
+    attempt's.
 
     Delivery: the plan is a pure function of the head and the changes, so an attempt on a new
     head never applies a change twice; the commit carries the offsets (the compare-and-set is
-    the caller's).
+    the caller's). A failed attempt's files are deleted only by the next attempt's
+    :meth:`prepare`, which runs once the caller has found that attempt's commit absent from
+    the table: a catalog that reports a failure for a commit it applied (a retried call behind
+    a proxy, Glue) never loses the files of a landed commit. Files of the last failed attempt
+    are orphans for maintenance.
     """
 
     changes: pa.Table
     key_fields: tuple[str, ...]
     witness: Witness | None = None
     plan: UpsertPlan | None = None
+    failed: list[DataFile] = field(default_factory=list)
+
+    def prepare(self, table: Table, pipeline: str) -> None:
+        """Plan against ``table``'s head, after deleting a failed attempt's files."""
+        from ingestion import exceptions
+
+        for data_file in self.failed:  # not landed: the caller checked the commit id
+            table.io.delete(data_file.file_path)
+        self.failed = []
+        try:
+            self.plan = plan_upsert(table, self.changes, self.key_fields, self.changes.column_names)
+        except (ValueError, TypeError, pa.ArrowException) as exc:
+            raise exceptions.UpsertPlanError(
+                f"pipeline {pipeline!r}: the batch's changes could not be applied to "
+                f"{'.'.join(table.name())} ({type(exc).__name__}: {exc}); nothing was committed"
+            ) from exc
 
     def __call__(self, table: Table, properties: dict[str, str]) -> int:
         from pyiceberg.exceptions import CommitFailedException
 
-        self.plan = plan_upsert(table, self.changes, self.key_fields, self.changes.column_names)
+        assert self.plan is not None, "prepare() plans each attempt first"
         try:
             return commit_upsert(table, self.plan, properties, self.witness)
         except CommitFailedException:
-            for data_file in self.plan.added:  # never committed: the head moved first
-                table.io.delete(data_file.file_path)
+            self.failed = list(self.plan.added)  # deleted once the retry finds it absent
             raise
 
 
 def gather_changes(tables: list[pa.Table], key_fields: tuple[str, ...]) -> pa.Table:
     """One batch's changes from its tasks' (each its range's last change per key, the tasks
-    in offset order within a partition): the last change per key of them all. Tables decoded
-    before a schema change of the same run lack its columns: they read null."""
+    in offset order within a partition): the last change per key of them all, in the
+    source's log order when every change carries its position (``_cdc_lsn``), else in (topic,
+    partition, offset) order. Tables decoded before a schema change of the same run lack its
+    columns: they read null."""
     together = pa.concat_tables(tables, promote_options="permissive")
+    if LSN in together.column_names and together.column(LSN).null_count == 0:
+        # Every change carries its source log position (PostgreSQL's source.lsn): its order
+        # is the database's, also across partitions (a key whose partition changed after
+        # partitions were added). Arrow's sort is stable: equal positions keep offset order.
+        together = together.take(pc.sort_indices(together, [(LSN, "ascending")]))
     return last_change_per_key(together, key_fields)
 
 

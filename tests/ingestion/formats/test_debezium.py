@@ -136,3 +136,27 @@ def test_a_delete_needs_only_the_key_and_a_tombstone_only_the_record_key() -> No
         {"id": 4, "name": None, OP: "d"},
     ]
     assert out.table.column("balance").to_pylist() == [None, None]
+
+
+def test_an_upsert_without_an_image_or_a_required_column_is_set_aside() -> None:
+    """``after: null`` would null every column but the key; a required column left null would
+    fail the copy-on-write: both are rejected by name, for the dead-letter path."""
+    import pyarrow as pa
+
+    from ingestion.formats.debezium import decode_changes
+
+    schema = pa.schema([pa.field("id", pa.int64(), False), pa.field("name", pa.string(), False)])
+    values: list[bytes | None] = [
+        b'{"op": "u", "before": null, "after": null, "source": {}}',
+        b'{"op": "c", "before": null, "after": {"id": 2}, "source": {}}',
+        b'{"op": "c", "before": null, "after": {"id": 3, "name": "c"}, "source": {}}',
+        b'{"op": "d", "before": {"id": 4}, "after": null, "source": {}}',
+    ]
+    keys: list[bytes | None] = [b'{"id": 1}', b'{"id": 2}', b'{"id": 3}', b'{"id": 4}']
+    out = decode_changes(values, keys, schema, ("id",))
+    assert [(r.index, r.error_class) for r in out.rejections] == [
+        (0, "UnsupportedOperation"),
+        (1, "MissingRequired"),
+    ]
+    assert out.indices == [2, 3]
+    assert out.table.column("id").to_pylist() == [3, 4]

@@ -167,6 +167,9 @@ def test_mode_must_match_the_table(
     append = spec.model_copy(update={"mode": "append", "key_fields": None})
     with pytest.raises(exceptions.PipelineSpecError, match="created for mode: upsert"):
         harness.run(append)
+    rekeyed = spec.model_copy(update={"key_fields": ["id", "name"]})
+    with pytest.raises(exceptions.PipelineSpecError, match=r"is keyed by \['id'\]"):
+        harness.run(rekeyed)
 
 
 def test_the_flattened_form_leaves_the_source_state(
@@ -179,6 +182,7 @@ def test_the_flattened_form_leaves_the_source_state(
     topic = create_topic(partitions=1)
     spec = cdc_spec(topic, "cdc_flattened", envelope="flattened")
     produce(ledger_producer, topic, source.snapshot(30))
+    harness.run(spec)
     produce(ledger_producer, topic, source.random_changes(random.Random(2), 90, keys=40))
     report = harness.run(spec)
     assert report.deletes > 0

@@ -129,6 +129,11 @@ def test_valid_spec_defaults() -> None:
             "'_cdc_'",
         ),
         ({"mode": "upsert", "key_fields": ["order_id"], "envelope": "avro"}, "envelope", "Input"),
+        (
+            {"mode": "upsert", "key_fields": ["f"], "schema": [{"name": "f", "type": "double"}]},
+            "<spec>",
+            "float, double and uuid cannot be keys",
+        ),
         (  # 'primary' names the pipeline's own cluster (_kafka_cluster, failover --to)
             {"replicas": [{"name": "primary", "source_alias": "east"}]},
             "replicas.0.name",

@@ -99,3 +99,83 @@ def test_a_batch_touches_only_the_files_holding_its_keys(tmp_path: Path) -> None
     assert summary["kafka.cdc.rewritten-files"] == "1"
     assert summary[UPDATES] == "3"
     assert state_by_duckdb(flat) == expected(source)
+
+
+def test_a_timestamp_key_finds_its_files_by_their_bounds(tmp_path: Path) -> None:
+    """Bounds decode to microseconds, the batch's keys to datetimes: compared in one form."""
+    from datetime import UTC, datetime
+
+    import pyarrow as pa
+
+    from ingestion.table.upsert import candidate_files
+
+    schema = Schema(
+        NestedField(1, "at", TimestamptzType(), required=True), identifier_field_ids=[1]
+    )
+    keyed = local_catalog(tmp_path, "c").create_table("n.ts", schema)
+    first = datetime(2026, 1, 1, tzinfo=UTC)
+    keyed.append(
+        pa.table({"at": pa.array([first], pa.timestamp("us", "UTC"))}, schema=schema.as_arrow())
+    )
+    later = datetime(2027, 1, 1, tzinfo=UTC)
+    keys = pa.table({"at": pa.array([first, later], pa.timestamp("us", "UTC"))})
+    assert len(candidate_files(keyed, keys, ("at",))) == 1
+    assert candidate_files(keyed, keys.slice(1), ("at",)) == []
+
+
+def test_composite_keys_that_join_alike_stay_two_keys(tmp_path: Path) -> None:
+    """("x:y", "z") and ("x", "y:z") are two rows; deleting one keeps the other."""
+    import pyarrow as pa
+
+    schema = Schema(
+        NestedField(1, "a", StringType(), required=True),
+        NestedField(2, "b", StringType(), required=True),
+        identifier_field_ids=[1, 2],
+    )
+    keyed = local_catalog(tmp_path, "c").create_table("n.pair", schema)
+    keyed.append(pa.table({"a": ["x:y", "x"], "b": ["z", "y:z"]}, schema=schema.as_arrow()))
+    delete = pa.table({"a": ["x:y"], "b": ["z"], "_cdc_op": ["d"]})
+    plan = plan_upsert(keyed, delete, ("a", "b"), ["a", "b"])
+    commit_upsert(keyed, plan, {})
+    assert plan.deletes == 1
+    assert keyed.refresh().scan().to_arrow().to_pylist() == [{"a": "x", "b": "y:z"}]
+
+
+def test_the_source_log_position_orders_changes_across_partitions() -> None:
+    """A key whose changes sit in two partitions (partitions added to the topic): the change
+    with the later source.lsn wins, whatever partition sorts last."""
+    import pyarrow as pa
+
+    from ingestion.table.upsert import gather_changes
+
+    newer_in_p0 = pa.table({"id": [1], "_cdc_op": ["u"], "_cdc_lsn": [200], "v": ["new"]})
+    older_in_p1 = pa.table({"id": [1], "_cdc_op": ["d"], "_cdc_lsn": [100], "v": [None]})
+    (winner,) = gather_changes([newer_in_p0, older_in_p1], ("id",)).to_pylist()
+    assert winner["v"] == "new"
+
+
+def test_a_failed_attempts_files_are_deleted_only_once_its_commit_is_absent(table: Table) -> None:
+    """The commit raises CommitFailedException (the head moved): its files stay until the next
+    attempt's prepare, which runs only after the caller found the commit id absent."""
+    import pyarrow as pa
+    from pyiceberg.exceptions import CommitFailedException
+
+    from ingestion.table.upsert import ApplyChanges
+
+    source = DebeziumTable()
+    apply(table, source.snapshot(5))
+    events = source.update(2, random.Random(1))
+    arrow = SCHEMA.as_arrow()
+    changes = decode_changes([v for _, v, _ in events], [k for k, _, _ in events], arrow, KEY)
+    stale = table.catalog.load_table(table.name())  # a handle at this head
+    apply(table, source.update(3, random.Random(2)))  # the head moves
+    step = ApplyChanges(changes.table, KEY)
+    step.prepare(stale, "p")
+    assert step.plan is not None
+    written = [f.file_path for f in step.plan.added]
+    with pytest.raises(CommitFailedException):
+        step(stale, {})
+    assert all(stale.io.new_input(path).exists() for path in written)
+    step.prepare(table.refresh(), "p")
+    assert not any(stale.io.new_input(path).exists() for path in written)
+    assert isinstance(step.changes, pa.Table)
