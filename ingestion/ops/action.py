@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingestion import exceptions
 from ingestion.kafka.ranges import Key
-from ingestion.pipeline.commit import commit_view, load_table_with_retry
+from ingestion.pipeline.commit import load_table_with_retry
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets, read_group_offsets
 from ingestion.quarantine.dead_letters import copy_pending_dead_letters
@@ -40,6 +40,7 @@ from ingestion.table.offsets import (
     record_position,
 )
 from ingestion.table.rewind import find_retirement
+from ingestion.table.transaction import commit_view
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient

@@ -47,10 +47,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ingestion._pyiceberg_compat import replace_files
-from ingestion.pipeline.commit import commit_view, delete_files
+from ingestion.pipeline.commit import delete_files
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.table.offsets import iter_ancestry, snapshot_properties
 from ingestion.table.sort_order import try_sort_rows, write_order
+from ingestion.table.transaction import commit_view
 from ingestion.task.writer import write_data_files
 
 if TYPE_CHECKING:

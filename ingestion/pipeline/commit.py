@@ -27,6 +27,7 @@ from ingestion.table.offsets import (
     record_position,
 )
 from ingestion.table.rewind import find_retirement
+from ingestion.table.transaction import commit_view
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from pyiceberg.table import Table
 
     from ingestion.table.upsert import ApplyChanges
-
-NO_RETRY = {"commit.retry.num-retries": "0"}
 
 
 @dataclass(frozen=True)
@@ -45,20 +44,6 @@ class CommitOutcome:
     snapshot_id: int
     replayed: bool
     attempts: int
-
-
-def commit_view(table: Table) -> Table:
-    """A handle on ``table`` whose transactions do not retry by themselves.
-
-    pyiceberg reads ``commit.retry.num-retries`` from the handle's in-memory metadata; this view
-    sets it to 0 there only. Nothing of it is written: the catalog applies the commit's updates
-    to its own current metadata.
-    """
-    from pyiceberg.table import Table as IcebergTable
-
-    properties = {**table.metadata.properties, **NO_RETRY}
-    metadata = table.metadata.model_copy(update={"properties": properties})
-    return IcebergTable(table.name(), metadata, table.metadata_location, table.io, table.catalog)
 
 
 def append_files(

@@ -203,8 +203,8 @@ def commit_upsert(
     previous witness when the commit changes no row and sets no record aside.
     """
     from ingestion._pyiceberg_compat import overwrite_files
-    from ingestion.pipeline.commit import commit_view
     from ingestion.table.offsets import GROUP_ID, QUARANTINED, previous_witness, record_position
+    from ingestion.table.transaction import commit_view
 
     group = properties.get(GROUP_ID)
     quarantined = properties.get(QUARANTINED, "0") != "0"

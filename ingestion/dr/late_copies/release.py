@@ -69,8 +69,8 @@ def release_guard(
 
     from pyiceberg.exceptions import CommitFailedException
 
-    from ingestion.pipeline.commit import commit_view
     from ingestion.table.offsets import COMMIT_ID, PIPELINE, RESET_BY, RESET_REASON
+    from ingestion.table.transaction import commit_view
 
     key = UNCOPIED_PREFIX + spec.consumer_group_id
     first: str | None = None
