@@ -71,8 +71,12 @@ def avro_to_iceberg_schema(schema_text: str) -> Schema:
     return AvroSchemaConversion().avro_to_iceberg(document)
 
 
-def fetch_writer_schemas(client: Any, subjects: list[str]) -> WriterSchemas:
-    """Return every registered version of ``subjects`` as {schema id: schema text}.
+def fetch_writer_schemas(
+    client: Any, subjects: list[str], absent_ok: bool = False
+) -> WriterSchemas:
+    """Return every registered version of ``subjects`` as {schema id: schema text}; with
+    ``absent_ok`` a subject the registry does not have is skipped (keys: a topic may have
+    none registered).
 
     Call it after the plan froze its end offsets: every record in the planned ranges was
     produced before, so its schema was registered before (ids from other subjects are fetched
@@ -80,7 +84,13 @@ def fetch_writer_schemas(client: Any, subjects: list[str]) -> WriterSchemas:
     """
     schemas: WriterSchemas = {}
     for subject in subjects:
-        for version in client.get_versions(subject):
+        try:
+            versions = client.get_versions(subject)
+        except Exception as exc:
+            if absent_ok and is_not_found(exc):
+                continue
+            raise
+        for version in versions:
             registered = client.get_version(subject, version)
             schemas[int(registered.schema_id)] = registered.schema.schema_str
     return schemas
@@ -95,6 +105,49 @@ def split_wire_format(value: bytes | None) -> tuple[int, bytes] | Rejection:
     return struct.unpack(">I", value[1:5])[0], value[5:]
 
 
+class AvroRecords:
+    """Reads wire-format Avro records with the writer schemas the driver shipped (parsed once
+    per reader); remembers the schema ids it did not know.
+
+    Example:
+        >>> import fastavro
+        >>> text = '{"type": "record", "name": "r", "fields": [{"name": "id", "type": "long"}]}'
+        >>> body = io.BytesIO()
+        >>> fastavro.schemaless_writer(body, fastavro.parse_schema(orjson.loads(text)), {"id": 7})
+        >>> reader = AvroRecords({3: text})
+        >>> reader.read(b"\\x00" + struct.pack(">I", 3) + body.getvalue())
+        {'id': 7}
+        >>> unknown = reader.read(b"\\x00" + struct.pack(">I", 4) + body.getvalue())
+        >>> unknown.error_class, reader.unknown
+        ('UnknownSchemaId', {4})
+    """
+
+    def __init__(self, writers: WriterSchemas) -> None:
+        import fastavro
+
+        self._parsed = {i: fastavro.parse_schema(orjson.loads(text)) for i, text in writers.items()}
+        self.unknown: set[int] = set()
+
+    def read(self, value: bytes | None) -> dict[str, Any] | Rejection:
+        """The record ``value`` holds, or a rejection (index -1: the caller's to set)."""
+        import fastavro
+
+        split = split_wire_format(value)
+        if isinstance(split, Rejection):
+            return split
+        schema_id, body = split
+        if schema_id not in self._parsed:
+            self.unknown.add(schema_id)
+            return Rejection(-1, "UnknownSchemaId", f"schema id {schema_id}")
+        try:
+            row = fastavro.schemaless_reader(io.BytesIO(body), self._parsed[schema_id], None)
+        except Exception as exc:  # fastavro raises many types for corrupt bodies
+            return Rejection(-1, type(exc).__name__, str(exc)[:1000])
+        if not isinstance(row, dict):
+            return Rejection(-1, "NotARecord", f"schema {schema_id} is no record")
+        return row
+
+
 def decode_avro(
     values: list[bytes | None],
     writers: WriterSchemas,
@@ -106,30 +159,14 @@ def decode_avro(
     Records whose schema id is not in ``writers`` are rejected as ``UnknownSchemaId`` and their
     ids returned, so the coordinator can look them up and run the range again.
     """
-    import fastavro
-
-    parsed = {i: fastavro.parse_schema(orjson.loads(text)) for i, text in writers.items()}
+    reader = AvroRecords(writers)
     rows: list[dict[str, Any]] = []
     indices: list[int] = []
     rejections: list[Rejection] = []
-    unknown: set[int] = set()
     for index, value in enumerate(values):
-        split = split_wire_format(value)
-        if isinstance(split, Rejection):
-            rejections.append(Rejection(index, split.error_class, split.message))
-            continue
-        schema_id, body = split
-        if schema_id not in parsed:
-            unknown.add(schema_id)
-            rejections.append(Rejection(index, "UnknownSchemaId", f"schema id {schema_id}"))
-            continue
-        try:
-            row = fastavro.schemaless_reader(io.BytesIO(body), parsed[schema_id], None)
-        except Exception as exc:  # fastavro raises many types for corrupt bodies
-            rejections.append(Rejection(index, type(exc).__name__, str(exc)[:1000]))
-            continue
-        if not isinstance(row, dict):
-            rejections.append(Rejection(index, "NotARecord", f"schema {schema_id} is no record"))
+        row = reader.read(value)
+        if isinstance(row, Rejection):
+            rejections.append(Rejection(index, row.error_class, row.message))
             continue
         rows.append(row)
         indices.append(index)
@@ -137,7 +174,7 @@ def decode_avro(
     for position, reason in bad.items():
         rejections.append(Rejection(indices[position], "ArrowInvalid", reason))
     indices = [index for position, index in enumerate(indices) if position not in bad]
-    return finish_decoded(table, indices, rejections, schema, required), unknown
+    return finish_decoded(table, indices, rejections, schema, required), reader.unknown
 
 
 def _rows_to_arrow(

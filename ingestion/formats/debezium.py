@@ -1,7 +1,9 @@
 """Debezium change events decoded into keyed changes: the input of ``mode: upsert`` (issue 31).
 
-Three shapes of a change reach a topic, all decoded here (JSON values and keys, with or without
-the JsonConverter's ``{"schema": ..., "payload": ...}`` wrapper):
+Three shapes of a change reach a topic, all decoded here, in JSON (values and keys, with or
+without the JsonConverter's ``{"schema": ..., "payload": ...}`` wrapper) or in Avro (the
+AvroConverter's Confluent wire format, writer schemas from the Schema Registry; the row then
+takes the same typed path as JSON: decimals by their exact text, bytes as base64):
 
 - **The envelope** (``envelope: debezium``): ``{"before", "after", "source", "op", "ts_ms"}``.
   ``op`` ``c`` (insert), ``u`` (update) and ``r`` (a snapshot read) upsert the ``after`` image;
@@ -31,13 +33,16 @@ retry.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ingestion.formats.avro import AvroRecords, WriterSchemas
 from ingestion.formats.bad_values import DecodeStats
 from ingestion.formats.decode import Rejection, decode_json
 
@@ -65,6 +70,7 @@ class Changes:
     new_fields: dict[str, pa.DataType] = field(default_factory=dict)
     promotions: dict[str, pa.DataType] = field(default_factory=dict)
     stats: DecodeStats = field(default_factory=DecodeStats)
+    unknown_schema_ids: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -89,14 +95,24 @@ def _as_int(value: Any) -> int | None:
         return None
 
 
-def _read_key(key: bytes | None) -> dict[str, Any] | None:
-    if key is None:
-        return None
+def _read_json(value: bytes) -> dict[str, Any] | Rejection:
     try:
-        document = _unwrap(orjson.loads(key))
-    except orjson.JSONDecodeError:
-        return None
-    return document if isinstance(document, dict) else None
+        document = _unwrap(orjson.loads(value))
+    except orjson.JSONDecodeError as exc:
+        return Rejection(-1, "JSONDecodeError", str(exc)[:1000])
+    if not isinstance(document, dict):
+        return Rejection(-1, "NotAnObject", "the value is not an object")
+    return document
+
+
+def _json_default(value: Any) -> Any:
+    """What an Avro-decoded row holds that JSON has no type for: decimals as their exact text
+    (parsed by the column's decimal type), bytes as base64 (Debezium's JSON form of bytes)."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"{type(value).__name__} is not a row value")
 
 
 def _envelope_change(document: dict[str, Any]) -> _Change | str:
@@ -144,9 +160,14 @@ def decode_changes(
     schema: pa.Schema,
     key_fields: tuple[str, ...],
     envelope: Envelope = "debezium",
+    writers: WriterSchemas | None = None,
 ) -> Changes:
     """Decode a batch of change events (``values`` and their record ``keys``) against the
     table's columns ``schema`` (see the module docstring for the shapes and what is rejected).
+    JSON unless ``writers`` are given: then values and keys are Avro in the Confluent wire
+    format (Debezium's AvroConverter), read with those writer schemas; the ids it did not know
+    are returned in ``unknown_schema_ids`` (the coordinator fetches them and runs the range
+    again, as in append mode).
 
     Example:
         >>> schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
@@ -165,22 +186,22 @@ def decode_changes(
         ([0, 1, 2], [(3, 'UnsupportedOperation')])
     """
     read = _envelope_change if envelope == "debezium" else _flattened_change
+    avro = AvroRecords(writers) if writers is not None else None
+    parse = avro.read if avro is not None else _read_json
     rejections: list[Rejection] = []
     rows: list[bytes] = []
     meta: list[tuple[str, int | None, int | None]] = []
     present: list[int] = []
     for index, (value, key) in enumerate(zip(values, keys, strict=True)):
-        record_key = _read_key(key)
+        record_key = parse(key) if key is not None else None
+        if isinstance(record_key, Rejection):  # then only the image can give the key
+            record_key = None
         if value is None:
             change: _Change | str = _Change(DELETE, {}, None, None)
         else:
-            try:
-                document = _unwrap(orjson.loads(value))
-            except orjson.JSONDecodeError as exc:
-                rejections.append(Rejection(index, "JSONDecodeError", str(exc)[:1000]))
-                continue
-            if not isinstance(document, dict):
-                rejections.append(Rejection(index, "NotAnObject", "the value is not an object"))
+            document = parse(value)
+            if isinstance(document, Rejection):
+                rejections.append(Rejection(index, document.error_class, document.message))
                 continue
             change = read(document)
         if isinstance(change, str):
@@ -193,7 +214,7 @@ def decode_changes(
             rejections.append(Rejection(index, "MissingKey", message))
             continue
         row = found if change.op == DELETE else {**change.image, **found}
-        rows.append(orjson.dumps(row))
+        rows.append(orjson.dumps(row, default=_json_default))
         meta.append((change.op, change.source_ts_ms, change.lsn))
         present.append(index)
     decoded = decode_json(list(rows), _nullable_but(schema, key_fields), key_fields)
@@ -233,6 +254,40 @@ def decode_changes(
         decoded.new_fields,
         decoded.promotions,
         decoded.stats,
+        avro.unknown if avro is not None else set(),
+    )
+
+
+def row_schema_text(envelope_schema: str, envelope: Envelope) -> str:
+    """The Avro record schema of the rows a change carries, from the subject's schema: the
+    record of ``after`` (and ``before``) in Debezium's envelope (a union with null; the second
+    image refers to the first by name), or the flattened record without its ``__`` metadata
+    fields. The table of an Avro ``mode: upsert`` pipeline without a declared schema is
+    created from it.
+
+    Example:
+        >>> text = orjson.dumps({"type": "record", "name": "Envelope", "fields": [
+        ...     {"name": "before", "type": ["null", {"type": "record", "name": "Value",
+        ...      "fields": [{"name": "id", "type": "int"}]}], "default": None},
+        ...     {"name": "after", "type": ["null", "Value"], "default": None},
+        ...     {"name": "op", "type": "string"}]}).decode()
+        >>> row_schema_text(text, "debezium")
+        '{"type":"record","name":"Value","fields":[{"name":"id","type":"int"}]}'
+    """
+    document = orjson.loads(envelope_schema)
+    if not isinstance(document, dict) or document.get("type") != "record":
+        raise ValueError("the subject's schema is not an Avro record")
+    if envelope == "flattened":
+        fields = [f for f in document["fields"] if not str(f["name"]).startswith("__")]
+        return orjson.dumps({**document, "fields": fields}).decode()
+    images = {f["name"]: f["type"] for f in document["fields"] if f["name"] in ("before", "after")}
+    for image in images.values():
+        for branch in image if isinstance(image, list) else [image]:
+            if isinstance(branch, dict) and branch.get("type") == "record":
+                return orjson.dumps(branch).decode()
+    raise ValueError(
+        "the subject's schema is no Debezium envelope: no 'before'/'after' record (for the "
+        "flattened form set envelope: flattened)"
     )
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ingestion import exceptions
 from ingestion.formats.avro import avro_to_iceberg_schema, fetch_writer_schemas
 from ingestion.formats.bad_values import DecodeStats
+from ingestion.formats.debezium import row_schema_text
 from ingestion.kafka.clients import client_properties
 from ingestion.kafka.consumer import open_consumer
 from ingestion.kafka.ranges import Key
@@ -205,7 +206,10 @@ def run_pipeline(
         io_properties = io_properties if io_properties is not None else dict(catalog.properties)
         writers = {}
         if registry is not None:
-            writers = fetch_writer_schemas(registry, spec.value_subjects(sorted(plan.topic_ids)))
+            topics = sorted(plan.topic_ids)
+            writers = fetch_writer_schemas(registry, spec.value_subjects(topics))
+            if spec.mode == "upsert":  # a tombstone's key (Debezium's AvroConverter keys)
+                writers |= fetch_writer_schemas(registry, spec.key_subjects(topics), absent_ok=True)
         guard = None
         if replicas is not None:  # MM2's late copies are held back from the tasks (R54)
             guard = replicas.run_guard(table, plan.group_id, spec.name, cluster_config)
@@ -429,6 +433,8 @@ def _open_table(catalog: Catalog, spec: PipelineSpec, registry: Any | None) -> T
     derived = None
     if registry is not None and not spec.schema_fields and not catalog.table_exists(spec.table):
         subject = spec.value_subjects(spec.source_topics or ["<pattern>"])[0]
-        latest = registry.get_latest_version(subject)
-        derived = avro_to_iceberg_schema(latest.schema.schema_str)
+        text = registry.get_latest_version(subject).schema.schema_str
+        if spec.mode == "upsert":  # the row a change carries, not its envelope
+            text = row_schema_text(text, spec.envelope)
+        derived = avro_to_iceberg_schema(text)
     return load_or_create_table(catalog, spec, derived)

@@ -243,6 +243,10 @@ class PipelineSpec(_Model):
         """Schema Registry subjects of the values of ``topics`` (topic name strategy)."""
         return [self.schema_subject] if self.schema_subject else [f"{t}-value" for t in topics]
 
+    def key_subjects(self, topics: list[str]) -> list[str]:
+        """Schema Registry subjects of the keys of ``topics`` (topic name strategy)."""
+        return [f"{t}-key" for t in topics]
+
     @property
     def source_topics(self) -> list[str]:
         """The fixed topic list (empty for a pattern pipeline, whose topics are listed at plan)."""
@@ -327,25 +331,37 @@ class PipelineSpec(_Model):
         keys = list(self.key_fields or [])
         if len(set(keys)) != len(keys):
             raise ValueError(f"key_fields {keys} repeat a field")
-        if self.value_format != "json":
+        if self.value_format == "raw":
             raise ValueError(
-                f"mode 'upsert' reads JSON change events (value_format: json); "
-                f"{self.value_format!r} envelopes are not supported yet"
+                "mode 'upsert' reads change events in JSON or Avro (value_format: json or "
+                "avro); raw values carry no row"
             )
-        types = {field.name: field.type for field in self.schema_fields or []}
-        unknown = [key for key in keys if key not in types]
-        if unknown:
-            raise ValueError(f"key_fields {unknown} are not columns of schema")
-        nested = [key for key in keys if types[key].startswith(("struct", "list", "map"))]
-        if nested:
-            raise ValueError(f"key_fields {nested} must be primitive columns")
-        unkeyable = [key for key in keys if types[key] in ("float", "double", "uuid")]
-        if unkeyable:  # Iceberg refuses float identifier fields; NaN and -0.0 do not compare
-            raise ValueError(f"key_fields {unkeyable}: float, double and uuid cannot be keys")
+        if self.schema_fields is not None or self.value_format == "json":
+            # Avro without a declared schema: checked when the table is derived from the
+            # registry (ingestion.table.schema.build_schema)
+            types = {field.name: field.type for field in self.schema_fields or []}
+            problem = key_fields_problem(keys, types)
+            if problem:
+                raise ValueError(problem)
         if any(name.startswith("_cdc_") for name in names):
             raise ValueError("schema field names must not start with '_cdc_' (change columns)")
         if self.replicas:
             raise ValueError("mode 'upsert' with replicas (failover) is not supported yet")
+
+
+def key_fields_problem(keys: list[str], types: dict[str, str]) -> str | None:
+    """Why ``keys`` cannot key a ``mode: upsert`` table of columns ``types`` (name -> type as
+    the spec writes it, e.g. ``long``, ``struct<...>``), or None."""
+    unknown = [key for key in keys if key not in types]
+    if unknown:
+        return f"key_fields {unknown} are not columns of schema"
+    nested = [key for key in keys if types[key].startswith(("struct", "list", "map"))]
+    if nested:
+        return f"key_fields {nested} must be primitive columns"
+    unkeyable = [key for key in keys if types[key] in ("float", "double", "uuid")]
+    if unkeyable:  # Iceberg refuses float identifier fields; NaN and -0.0 do not compare
+        return f"key_fields {unkeyable}: float, double and uuid cannot be keys"
+    return None
 
 
 def _format_error(

@@ -23,7 +23,8 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ingestion.spec.pipeline import FieldSpec, PipelineSpec
+from ingestion.exceptions import PipelineSpecError
+from ingestion.spec.pipeline import FieldSpec, PipelineSpec, key_fields_problem
 from ingestion.spec.types import parse_type_string, to_iceberg
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
     from pyiceberg.table.sorting import SortOrder
-    from pyiceberg.types import IcebergType
+    from pyiceberg.types import IcebergType, NestedField
 
 CLUSTER_COLUMN = "_kafka_cluster"
 PRIMARY = "primary"  # the pipeline's own cluster: what a null _kafka_cluster means
@@ -157,7 +158,7 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
             for i, f in enumerate(spec.schema_fields, start=1)
         ]
     elif derived is not None:
-        fields = list(derived.fields)
+        fields = _with_required_keys(spec, derived)
     elif spec.value_format == "raw":
         fields = [NestedField(1, "value", BinaryType(), required=False)]
     else:
@@ -175,6 +176,26 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     ]
     identifiers = [f.field_id for f in fields if f.name in keys]
     return Schema(*fields, identifier_field_ids=identifiers)
+
+
+def _with_required_keys(spec: PipelineSpec, derived: Schema) -> list[NestedField]:
+    """``derived``'s fields (e.g. from the registry), the key fields of an upsert pipeline
+    checked as a declared schema's are at load, and made required."""
+    from pyiceberg.types import NestedField
+
+    keys = spec.key_fields or []
+    problem = key_fields_problem(keys, {f.name: str(f.field_type) for f in derived.fields})
+    if problem:
+        raise PipelineSpecError(
+            f"pipeline {spec.name!r}: {problem} (the schema derived from the registry has "
+            f"{[f.name for f in derived.fields]}): fix key_fields, or declare schema: [...]"
+        )
+    return [
+        NestedField(f.field_id, f.name, f.field_type, required=True, doc=f.doc)
+        if f.name in keys
+        else f
+        for f in derived.fields
+    ]
 
 
 def change_columns() -> list[tuple[str, IcebergType, bool]]:

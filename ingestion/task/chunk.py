@@ -148,7 +148,9 @@ def _decode_chunk(
     return Decoded(pa.table({"value": column}), list(range(len(values))))
 
 
-def _decode_changes(spec: TaskSpec, raw: RawChunk, schema: pa.Schema) -> Decoded:
+def _decode_changes(
+    spec: TaskSpec, raw: RawChunk, schema: pa.Schema, result: TaskResult
+) -> Decoded:
     """Decode one chunk of change events (``mode: upsert``): the rows carry the change
     columns (ingestion.formats.debezium)."""
     changes = decode_changes(
@@ -157,7 +159,9 @@ def _decode_changes(spec: TaskSpec, raw: RawChunk, schema: pa.Schema) -> Decoded
         schema,
         spec.key_fields,
         "flattened" if spec.envelope == "flattened" else "debezium",
+        spec.writer_schemas if spec.value_format == "avro" else None,
     )
+    result.unknown_schema_ids |= changes.unknown_schema_ids - spec.missing_schema_ids
     return Decoded(
         changes.table,
         changes.indices,
@@ -202,7 +206,7 @@ class ChunkWriter:
         else:
             keys, key_rejections = _decode_keys(raw.keys, as_string=spec.key_format == "string")
         if spec.key_fields:
-            decoded = _decode_changes(spec, raw, self.user_schema)
+            decoded = _decode_changes(spec, raw, self.user_schema, result)
         else:
             decoded = _decode_chunk(spec, raw.values, self.user_schema, self.required, result)
         result.decode_stats.add(decoded.stats)

@@ -11,6 +11,13 @@ connector writes; its database side is not exercised). Columns as Debezium maps 
 
 A record is ``(key, value, partition)`` as ``tests.support.pipelines.records`` gives them; a
 delete is followed by its tombstone (``tombstones.on.delete=true``, Debezium's default).
+
+With a ``registry`` (a Schema Registry client), keys and values are written as Confluent's
+AvroConverter writes them: the Connect schemas above mapped to Avro as the converter maps them
+(a struct is a record named by its Connect name, an optional field a union with null and default
+null, ``int32`` an ``int``, ``int64`` a ``long``, a logical name kept as ``connect.name``), and
+registered under ``<topic>-key`` and ``<topic>-value`` (topic name strategy) by confluent-kafka's
+AvroSerializer.
 """
 
 from __future__ import annotations
@@ -54,6 +61,45 @@ SOURCE_FIELDS = (
 )
 
 
+_AVRO_TYPES = {"int32": "int", "int64": "long", "string": "string"}
+
+
+def avro_schema(connect: dict[str, Any], defined: set[str] | None = None) -> Any:
+    """The Avro schema AvroConverter writes for a Connect schema (a struct, or a primitive),
+    a record already ``defined`` referred to by name."""
+    defined = set() if defined is None else defined
+    if connect["type"] == "struct":
+        name = connect["name"]
+        if name in defined:
+            kind: Any = name
+        else:
+            defined.add(name)
+            namespace, _, short = name.rpartition(".")
+            fields = []
+            for entry in connect["fields"]:
+                field_type = avro_schema(entry, defined)
+                avro_field: dict[str, Any] = {"name": entry["field"], "type": field_type}
+                if entry.get("optional"):
+                    avro_field.update(type=["null", field_type], default=None)
+                fields.append(avro_field)
+            kind = {"type": "record", "name": short, "fields": fields, "connect.name": name}
+            if namespace:
+                kind["namespace"] = namespace
+        return kind
+    kind = _AVRO_TYPES[connect["type"]]
+    if connect.get("name"):
+        return {"type": kind, "connect.version": 1, "connect.name": connect["name"]}
+    return kind
+
+
+FLAT_FIELDS = (  # what ExtractNewRecordState adds (add.fields=op,source.ts_ms,lsn; rewrite)
+    {"type": "string", "optional": True, "field": "__op"},
+    {"type": "int64", "optional": True, "field": "__source_ts_ms"},
+    {"type": "int64", "optional": True, "field": "__lsn"},
+    {"type": "string", "optional": True, "field": "__deleted"},
+)
+
+
 def _row_schema(name: str, field_name: str | None, optional: bool) -> dict[str, Any]:
     fields = []
     for column, kind, logical, nullable in COLUMNS:
@@ -81,7 +127,10 @@ class DebeziumTable:
     # row with __op, __source_ts_ms, __lsn and __deleted, and no tombstones (dropped by it).
     flattened: bool = False
     partitions: int = 1
+    registry: Any | None = None  # a SchemaRegistryClient: Avro keys and values (AvroConverter)
+    kafka_topic: str | None = None  # where the records go, when not :attr:`topic` (for subjects)
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)  # the ledger: current state
+    _serializers: dict[str, Any] = field(default_factory=dict)
     _lsn: int = 24_023_128
     _tx: int = 555
     _clock: datetime = field(default_factory=lambda: datetime(2026, 11, 28, tzinfo=UTC))
@@ -91,21 +140,42 @@ class DebeziumTable:
         """Debezium's topic name: ``<topic.prefix>.<schema>.<table>``."""
         return f"{self.server}.{self.schema}.{self.table}"
 
-    def _wrap(self, schema: dict[str, Any], payload: Any) -> bytes:
+    def _wrap(self, schema: dict[str, Any], payload: Any, key: bool = False) -> bytes:
+        if self.registry is not None:
+            return self._avro(schema, payload, key)
         return orjson.dumps(
             {"schema": schema, "payload": payload} if self.schemas_enabled else payload
         )
 
-    def _key(self, key: int) -> bytes:
-        schema = {
+    def _avro(self, schema: dict[str, Any], payload: Any, key: bool) -> bytes:
+        from confluent_kafka.schema_registry.avro import AvroSerializer
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        text = orjson.dumps(avro_schema(schema)).decode()
+        serializer = self._serializers.get(text)
+        if serializer is None:
+            serializer = AvroSerializer(self.registry, text, conf={"auto.register.schemas": True})
+            self._serializers[text] = serializer
+        field_kind = MessageField.KEY if key else MessageField.VALUE
+        context = SerializationContext(self.kafka_topic or self.topic, field_kind)
+        encoded = serializer(payload, context)
+        assert encoded is not None
+        return bytes(encoded)
+
+    def key_schema(self) -> dict[str, Any]:
+        """The Connect schema of the record key (the primary key)."""
+        return {
             "type": "struct",
             "fields": [{"type": "int32", "optional": False, "field": "id"}],
             "optional": False,
             "name": f"{self.topic}.Key",
         }
-        return self._wrap(schema, {"id": key})
 
-    def _envelope_schema(self) -> dict[str, Any]:
+    def _key(self, key: int) -> bytes:
+        return self._wrap(self.key_schema(), {"id": key}, key=True)
+
+    def envelope_schema(self) -> dict[str, Any]:
+        """The Connect schema of a change event's value (Debezium's envelope)."""
         value = f"{self.topic}.Value"
         source = {
             "type": "struct",
@@ -124,8 +194,11 @@ class DebeziumTable:
                 {"type": "int64", "optional": True, "field": "ts_ms"},
                 {"type": "int64", "optional": True, "field": "ts_us"},
                 {"type": "int64", "optional": True, "field": "ts_ns"},
-                {"type": "struct", "fields": [], "optional": True, "name": "event.block",
-                 "version": 1, "field": "transaction"},
+                {"type": "struct", "fields": [
+                    {"type": "string", "optional": False, "field": "id"},
+                    {"type": "int64", "optional": False, "field": "total_order"},
+                    {"type": "int64", "optional": False, "field": "data_collection_order"},
+                 ], "optional": True, "name": "event.block", "version": 1, "field": "transaction"},
             ],
             "optional": False,
             "name": f"{self.topic}.Envelope",
@@ -153,13 +226,14 @@ class DebeziumTable:
             row.update(__op=op, __source_ts_ms=ts_ms, __lsn=self._lsn,
                        __deleted="true" if op == "d" else "false")  # fmt: skip
             flat_schema = _row_schema(f"{self.topic}.Value", None, False)
+            flat_schema["fields"] = [*flat_schema["fields"], *FLAT_FIELDS]
             return self._key(key), self._wrap(flat_schema, row), self._partition(key)
         payload = {
             "before": before, "after": after, "source": source, "op": op,
             "ts_ms": ts_ms + 1, "ts_us": (ts_ms + 1) * 1000, "ts_ns": (ts_ms + 1) * 1_000_000,
             "transaction": None,
         }  # fmt: skip
-        return self._key(key), self._wrap(self._envelope_schema(), payload), self._partition(key)
+        return self._key(key), self._wrap(self.envelope_schema(), payload), self._partition(key)
 
     def _partition(self, key: int) -> int:
         return key % self.partitions  # every change of a key in one partition, as Debezium's

@@ -114,7 +114,18 @@ def test_valid_spec_defaults() -> None:
         (
             {"mode": "upsert", "key_fields": ["order_id"], "value_format": "raw", "schema": None},
             "<spec>",
-            "'raw' envelopes are not supported yet",
+            "raw values carry no row",
+        ),
+        (
+            {
+                "mode": "upsert",
+                "key_fields": ["k"],
+                "value_format": "avro",
+                "schema_registry_url": "http://registry:8081",
+                "schema": [{"name": "k", "type": "double"}],
+            },
+            "<spec>",
+            "float, double and uuid cannot be keys",
         ),
         (
             {
