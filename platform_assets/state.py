@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer
     from confluent_kafka.admin import AdminClient
     from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
 
 
 class StateReader:
@@ -63,6 +64,13 @@ class StateReader:
 
         Read on the pipeline's active route: after a failover, the replica and its topic names.
         """
+        return self.read_with_table(spec, with_oldest)[0]
+
+    def read_with_table(
+        self, spec: PipelineSpec, with_oldest: bool = False
+    ) -> tuple[PipelineState, Table | None]:
+        """:meth:`read`, and the table it read from (None when it does not exist), for a
+        caller that needs more of it than the state holds (the metrics' commits in a window)."""
         from pyiceberg.exceptions import NoSuchTableError
 
         route = active_route(spec, self.kafka, self.iceberg)
@@ -72,7 +80,7 @@ class StateReader:
             table = None
         admin, consumer = self._clients_of(route.cluster, route.kafka)
         config: dict[str, Any] | None = route.kafka.client_config() if with_oldest else None
-        return read_state(route.spec, table, admin, consumer, config)
+        return read_state(route.spec, table, admin, consumer, config), table
 
     def _clients_of(self, cluster: str, kafka: KafkaResource) -> tuple[AdminClient, Consumer]:
         if cluster not in self._clients:

@@ -9,6 +9,7 @@
     platform failover PIPELINE --to REPLICA|primary [--dry-run] --reason WHY [--by WHO]
     platform complete-failback PIPELINE [--dry-run] --reason WHY [--by WHO]
     platform release-late-copies PIPELINE --reason WHY [--by WHO]
+    platform metrics [--host H] [--port 9464] [--window S]   the Prometheus/OpenMetrics endpoint
 
 Connection settings come from the same configuration as the code location's
 (``resources.config``: the file named by ``--config``, else by ``$PLATFORM_CONFIG``, else the
@@ -43,6 +44,7 @@ from ingestion.ops.maintenance import MAINTENANCE_STEPS
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.cli.actions import run_action
 from platform_assets.ingest.checks import audit_finding
+from platform_assets.metrics import DEFAULT_PORT, DEFAULT_WINDOW_S
 from platform_assets.pipelines import load_pipelines
 from platform_assets.state import read_pipeline_state
 from resources.config import CONFIG_ENV, ConfigError, PlatformConfig, config_path, load_config
@@ -51,6 +53,9 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 
 CONNECT_TIMEOUT_S = 10.0
+# ``platform metrics`` listens on every interface by default: Prometheus scrapes it from another
+# host, and it serves names and figures only (no secret reaches a label).
+EVERY_INTERFACE = "0.0.0.0"  # noqa: S104
 
 
 def read_platform_config() -> PlatformConfig:
@@ -220,6 +225,46 @@ def validate_offline() -> int:
     return 0
 
 
+def serve_metrics(config: PlatformConfig, host: str, port: int, window_s: float) -> int:
+    """``platform metrics``: serve :class:`platform_assets.metrics.PlatformCollector` until
+    Ctrl-C or SIGTERM. Nothing is connected to at start: a pipeline that cannot be read at a
+    scrape shows ``kafka_iceberg_pipeline_up 0`` (the reason in this process's log), so the
+    endpoint outlives a broker or catalog outage. The checks come from the Dagster instance of
+    ``DAGSTER_HOME`` (or ``make dev``'s); without one they are left out."""
+    import signal
+    import threading
+
+    from dagster import DagsterInstance
+
+    from platform_assets.cli.actions import dagster_home
+    from platform_assets.metrics import PlatformCollector, serve
+
+    kafka, iceberg = kafka_resource(config), iceberg_resource(config)
+    home = dagster_home(iceberg)
+    instance = DagsterInstance.from_config(home) if home else None
+    collector = PlatformCollector(
+        kafka, iceberg, instance, window_s, redact=lambda text: redact(text, config)
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    try:
+        server = serve(collector, host, port)
+    except OSError as exc:
+        raise SystemExit(f"platform: cannot listen on {host}:{port}: {exc}") from None
+    shown = "127.0.0.1" if host in (EVERY_INTERFACE, "") else host
+    checks = f"checks from {home}" if instance is not None else "no Dagster instance: no checks"
+    print(f"metrics: http://{shown}:{port}/metrics ({checks}); Ctrl-C stops", flush=True)
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        collector.close()
+        if instance is not None:
+            instance.dispose()
+    return 0
+
+
 APPLY_HELP = "do it (default: a dry run that shows what it would do and changes nothing)"
 
 
@@ -351,6 +396,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     clear.add_argument("pipeline")
     clear.add_argument("--apply", action="store_true", help=APPLY_HELP)
+    metrics = commands.add_parser(
+        "metrics",
+        help="serve every pipeline's lag, commits, throughput, dead letters and check states "
+        "on an OpenMetrics endpoint for Prometheus, read at each scrape (until Ctrl-C)",
+    )
+    metrics.add_argument(
+        "--host", default=EVERY_INTERFACE, help="address to listen on (default: every interface)"
+    )
+    metrics.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT})"
+    )
+    metrics.add_argument(
+        "--window",
+        type=float,
+        default=DEFAULT_WINDOW_S,
+        metavar="SECONDS",
+        help=f"the rates' window (default: {DEFAULT_WINDOW_S:g})",
+    )
     args = parser.parse_args(argv)
     if args.config:  # for every reader of the configuration, the pipelines file's too
         os.environ[CONFIG_ENV] = args.config
@@ -362,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"platform: unknown pipeline {args.pipeline!r}; known: {sorted(specs)}")
     if args.command == "status" and args.pipeline:
         specs = {args.pipeline: specs[args.pipeline]}
+    if args.command == "metrics":
+        return serve_metrics(config, args.host, args.port, args.window)
     kafka, iceberg = connect(
         config,
         check_kafka=args.command not in ("failover", "release-late-copies", "clear-dead-runs"),
