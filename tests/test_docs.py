@@ -177,6 +177,8 @@ def test_pipeline_examples_validate_and_build_their_tables(block: str, tmp_path:
     path = tmp_path / "pipelines.yaml"
     path.write_text(block)
     for spec in load_pipeline_specs(path):
+        if spec.value_format == "avro" and spec.schema_fields is None:
+            continue  # derived from the registry on the first run (test_run_upsert.py)
         schema = build_schema(spec)
         assert all(schema.find_field(field.name) for field in spec.schema_fields or [])
 
