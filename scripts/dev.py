@@ -3,9 +3,11 @@
 Starts, in order: an Apache Kafka broker (KRaft, one node) on a free loopback port, the demo topic
 and its producer, one Spark Connect server (``--spark connect``, the default: every ingestion run
 attaches to it through ``PLATFORM_SPARK_REMOTE`` instead of starting its own JVM; ``--spark local``:
-each run starts its own), and ``dagster dev -w workspace.yaml`` (UI and daemon) with
-``DAGSTER_HOME`` under ``.platform/``. Everything it starts is stopped on Ctrl-C or SIGTERM, the
-broker last; nothing is left running.
+each run starts its own), ``dagster dev -w workspace.yaml`` (UI and daemon) with
+``DAGSTER_HOME`` under ``.platform/``, and the metrics endpoint (``platform metrics`` on port
+9464 when free: every pipeline's lag, commits, throughput, dead letters and checks, for
+Prometheus). Everything it starts is stopped on Ctrl-C or SIGTERM, the broker last; nothing is
+left running.
 
 Each start begins with a fresh broker storage under ``.platform/kafka`` and so an empty ``orders``
 topic; the demo's Iceberg catalog and warehouse are reset with it (a table whose offsets point past
@@ -131,6 +133,9 @@ def main() -> int:
     )
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument(
+        "--metrics-port", type=int, default=None, help="default: 9464 if free (platform metrics)"
+    )
+    parser.add_argument(
         "--spark",
         choices=("connect", "local"),
         default="connect",
@@ -217,6 +222,24 @@ def main() -> int:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        # The metrics endpoint: the CLI a deployment runs, on the same configuration and instance.
+        metrics_port = args.metrics_port or find_port(METRICS_PORT)
+        with (state_dir / "logs" / "metrics.log").open("ab") as log:
+            metrics = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("platform")),
+                    "metrics",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(metrics_port),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         print(f"Kafka:          {broker.bootstrap_servers}  (log: {broker.log_path})", flush=True)
         print(f"Iceberg:        SQLite catalog + warehouse under {state_dir}", flush=True)
         if args.spark == "connect":
@@ -225,6 +248,10 @@ def main() -> int:
         else:
             print("Spark:          local, one session per run (--spark local)")
         print(f"Dagster UI:     http://127.0.0.1:{ui_port}  (log: {state_dir}/logs/dagster.log)")
+        print(
+            f"Metrics:        http://127.0.0.1:{metrics_port}/metrics  (Prometheus/OpenMetrics; "
+            f"log: {state_dir}/logs/metrics.log)"
+        )
         print(f"Demo producer:  orders topic, {args.rate:g} events/s. Ctrl-C stops everything.")
         sys.stdout.flush()
         died = False
@@ -235,9 +262,10 @@ def main() -> int:
                     print(f"dagster dev exited with {dagster.returncode}; stopping", flush=True)
                     break
         finally:
-            print("Stopping: dagster, demo producer, Spark, broker...", flush=True)
+            print("Stopping: dagster, metrics, demo producer, Spark, broker...", flush=True)
             stop.set()
             stop_process_group(dagster)
+            stop_process_group(metrics)
             if producer_thread.is_alive():
                 producer_thread.join(15)
             spark_stack.close()
@@ -248,12 +276,20 @@ def main() -> int:
 
 def find_ui_port() -> int:
     """Return 3000 when it is free, else any free loopback port."""
+    return find_port(3000)
+
+
+METRICS_PORT = 9464  # platform metrics' default (OpenTelemetry's Prometheus exporter's port)
+
+
+def find_port(preferred: int) -> int:
+    """Return ``preferred`` when it is free on loopback, else any free loopback port."""
     import socket
 
     with socket.socket() as sock:
         try:
-            sock.bind(("127.0.0.1", 3000))
-            return 3000
+            sock.bind(("127.0.0.1", preferred))
+            return preferred
         except OSError:
             return find_free_port()
 

@@ -4,6 +4,8 @@ table, then scraped over HTTP in the OpenMetrics format Prometheus asks for."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -211,3 +213,28 @@ def test_an_unreadable_pipeline_is_down_and_the_scrape_still_answers(
     assert value(samples, "pipeline_up", pipeline=spec.name) == 0
     assert (PREFIX + "scrape_duration_seconds", ()) in samples
     assert not any(name == PREFIX + "lag_records" for name, _ in samples)
+
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DASHBOARD = ROOT / "docs" / "dashboards" / "kafka-iceberg.json"
+METRIC_NAME = re.compile(r"\b" + PREFIX + r"[a-z_]+\b")
+
+
+def test_the_dashboard_and_the_docs_name_only_exported_metrics() -> None:
+    """The Grafana dashboard queries only metrics the exporter exports (and most of them), and
+    docs/production.md's table lists exactly those: a renamed metric fails here, not on a
+    Grafana screen showing "No data"."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    queries.append(dashboard["templating"]["list"][0]["query"]["query"])
+    queried = {name for query in queries for name in METRIC_NAME.findall(query)}
+    assert queried <= metric_names(), queried - metric_names()
+    unused = metric_names() - queried
+    uncharted = {"pipeline_info", "last_commit_snapshot", "end_offset", "committed_offset"}
+    uncharted |= {"check_timestamp_seconds", "scrape_duration_seconds"}  # for queries, tests
+    assert unused == {PREFIX + name for name in uncharted}
+    rows = re.findall(
+        r"^\| `(" + PREFIX + r"[a-z_]+)`", (ROOT / "docs" / "production.md").read_text(), re.M
+    )
+    assert sorted(rows) == sorted(metric_names())
+    assert len(rows) == len(set(rows))

@@ -6,7 +6,8 @@ The tests that need `make dev` share one stack (:class:`DevStack`, the session f
 first stream commit) costs about half a minute on a 2-core machine, each time. They run at the
 end of the session in :data:`DEV_STACK_ORDER` (:func:`order_dev_stack_users`): the freshness
 target on the fresh stack, the alert procedure (it breaks the pipelines file and restores it),
-then tests/scripts/test_dev.py: no run failed while the demo ran (:func:`failed_runs`, a test's
+a scrape of the metrics endpoint checked against the table and Kafka, then
+tests/scripts/test_dev.py: no run failed while the demo ran (:func:`failed_runs`, a test's
 deliberate failures aside: :attr:`DevStack.expected_failures`), then the test that stops the
 stack and checks that Ctrl-C leaves nothing. A test that changes the stack restores it before it
 ends.
@@ -34,7 +35,7 @@ from resources.embedded import find_free_port
 from tests.support.webhook import WebhookReceiver
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-DEV_STACK_ORDER = ("test_freshness.py", "test_dev_alerts.py", "test_dev.py")
+DEV_STACK_ORDER = ("test_freshness.py", "test_dev_alerts.py", "test_dev_metrics.py", "test_dev.py")
 """The modules using the shared stack, in the order they run (the last one stops it)."""
 
 
