@@ -26,7 +26,7 @@ from ingestion.table.offsets import (
     decode_starts,
 )
 from ingestion.table.schema import CLUSTER_COLUMN, PRIMARY, labels_cluster
-from ingestion.table.upsert import DELETES, INSERTS, REWRITTEN_RECORDS, UPDATES
+from ingestion.table.upsert import ChangeCounts, read_counts
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
@@ -130,8 +130,9 @@ def check_rows(
             "the run was not told the route's cluster; a failback under identity naming would "
             "trust these labels"
         )
-    if UPDATES in properties:  # mode: upsert: it also rewrote rows of earlier commits
-        _check_upsert_rows(snapshot, rows, current, low, properties, audit)
+    counts = read_counts(properties)
+    if counts is not None:  # mode: upsert: it also rewrote rows of earlier commits
+        _check_upsert_rows(snapshot, rows, current, low, counts, audit)
         return
     twice = sorted(c for c, n in Counter(rows).items() if n > 1)
     outside = sorted(
@@ -155,7 +156,7 @@ def _check_upsert_rows(
     rows: list[tuple[str, int, int]],
     current: dict[Key, int],
     low: dict[Key, int | None],
-    properties: dict[str, str],
+    counts: ChangeCounts,
     audit: CommitAudit,
 ) -> None:
     """An upsert commit (``mode: upsert``, ingestion.table.upsert): the rows it added from its
@@ -174,7 +175,7 @@ def _check_upsert_rows(
         audit.findings.append(
             f"snapshot {sid}: {len(twice)} changes applied twice, e.g. {twice[:5]}"
         )
-    inserts, updates, deletes = (int(properties.get(k, "0")) for k in (INSERTS, UPDATES, DELETES))
+    inserts, updates, deletes = counts.inserts, counts.updates, counts.deletes
     carried = len(rows) - len(mine)
     if len(mine) != inserts + updates:
         audit.findings.append(
@@ -182,7 +183,9 @@ def _check_upsert_rows(
             f"and {updates} updates"
         )
     # Rows read from the rewritten files (their delete files applied), else their count.
-    removed = int(properties.get(REWRITTEN_RECORDS, _count(snapshot, "deleted-records")))
+    removed = counts.rewritten_records
+    if removed is None:
+        removed = _count(snapshot, "deleted-records")
     if removed != carried + updates + deletes:
         audit.findings.append(
             f"snapshot {sid}: its rewritten files held {removed} records, but it carried "
@@ -225,7 +228,7 @@ def check_count(
     audit.recounted.append(sid)
     audit.offsets_recounted += sum(r.size for r in recount.ranges)
     # An upsert commit's rows are not its records: it counts the changes it decoded.
-    applied = int(properties[RECORDS]) if UPDATES in properties else None
+    applied = int(properties[RECORDS]) if read_counts(properties) is not None else None
     added = applied if applied is not None else _count(snapshot, "added-records")
     added += int(properties.get(QUARANTINED, "0"))
     added += count_skipped(properties)  # read and skipped: ingestion.task.spec

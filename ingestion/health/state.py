@@ -67,12 +67,12 @@ class Commit:
     def changes(self) -> dict[str, int]:
         """An upsert commit's inserts, updates and deletes (``mode: upsert``: its snapshot's
         ``kafka.cdc.*`` properties); an append commit's rows are all inserts."""
-        from ingestion.table.upsert import DELETES, INSERTS, UPDATES
+        from ingestion.table.upsert import read_counts
 
-        if UPDATES not in self.properties:
+        counts = read_counts(self.properties)
+        if counts is None:
             return {"inserts": self.records, "updates": 0, "deletes": 0}
-        names = {"inserts": INSERTS, "updates": UPDATES, "deletes": DELETES}
-        return {name: int(self.properties.get(key, "0")) for name, key in names.items()}
+        return {"inserts": counts.inserts, "updates": counts.updates, "deletes": counts.deletes}
 
 
 @dataclass

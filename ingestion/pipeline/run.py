@@ -347,7 +347,7 @@ def _count_upsert(
     report: RunReport, upsert: ApplyChanges, catalog: Catalog, name: str, snapshot_id: int
 ) -> None:
     """The commit's counts: its plan's, or a replayed commit's snapshot summary."""
-    from ingestion.table.upsert import DELETES, INSERTS, REWRITTEN_FILES, UPDATES
+    from ingestion.table.upsert import read_counts
 
     plan = upsert.plan
     if plan is not None and not report.replayed:
@@ -358,10 +358,14 @@ def _count_upsert(
         return
     snapshot = catalog.load_table(name).snapshot_by_id(snapshot_id)
     summary = snapshot_properties(snapshot) if snapshot is not None else {}
-    report.inserts = int(summary.get(INSERTS, "0"))
-    report.updates = int(summary.get(UPDATES, "0"))
-    report.deletes = int(summary.get(DELETES, "0"))
-    report.rewritten_files = int(summary.get(REWRITTEN_FILES, "0"))
+    counts = read_counts(summary)
+    if counts is not None:
+        report.inserts, report.updates, report.deletes = (
+            counts.inserts,
+            counts.updates,
+            counts.deletes,
+        )
+        report.rewritten_files = counts.rewritten_files
 
 
 def _publish(

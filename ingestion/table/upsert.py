@@ -50,6 +50,38 @@ REWRITTEN_FILES = "kafka.cdc.rewritten-files"
 REWRITTEN_RECORDS = "kafka.cdc.rewritten-records"
 
 
+@dataclass(frozen=True)
+class ChangeCounts:
+    """What an upsert commit did, as its snapshot records it (``kafka.cdc.*`` properties)."""
+
+    inserts: int
+    updates: int
+    deletes: int
+    rewritten_files: int
+    rewritten_records: int | None  # None: a commit written before the property existed
+
+
+def read_counts(properties: dict[str, str]) -> ChangeCounts | None:
+    """An upsert commit's counts from its snapshot properties; None for any other commit.
+
+    Example:
+        >>> read_counts({INSERTS: "2", UPDATES: "1", DELETES: "0"})
+        ChangeCounts(inserts=2, updates=1, deletes=0, rewritten_files=0, rewritten_records=None)
+        >>> read_counts({"kafka.records": "5"}) is None
+        True
+    """
+    if UPDATES not in properties:
+        return None
+    records = properties.get(REWRITTEN_RECORDS)
+    return ChangeCounts(
+        int(properties.get(INSERTS, "0")),
+        int(properties[UPDATES]),
+        int(properties.get(DELETES, "0")),
+        int(properties.get(REWRITTEN_FILES, "0")),
+        int(records) if records is not None else None,
+    )
+
+
 @dataclass
 class UpsertPlan:
     """What one batch of changes does to the table: files to remove and to add, the counts."""
