@@ -276,7 +276,7 @@ def test_help_describes_every_command(capsys: pytest.CaptureFixture[str]) -> Non
     names = [name for name, _ in entries]
     assert names == [
         "status", "validate", "reset", "rollback", "migrate-group", "maintain", "failover",
-        "complete-failback", "release-late-copies", "clear-dead-runs",
+        "complete-failback", "release-late-copies", "clear-dead-runs", "metrics",
     ]  # fmt: skip
     described = re.split(r"\n    (?=\S)", listed.group(1))
     assert all(len(entry.split()) > 2 for entry in described), described  # a description each
@@ -306,3 +306,46 @@ def test_status_of_an_unknown_pipeline_is_refused_before_connecting(
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")  # nothing listens: unused
     with pytest.raises(SystemExit, match=r"unknown pipeline 'nope'; known: \['orders'\]"):
         main(["status", "nope"])
+
+
+def test_metrics_serves_the_pipelines_until_interrupted(demo: Demo, tmp_path: Path) -> None:
+    """``platform metrics`` through its entry point: it prints its address, serves the demo
+    pipeline's figures (read from the table and Kafka at the scrape, the checks from the
+    instance of ``DAGSTER_HOME``) and exits 0 on Ctrl-C."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from resources.embedded import find_free_port
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    port = find_free_port()
+    command = [sys.executable, "-m", "platform_assets.cli.main", "metrics", "--host", "127.0.0.1"]
+    process = subprocess.Popen(
+        [*command, "--port", str(port)],
+        env={**os.environ, "DAGSTER_HOME": str(home)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        assert first.startswith(f"metrics: http://127.0.0.1:{port}/metrics (checks from "), first
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as response:
+            text = response.read().decode()
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0, output
+    assert 'kafka_iceberg_pipeline_up{pipeline="orders"} 1.0' in text
+    rows = len(demo.catalog.load_table("demo.orders").scan().to_arrow())  # the session's topic
+    assert f'kafka_iceberg_table_records{{pipeline="orders"}} {float(rows)}' in text
+    lags = re.findall(r"^kafka_iceberg_lag_records\{[^}]*\} (\S+)$", text, flags=re.MULTILINE)
+    assert lags
+    assert {float(lag) for lag in lags} == {0.0}
+    assert 'state="unknown"} 1.0' in text  # no check evaluated in this instance yet
