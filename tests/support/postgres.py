@@ -20,7 +20,7 @@ import stat
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from resources.embedded import find_free_port
 from resources.process import ManagedProcess
@@ -96,7 +96,14 @@ class PostgresServer(ManagedProcess):
     ``password``; stopped (fast shutdown) and its folder (data, and under root the copy of the
     binaries) deleted on exit or on a failed start."""
 
-    def __init__(self, password: str, user: str = "platform", start_timeout_s: float = 60) -> None:
+    def __init__(
+        self,
+        password: str,
+        user: str = "platform",
+        start_timeout_s: float = 60,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings or {}  # more server settings (``-c name=value``)
         self.user = user
         self.password = password
         self.start_timeout_s = start_timeout_s
@@ -143,7 +150,8 @@ class PostgresServer(ManagedProcess):
         self.port = find_free_port()
         self.spawn(
             [str(binaries / "postgres"), "-D", str(data), "-h", "127.0.0.1",
-             "-p", str(self.port), "-k", str(self.root), "-c", "fsync=off"],
+             "-p", str(self.port), "-k", str(self.root), "-c", "fsync=off",
+             *(arg for k, v in self.settings.items() for arg in ("-c", f"{k}={v}"))],
             user=owner,
         )  # fmt: skip
         if not self.wait_listening(self.port, self.start_timeout_s, 0.1, ready=self._ready):
@@ -157,6 +165,14 @@ class PostgresServer(ManagedProcess):
         except psycopg2.OperationalError:
             return False
         return True
+
+    def connect(self, database: str) -> Any:
+        """A psycopg2 connection to ``database`` in autocommit mode (close it)."""
+        import psycopg2
+
+        connection = psycopg2.connect(self.url(database).replace("+psycopg2", ""))
+        connection.autocommit = True
+        return connection
 
     def create_database(self, name: str) -> None:
         """Create an empty database owned by the user."""
