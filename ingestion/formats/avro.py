@@ -170,16 +170,14 @@ def decode_avro(
             continue
         rows.append(row)
         indices.append(index)
-    table, bad = _rows_to_arrow(rows, schema)
+    table, bad = rows_to_arrow(rows, schema)
     for position, reason in bad.items():
         rejections.append(Rejection(indices[position], "ArrowInvalid", reason))
     indices = [index for position, index in enumerate(indices) if position not in bad]
     return finish_decoded(table, indices, rejections, schema, required), reader.unknown
 
 
-def _rows_to_arrow(
-    rows: list[dict[str, Any]], schema: pa.Schema
-) -> tuple[pa.Table, dict[int, str]]:
+def rows_to_arrow(rows: list[dict[str, Any]], schema: pa.Schema) -> tuple[pa.Table, dict[int, str]]:
     """Rows to Arrow: known columns typed by the table, new ones inferred; bad rows by position.
 
     A failed conversion is bisected (halves, down to single rows), so one bad row costs

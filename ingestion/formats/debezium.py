@@ -2,8 +2,9 @@
 
 Three shapes of a change reach a topic, all decoded here, in JSON (values and keys, with or
 without the JsonConverter's ``{"schema": ..., "payload": ...}`` wrapper) or in Avro (the
-AvroConverter's Confluent wire format, writer schemas from the Schema Registry; the row then
-takes the same typed path as JSON: decimals by their exact text, bytes as base64):
+AvroConverter's Confluent wire format, writer schemas from the Schema Registry; a row JSON
+text carries exactly then takes JSON's typed path, so Debezium's text-encoded types reach typed
+columns alike; a row with bytes, fixed, uuid or NaN is converted from its Avro values):
 
 - **The envelope** (``envelope: debezium``): ``{"before", "after", "source", "op", "ts_ms"}``.
   ``op`` ``c`` (insert), ``u`` (update) and ``r`` (a snapshot read) upsert the ``after`` image;
@@ -11,7 +12,8 @@ takes the same typed path as JSON: decimals by their exact text, bytes as base64
 - **The flattened row** (``envelope: flattened``, Debezium's ``ExtractNewRecordState`` SMT): the
   row itself, with the metadata it was told to add as ``__`` fields: ``__op``, ``__deleted``
   (``"true"`` for a delete under ``delete.handling.mode=rewrite``), ``__source_ts_ms``,
-  ``__lsn``. A row without ``__op`` is an upsert.
+  ``__lsn``; every ``__`` field is metadata, never a column. A row without ``__op`` is an
+  upsert.
 - **A tombstone** (a null value, after every delete unless ``tombstones.on.delete=false``):
   deletes the record key's row. A tombstone after its delete deletes nothing more.
 
@@ -33,8 +35,9 @@ retry.
 
 from __future__ import annotations
 
-import base64
+import math
 from dataclasses import dataclass, field
+from datetime import date
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -42,9 +45,15 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ingestion.formats.avro import AvroRecords, WriterSchemas
+from ingestion.formats.avro import AvroRecords, WriterSchemas, rows_to_arrow
 from ingestion.formats.bad_values import DecodeStats
-from ingestion.formats.decode import Rejection, decode_json
+from ingestion.formats.decode import (
+    Decoded,
+    Rejection,
+    decode_json,
+    finish_decoded,
+    merge_field_types,
+)
 
 Envelope = Literal["debezium", "flattened"]
 OP = "_cdc_op"  # c, u, r (upserts) or d (deletes, tombstones included)
@@ -52,7 +61,6 @@ SOURCE_TS_MS = "_cdc_source_ts_ms"  # when the database made the change (source.
 LSN = "_cdc_lsn"  # the change's log position where the source has one (Postgres' source.lsn)
 UPSERTS = ("c", "u", "r")
 DELETE = "d"
-_FLAT_METADATA = ("__op", "__deleted", "__source_ts_ms", "__lsn", "__ts_ms", "__table", "__db")
 
 
 @dataclass
@@ -105,14 +113,59 @@ def _read_json(value: bytes) -> dict[str, Any] | Rejection:
     return document
 
 
-def _json_default(value: Any) -> Any:
-    """What an Avro-decoded row holds that JSON has no type for: decimals as their exact text
-    (parsed by the column's decimal type), bytes as base64 (Debezium's JSON form of bytes)."""
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    raise TypeError(f"{type(value).__name__} is not a row value")
+def _as_text(row: dict[str, Any]) -> bytes | None:
+    """An Avro-decoded row as JSON text when that loses nothing (decimals by their exact text,
+    timestamps and dates in ISO form), else None: bytes, a NaN or infinite float, a UUID or a
+    time of day have no exact JSON form."""
+
+    def plain(value: Any) -> bool:
+        if value is None or isinstance(value, bool | int | str | Decimal | date):
+            return True  # date covers datetime
+        if isinstance(value, float):
+            return math.isfinite(value)
+        if isinstance(value, dict):
+            return all(plain(item) for item in value.values())
+        if isinstance(value, list):
+            return all(plain(item) for item in value)
+        return False
+
+    return orjson.dumps(row, default=str) if plain(row) else None
+
+
+def _decode_rows(
+    rows: list[dict[str, Any]], schema: pa.Schema, key_fields: tuple[str, ...], avro: bool
+) -> Decoded:
+    """The changes' rows against ``schema``. JSON rows: the typed JSON decode. Avro rows: the
+    same, for the rows JSON text carries exactly, so Debezium's text-encoded types reach typed
+    columns as from JSON (a ``ZonedTimestamp`` into a ``timestamptz``, a
+    ``decimal.handling.mode=string`` decimal into a ``decimal``); the others (bytes, fixed,
+    uuid, NaN) are converted from their Avro values, as append mode's Avro path does."""
+    if not avro:
+        return decode_json([orjson.dumps(row) for row in rows], schema, key_fields)
+    texts = [_as_text(row) for row in rows]
+    textual = [position for position, text in enumerate(texts) if text is not None]
+    by_text = decode_json([texts[p] or b"" for p in textual], schema, key_fields)
+    if len(textual) == len(rows):
+        return by_text
+    native = [position for position, text in enumerate(texts) if text is None]
+    table, bad = rows_to_arrow([rows[p] for p in native], schema)
+    kept = [p for i, p in enumerate(native) if i not in bad]
+    failed = [Rejection(native[i], "ArrowInvalid", reason) for i, reason in bad.items()]
+    by_value = finish_decoded(table, kept, failed, schema, key_fields)
+    indices = [textual[i] for i in by_text.indices] + by_value.indices
+    together = pa.concat_tables([by_text.table, by_value.table], promote_options="permissive")
+    order = sorted(range(len(indices)), key=indices.__getitem__)
+    new_fields = dict(by_text.new_fields)
+    merge_field_types(new_fields, by_value.new_fields)
+    rejections = [Rejection(textual[r.index], r.error_class, r.message) for r in by_text.rejections]
+    return Decoded(
+        together.take(pa.array(order, pa.int64())),
+        [indices[i] for i in order],
+        sorted(rejections + by_value.rejections, key=lambda r: r.index),
+        new_fields,
+        by_text.promotions,
+        by_text.stats,
+    )
 
 
 def _envelope_change(document: dict[str, Any]) -> _Change | str:
@@ -139,7 +192,7 @@ def _flattened_change(document: dict[str, Any]) -> _Change | str:
     deleted = str(document.get("__deleted", "false")).lower() == "true"
     if op not in (*UPSERTS, DELETE):
         return f"operation {op!r} (__op) is not applied (c, u, r upsert; d deletes)"
-    row = {k: v for k, v in document.items() if k not in _FLAT_METADATA}
+    row = {k: v for k, v in document.items() if not k.startswith("__")}
     ts_ms = _as_int(document.get("__source_ts_ms"))
     return _Change(DELETE if deleted else str(op), row, ts_ms, _as_int(document.get("__lsn")))
 
@@ -189,12 +242,18 @@ def decode_changes(
     avro = AvroRecords(writers) if writers is not None else None
     parse = avro.read if avro is not None else _read_json
     rejections: list[Rejection] = []
-    rows: list[bytes] = []
+    rows: list[dict[str, Any]] = []
     meta: list[tuple[str, int | None, int | None]] = []
     present: list[int] = []
     for index, (value, key) in enumerate(zip(values, keys, strict=True)):
         record_key = parse(key) if key is not None else None
+        bad_magic = isinstance(record_key, Rejection) and record_key.error_class == "BadMagicByte"
+        if bad_magic and avro is not None and key is not None:  # key.converter JsonConverter
+            record_key = _read_json(key)
+        unread = ""
         if isinstance(record_key, Rejection):  # then only the image can give the key
+            unread = f" (its record key could not be read: {record_key.error_class}: "
+            unread += f"{record_key.message})"
             record_key = None
         if value is None:
             change: _Change | str = _Change(DELETE, {}, None, None)
@@ -210,14 +269,14 @@ def decode_changes(
         found = _key_of(change.image, record_key, key_fields)
         if found is None:
             what = "tombstone's record key" if value is None else f"op {change.op!r} change"
-            message = f"the {what} has no non-null key fields {list(key_fields)}"
+            message = f"the {what} has no non-null key fields {list(key_fields)}{unread}"
             rejections.append(Rejection(index, "MissingKey", message))
             continue
         row = found if change.op == DELETE else {**change.image, **found}
-        rows.append(orjson.dumps(row, default=_json_default))
+        rows.append(row)
         meta.append((change.op, change.source_ts_ms, change.lsn))
         present.append(index)
-    decoded = decode_json(list(rows), _nullable_but(schema, key_fields), key_fields)
+    decoded = _decode_rows(rows, _nullable_but(schema, key_fields), key_fields, avro is not None)
     for rejection in decoded.rejections:
         rejections.append(
             Rejection(present[rejection.index], rejection.error_class, rejection.message)

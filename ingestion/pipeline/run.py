@@ -438,7 +438,14 @@ def _open_table(catalog: Catalog, spec: PipelineSpec, registry: Any | None) -> T
     if registry is not None and not spec.schema_fields and not catalog.table_exists(spec.table):
         subject = spec.value_subjects(spec.source_topics or ["<pattern>"])[0]
         text = registry.get_latest_version(subject).schema.schema_str
-        if spec.mode == "upsert":  # the row a change carries, not its envelope
-            text = row_schema_text(text, spec.envelope)
-        derived = avro_to_iceberg_schema(text)
+        try:
+            if spec.mode == "upsert":  # the row a change carries, not its envelope
+                text = row_schema_text(text, spec.envelope)
+            derived = avro_to_iceberg_schema(text)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise exceptions.PipelineSpecError(
+                f"pipeline {spec.name!r}: no table schema from the latest {subject!r} in the "
+                f"registry ({type(exc).__name__}: {exc}); check envelope and schema_subject, "
+                "or declare schema: [...]"
+            ) from exc
     return load_or_create_table(catalog, spec, derived)

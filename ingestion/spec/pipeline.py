@@ -358,9 +358,13 @@ def key_fields_problem(keys: list[str], types: dict[str, str]) -> str | None:
     nested = [key for key in keys if types[key].startswith(("struct", "list", "map"))]
     if nested:
         return f"key_fields {nested} must be primitive columns"
-    unkeyable = [key for key in keys if types[key] in ("float", "double", "uuid")]
+    unkeyable = [
+        key
+        for key in keys
+        if types[key] in ("float", "double", "uuid", "binary") or types[key].startswith("fixed")
+    ]
     if unkeyable:  # Iceberg refuses float identifier fields; NaN and -0.0 do not compare
-        return f"key_fields {unkeyable}: float, double and uuid cannot be keys"
+        return f"key_fields {unkeyable}: float, double, uuid, binary and fixed cannot be keys"
     return None
 
 

@@ -179,8 +179,11 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
 
 
 def _with_required_keys(spec: PipelineSpec, derived: Schema) -> list[NestedField]:
-    """``derived``'s fields (e.g. from the registry), the key fields of an upsert pipeline
-    checked as a declared schema's are at load, and made required."""
+    """``derived``'s fields (e.g. from the registry). An upsert pipeline's key fields are
+    checked as a declared schema's are at load, and made required; its other fields optional:
+    a change written under an older version of the row (before a ``NOT NULL`` column was
+    added) must still apply, and an Avro record is read with its writer's schema (no reader
+    defaults)."""
     from pyiceberg.types import NestedField
 
     keys = spec.key_fields or []
@@ -190,10 +193,10 @@ def _with_required_keys(spec: PipelineSpec, derived: Schema) -> list[NestedField
             f"pipeline {spec.name!r}: {problem} (the schema derived from the registry has "
             f"{[f.name for f in derived.fields]}): fix key_fields, or declare schema: [...]"
         )
+    if spec.mode != "upsert":
+        return list(derived.fields)
     return [
-        NestedField(f.field_id, f.name, f.field_type, required=True, doc=f.doc)
-        if f.name in keys
-        else f
+        NestedField(f.field_id, f.name, f.field_type, required=f.name in keys, doc=f.doc)
         for f in derived.fields
     ]
 

@@ -8,7 +8,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from ingestion.formats.avro import _rows_to_arrow
+from ingestion.formats.avro import rows_to_arrow
 from ingestion.formats.bad_values import (
     bisect_bulk,
     find_invalid_utf8,
@@ -210,7 +210,7 @@ def test_avro_rows_one_bad_row_is_set_aside(position: int) -> None:
     rows: list[dict[str, object]] = [{"id": i, "amount": Decimal("1.25")} for i in range(1000)]
     rows[position] = {"id": "not a long", "amount": Decimal("1.25")}
     schema = pa.schema([("id", pa.int64()), ("amount", pa.decimal128(6, 2))])
-    table, bad = _rows_to_arrow(rows, schema)
+    table, bad = rows_to_arrow(rows, schema)
     assert list(bad) == [position]
     assert table.column("id").to_pylist() == [i for i in range(1000) if i != position]
 

@@ -5,6 +5,7 @@ equals the source table's state; the flattened form and tombstones; what is set 
 from __future__ import annotations
 
 import io
+import math
 import random
 import struct
 from collections.abc import Sequence
@@ -222,3 +223,68 @@ def test_avro_decimals_and_unknown_schema_ids() -> None:
     ]
     assert [(r.index, r.error_class) for r in out.rejections] == [(1, "UnknownSchemaId")]
     assert out.unknown_schema_ids == {9}
+
+
+def test_avro_values_json_cannot_carry_keep_their_avro_form() -> None:
+    """Bytes, a uuid and a NaN have no exact JSON form: their rows are converted from the Avro
+    values (as append mode does), the others take JSON's typed path (a ``ZonedTimestamp``
+    string into a ``timestamptz``); batch order is kept."""
+    row = {
+        "type": "record",
+        "name": "Value",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "blob", "type": ["null", "bytes"], "default": None},
+            {"name": "ratio", "type": ["null", "double"], "default": None},
+            {"name": "at", "type": ["null", "string"], "default": None},
+        ],
+    }
+    schema = pa.schema(
+        [("id", pa.int64()), ("blob", pa.binary()), ("ratio", pa.float64()),
+         ("at", pa.timestamp("us", tz="UTC"))]
+    )  # fmt: skip
+    payloads = [
+        {"id": 1, "blob": None, "ratio": 0.5, "at": "2026-11-28T10:00:00.123456Z"},
+        {"id": 2, "blob": b"\xde\xad", "ratio": 1.0, "at": None},
+        {"id": 3, "blob": None, "ratio": float("nan"), "at": None},
+        {"id": 4, "blob": None, "ratio": None, "at": "2026-11-28T11:00:00Z"},
+    ]
+    values: list[bytes | None] = [wire(5, row, payload) for payload in payloads]
+    out = decode_changes(
+        values, [None] * 4, schema, KEY, "flattened", {5: orjson.dumps(row).decode()}
+    )
+    assert out.rejections == []
+    assert out.indices == [0, 1, 2, 3]
+    got = out.table.select(["id", "blob", "ratio"]).to_pylist()
+    assert [r["id"] for r in got] == [1, 2, 3, 4]
+    assert got[1]["blob"] == b"\xde\xad"
+    assert math.isnan(got[2]["ratio"])
+    stamps = out.table.column("at").to_pylist()
+    assert [s.isoformat() if s else None for s in stamps] == [
+        "2026-11-28T10:00:00.123456+00:00",
+        None,
+        None,
+        "2026-11-28T11:00:00+00:00",
+    ]
+
+
+def test_an_avro_tombstone_reads_a_json_key_and_names_an_unreadable_one() -> None:
+    """Keys through the JsonConverter beside Avro values still find a tombstone's row; a key
+    that cannot be read at all is named in the rejection, not hidden behind "no key"."""
+    writers = {1: orjson.dumps({"type": "record", "name": "K", "fields": [
+        {"name": "id", "type": "long"}]}).decode()}  # fmt: skip
+    keys: list[bytes | None] = [b'{"id": 9}', b"\x00\x00\x00\x00\x07junk"]
+    out = decode_changes([None, None], keys, SCHEMA, KEY, writers=writers)
+    assert out.table.select(["id", OP]).to_pylist() == [{"id": 9, OP: "d"}]
+    (rejection,) = out.rejections
+    assert rejection.error_class == "MissingKey"
+    assert "UnknownSchemaId" in rejection.message
+    assert out.unknown_schema_ids == {7}
+
+
+def test_every_double_underscore_field_of_a_flattened_row_is_metadata() -> None:
+    """``add.fields=source.txId`` adds ``__source_txId``: metadata, not a new column."""
+    value = orjson.dumps({"id": 1, "name": "a", "__op": "c", "__source_txId": 77, "__db": "x"})
+    out = decode_changes([value], [None], SCHEMA, KEY, "flattened")
+    assert out.new_fields == {}
+    assert out.table.select(["id", "name"]).to_pylist() == [{"id": 1, "name": "a"}]

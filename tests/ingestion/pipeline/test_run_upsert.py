@@ -216,6 +216,7 @@ def test_avro_envelopes_through_the_registry_leave_the_source_state(
         produce(ledger_producer, topic, source.random_changes(random.Random(5), 200, keys=80))
         report = harness.run(spec)
     assert report.executed_in == "spark"
+    assert report.spark_tasks == 2, "a task ran twice: a key schema was not prefetched"
     assert report.deletes > 0
     assert report.updates > 0
     assert report.quarantined == 0
@@ -246,6 +247,9 @@ def test_an_avro_table_is_derived_from_the_registered_row(
         )  # fmt: skip
         with pytest.raises(exceptions.PipelineSpecError, match=r"cdc_avro_wrong_key.*\['uid'\]"):
             harness.run(wrong)
+        envelope = cdc_spec(topic, "cdc_avro_wrong_envelope", schema=None, **avro)
+        with pytest.raises(exceptions.PipelineSpecError, match=r"no table schema.*envelope"):
+            harness.run(envelope)  # the registered row is flattened: no before/after
     table = harness.table(spec)
     user = [f for f in table.schema().fields if not f.name.startswith(("_kafka_", "_cdc_"))]
     assert [(f.name, str(f.field_type), f.required) for f in user] == [

@@ -125,7 +125,7 @@ def test_valid_spec_defaults() -> None:
                 "schema": [{"name": "k", "type": "double"}],
             },
             "<spec>",
-            "float, double and uuid cannot be keys",
+            "float, double, uuid, binary and fixed cannot be keys",
         ),
         (
             {
@@ -143,7 +143,7 @@ def test_valid_spec_defaults() -> None:
         (
             {"mode": "upsert", "key_fields": ["f"], "schema": [{"name": "f", "type": "double"}]},
             "<spec>",
-            "float, double and uuid cannot be keys",
+            "float, double, uuid, binary and fixed cannot be keys",
         ),
         (  # 'primary' names the pipeline's own cluster (_kafka_cluster, failover --to)
             {"replicas": [{"name": "primary", "source_alias": "east"}]},
