@@ -23,10 +23,12 @@ jvm: java $(STAMP)
 	$(BIN)/python -c "from resources.jvm import class_path; class_path('kafka'); class_path('mirror-maker'); class_path('rest-catalog')"
 
 # The tests' Schema Registry (Apicurio Registry, a Quarkus application) built once into the same
-# cache (resources/jvm.py quarkus_runner; about 2.5 minutes and 220 MB of jars the first time):
-# only the tests need it, so make dev does not wait for it.
+# cache (resources/jvm.py quarkus_runner; about 2.5 minutes and 220 MB of jars the first time),
+# and the tests' Debezium PostgreSQL connector in Kafka Connect (resources/jvm/debezium/pom.xml):
+# only the tests need them, so make dev does not wait for them.
 test-jvm: jvm
 	$(BIN)/python -c "from resources.jvm import quarkus_runner; quarkus_runner('schema-registry')"
+	$(BIN)/python -c "from resources.jvm import class_path; class_path('debezium')"
 
 # Installed from the lock (constraints.txt): a fresh clone gets the versions CI ran.
 $(STAMP): pyproject.toml constraints.txt
