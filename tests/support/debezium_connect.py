@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Self
 
 from ingestion.kafka.topics import query_watermarks
-from resources.embedded import find_free_port
-from resources.jvm import LOG4J2_CONFIG, class_path, java_binary
-from resources.process import ManagedProcess
+from resources.jvm import LOG4J2_CONFIG, class_path
+from tests.support.jvm_server import JvmServer
 
 MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
 CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 SETTINGS = {"wal_level": "logical", "max_wal_senders": "4", "max_replication_slots": "4"}
 
 
-class DebeziumConnect(ManagedProcess):
+class DebeziumConnect(JvmServer):
     """One Connect worker running one Debezium PostgreSQL connector for ``tables``
-    (``schema.table``) of ``database``; its topics are ``<prefix>.<schema>.<table>``."""
+    (``schema.table``) of ``database``; its topics are ``<prefix>.<schema>.<table>``. It serves
+    once its REST API answers; the connector then snapshots and streams: wait for its records
+    with :meth:`wait_records`."""
+
+    name = "Kafka Connect (Debezium)"
 
     def __init__(
         self,
@@ -43,24 +45,21 @@ class DebeziumConnect(ManagedProcess):
         heap_mb: int = 256,
         start_timeout_s: float = 90,
     ) -> None:
+        super().__init__(root / "connect.log", heap_mb, start_timeout_s, stop_timeout_s=20)
         self.root, self.bootstrap, self.database = root, bootstrap, database
         self.tables, self.prefix = tables, prefix
-        self.heap_mb, self.start_timeout_s = heap_mb, start_timeout_s
-        self.log_path = root / "connect.log"
-        self.stop_timeout_s = 20
-        self.rest_port = 0
 
     def topic(self, table: str) -> str:
         return f"{self.prefix}.{table}"
 
-    def worker_properties(self) -> dict[str, str]:
+    def worker_properties(self, port: int) -> dict[str, str]:
         return {
             "bootstrap.servers": self.bootstrap,
             "key.converter": "org.apache.kafka.connect.json.JsonConverter",
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
             "offset.storage.file.filename": str(self.root / "connect.offsets"),
             "offset.flush.interval.ms": "1000",
-            "listeners": f"http://127.0.0.1:{self.rest_port}",
+            "listeners": f"http://127.0.0.1:{port}",
             "plugin.discovery": "service_load",  # the class path's manifests, no jar scan
         }
 
@@ -85,34 +84,24 @@ class DebeziumConnect(ManagedProcess):
             "topic.creation.default.partitions": "1",
         }
 
-    def start(self) -> Self:
-        """Write the properties and start the worker; return once its REST API answers (the
-        connector then snapshots and streams: wait for its records with
-        :meth:`wait_records`), or raise with its log."""
+    def main(self, port: int) -> tuple[str, str, list[str], dict[str, str]]:
+        """The worker's and the connector's properties files, for ``ConnectStandalone``."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self.rest_port = find_free_port()
         files = []
         for name, properties in (
-            ("worker", self.worker_properties()),
+            ("worker", self.worker_properties(port)),
             ("connector", self.connector_properties()),
         ):
             path = self.root / f"{name}.properties"
             path.write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
             files.append(str(path))
         cp = class_path("debezium")
-        self.spawn(
-            [
-                java_binary(), f"-Xmx{self.heap_mb}m", "-Xms32m", "-XX:+UseSerialGC",
-                "-XX:TieredStopAtLevel=1", *self.class_sharing_options(MAIN, cp),
-                "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
-                "-cp", cp, MAIN, *files,
-            ]
-        )  # fmt: skip
-        if not self.wait_listening(self.rest_port, self.start_timeout_s, 0.2):
-            log = self.read_log()
-            self.stop()
-            raise RuntimeError(f"Kafka Connect did not start in {self.start_timeout_s} s:\n{log}")
-        return self
+        arguments = [f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}", "-cp", cp, MAIN, *files]
+        return MAIN, cp, arguments, {}
+
+    def serves(self) -> bool:
+        """Listening is enough: the worker opens its REST port once its connector is loaded."""
+        return True
 
     def wait_records(self, client_config: dict[str, str], table: str, count: int,
                      timeout_s: float = 60) -> int:  # fmt: skip
