@@ -38,8 +38,9 @@ from ingestion.health.figures import (
     pipeline_figures,
     table_records,
 )
-from ingestion.health.state import commits_of
+from ingestion.health.state import NEWEST_COMMITS, commits_of
 from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.offsets import snapshot_properties
 from platform_assets.pipelines import load_pipelines, table_key
 from platform_assets.state import StateReader
 from resources.iceberg import IcebergCatalogResource
@@ -57,7 +58,6 @@ DEFAULT_PORT = 9464  # OpenTelemetry's Prometheus exporter's default port
 CHECK_STATES = ("passed", "warn", "error", "blocked", "unknown")
 """A check's state: its newest completed evaluation passed, failed with WARN or ERROR, was not
 evaluated because the blocking group check fails (``blocked``), or none is recorded yet."""
-WINDOW_COMMITS = 100  # state.commits holds the newest 100; more are read when all are recent
 
 # name (without the prefix) -> (help, labels). The one list of what the endpoint exports: the
 # collector builds its families from it, the docs and the dashboard are tested against it.
@@ -201,7 +201,7 @@ class PlatformCollector(Collector):
         since = now_ms - self.window_s * 1000
         if (
             table is not None
-            and len(commits) >= WINDOW_COMMITS
+            and len(commits) >= NEWEST_COMMITS  # all recent: the window may hold more
             and commits[-1].timestamp_ms > since
         ):
             commits = commits_of(table, spec.consumer_group_id, limit=1_000_000)
@@ -276,9 +276,7 @@ class PlatformCollector(Collector):
 
 def _table_records(table: Table | None) -> int | None:
     snapshot = table.current_snapshot() if table is not None else None
-    if snapshot is None or snapshot.summary is None:
-        return None
-    return table_records(dict(snapshot.summary.additional_properties))
+    return table_records(snapshot_properties(snapshot)) if snapshot is not None else None
 
 
 def pipeline_samples(reading: PipelineReading) -> Iterator[tuple[str, list[str], float]]:

@@ -140,7 +140,10 @@ class PipelineState:
         }
 
 
-def commits_of(table: Table, group_id: str, limit: int = 100) -> list[Commit]:
+NEWEST_COMMITS = 100  # the commits a state holds (:attr:`PipelineState.commits`)
+
+
+def commits_of(table: Table, group_id: str, limit: int = NEWEST_COMMITS) -> list[Commit]:
     """The newest ``limit`` commits of ``group_id`` in the table's lineage, newest first."""
     key = OFFSETS_PREFIX + group_id
     found = []

@@ -158,7 +158,7 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
             for i, f in enumerate(spec.schema_fields, start=1)
         ]
     elif derived is not None:
-        fields = _with_required_keys(spec, derived)
+        fields = _derived_fields(spec, derived)
     elif spec.value_format == "raw":
         fields = [NestedField(1, "value", BinaryType(), required=False)]
     else:
@@ -178,7 +178,7 @@ def build_schema(spec: PipelineSpec, derived: Schema | None = None) -> Schema:
     return Schema(*fields, identifier_field_ids=identifiers)
 
 
-def _with_required_keys(spec: PipelineSpec, derived: Schema) -> list[NestedField]:
+def _derived_fields(spec: PipelineSpec, derived: Schema) -> list[NestedField]:
     """``derived``'s fields (e.g. from the registry). An upsert pipeline's key fields are
     checked as a declared schema's are at load, and made required; its other fields optional:
     a change written under an older version of the row (before a ``NOT NULL`` column was
