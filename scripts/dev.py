@@ -26,16 +26,26 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STATE_DIR = ROOT / ".platform"
 sys.path.insert(0, str(ROOT))
 
+from platform_assets.cli.actions import CLI_ACTION_JOB  # noqa: E402
 from platform_assets.demo import DemoProducerStats, run_demo_producer  # noqa: E402
+from platform_assets.instance import (  # noqa: E402
+    InstanceStorageError,
+    cancel_active_runs,
+    cancel_stopped_runs,
+    create_storage,
+)
 from resources.embedded import EmbeddedBroker, find_free_port  # noqa: E402
 from resources.kafka import KafkaResource  # noqa: E402
 from resources.spark_connect import SparkConnectServer  # noqa: E402
+from resources.stack_env import STACK_KEYS, publish_stack, withdraw_stack  # noqa: E402
 
 DAGSTER_YAML = """\
 # Written by scripts/dev.py for the embedded stack.
@@ -75,7 +85,12 @@ and the dbt models built from them (``dbt/profiles.yml``: ``analytics.duckdb``).
 
 def prepare_state(state_dir: Path) -> Path:
     """Reset the demo's data (:data:`RESET`) and the assets' history of it, keep Dagster's run
-    history; return DAGSTER_HOME.
+    history; create the Dagster instance's storage (once, before any process that opens it
+    starts: :func:`platform_assets.instance.create_storage`, which repairs a storage two
+    processes created at once); return DAGSTER_HOME.
+
+    Raises:
+        InstanceStorageError: a storage file it cannot repair; the message names the file.
 
     The DuckDB file goes with the catalog: kept, its ``orders_incremental`` would hold the last
     session's orders (absent from the new ``stg_orders``: the relationships test fails until the
@@ -90,6 +105,8 @@ def prepare_state(state_dir: Path) -> Path:
     dagster_home = state_dir / "dagster_home"
     dagster_home.mkdir(parents=True, exist_ok=True)
     (dagster_home / "dagster.yaml").write_text(DAGSTER_YAML)
+    for line in create_storage(dagster_home):
+        print(f"repaired {line}", flush=True)
     forget_assets(dagster_home)
     return dagster_home
 
@@ -103,8 +120,6 @@ def forget_assets(dagster_home: Path) -> int:
     that fails on the missing source. Wiped, the table is missing until that first commit and
     the models wait for it. Runs, sensor and schedule state are kept.
     """
-    if not (dagster_home / "history").exists():
-        return 0  # a new DAGSTER_HOME: nothing to forget (and no need to import Dagster)
     from dagster import DagsterInstance
 
     with DagsterInstance.from_config(str(dagster_home)) as instance:
@@ -126,7 +141,7 @@ def stop_process_group(process: subprocess.Popen[bytes], timeout_s: float = 20.0
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--state-dir", default=str(ROOT / ".platform"))
+    parser.add_argument("--state-dir", default=str(DEFAULT_STATE_DIR))
     parser.add_argument("--ui-port", type=int, default=None, help="default: 3000 if free")
     parser.add_argument(
         "--rate", type=float, default=20.0, help="demo events per second (0: no demo producer)"
@@ -144,7 +159,11 @@ def main() -> int:
     args = parser.parse_args()
 
     state_dir = Path(args.state_dir).resolve()
-    dagster_home = prepare_state(state_dir)
+    try:
+        dagster_home = prepare_state(state_dir)
+    except InstanceStorageError as exc:
+        print(f"make dev: {exc}", file=sys.stderr, flush=True)
+        return 2
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -188,13 +207,17 @@ def main() -> int:
         if args.spark == "connect":
             spark_stack.enter_context(spark_server)  # stopped after dagster, before the broker
         ui_port = args.ui_port or find_ui_port()
-        env = {
-            **os.environ,
+        metrics_port = args.metrics_port or find_port(METRICS_PORT)
+        stack = {
             "DAGSTER_HOME": str(dagster_home),
             "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers,
             "PLATFORM_STATE_DIR": str(state_dir),
             # Runs attach to the Connect server (the configuration's spark.remote default).
             "PLATFORM_SPARK_REMOTE": spark_server.remote if args.spark == "connect" else "",
+        }
+        env = {
+            **os.environ,
+            **stack,
             # Alert sinks: empty = off. Set them in your shell to try a webhook or Slack.
             "PLATFORM_ALERT_WEBHOOK_URL": os.environ.get("PLATFORM_ALERT_WEBHOOK_URL", ""),
             "PLATFORM_SLACK_TOKEN": os.environ.get("PLATFORM_SLACK_TOKEN", ""),
@@ -203,43 +226,13 @@ def main() -> int:
                 "PLATFORM_UI_BASE_URL", f"http://127.0.0.1:{ui_port}"
             ),
         }
-        command = [
-            str(Path(sys.executable).with_name("dagster")),
-            "dev",
-            "-w",
-            str(ROOT / "workspace.yaml"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(ui_port),
-        ]
-        with (state_dir / "logs" / "dagster.log").open("ab") as log:
-            dagster = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        # The metrics endpoint: the CLI a deployment runs, on the same configuration and instance.
-        metrics_port = args.metrics_port or find_port(METRICS_PORT)
-        with (state_dir / "logs" / "metrics.log").open("ab") as log:
-            metrics = subprocess.Popen(
-                [
-                    str(Path(sys.executable).with_name("platform")),
-                    "metrics",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(metrics_port),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # The settings a second terminal needs, in the state folder and, for the default one,
+        # where `platform` and `dagster` look by default (the repository root's .env): a second
+        # stack (a test, a benchmark) never takes the place of the user's.
+        shared = {**stack, **{k: os.environ[k] for k in STACK_KEYS if k in os.environ}}
+        root = ROOT if state_dir == DEFAULT_STATE_DIR else None
+        published = publish_stack(root, state_dir, shared)
+        processes = start_dagster(state_dir, env, ui_port, metrics_port)
         print(f"Kafka:          {broker.bootstrap_servers}  (log: {broker.log_path})", flush=True)
         print(f"Iceberg:        SQLite catalog + warehouse under {state_dir}", flush=True)
         if args.spark == "connect":
@@ -252,26 +245,111 @@ def main() -> int:
             f"Metrics:        http://127.0.0.1:{metrics_port}/metrics  (Prometheus/OpenMetrics; "
             f"log: {state_dir}/logs/metrics.log)"
         )
+        print(f"Second terminal: {published.describe()}")
         print(f"Demo producer:  orders topic, {args.rate:g} events/s. Ctrl-C stops everything.")
         sys.stdout.flush()
         died = False
         try:
             while not stop.wait(2.0):
-                if dagster.poll() is not None:
+                if processes.dagster.poll() is not None:
                     died = True
-                    print(f"dagster dev exited with {dagster.returncode}; stopping", flush=True)
+                    code = processes.dagster.returncode
+                    print(f"dagster dev exited with {code}; stopping", flush=True)
                     break
         finally:
             print("Stopping: dagster, metrics, demo producer, Spark, broker...", flush=True)
             stop.set()
-            stop_process_group(dagster)
-            stop_process_group(metrics)
+            withdraw_stack(published)
+            for line in stop_dagster(processes, dagster_home):
+                print(f"  {line}", flush=True)
             if producer_thread.is_alive():
                 producer_thread.join(15)
             spark_stack.close()
             print(f"Stopped. Demo events produced: {stats.produced}", flush=True)
     # Stopped by the user: success. Stopped because dagster dev died on its own: failure.
     return 1 if died else 0
+
+
+@dataclass
+class DagsterProcesses:
+    """What :func:`start_dagster` started: ``dagster dev`` (UI, daemon, code server) and the
+    metrics endpoint (``platform metrics``), each in a process group of its own."""
+
+    dagster: subprocess.Popen[bytes]
+    metrics: subprocess.Popen[bytes]
+    ui_port: int
+    metrics_port: int
+
+
+def start_dagster(
+    state_dir: Path, env: dict[str, str], ui_port: int, metrics_port: int
+) -> DagsterProcesses:
+    """Start ``dagster dev`` and the metrics endpoint on ``env``'s ``DAGSTER_HOME``, whose storage
+    :func:`prepare_state` created (both only open it: neither races the other to create it).
+
+    Their logs go to ``state_dir/logs``. The default state folder's processes run in the
+    repository root, where Dagster reads a ``.env`` (the user's, or the one this script
+    publishes); any other state folder's run in that folder, so that a second stack never reads
+    the settings of the user's.
+    """
+    cwd = ROOT if state_dir == DEFAULT_STATE_DIR else state_dir
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    dagster_command = [
+        str(Path(sys.executable).with_name("dagster")),
+        "dev",
+        "-w",
+        str(ROOT / "workspace.yaml"),
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(ui_port),
+    ]
+    # The metrics endpoint: the CLI a deployment runs, on the same configuration and instance.
+    metrics_command = [
+        str(Path(sys.executable).with_name("platform")),
+        "metrics",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(metrics_port),
+    ]
+    started = []
+    for command, name in ((dagster_command, "dagster"), (metrics_command, "metrics")):
+        with (state_dir / "logs" / f"{name}.log").open("ab") as log:
+            started.append(
+                subprocess.Popen(
+                    command,
+                    cwd=cwd,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+    return DagsterProcesses(started[0], started[1], ui_port, metrics_port)
+
+
+STOP_MESSAGE = "make dev stopped (Ctrl-C): canceled by the user"
+
+
+def stop_dagster(processes: DagsterProcesses, dagster_home: Path) -> list[str]:
+    """Stop what :func:`start_dagster` started, its runs ending as canceled by the user; return
+    a line per run it canceled.
+
+    Every run in flight is marked canceling first (:func:`cancel_active_runs`), so the
+    interrupt that stops it ends it as canceled, not failed; a run whose process was killed
+    before it could say so is marked canceled once every process is gone. An ingestion run
+    stopped mid-commit loses and duplicates nothing: its commit either landed with its offsets
+    or did not (docs/reliability.md), and the next start reads on from the table's offsets.
+    """
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        lines = cancel_active_runs(instance, STOP_MESSAGE, leave_jobs=frozenset([CLI_ACTION_JOB]))
+        stop_process_group(processes.dagster)
+        stop_process_group(processes.metrics)
+        lines += cancel_stopped_runs(instance, STOP_MESSAGE)
+    return lines
 
 
 def find_ui_port() -> int:

@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from ingestion.exceptions import OperationRefusedError
@@ -42,13 +43,17 @@ from resources.kafka import KafkaResource
 
 
 def dagster_home(iceberg: IcebergCatalogResource) -> str:
-    """``$DAGSTER_HOME``, else the embedded stack's instance (``make dev``), else ''."""
+    """``$DAGSTER_HOME``, else the embedded stack's instance (``make dev``), else ''; '' too
+    while its storage has not been created (the CLI opens an instance, never creates one:
+    ``platform_assets.instance``)."""
+    from platform_assets.instance import storage_exists
+
     home = os.environ.get("DAGSTER_HOME") or ""
     if not home:
         default = iceberg.embedded_state_dir() / "dagster_home"
         embedded = iceberg.source() == "embedded" and (default / "dagster.yaml").is_file()
         home = str(default) if embedded else ""
-    return home
+    return home if home and storage_exists(Path(home)) else ""
 
 
 def audit_cursor(spec: PipelineSpec, iceberg: IcebergCatalogResource) -> tuple[int | None, str]:

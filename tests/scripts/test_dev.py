@@ -8,16 +8,23 @@ its users, in this order; the last one stops it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from ingestion.kafka.topics import describe_topic
+from platform_assets.streaming.jobs import STREAM_JOB
 from resources.kafka import KafkaResource
+from resources.stack_env import STARTED_KEY
 from tests.support.dev_stack import (
     DevStack,
     describe_run,
@@ -30,6 +37,15 @@ from tests.support.dev_stack import (
 
 pytestmark = pytest.mark.integration
 DBT_MODEL = ["stg_orders"]  # every dbt build of the demo selects it (one asset job, eager)
+PUBLISHED = ("KAFKA_BOOTSTRAP_SERVERS", "DAGSTER_HOME", "PLATFORM_SPARK_REMOTE", STARTED_KEY)
+"""What a fresh terminal lacks: the variables `make dev` set for its own processes."""
+UNFINISHED = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
+]
 DBT_BUILD_S = 300  # from the stack's start: the first commit, a sensor tick, a build (~100 s)
 
 
@@ -57,6 +73,30 @@ def test_no_run_failed_while_the_demo_ran(dev_stack: DevStack) -> None:
     failed = [run for run in failed_runs(port) if run["runId"] not in expected]
     assert not failed, "runs failed while the demo ran:\n" + "\n".join(map(describe_run, failed))
     assert dbt_builds(port, "SUCCESS")
+
+
+def test_the_cli_in_a_fresh_terminal_finds_the_stack(dev_stack: DevStack) -> None:
+    """A second terminal with none of the stack's variables exported: ``platform status`` finds
+    the stack in the settings `make dev` published (its state folder's ``stack.env``: the
+    repository root's ``.env`` for the default folder), names it, and answers from the audit's
+    last verdict without recounting Kafka."""
+    fresh = {k: v for k, v in os.environ.items() if k not in PUBLISHED}
+    fresh["PLATFORM_STATE_DIR"] = str(dev_stack.state_dir)
+    answer = subprocess.run(
+        [str(Path(sys.executable).with_name("platform")), "status", "--json"],
+        cwd=dev_stack.state_dir,
+        env=fresh,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stderr.startswith("stack: make dev (pid "), answer.stderr
+    assert f"DAGSTER_HOME {dev_stack.state_dir / 'dagster_home'}" in answer.stderr
+    statuses = json.loads(answer.stdout)
+    assert [status["pipeline"] for status in statuses] == ["orders"]
+    assert not statuses[0]["checks"]["exactly_once_audit"]["fresh"]  # not run: read back
 
 
 def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> None:
@@ -95,3 +135,15 @@ def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> 
     state = dev_stack.state_dir
     assert (state / "dagster_home" / "dagster.yaml").exists()
     assert os.path.getsize(state / "logs" / "kafka.log") > 0
+    assert not (state / "stack.env").exists()  # withdrawn: a second terminal is told it is gone
+    # Ctrl-C ends the runs it stopped as canceled by the user, none as failed: the stream
+    # worker, at least, was in flight.
+    assert "canceled by the user" in output, output
+    with DagsterInstance.from_config(str(state / "dagster_home")) as instance:
+        left = instance.get_runs(RunsFilter(statuses=UNFINISHED))
+        failed = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
+        canceled = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.CANCELED]))
+    assert not left, [f"{run.job_name} {run.run_id} {run.status}" for run in left]
+    unexpected = [run.run_id for run in failed if run.run_id not in dev_stack.expected_failures]
+    assert not unexpected, f"runs failed by Ctrl-C: {unexpected}"
+    assert any(run.job_name == STREAM_JOB for run in canceled), [r.job_name for r in canceled]

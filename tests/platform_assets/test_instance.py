@@ -1,0 +1,188 @@
+"""The Dagster instance's storage (platform_assets/instance.py), on Dagster's real SQLite storage:
+created once however many processes ask at the same moment, never created by an opener, the
+race's leftovers repaired and anything else refused by name.
+
+The broken storages below are written as the race leaves them (a second schema version row, or
+the older version alone) on top of a real storage: a race between processes cannot be driven
+into one outcome on demand. ``test_plain_opens_at_once_break_what_create_storage_keeps_whole``
+shows the race itself with Dagster's own constructor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import sqlite3
+from collections.abc import Callable
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+
+from platform_assets.cli.actions import CLI_ACTION_JOB
+from platform_assets.instance import (
+    STORAGE_FILES,
+    InstanceStorageError,
+    cancel_active_runs,
+    cancel_stopped_runs,
+    create_storage,
+    open_instance,
+    storage_exists,
+)
+
+HEAD = "29b539ebc72a"  # the installed Dagster 1.13's storage schema head (constraints.txt)
+OLDER = "5771160a95ad"  # the revision a second creator stamps (Dagster's last pre-SQLAlchemy-2)
+
+
+def versions(home: Path) -> dict[str, list[str]]:
+    """Each storage file's schema version rows."""
+    found = {}
+    for item in STORAGE_FILES:
+        with contextlib.closing(sqlite3.connect(home / item.path)) as connection:
+            rows = connection.execute("select version_num from alembic_version").fetchall()
+        found[item.path] = [row[0] for row in rows]
+    return found
+
+
+def one_head(home: Path) -> dict[str, list[str]]:
+    return {item.path: [HEAD] for item in STORAGE_FILES}
+
+
+def stamp(path: Path, *revisions: str) -> None:
+    """Replace ``path``'s schema version rows with ``revisions``."""
+    with contextlib.closing(sqlite3.connect(path)) as connection, connection:
+        connection.execute("delete from alembic_version")
+        for revision in revisions:
+            connection.execute("insert into alembic_version values (?)", (revision,))
+
+
+def test_create_storage_creates_each_file_once_with_the_head(tmp_path: Path) -> None:
+    assert create_storage(tmp_path) == []
+    assert versions(tmp_path) == one_head(tmp_path)
+    assert create_storage(tmp_path) == []  # idempotent
+    instance = open_instance(tmp_path)
+    assert instance is not None
+    instance.dispose()
+
+
+def test_open_instance_never_creates_storage(tmp_path: Path) -> None:
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    assert open_instance(tmp_path) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dagster.yaml"]
+    # Storage configured elsewhere (PostgreSQL in production) is opened as configured: its
+    # files are not under DAGSTER_HOME.
+    (tmp_path / "dagster.yaml").write_text("storage:\n  postgres: {}\n")
+    assert storage_exists(tmp_path)
+
+
+def _create(home: str, barrier: Barrier) -> None:
+    barrier.wait()
+    create_storage(home)
+
+
+def _open_plainly(home: str, barrier: Barrier) -> None:
+    barrier.wait()
+    with contextlib.suppress(Exception):  # the race may make one of them fail outright
+        DagsterInstance.from_config(home).dispose()
+
+
+def start_at_once(target: Callable[[str, Barrier], None], home: Path, processes: int) -> None:
+    """Run ``target(home, barrier)`` in ``processes`` forked processes released together."""
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    context = multiprocessing.get_context("fork")  # Dagster is imported once, here
+    barrier = context.Barrier(processes)
+    started = [context.Process(target=target, args=(str(home), barrier)) for _ in range(processes)]
+    for process in started:
+        process.start()
+    for process in started:
+        process.join(120)
+        assert process.exitcode == 0
+
+
+RACE_ROUNDS = 10
+
+
+def test_plain_opens_at_once_break_what_create_storage_keeps_whole(tmp_path: Path) -> None:
+    """Dagster's constructor, called by four processes at the same moment on an empty home,
+    leaves a storage that is not at one head (in most rounds here: the test waits for the first
+    of up to ten); :func:`create_storage` repairs it, and from as many processes at once leaves
+    one head every round."""
+    for attempt in range(RACE_ROUNDS):
+        broken = tmp_path / f"plain-{attempt}"
+        start_at_once(_open_plainly, broken, 4)
+        if versions(broken) != one_head(broken):
+            break
+    else:
+        raise AssertionError(f"{RACE_ROUNDS} rounds of plain opens at once never raced")
+    assert create_storage(broken)  # repaired
+    assert versions(broken) == one_head(broken)
+    for attempt in range(3):
+        home = tmp_path / f"locked-{attempt}"
+        start_at_once(_create, home, 4)
+        assert versions(home) == one_head(home)
+
+
+def test_two_version_rows_are_repaired_keeping_the_head(tmp_path: Path) -> None:
+    create_storage(tmp_path)
+    schedules = tmp_path / "schedules" / "schedules.db"
+    stamp(schedules, HEAD, OLDER)  # what .platform held after the race on a fresh machine
+    with pytest.raises(Exception, match="more than one head"):
+        DagsterInstance.from_config(str(tmp_path))
+    repaired = create_storage(tmp_path)
+    assert repaired == [f"{schedules}: kept schema version {HEAD}, removed {OLDER}"]
+    assert versions(tmp_path) == one_head(tmp_path)
+
+
+def test_the_older_version_alone_is_migrated(tmp_path: Path) -> None:
+    create_storage(tmp_path)
+    runs = tmp_path / "history" / "runs.db"
+    stamp(runs, OLDER)
+    assert create_storage(tmp_path) == [f"{runs}: migrated from schema version {OLDER}"]
+    assert versions(tmp_path) == one_head(tmp_path)
+
+
+def test_a_storage_it_cannot_vouch_for_is_refused_naming_the_file(tmp_path: Path) -> None:
+    create_storage(tmp_path)
+    schedules = tmp_path / "schedules" / "schedules.db"
+    stamp(schedules, "aaaaaaaaaaaa", "bbbbbbbbbbbb")  # neither is this Dagster's
+    with pytest.raises(InstanceStorageError) as refused:
+        create_storage(tmp_path)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert str(schedules) in message
+    assert "remove it (sensor and schedule state and ticks only: removing it keeps the runs)" in (
+        message
+    )
+    runs = tmp_path / "history" / "runs.db"
+    runs.write_bytes(b"not a database, but long enough to be read as a header" * 20)
+    with pytest.raises(InstanceStorageError, match=f"{runs} is not a readable database"):
+        create_storage(tmp_path)
+
+
+def test_stopping_cancels_every_run_but_a_cli_hold(tmp_path: Path) -> None:
+    """``make dev``'s stop: runs not started yet canceled at once, runs in progress marked
+    canceling and, once their processes are gone, canceled; a CLI command's hold record left to
+    its command."""
+    create_storage(tmp_path)
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        queued = instance.add_run(
+            DagsterRun(job_name="stream_worker", status=DagsterRunStatus.NOT_STARTED)
+        )
+        started = instance.add_run(
+            DagsterRun(job_name="stream_worker", status=DagsterRunStatus.STARTED)
+        )
+        hold = instance.add_run(
+            DagsterRun(job_name=CLI_ACTION_JOB, status=DagsterRunStatus.STARTED)
+        )
+        lines = cancel_active_runs(instance, "make dev stopped", frozenset([CLI_ACTION_JOB]))
+        assert len(lines) == 2
+        status = {run.run_id: run.status for run in instance.get_runs()}
+        assert status[queued.run_id] == DagsterRunStatus.CANCELED
+        assert status[started.run_id] == DagsterRunStatus.CANCELING
+        assert status[hold.run_id] == DagsterRunStatus.STARTED
+        assert len(cancel_stopped_runs(instance, "make dev stopped")) == 1
+        status = {run.run_id: run.status for run in instance.get_runs()}
+        assert status[started.run_id] == DagsterRunStatus.CANCELED
+        assert status[hold.run_id] == DagsterRunStatus.STARTED
