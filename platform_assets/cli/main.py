@@ -1,7 +1,7 @@
 """``platform``: the operator's command line, on the same code as the Dagster jobs.
 
     platform [--config FILE] COMMAND ...
-    platform status [PIPELINE] [--json] [--skip-audit | --full-audit]   offsets, lag, checks
+    platform status [PIPELINE] [--json] [--audit | --full-audit]   offsets, lag, checks
     platform validate [--offline]       specs + Kafka + catalog + group-id consistency
     platform reset PIPELINE --to earliest|latest|timestamp:MS [--apply --by WHO --reason WHY]
     platform migrate-group PIPELINE NEW_GROUP --by WHO --reason WHY
@@ -21,6 +21,12 @@ and a migration first count the pipeline's active Dagster runs in the instance o
 refuse
 while there are any; without an instance they rely on their compare-and-set commit alone (a run
 in flight then aborts at its own commit, naming the action).
+
+``status`` answers in seconds: it reads the exactly-once audit's last verdict (the asset check
+``exactly_once_audit``, with its time and run) from that same instance instead of recounting
+Kafka, and names it as not evaluated without one; ``--audit`` runs the budgeted incremental audit
+now, ``--full-audit`` the full one (``--skip-audit``, the old way to skip it, is accepted and does
+nothing). Its ages are measured after any audit (``platform_assets.cli.status``).
 """
 
 from __future__ import annotations
@@ -30,27 +36,21 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from ingestion.exceptions import IngestionError, PipelineSpecError
-from ingestion.health.checks import (
-    AUDIT_CHECK,
-    GROUP_CHECK,
-    evaluate_state_checks,
-    not_evaluated,
-    replica_check_def,
-)
-from ingestion.health.status import PipelineStatus, build_status
+from ingestion.health.checks import GROUP_CHECK
 from ingestion.ops.maintenance import MAINTENANCE_STEPS
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.cli.actions import run_action
-from platform_assets.ingest.checks import audit_finding
+from platform_assets.cli.status import AuditMode, iter_statuses, pipeline_status, print_status
 from platform_assets.metrics import DEFAULT_PORT, DEFAULT_WINDOW_S
 from platform_assets.pipelines import load_pipelines
-from platform_assets.state import read_pipeline_state
 from resources.config import CONFIG_ENV, ConfigError, PlatformConfig, config_path, load_config
 from resources.factory import iceberg_resource, kafka_resource, redact, unresolved
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+from resources.stack_env import load_stack_env
 
 CONNECT_TIMEOUT_S = 10.0
 # ``platform metrics`` listens on every interface by default: Prometheus scrapes it from another
@@ -128,69 +128,6 @@ def connect(
     return kafka, iceberg
 
 
-def pipeline_status(
-    spec: PipelineSpec,
-    kafka: KafkaResource,
-    iceberg: IcebergCatalogResource,
-    audit: bool = True,
-    full_audit: bool = False,
-) -> PipelineStatus:
-    """One pipeline's status, every check included. The audit recounts the newest commits in
-    Kafka within a budget (``audit=False`` skips it); ``full_audit`` recounts every commit and
-    scans every row's coordinates."""
-    state = read_pipeline_state(spec, kafka, iceberg, with_oldest=True)
-    findings = evaluate_state_checks(state)
-    if audit and findings[GROUP_CHECK.name].blocks:
-        findings[AUDIT_CHECK.name] = not_evaluated(state)
-    elif audit:
-        findings[AUDIT_CHECK.name] = audit_finding(spec, iceberg, kafka, full=full_audit)
-    if spec.replicas:  # the disaster-recovery add-on, for pipelines with replicas only
-        from platform_assets.dr.checks import replica_finding
-
-        for replica in spec.replicas:
-            finding = replica_finding(spec, replica, kafka, iceberg)
-            findings[replica_check_def(replica).name] = finding
-    return build_status(state, findings)
-
-
-def print_status(status: PipelineStatus) -> None:
-    """The status as a terminal table."""
-    oldest = status.oldest_uncommitted_age_s
-    print(f"{status.pipeline}  table={status.table}  group={status.group_id}")
-    print(
-        f"  lag: {status.lag_records} records"
-        + (f" (oldest uncommitted {oldest} s old)" if oldest is not None else "")
-        + f"   last commit: {status.last_commit_age_s} s ago"
-        + f"   valid through: {status.valid_through}"
-    )
-    if status.future_timestamps:
-        print(f"  untrusted (future) timestamps: {status.future_timestamps}")
-    print(f"  {'partition':<20} {'committed':>10} {'end':>10} {'mirror':>10} {'lag':>8}  oldest")
-    for p in status.partitions:
-        age = f"{p.oldest_uncommitted_age_s} s" if p.oldest_uncommitted_age_s is not None else "-"
-        print(
-            f"  {p.partition:<20} {p.committed!s:>10} {p.end:>10} {p.mirrored!s:>10} {p.lag:>8}"
-            f"  {age}"
-        )
-    if status.commits:
-        print(
-            f"  {'commit (newest first)':<26} {'records':>8} {'ins':>7} {'upd':>7} {'del':>7}  dead"
-        )
-        for c in status.commits:
-            print(
-                f"  {c['committed_at']:<26} {c['records']:>8} {c['inserts']:>7} "
-                f"{c['updates']:>7} {c['deletes']:>7}  {c['quarantined']}"
-            )
-    for name, message in status.failing.items():
-        print(f"  FAILING {name}: {message}")
-    skipped = {n: c["message"] for n, c in status.checks.items() if c["skipped"]}
-    for name, message in skipped.items():
-        print(f"  skipped {name}: {message}")
-    if not status.failing:
-        ran = [name for name in status.checks if name not in skipped]
-        print(f"  checks: all {len(ran)} pass ({', '.join(ran)})")
-
-
 def replica_config_problems(specs: list[PipelineSpec], kafka: KafkaResource) -> list[str]:
     """What ``validate`` finds wrong in the replicas' configuration: [] when no pipeline declares
     replicas and none is configured (then nothing of the disaster-recovery add-on is loaded); a
@@ -200,6 +137,27 @@ def replica_config_problems(specs: list[PipelineSpec], kafka: KafkaResource) -> 
     from platform_assets.dr.checks import replica_config_problems as problems
 
     return problems(specs, kafka)
+
+
+def find_stack() -> str:
+    """Apply the settings of the ``make dev`` running here, unless a configuration file was
+    named; return a line naming the stack the command talks to.
+
+    ``make dev`` publishes its broker's address, its ``DAGSTER_HOME`` and the rest in the
+    ``.env`` of the directory it runs in (``resources.stack_env``); a variable already set in
+    the environment wins over it.
+    """
+    named = config_path()
+    if named is not None:
+        return f"stack: the configuration {named}"
+    state_dir = Path(os.environ.get("PLATFORM_STATE_DIR") or ".platform")
+    found = load_stack_env(Path.cwd(), state_dir)
+    if found is not None:
+        return found.describe()
+    return (
+        f"stack: the embedded defaults (no running make dev published its settings in "
+        f"{Path.cwd() / '.env'}; set {CONFIG_ENV} or --config for another)"
+    )
 
 
 def load_specs() -> dict[str, PipelineSpec]:
@@ -234,14 +192,13 @@ def serve_metrics(config: PlatformConfig, host: str, port: int, window_s: float)
     import signal
     import threading
 
-    from dagster import DagsterInstance
-
     from platform_assets.cli.actions import dagster_home
+    from platform_assets.instance import open_instance
     from platform_assets.metrics import PlatformCollector, serve
 
     kafka, iceberg = kafka_resource(config), iceberg_resource(config)
     home = dagster_home(iceberg)
-    instance = DagsterInstance.from_config(home) if home else None
+    instance = open_instance(home) if home else None
     collector = PlatformCollector(
         kafka, iceberg, instance, window_s, redact=lambda text: redact(text, config)
     )
@@ -262,6 +219,31 @@ def serve_metrics(config: PlatformConfig, host: str, port: int, window_s: float)
         collector.close()
         if instance is not None:
             instance.dispose()
+    return 0
+
+
+def show_status(
+    args: argparse.Namespace,
+    specs: list[PipelineSpec],
+    kafka: KafkaResource,
+    iceberg: IcebergCatalogResource,
+) -> int:
+    """``platform status``: every pipeline's status, each printed as soon as it is assembled
+    (``--json``: one document, each status with the instant its ages were taken, ``as_of``).
+    Exits 0 whatever the checks say."""
+    if args.skip_audit:
+        print(
+            "platform: --skip-audit is deprecated and does nothing: status no longer audits "
+            "unless --audit or --full-audit",
+            file=sys.stderr,
+        )
+    mode: AuditMode = "full" if args.full_audit else "incremental" if args.audit else "recorded"
+    statuses = iter_statuses(specs, kafka, iceberg, mode)
+    if args.output == "json" or args.json:
+        print(json.dumps([item.to_dict() for item in statuses], indent=2))
+        return 0
+    for item in statuses:
+        print_status(item)
     return 0
 
 
@@ -298,10 +280,25 @@ def main(argv: list[str] | None = None) -> int:
         "status", help="offsets, lag, last commit and checks of every pipeline, or of one"
     )
     status.add_argument("pipeline", nargs="?", help="one pipeline (default: all)")
-    status.add_argument("--json", action="store_true")
-    status.add_argument("--skip-audit", action="store_true", help="skip the exactly-once audit")
-    status.add_argument(
-        "--full-audit", action="store_true", help="recount every commit, scan every row"
+    status.add_argument("--json", action="store_true", help="the same as --output json")
+    audit = status.add_mutually_exclusive_group()
+    audit.add_argument(
+        "--audit",
+        action="store_true",
+        help="run the exactly-once audit now: recount the newest commits in Kafka within its "
+        "budget (seconds to minutes); default: report its last evaluation in the Dagster "
+        "instance, with when it was taken",
+    )
+    audit.add_argument(
+        "--full-audit",
+        action="store_true",
+        help="run the full audit now: recount every commit, scan every row",
+    )
+    audit.add_argument(
+        "--skip-audit",
+        action="store_true",
+        help="deprecated, does nothing: status no longer audits unless --audit or --full-audit "
+        "(accepted so existing scripts keep working)",
     )
     validate = commands.add_parser(
         "validate",
@@ -419,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[CONFIG_ENV] = args.config
     if args.command == "validate" and args.offline:
         return validate_offline()
+    print(find_stack(), file=sys.stderr, flush=True)  # stdout stays the command's (--json)
     config = load_platform_config()
     specs = load_specs()
     if getattr(args, "pipeline", None) and args.pipeline not in specs:
@@ -431,18 +429,10 @@ def main(argv: list[str] | None = None) -> int:
         config,
         check_kafka=args.command not in ("failover", "release-late-copies", "clear-dead-runs"),
     )
-    if args.command in ("status", "validate"):
-        audit = args.command == "status" and not args.skip_audit
-        full = args.command == "status" and args.full_audit
-        statuses = [pipeline_status(spec, kafka, iceberg, audit, full) for spec in specs.values()]
-        as_json = args.output == "json" or getattr(args, "json", False)
-        if args.command == "status" and as_json:
-            print(json.dumps([item.to_dict() for item in statuses], indent=2))
-        elif args.command == "status":
-            for item in statuses:
-                print_status(item)
-        if args.command == "status":
-            return 0
+    if args.command == "status":
+        return show_status(args, list(specs.values()), kafka, iceberg)
+    if args.command == "validate":
+        statuses = [pipeline_status(spec, kafka, iceberg, audit=False) for spec in specs.values()]
         blocking = [s for s in statuses if GROUP_CHECK.name in s.failing]
         problems = [f"{item.pipeline}: {item.failing[GROUP_CHECK.name]}" for item in blocking]
         problems += replica_config_problems(list(specs.values()), kafka)
@@ -453,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"configuration {source}: valid; catalog {catalog}",
                 f"{len(statuses)} pipeline(s) valid: specs, Kafka, catalog and group ids agree",
             ]
-        if as_json:
+        if args.output == "json":
             print(json.dumps({"valid": not problems, "problems": problems}, indent=2))
         else:
             print("\n".join(problems or lines))

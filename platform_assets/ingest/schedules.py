@@ -217,11 +217,17 @@ def active_maintenance(instance: DagsterInstance, trigger: str) -> str | None:
     return None
 
 
+CHECKS_SCHEDULE = "run_checks_every_5_minutes"
+CHECKS_INTERVAL_SECONDS = 300
+"""How often :data:`CHECKS_SCHEDULE` evaluates the checks (the exactly-once audit among them);
+``platform status`` calls a recorded audit verdict older than twice this stale."""
+
+
 def build_checks_schedule(job: AssetJob) -> ScheduleDefinition:
     """Evaluate the checks every five minutes, so freshness fails even when nothing runs."""
     return ScheduleDefinition(
-        name="run_checks_every_5_minutes",
+        name=CHECKS_SCHEDULE,
         job=job,
-        cron_schedule="*/5 * * * *",
+        cron_schedule=f"*/{CHECKS_INTERVAL_SECONDS // 60} * * * *",
         default_status=DefaultScheduleStatus.RUNNING,
     )

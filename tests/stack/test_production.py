@@ -263,7 +263,7 @@ def test_production_stack_end_to_end(
     assert data_path.startswith("s3://warehouse/lake/")
     assert table.scan().to_arrow().num_rows == 96
 
-    status = run_cli(production, "status")
+    status = run_cli(production, "status", "--audit")  # the audit's recount too
     with capsys.disabled():  # shown with -s: the output from a shell with only the config
         print(f"\n--- platform status (only PLATFORM_CONFIG and its secrets set) ---\n{status}")
     assert f"orders  table={spec.table}  group={spec.consumer_group_id}" in status

@@ -13,6 +13,7 @@ from ingestion.health.checks import (
     AUDIT_CHECK,
     GROUP_CHECK,
     STATE_CHECKS,
+    Finding,
     check_commit_freshness,
     check_dead_letter_rate,
     check_group_consistency,
@@ -21,7 +22,7 @@ from ingestion.health.checks import (
     evaluate_state_checks,
 )
 from ingestion.health.state import Commit, PipelineState
-from ingestion.health.status import build_status
+from ingestion.health.status import Evaluated, build_status
 from ingestion.kafka.topics import PartitionState, TopicState
 from ingestion.table.offsets import VALID_THROUGH_MS, CommittedState, TopicOffsets
 from tests.support.pipelines import make_spec
@@ -182,6 +183,35 @@ def test_build_status(
             (1_000_000 - stamp) / 1000, 1
         )
     assert status.to_dict()["failing_checks"] == status.failing
+
+
+def test_every_age_of_the_status_is_measured_from_its_now() -> None:
+    """The last commit's age and each finding's are those of ``now_ms``, the instant the caller
+    assembles (it reads the state after any audit, then assembles at once): a state read at
+    1000 s holding a commit from 990 s, assembled at 1090 s, shows the commit 100 s old. A
+    finding recorded elsewhere
+    (the audit's last evaluation) keeps its time and run, and is stale past its bound; the
+    others are fresh, evaluated when the state was read."""
+    current = state({0: 10}, commits=[commit(10)])
+    audit = Evaluated(850_000, fresh=False, run_id="r1", stale_after_s=60)
+    findings = {
+        **evaluate_state_checks(current),
+        AUDIT_CHECK.name: Finding(passed=True, message="ok"),
+    }
+    status = build_status(current, findings, now_ms=1_090_000, evaluated={AUDIT_CHECK.name: audit})
+    assert (status.as_of_ms, status.last_commit_age_s) == (1_090_000, 100.0)
+    recorded = status.checks[AUDIT_CHECK.name]
+    assert (recorded["fresh"], recorded["run_id"], recorded["age_s"]) == (False, "r1", 240.0)
+    assert (recorded["evaluated_at_ms"], recorded["stale"]) == (850_000, True)
+    assert recorded["evaluated_at"] == "1970-01-01T00:14:10Z"
+    group = status.checks[GROUP_CHECK.name]
+    assert (group["fresh"], group["evaluated_at_ms"], group["age_s"]) == (True, 1_000_000, 90.0)
+    assert group["stale"] is False
+    assert status.to_dict()["as_of"] == "1970-01-01T00:18:10Z"
+    never = Evaluated(None, fresh=False)
+    status = build_status(current, findings, now_ms=1_090_000, evaluated={AUDIT_CHECK.name: never})
+    assert status.checks[AUDIT_CHECK.name]["evaluated_at"] is None
+    assert status.checks[AUDIT_CHECK.name]["stale"] is False
 
 
 @pytest.mark.parametrize(

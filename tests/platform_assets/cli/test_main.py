@@ -3,71 +3,29 @@
 from __future__ import annotations
 
 import json
-import random
 import re
 import shlex
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyiceberg.catalog import Catalog
 
-from ingestion.pipeline.run import RunReport, run_pipeline
+from ingestion.pipeline.run import run_pipeline
 from platform_assets.cli.main import main
-from platform_assets.demo import encode_event, make_order_event
-from platform_assets.pipelines import load_pipelines
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from tests.support.ledger import LedgerProducer, Record
+from tests.platform_assets.cli.conftest import Demo, orders
+from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import NewPipeline, records
 
 pytestmark = pytest.mark.integration
 
 
-def orders(first: int, count: int) -> list[Record]:
-    """Valid demo order events."""
-    events = [make_order_event(random.Random(first), i) for i in range(first, first + count)]
-    return [(e["order_id"].encode(), encode_event(e), None) for e in events]
-
-
-@dataclass
-class Demo:
-    """The demo pipeline's catalog (of its own) and ``ingest()``, one run of the pipeline."""
-
-    catalog: Catalog
-    ingest: Callable[[], RunReport]
-
-
-@pytest.fixture
-def demo(
-    kafka: KafkaResource,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    ledger_producer: LedgerProducer,
-    demo_topic: str,
-) -> Demo:
-    """The CLI's environment set, 12 orders produced and ingested once."""
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
-    monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
-    (spec,) = load_pipelines()
-    catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
-
-    def ingest() -> RunReport:
-        return run_pipeline(spec, kafka.client_config(), catalog, None, kafka.get_cluster_id())
-
-    ledger_producer.produce(demo_topic, orders(0, 12))
-    ingest()
-    return Demo(catalog, ingest)
-
-
 def test_status_validate_reset_and_maintain(
     demo: Demo, capsys: pytest.CaptureFixture[str], ledger_producer: LedgerProducer, demo_topic: str
 ) -> None:
-
-    assert main(["status"]) == 0
+    assert main(["status", "--audit"]) == 0  # the audit recounted now
     text = capsys.readouterr().out
     assert "orders  table=demo.orders  group=platform-orders" in text
     assert "lag: 0 records" in text
@@ -77,7 +35,7 @@ def test_status_validate_reset_and_maintain(
     produced_ms = int(time.time() * 1000)
     ledger_producer.produce(demo_topic, orders(100, 5))
     time.sleep(1.0)
-    assert main(["status", "--json"]) == 0
+    assert main(["status", "--json", "--audit"]) == 0
     (status,) = json.loads(capsys.readouterr().out)
     assert status["lag_records"] == 5
     newest = status["commits"][0]
@@ -90,18 +48,20 @@ def test_status_validate_reset_and_maintain(
     assert lagging
     assert all(p["oldest_uncommitted_age_s"] is not None for p in lagging)
     assert all(p["committed"] == p["mirrored"] for p in status["partitions"])
-    assert main(["status", "orders", "--skip-audit"]) == 0  # one pipeline
+    assert main(["status", "orders"]) == 0  # one pipeline, no audit (no instance: named)
     text = capsys.readouterr().out
     assert "lag: 5 records (oldest uncommitted" in text
-    assert "exactly_once_audit" not in text
+    assert "skipped exactly_once_audit: not evaluated yet: no Dagster instance" in text
     ledger_producer.produce(demo_topic, records(3))  # not orders: quarantined
     demo.ingest()
     assert main(["status"]) == 0  # status reports failing checks; it does not fail
     # 3 bad records among whatever the shared demo topic held (other tests produce to it too).
     assert re.search(r"FAILING dead_letter_rate: 3 of \d+ records", capsys.readouterr().out)
     table_rows = demo.catalog.load_table("demo.orders").scan().to_arrow().num_rows
-    assert main(["status", "--json", "--skip-audit"]) == 0
-    (now,) = json.loads(capsys.readouterr().out)
+    assert main(["status", "--json", "--skip-audit"]) == 0  # deprecated: accepted, a no-op
+    said = capsys.readouterr()
+    assert "--skip-audit is deprecated and does nothing" in said.err
+    (now,) = json.loads(said.out)
     previous = str(now["commits"][1]["snapshot_id"])  # the commit before the last ingestion
     assert main(["rollback", "orders", "--to-snapshot", previous]) == 0  # a dry run
     assert "re-read" in capsys.readouterr().out
@@ -149,7 +109,7 @@ def test_status_validate_reset_and_maintain(
     assert main(["reset", "orders", "--to", "earliest", "--apply", "--reason", "test"]) == 0
     assert "committed in snapshot" in capsys.readouterr().out
     assert demo.catalog.load_table("demo.orders").scan().to_arrow().num_rows == 0
-    assert main(["status", "--json"]) == 0  # the audit reads a snapshot with no data file
+    assert main(["status", "--json", "--audit"]) == 0  # it reads a snapshot with no data file
     (status,) = json.loads(capsys.readouterr().out)
     assert status["lag_records"] == sum(p["end"] for p in status["partitions"]) >= 20
     assert status["checks"]["exactly_once_audit"]["passed"], status["checks"]["exactly_once_audit"]
