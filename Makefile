@@ -71,3 +71,5 @@ test: java lint typecheck validate pytest
 
 clean:
 	rm -rf .platform dbt/target dbt/logs
+	@# make dev's .env (resources/stack_env.py), left by a make dev killed with SIGKILL; never yours
+	@if head -1 .env 2>/dev/null | grep -q '^# Written by make dev'; then rm -f .env; fi

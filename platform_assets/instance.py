@@ -74,9 +74,22 @@ def uses_default_storage(home: Path) -> bool:
 
 
 def storage_exists(home: Path) -> bool:
-    """Whether every file of the default storage exists (or storage is configured elsewhere)."""
+    """Whether every file of the default storage exists (or storage is configured elsewhere).
+
+    Looked at under a shared lock: a :func:`create_storage` in progress (files there, not yet
+    stamped) is waited for."""
     if not uses_default_storage(home):
         return True
+    if not home.is_dir():
+        return False
+    try:
+        with _locked(home / LOCK_FILE, fcntl.LOCK_SH):
+            return _files_there(home)
+    except OSError:  # no lock file can be opened: a read-only home, where nothing creates one
+        return _files_there(home)
+
+
+def _files_there(home: Path) -> bool:
     return all((home / item.path).is_file() for item in STORAGE_FILES)
 
 
@@ -108,9 +121,9 @@ def create_storage(home: str | Path) -> list[str]:
     with _locked(home / LOCK_FILE):
         default = uses_default_storage(home)
         repaired = repair_version_rows(home) if default else []
+        behind = outdated_files(home) if default else []
         # The constructor creates every storage that is missing.
         with DagsterInstance.from_config(str(home)) as instance:
-            behind = outdated_files(home) if default else []
             if behind:
                 instance.upgrade()
                 repaired += [f"{path}: migrated from schema version {rev}" for path, rev in behind]
@@ -118,39 +131,56 @@ def create_storage(home: str | Path) -> list[str]:
 
 
 def outdated_files(home: Path) -> list[tuple[Path, str]]:
-    """The default storage files stamped with a revision other than the schema's head."""
+    """The default storage files stamped with an older revision than the schema's head.
+
+    Raises:
+        InstanceStorageError: a file stamped with a revision this Dagster does not know (a newer
+            Dagster wrote it); the message names the file.
+    """
     head = _schema_head()
     behind = []
     for item in STORAGE_FILES:
         path = home / item.path
         revisions = _revisions(path, item) if path.is_file() else []
         if revisions and revisions != [head]:
+            _newest_known(path, item, revisions)  # refuses an unknown one
             behind.append((path, ", ".join(revisions)))
     return behind
 
 
 def repair_version_rows(home: Path) -> list[str]:
-    """Repair each default storage file whose version table holds the race's two rows (the
-    schema's head among them): keep the head. Files that do not exist yet are left alone."""
-    head = _schema_head()
+    """Repair each default storage file whose version table holds several rows (the race's two,
+    or the race's leftovers after a Dagster upgrade): keep the newest, which the tables were
+    created at (an older one is then migrated). Files that do not exist yet are left alone."""
     repaired = []
     for item in STORAGE_FILES:
         path = home / item.path
-        if not path.is_file():
-            continue
-        revisions = _revisions(path, item)
+        revisions = _revisions(path, item) if path.is_file() else []
         if len(revisions) <= 1:
             continue
-        if head not in revisions:
-            raise InstanceStorageError(
-                f"{path} holds {len(revisions)} schema versions ({', '.join(revisions)}), "
-                f"none the installed Dagster's ({head}): remove it ({item.holds}) and start again"
-            )
+        keep = _newest_known(path, item, revisions)
         with contextlib.closing(sqlite3.connect(path)) as connection, connection:
-            connection.execute("delete from alembic_version where version_num != ?", (head,))
-        others = ", ".join(r for r in revisions if r != head)
-        repaired.append(f"{path}: kept schema version {head}, removed {others}")
+            connection.execute("delete from alembic_version where version_num != ?", (keep,))
+        others = ", ".join(r for r in revisions if r != keep)
+        repaired.append(f"{path}: kept schema version {keep}, removed {others}")
     return repaired
+
+
+def _newest_known(path: Path, item: StorageFile, revisions: list[str]) -> str:
+    """The newest of ``revisions`` in the installed Dagster's migrations, walked from its head.
+
+    Raises:
+        InstanceStorageError: one of them is not among those migrations; names the file.
+    """
+    order = _schema_revisions()
+    unknown = [revision for revision in revisions if revision not in order]
+    if unknown:
+        raise InstanceStorageError(
+            f"{path} holds schema version(s) {', '.join(unknown)}, unknown to the installed "
+            f"Dagster (head {order[0]}; a newer Dagster wrote it?): install that Dagster, or "
+            f"remove it ({item.holds}) and start again"
+        )
+    return min(revisions, key=order.index)
 
 
 def _revisions(path: Path, item: StorageFile) -> list[str]:
@@ -170,28 +200,33 @@ def _revisions(path: Path, item: StorageFile) -> list[str]:
 
 
 def _schema_head() -> str:
-    """The head revision of Dagster's storage schema, from the installed Dagster's migrations.
+    """The head revision of Dagster's storage schema."""
+    return _schema_revisions()[0]
+
+
+def _schema_revisions() -> list[str]:
+    """Every revision of Dagster's storage schema, newest (the head) first, from the installed
+    Dagster's migrations.
 
     Read from the script directory Dagster's SQLite storages stamp from
     (``dagster:_core/storage/alembic``, a private location): Dagster has no public API for its
-    schema revision, and this module is the one place that needs it.
+    schema revisions, and this module is the one place that needs them.
     """
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
     config = Config()
     config.set_main_option("script_location", "dagster:_core/storage/alembic")
-    head = ScriptDirectory.from_config(config).get_current_head()
-    if head is None:
-        raise InstanceStorageError("the installed Dagster's storage schema has no head revision")
-    return head
+    script = ScriptDirectory.from_config(config)
+    return [revision.revision for revision in script.walk_revisions("base", "heads")]
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (released when the process dies, too)."""
+def _locked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
+    """Hold a lock on ``path``, exclusive unless ``mode`` says shared (released when the process
+    dies, too)."""
     with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        fcntl.flock(handle, mode)
         try:
             yield
         finally:
@@ -226,14 +261,31 @@ def cancel_active_runs(
     return lines
 
 
-def cancel_stopped_runs(instance: DagsterInstance, message: str) -> list[str]:
-    """Mark canceled the runs :func:`cancel_active_runs` asked to stop whose process ended
-    before it could say so (killed after the grace period); call it only once every process that
-    could run them is gone. Return one line per run."""
+def cancel_stopped_runs(
+    instance: DagsterInstance, message: str, leave_jobs: frozenset[str] = frozenset()
+) -> list[str]:
+    """Mark canceled every run that has not finished once the processes that ran them are gone
+    (call it only then): those :func:`cancel_active_runs` marked canceling whose process was
+    killed before it could say so, and any a sensor launched or queued meanwhile (else the next
+    start would launch it). A run whose recorded process (``PROCESS_TAG``) is provably alive, a
+    ``dagster job execute`` from another terminal, is left alone, as are ``leave_jobs``.
+    Return one line per run."""
     from dagster import DagsterRunStatus, RunsFilter
 
+    from platform_assets.ingest.liveness import PROCESS_TAG, death_evidence
+
+    unfinished = [
+        DagsterRunStatus.QUEUED,
+        DagsterRunStatus.NOT_STARTED,
+        DagsterRunStatus.STARTING,
+        DagsterRunStatus.STARTED,
+        DagsterRunStatus.CANCELING,
+    ]
     lines = []
-    for run in instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.CANCELING])):
+    for run in instance.get_runs(RunsFilter(statuses=unfinished)):
+        tag = run.tags.get(PROCESS_TAG)
+        if run.job_name in leave_jobs or (tag and death_evidence(tag, run.run_id) is None):
+            continue
         instance.report_run_canceled(run, message=message)
         lines.append(f"{run.job_name} {run.run_id}: canceled (its process had stopped)")
     return lines

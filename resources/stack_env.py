@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def publish_stack(root: Path | None, state_dir: Path, values: dict[str, str]) ->
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     lines = [MARKER, f"# Started {started}."]
     process = {PID_KEY: str(os.getpid()), STARTED_KEY: str(_start_time(os.getpid()))}
-    lines += [f"{key}={value}" for key, value in {**values, **process}.items()]
+    lines += [f"{key}={shlex.quote(value)}" for key, value in {**values, **process}.items()]
     text = "\n".join(lines) + "\n"
     dotenv = root / ".env" if root is not None else None
     kept = dotenv if dotenv is not None and dotenv.exists() and not _is_ours(dotenv) else None
@@ -79,12 +80,14 @@ def withdraw_stack(published: PublishedStack) -> None:
 @dataclass
 class StackEnv:
     """What :func:`load_stack_env` found: the file, the ``make dev`` process that wrote it,
-    whether it still runs, and the settings it applied (those not already set)."""
+    whether it still runs, the settings it applied, and the variables the shell had set to
+    other values (then none was applied: half of one stack and half of another is no stack)."""
 
     path: Path
     pid: int | None
     running: bool
     applied: dict[str, str] = field(default_factory=dict)
+    conflicts: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         """One line naming the stack a command talks to."""
@@ -93,27 +96,36 @@ class StackEnv:
                 f"warning: {self.path} was written by a make dev (pid {self.pid}) that is no "
                 "longer running: its settings were not used (start make dev, or remove the file)"
             )
+        if self.conflicts:
+            return (
+                f"warning: {self.path} (make dev, pid {self.pid}) was not used: your shell sets "
+                f"{', '.join(self.conflicts)} to other values (unset them to talk to make dev)"
+            )
         kafka = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "?")
         home = os.environ.get("DAGSTER_HOME", "?")
         return f"stack: make dev (pid {self.pid}, {self.path}): Kafka {kafka}, DAGSTER_HOME {home}"
 
 
-def load_stack_env(directory: Path, state_dir: Path) -> StackEnv | None:
-    """Apply the settings a running ``make dev`` published (``directory/.env``, else
-    ``state_dir/stack.env``) to ``os.environ``, never over a variable already set; None when
-    neither file is ``make dev``'s. A file whose ``make dev`` no longer runs is not applied."""
-    for path in (directory / ".env", state_dir / STACK_FILE):
-        if path.is_file() and _is_ours(path):
-            values = _values(path)
-            pid_text, started = values.pop(PID_KEY, ""), values.pop(STARTED_KEY, "")
-            pid = int(pid_text) if pid_text.isdigit() else None
-            running = pid is not None and started == str(_start_time(pid))
-            found = StackEnv(path, pid, running)
-            if found.running:
-                found.applied = {k: v for k, v in values.items() if k not in os.environ}
-                os.environ.update(found.applied)
-            return found
-    return None
+def load_stack_env(directory: Path, state_dir: Path | None) -> StackEnv | None:
+    """Apply the settings a running ``make dev`` published to ``os.environ``: those of
+    ``state_dir/stack.env`` when a state folder is named (``PLATFORM_STATE_DIR``), else those of
+    ``directory/.env``. All or none: a variable the shell set to another value keeps it and
+    nothing is applied. None when the file is not ``make dev``'s; a file whose ``make dev`` no
+    longer runs is not applied."""
+    path = state_dir / STACK_FILE if state_dir is not None else directory / ".env"
+    if not (path.is_file() and _is_ours(path)):
+        return None
+    values = _values(path)
+    pid_text, started = values.pop(PID_KEY, ""), values.pop(STARTED_KEY, "")
+    pid = int(pid_text) if pid_text.isdigit() else None
+    found = StackEnv(path, pid, running=pid is not None and started == str(_start_time(pid)))
+    if not found.running:
+        return found
+    found.conflicts = sorted(k for k, v in values.items() if os.environ.get(k, v) != v)
+    if not found.conflicts:
+        found.applied = {k: v for k, v in values.items() if k not in os.environ}
+        os.environ.update(found.applied)
+    return found
 
 
 def _is_ours(path: Path) -> bool:

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -129,14 +130,35 @@ def forget_assets(dagster_home: Path) -> int:
 
 
 def stop_process_group(process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
-    """Interrupt a child's process group (as Ctrl-C would), then terminate, then kill."""
+    """Interrupt a child's process group (as Ctrl-C would), then terminate, then kill, until no
+    process of the group runs: not only its leader, which (``dagster dev``) exits before the run
+    workers its code server started."""
     for sig, wait_s in ((signal.SIGINT, timeout_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        if process.poll() is not None:
-            return
+        if not group_members(process.pid):
+            break
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(wait_s)
+        deadline = time.monotonic() + wait_s
+        while group_members(process.pid) and time.monotonic() < deadline:
+            process.poll()  # reaps the leader once it exits
+            time.sleep(0.2)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(5.0)  # the leader, reaped (a zombie is not a member)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The running processes of process group ``pgid`` (zombies run nothing: left out)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
 
 
 def main() -> int:
@@ -169,8 +191,8 @@ def main() -> int:
     def request_stop(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
+    for stopping in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: terminal closed
+        signal.signal(stopping, request_stop)
 
     spark_ui_port = find_free_port()  # the Spark UI: a job per batch, tagged with its pipeline
     spark_server = SparkConnectServer(
@@ -344,11 +366,16 @@ def stop_dagster(processes: DagsterProcesses, dagster_home: Path) -> list[str]:
     """
     from dagster import DagsterInstance
 
-    with DagsterInstance.from_config(str(dagster_home)) as instance:
-        lines = cancel_active_runs(instance, STOP_MESSAGE, leave_jobs=frozenset([CLI_ACTION_JOB]))
+    leave = frozenset([CLI_ACTION_JOB])
+    lines: list[str] = []
+    try:
+        with DagsterInstance.from_config(str(dagster_home)) as instance:
+            lines += cancel_active_runs(instance, STOP_MESSAGE, leave_jobs=leave)
+    finally:  # whatever the instance said, nothing of ours is left running
         stop_process_group(processes.dagster)
         stop_process_group(processes.metrics)
-        lines += cancel_stopped_runs(instance, STOP_MESSAGE)
+    with DagsterInstance.from_config(str(dagster_home)) as instance:
+        lines += cancel_stopped_runs(instance, STOP_MESSAGE, leave_jobs=leave)
     return lines
 
 

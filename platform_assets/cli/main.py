@@ -50,7 +50,7 @@ from resources.config import CONFIG_ENV, ConfigError, PlatformConfig, config_pat
 from resources.factory import iceberg_resource, kafka_resource, redact, unresolved
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
-from resources.stack_env import load_stack_env
+from resources.stack_env import STACK_FILE, load_stack_env
 
 CONNECT_TIMEOUT_S = 10.0
 # ``platform metrics`` listens on every interface by default: Prometheus scrapes it from another
@@ -144,19 +144,23 @@ def find_stack() -> str:
     named; return a line naming the stack the command talks to.
 
     ``make dev`` publishes its broker's address, its ``DAGSTER_HOME`` and the rest in the
-    ``.env`` of the directory it runs in (``resources.stack_env``); a variable already set in
-    the environment wins over it.
+    ``.env`` of the directory it runs in and in its state folder's ``stack.env``
+    (``resources.stack_env``): the latter is read when ``PLATFORM_STATE_DIR`` names the folder,
+    else the former. A variable the shell set to another value wins, and then nothing of the
+    file is used (the line says which).
     """
     named = config_path()
     if named is not None:
         return f"stack: the configuration {named}"
-    state_dir = Path(os.environ.get("PLATFORM_STATE_DIR") or ".platform")
+    named_state = os.environ.get("PLATFORM_STATE_DIR")
+    state_dir = Path(named_state) if named_state else None
     found = load_stack_env(Path.cwd(), state_dir)
     if found is not None:
         return found.describe()
+    looked = state_dir / STACK_FILE if state_dir is not None else Path.cwd() / ".env"
     return (
-        f"stack: the embedded defaults (no running make dev published its settings in "
-        f"{Path.cwd() / '.env'}; set {CONFIG_ENV} or --config for another)"
+        f"stack: the embedded defaults (no make dev published its settings in {looked}; "
+        f"set {CONFIG_ENV} or --config for another)"
     )
 
 

@@ -24,6 +24,7 @@ from platform_assets.cli.actions import CLI_ACTION_JOB
 from platform_assets.instance import (
     STORAGE_FILES,
     InstanceStorageError,
+    _schema_revisions,
     cancel_active_runs,
     cancel_stopped_runs,
     create_storage,
@@ -69,7 +70,7 @@ def test_create_storage_creates_each_file_once_with_the_head(tmp_path: Path) -> 
 def test_open_instance_never_creates_storage(tmp_path: Path) -> None:
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     assert open_instance(tmp_path) is None
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dagster.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".storage.lock", "dagster.yaml"]
     # Storage configured elsewhere (PostgreSQL in production) is opened as configured: its
     # files are not under DAGSTER_HOME.
     (tmp_path / "dagster.yaml").write_text("storage:\n  postgres: {}\n")
@@ -143,18 +144,37 @@ def test_the_older_version_alone_is_migrated(tmp_path: Path) -> None:
     assert versions(tmp_path) == one_head(tmp_path)
 
 
+def test_the_race_after_a_dagster_upgrade_keeps_the_newest_and_migrates(tmp_path: Path) -> None:
+    """Two known rows, neither the head (the race, then a newer Dagster installed): the newer
+    row is kept and the storage migrated, the run history with it."""
+    create_storage(tmp_path)
+    newer, older = _schema_revisions()[1:3]
+    runs = tmp_path / "history" / "runs.db"
+    stamp(runs, older, newer)
+    repaired = create_storage(tmp_path)
+    assert repaired == [
+        f"{runs}: kept schema version {newer}, removed {older}",
+        f"{runs}: migrated from schema version {newer}",
+    ]
+    assert versions(tmp_path) == one_head(tmp_path)
+
+
 def test_a_storage_it_cannot_vouch_for_is_refused_naming_the_file(tmp_path: Path) -> None:
     create_storage(tmp_path)
     schedules = tmp_path / "schedules" / "schedules.db"
-    stamp(schedules, "aaaaaaaaaaaa", "bbbbbbbbbbbb")  # neither is this Dagster's
+    stamp(schedules, "aaaaaaaaaaaa", HEAD)  # one of them unknown to this Dagster
     with pytest.raises(InstanceStorageError) as refused:
         create_storage(tmp_path)
     message = str(refused.value)
     assert "\n" not in message
-    assert str(schedules) in message
+    assert message.startswith(f"{schedules} holds schema version(s) aaaaaaaaaaaa, unknown"), message
     assert "remove it (sensor and schedule state and ticks only: removing it keeps the runs)" in (
         message
     )
+    stamp(schedules, "ffffffffffff")  # alone: a newer Dagster wrote it
+    with pytest.raises(InstanceStorageError, match="ffffffffffff, unknown to the installed"):
+        create_storage(tmp_path)
+    stamp(schedules, HEAD)
     runs = tmp_path / "history" / "runs.db"
     runs.write_bytes(b"not a database, but long enough to be read as a header" * 20)
     with pytest.raises(InstanceStorageError, match=f"{runs} is not a readable database"):
@@ -182,7 +202,9 @@ def test_stopping_cancels_every_run_but_a_cli_hold(tmp_path: Path) -> None:
         assert status[queued.run_id] == DagsterRunStatus.CANCELED
         assert status[started.run_id] == DagsterRunStatus.CANCELING
         assert status[hold.run_id] == DagsterRunStatus.STARTED
-        assert len(cancel_stopped_runs(instance, "make dev stopped")) == 1
+        assert (
+            len(cancel_stopped_runs(instance, "make dev stopped", frozenset([CLI_ACTION_JOB]))) == 1
+        )
         status = {run.run_id: run.status for run in instance.get_runs()}
         assert status[started.run_id] == DagsterRunStatus.CANCELED
         assert status[hold.run_id] == DagsterRunStatus.STARTED

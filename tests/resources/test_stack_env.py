@@ -45,7 +45,7 @@ def test_published_settings_reach_a_fresh_terminal_and_go_when_it_stops(
     assert (root / ".env").read_text().splitlines()[0] == MARKER
     assert "they read .env" in published.describe()
 
-    found = load_stack_env(root, state)
+    found = load_stack_env(root, None)  # a fresh terminal in the repository root
     assert found is not None
     assert found.running
     assert found.pid == os.getpid()
@@ -59,15 +59,26 @@ def test_published_settings_reach_a_fresh_terminal_and_go_when_it_stops(
     assert not (state / STACK_FILE).exists()
 
 
-def test_a_variable_the_shell_set_wins(
-    tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_state_folders_file_and_a_shell_that_disagrees(tmp_path: Path, clean_env: None) -> None:
+    """With a state folder named, its ``stack.env`` is read (never a ``.env`` of another stack
+    in the working directory); a variable the shell set to the same value is fine, to another
+    value it wins and nothing of the file is applied (no half-and-half stack)."""
     publish_stack(None, tmp_path, SETTINGS)
-    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "broker.internal:9092")
-    found = load_stack_env(tmp_path / "elsewhere", tmp_path)  # no .env: the state folder's file
+    (tmp_path / "cwd").mkdir()
+    publish_stack(tmp_path / "cwd", tmp_path / "cwd", {"KAFKA_BOOTSTRAP_SERVERS": "other:1"})
+    os.environ["DAGSTER_HOME"] = "/x/dagster_home"  # the same value
+    found = load_stack_env(tmp_path / "cwd", tmp_path)
     assert found is not None
-    assert found.applied == {"DAGSTER_HOME": "/x/dagster_home"}
-    assert os.environ["KAFKA_BOOTSTRAP_SERVERS"] == "broker.internal:9092"
+    assert found.path == tmp_path / STACK_FILE
+    assert found.applied == {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:41234"}
+    del os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+    os.environ["DAGSTER_HOME"] = "/prod/dagster_home"
+    found = load_stack_env(tmp_path / "cwd", tmp_path)
+    assert found is not None
+    assert found.conflicts == ["DAGSTER_HOME"]
+    assert found.applied == {}
+    assert "KAFKA_BOOTSTRAP_SERVERS" not in os.environ
+    assert "your shell sets DAGSTER_HOME to other values" in found.describe()
 
 
 def test_the_users_own_dotenv_is_left_alone(tmp_path: Path, clean_env: None) -> None:
@@ -79,7 +90,7 @@ def test_the_users_own_dotenv_is_left_alone(tmp_path: Path, clean_env: None) -> 
     assert f". {tmp_path / 'state' / STACK_FILE}" in published.describe()
     withdraw_stack(published)
     assert (tmp_path / ".env").read_text() == "PLATFORM_SLACK_TOKEN=${VAULT_TOKEN}\n"
-    assert load_stack_env(tmp_path, tmp_path / "state") is None  # neither file is make dev's
+    assert load_stack_env(tmp_path, None) is None  # the .env is not make dev's
 
 
 def test_settings_of_a_make_dev_that_is_gone_are_not_used(tmp_path: Path, clean_env: None) -> None:
@@ -92,7 +103,7 @@ def test_settings_of_a_make_dev_that_is_gone_are_not_used(tmp_path: Path, clean_
         for line in dotenv.read_text().splitlines()
     ]
     dotenv.write_text("\n".join(lines) + "\n")
-    found = load_stack_env(tmp_path, tmp_path)
+    found = load_stack_env(tmp_path, None)
     assert found is not None
     assert not found.running
     assert found.applied == {}

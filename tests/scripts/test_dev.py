@@ -143,7 +143,20 @@ def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> 
         left = instance.get_runs(RunsFilter(statuses=UNFINISHED))
         failed = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.FAILURE]))
         canceled = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.CANCELED]))
+        unexpected = [
+            f"{run.job_name} {run.run_id}: {failure_messages(instance, run.run_id)}"
+            for run in failed
+            if run.run_id not in dev_stack.expected_failures
+        ]
     assert not left, [f"{run.job_name} {run.run_id} {run.status}" for run in left]
-    unexpected = [run.run_id for run in failed if run.run_id not in dev_stack.expected_failures]
-    assert not unexpected, f"runs failed by Ctrl-C: {unexpected}"
+    assert not unexpected, "runs failed by Ctrl-C:\n" + "\n".join(unexpected)
     assert any(run.job_name == STREAM_JOB for run in canceled), [r.job_name for r in canceled]
+
+
+def failure_messages(instance: DagsterInstance, run_id: str) -> list[str]:
+    """What a failed run's failure events said."""
+    return [
+        event.message
+        for event in instance.all_logs(run_id)
+        if event.dagster_event is not None and event.dagster_event.is_failure
+    ]

@@ -57,10 +57,15 @@ class KilledRuns:
 
     def execute(self, kill_after_s: float | None, limit_s: float = 600) -> int:
         with (self.tmp_path / "runs.log").open("ab") as log:
+            # Not the repository root: a running make dev's .env there would redirect it.
             run = subprocess.Popen(
-                self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                self.command,
+                cwd=self.tmp_path,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
-            )  # fmt: skip
+            )
             try:
                 return run.wait(timeout=kill_after_s or limit_s)
             except subprocess.TimeoutExpired:

@@ -49,10 +49,15 @@ def test_a_killed_run_stops_blocking_actions_and_a_live_one_still_blocks(
         after it STARTED)."""
         known = {r.run_id for r in instance.get_runs()}
         with (tmp_path / "runs.log").open("ab") as log:
+            # Not the repository root: a running make dev's .env there would redirect it.
             process = subprocess.Popen(
-                command, cwd=ROOT, env={**os.environ, **env}, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                command,
+                cwd=tmp_path,
+                env={**os.environ, **env},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline, started_at = time.monotonic() + 120, None
         while time.monotonic() < deadline:
             runs = [r for r in instance.get_runs() if r.run_id not in known]
