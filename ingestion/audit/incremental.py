@@ -21,7 +21,9 @@ snapshot already audited), oldest first:
   ``cursor_offsets`` remembers where it stood): the ranges from the cursor's offsets to those of
   the oldest commit left (or the position the table property keeps) are audited as one: the
   rows the head holds there (and the quarantine table's) once each, as many as Kafka's visible
-  records (:func:`audit_gap`);
+  records (:func:`audit_gap`), but for the ranges an operator's forward reset among them
+  skipped, which the table's record of what the group's reads left out names
+  (``kafka.left-out.<group>``, :mod:`ingestion.table.left_out`);
 - any other snapshot that adds or deletes rows, or commits another group's offsets: a writer
   outside the pipeline.
 
@@ -53,6 +55,7 @@ from ingestion.audit.snapshots import (
 )
 from ingestion.kafka.consumer import iter_batches, open_consumer
 from ingestion.kafka.ranges import Key, OffsetRange
+from ingestion.table.left_out import belongs_to, is_offset_reset, read_left_out, skipped_spans
 from ingestion.table.offsets import (
     COMMIT_ID,
     FAILOVER_TO,
@@ -233,9 +236,17 @@ def audit_commits(
                     "expired by another tool: their ranges are audited as one (R56)"
                 ]
                 audit_gap(
-                    table, quarantine, cursor_offsets or {}, end, at, kafka_config, pipeline,
-                    timeout_s, audit,
-                )  # fmt: skip
+                    table,
+                    quarantine,
+                    cursor_offsets or {},
+                    end,
+                    at,
+                    kafka_config,
+                    pipeline,
+                    timeout_s,
+                    audit,
+                    skipped=find_gap_skips(table, group_id),
+                )
                 audit.cursor = after_snapshot_id  # moves on below, over the covered commits
                 if audit.findings or audit.unrecounted is not None:  # stays, and says so again
                     if audit.unrecounted is not None:
@@ -337,6 +348,62 @@ def _expired_window(
     return _Window(snapshots, end, []), end, covered, at
 
 
+def find_gap_skips(table: Table, group_id: str) -> dict[Key, list[tuple[int, int, str]]]:
+    """The ranges resets skipped, per partition, as the table's record of what the group's
+    reads left out names them (:mod:`ingestion.table.left_out`), for a gap that ends at the
+    oldest commit left: only when the record belongs to the head's history and no reset is
+    left in the lineage (the newest reset, the last to change the record, is then among the
+    expired commits, so the record tells the gap as it was); empty otherwise (nothing is
+    excused)."""
+    key = OFFSETS_PREFIX + group_id
+    record = read_left_out(table.metadata.properties, group_id)
+    if record is None:
+        return {}
+    for snapshot in iter_ancestry(table):
+        properties = snapshot_properties(snapshot)
+        if key in properties and is_offset_reset(properties):
+            return {}
+    state = find_committed_state(table, group_id)
+    if state is None or not belongs_to(record, state):
+        return {}
+    return {
+        (topic, partition): [
+            (skip.start, skip.end, why)
+            for skip, why in skipped_spans(record, (topic, partition), offsets.topic_id)
+        ]
+        for topic, offsets in state.offsets.items()
+        for partition in offsets.next_offsets
+    }
+
+
+def split_skipped(
+    ranges: list[OffsetRange], skipped: dict[Key, list[tuple[int, int, str]]]
+) -> tuple[list[OffsetRange], list[tuple[OffsetRange, str]]]:
+    """``ranges`` cut around the ``skipped`` ones: the parts left to recount, and the parts
+    skipped, each with why (pure).
+
+    Example:
+        >>> kept, cut = split_skipped([OffsetRange("t", 0, 0, 30)], {("t", 0): [(10, 20, "r")]})
+        >>> [(r.start, r.end) for r in kept], [(r.start, r.end, why) for r, why in cut]
+        ([(0, 10), (20, 30)], [(10, 20, 'r')])
+    """
+    kept: list[OffsetRange] = []
+    cut: list[tuple[OffsetRange, str]] = []
+    for rng in ranges:
+        at = rng.start
+        for a, b, why in sorted(skipped.get((rng.topic, rng.partition), [])):
+            a, b = max(a, at), min(b, rng.end)
+            if a >= b:
+                continue
+            if a > at:
+                kept.append(OffsetRange(rng.topic, rng.partition, at, a))
+            cut.append((OffsetRange(rng.topic, rng.partition, a, b), why))
+            at = b
+        if at < rng.end:
+            kept.append(OffsetRange(rng.topic, rng.partition, at, rng.end))
+    return kept, cut
+
+
 def audit_gap(
     table: Table,
     quarantine: Table | None,
@@ -347,23 +414,32 @@ def audit_gap(
     pipeline: str,
     timeout_s: float,
     audit: CommitAudit,
+    *,
+    skipped: dict[Key, list[tuple[int, int, str]]] | None = None,
 ) -> None:
     """The ranges ``start`` -> ``end`` of commits whose snapshots are gone, audited as one
     (R56): the table's rows there at ``snapshot_id`` (the commit that ends the gap; None: the
     head) read on the pipeline's own cluster, and the quarantine table's rows there, each
-    coordinate once, as many together as Kafka's visible records. A partition new since
-    ``start`` begins at its log start (a lower bound: only fewer rows than Kafka holds is a
-    finding), as does a range retention has shortened. Cost: a scan pruned by the offset
-    column's bounds to the gap's files, and a recount of the gap, however long (the budget
-    does not split it). Late copies skipped by the expired commits (after a ``--source-lost``
-    failover, R54) are not known here: the audit then reports fewer rows than Kafka holds; a
-    full audit tells."""
+    coordinate once, as many together as Kafka's visible records, but for the ranges in
+    ``skipped`` (:func:`find_gap_skips`: an operator's forward reset among the expired commits
+    skipped them), which are named and not expected. A partition new since ``start`` begins at
+    its log start (a lower bound: only fewer rows than Kafka holds is a finding), as does a
+    range retention has shortened. Cost: a scan pruned by the offset column's bounds to the
+    gap's files, and a recount of the gap, however long (the budget does not split it). Late
+    copies skipped by the expired commits (after a ``--source-lost`` failover, R54) are not
+    known here: the audit then reports fewer rows than Kafka holds; a full audit tells."""
     from confluent_kafka import KafkaException
 
     keys = sorted(k for k, o in end.items() if o > start.get(k, 0) or k not in start)
     log_starts = _log_starts(kafka_config, set(keys), f"{pipeline}-audit", min(10.0, timeout_s))
     recount = plan_recount(start, end, {}, log_starts)  # the gap as one commit's ranges
-    ranges, exact = list(recount.ranges), recount.exact
+    ranges, cut = split_skipped(list(recount.ranges), skipped or {})
+    exact = recount.exact
+    for part, why in cut:
+        audit.notes.append(
+            f"commits expired by another tool: {part.topic}[{part.partition}] [{part.start}, "
+            f"{part.end}) not expected: {why}"
+        )
     if not ranges:
         return
     rows = _rows_in(table, ranges, snapshot_id)

@@ -1,11 +1,12 @@
 """The oracle of docs/reliability.md as code: is every record in the table exactly once?
 
-:func:`audit_table` is the full audit: it reads every row's Kafka coordinates (and the
-snapshot lineage); with an ``expected`` set (a test's producer ledger) it also reports missing
-and unexpected (for example aborted) records. :func:`audit_pipeline` is the production oracle:
-by default the incremental audit of the commits since a cursor against an independent
+:func:`audit_table` is the full audit's row scan: it reads every row's Kafka coordinates (and
+the snapshot lineage); with an ``expected`` set (a test's producer ledger) it also reports
+missing and unexpected (for example aborted) records. :func:`audit_pipeline` is the production
+oracle: by default the incremental audit of the commits since a cursor against an independent
 read_committed recount in Kafka (``ingestion.audit.incremental``), O(new commits); the full audit
-on demand.
+on demand, which also recounts every partition's committed range in Kafka record by record, the
+commits whose snapshots were expired included (``ingestion.audit.coverage``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ingestion.audit.clusters import allowed_copies, count_duplicates, read_labelled
+from ingestion.audit.coverage import (
+    RangeRecount,
+    count_expired_snapshots,
+    recount_committed_ranges,
+)
 from ingestion.audit.incremental import CommitAudit, audit_commits
 from ingestion.audit.names import find_cross_name_twins
 from ingestion.audit.recount import parse_lost_ranges
@@ -179,7 +185,11 @@ def audit_table(
         result.cross_name_duplicates = find_cross_name_twins(table, families)
     # Partitions an ended route dropped keep their rows, read up to there (R49).
     ended = decode_positions(table.properties.get(DROPPED_PREFIX + group_id, "{}"))
-    watermark = {**ended, **_lineage_checks(table, group_id, result)}
+    lineage = _lineage_checks(table, group_id, result)
+    if not lineage:  # every snapshot with the offsets was expired: the proven position (R56)
+        committed = find_committed_state(table, group_id)
+        lineage = flatten(committed.offsets) if committed is not None else {}
+    watermark = {**ended, **lineage}
     # A row recording another cluster than the route's, at a (topic, partition) the route reads
     # under the same name (MM2's identity naming), holds that cluster's offsets, unrelated to
     # the route's watermark there: not held to it (R49; its duplicates are still counted). A
@@ -253,11 +263,13 @@ def _check_commit_counts(
 @dataclass(frozen=True)
 class PipelineAudit:
     """The production oracle's result: the commits audited against Kafka, and with a full
-    audit also every row's coordinates (:func:`audit_table`)."""
+    audit also every row's coordinates (:func:`audit_table`) and every partition's committed
+    range recounted record by record (``ranges``, ingestion.audit.coverage)."""
 
     commits: CommitAudit
     full: AuditResult | None = None
     budget: int | None = None  # offsets one evaluation may recount (None: no bound)
+    ranges: RangeRecount | None = None
 
 
 def audit_pipeline(
@@ -275,17 +287,26 @@ def audit_pipeline(
     By default incremental (``ingestion.audit.incremental``): the commits after
     ``after_snapshot_id`` (the previous evaluation's cursor) are recounted in Kafka, at most
     the spec's ``audit_recount_offsets`` offsets (the rest is reported as the backlog).
-    ``full`` recounts every commit in the lineage and scans every row's coordinates of the
-    table and its quarantine table as well.
+    ``full`` recounts every commit in the lineage, scans every row's coordinates of the
+    table and its quarantine table, and recounts every partition's committed range in Kafka
+    record by record (:func:`ingestion.audit.coverage.recount_committed_ranges`): the commits
+    whose snapshots were expired are covered by it, and what it cannot check it names. A
+    pipeline with replicas is not range-recounted (a switch may have read part of a range on
+    another cluster under other names), and says so.
     ``cluster_configs`` (by cluster name) recount each commit on the cluster it read, across
     failovers. ``cursor_offsets`` (the group's offsets at the cursor) audit the commits
     another tool expired after the cursor (R56).
     """
     if not catalog.table_exists(spec.table):
         return None
-    table = catalog.load_table(spec.table)
     quarantine = None
-    if spec.errors_tolerance == "all" and catalog.table_exists(spec.quarantine_table):
+    if full and catalog.table_exists(spec.quarantine_table):
+        # Before the data table: every commit it reflects is then in the lineage read after
+        # it, and a newer commit's dead letters count as not synced yet, never as rows beyond
+        # the offsets read (ingestion.quarantine.sync).
+        quarantine = catalog.load_table(spec.quarantine_table)
+    table = catalog.load_table(spec.table)
+    if not full and spec.errors_tolerance == "all" and catalog.table_exists(spec.quarantine_table):
         quarantine = catalog.load_table(spec.quarantine_table)
     commits = audit_commits(
         table,
@@ -296,14 +317,32 @@ def audit_pipeline(
         max_offsets=None if full else spec.audit_recount_offsets,
         cluster_configs=cluster_configs,
         cursor_offsets=None if full else cursor_offsets,
-        quarantine=quarantine,
+        quarantine=quarantine if spec.errors_tolerance == "all" else None,
     )
     if not full:
         return PipelineAudit(commits, budget=spec.audit_recount_offsets)
-    if quarantine is None and catalog.table_exists(spec.quarantine_table):
-        quarantine = catalog.load_table(spec.quarantine_table)
     replicas = replica_support(spec)  # the names MM2 gives each topic, with replicas only
     families = replicas.name_families(spec) if replicas is not None else []
-    return PipelineAudit(
-        commits, audit_table(table, spec.consumer_group_id, quarantine, families=families)
-    )
+    rows = audit_table(table, spec.consumer_group_id, quarantine, families=families)
+    if spec.replicas:
+        expired, oldest = count_expired_snapshots(table)
+        ranges = RangeRecount(
+            expired_snapshots=expired,
+            oldest_snapshot=oldest,
+            unchecked=[
+                "no partition range-recounted: the pipeline has replicas, and a switch may have "
+                "read part of a range on another cluster under other names; its commits left "
+                "are recounted one by one"
+            ],
+        )
+    else:
+        ranges = recount_committed_ranges(
+            table,
+            spec.consumer_group_id,
+            kafka_config,
+            spec.name,
+            quarantine=quarantine,
+            starting_position=spec.starting_position,
+            upsert=spec.mode == "upsert",
+        )
+    return PipelineAudit(commits, rows, ranges=ranges)

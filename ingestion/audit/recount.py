@@ -34,11 +34,25 @@ def parse_lost_ranges(text: str) -> dict[Key, int]:
         >>> parse_lost_ranges("orders[0] [10, 20);orders[3] [0, 5)")
         {('orders', 0): 20, ('orders', 3): 5}
     """
+    return {key: end for key, (_, end) in parse_lost_spans(text).items()}
+
+
+def parse_lost_spans(text: str) -> dict[Key, tuple[int, int]]:
+    """(topic, partition) -> the ``[start, end)`` recorded as lost (``kafka.lost-ranges``);
+    malformed items are ignored.
+
+    Example:
+        >>> parse_lost_spans("orders[0] [10, 20);orders[3] [0, 5); junk")
+        {('orders', 0): (10, 20), ('orders', 3): (0, 5)}
+    """
     lost = {}
     for item in filter(None, text.split(";")):
         match = _LOST.match(item.strip())
         if match:
-            lost[(match["topic"], int(match["partition"]))] = int(match["end"])
+            lost[(match["topic"], int(match["partition"]))] = (
+                int(match["start"]),
+                int(match["end"]),
+            )
     return lost
 
 

@@ -212,7 +212,10 @@ def check_count(
 
     sid = snapshot.snapshot_id
     if not recount.verifiable:
-        audit.notes.append(f"snapshot {sid}: the group's first commit, start not recorded")
+        audit.notes.append(
+            f"snapshot {sid}: the group's first commit, or the oldest left after an expiry, "
+            "start not recorded (a full audit recounts its partitions' ranges whole)"
+        )
         return
     visible, role = 0, f"{pipeline}-audit"
     rng = recount.ranges[0] if recount.ranges else None

@@ -15,7 +15,9 @@ from ingestion.health.checks import Finding, Severity, failed, passed, skipped
 from ingestion.table.offsets import encode_positions
 
 if TYPE_CHECKING:
-    from ingestion.audit.oracle import PipelineAudit
+    from ingestion.audit.coverage import RangeRecount
+    from ingestion.audit.oracle import AuditResult, PipelineAudit
+    from ingestion.audit.snapshots import CommitAudit
 
 
 def check_exactly_once(
@@ -36,6 +38,13 @@ def check_exactly_once(
     older than :data:`BACKLOG_BOUND_SECONDS`, or larger than one evaluation's budget, is a WARN;
     a cursor whose snapshot was expired (commits after it never recounted) is an ERROR unless
     a full audit verified every row (R47).
+
+    A full audit's range recount (``audit.ranges``, ingestion.audit.coverage) adds its
+    findings; a range it could not read is a WARN naming it; and a full audit that recounted
+    no offset at all while the table holds rows, or while it names what it could not check,
+    is a WARN ("not evaluated"), never a pass. The message counts the offsets and partitions
+    recounted, the snapshots expired before the oldest one left (covered only by the range
+    recount), and names what was not recounted.
     """
     if audit is None:
         return skipped(f"table {table} does not exist yet: nothing to audit")
@@ -80,6 +89,10 @@ def check_exactly_once(
         }
         if not full.ok:
             problems.insert(0, full.summary())
+    ranges = audit.ranges
+    if ranges is not None:
+        metadata |= _range_metadata(ranges)
+        problems += ranges.findings
     if problems:
         return failed(
             "ERROR",
@@ -102,6 +115,10 @@ def check_exactly_once(
             f"--full-audit) still finds duplicates and regressions in what is left ({done}).",
             metadata,
         )
+    if ranges is not None:
+        unrecounted = _check_range_recount(ranges, commits, full, done, metadata)
+        if unrecounted is not None:
+            return unrecounted
     backlog = ""
     if commits.pending:
         age = f", the oldest {backlog_age_s:.0f} s old" if backlog_age_s is not None else ""
@@ -135,4 +152,96 @@ def check_exactly_once(
         )
     scope = f"each (topic, partition, offset) once: {full.summary()}; " if full else ""
     pending = f"; {backlog}, left for the next evaluation" if commits.pending else ""
-    return passed(f"{scope}{done}{pending}", metadata)
+    covered = f"; {describe_range_recount(ranges)}" if ranges is not None else ""
+    return passed(f"{scope}{done}{pending}{covered}", metadata)
+
+
+def _range_metadata(ranges: RangeRecount) -> dict[str, Any]:
+    """The range recount's figures for the check's metadata."""
+    metadata: dict[str, Any] = {
+        "range_partitions_recounted": ranges.partitions,
+        "range_offsets_recounted": ranges.offsets,
+        "range_records_recounted": ranges.visible,
+    }
+    if ranges.expired_snapshots is not None:
+        metadata["expired_snapshots"] = ranges.expired_snapshots
+    if ranges.unchecked:
+        metadata["not_recounted"] = "; ".join(ranges.unchecked[:5])
+    return metadata
+
+
+def _check_range_recount(
+    ranges: RangeRecount,
+    commits: CommitAudit,
+    full: AuditResult | None,
+    done: str,
+    metadata: dict[str, Any],
+) -> Finding | None:
+    """A WARN when the range recount could not read a range, or when the full audit
+    recounted nothing although there was something to recount; None otherwise."""
+    if ranges.unrecounted is not None:
+        return failed(
+            "WARN",
+            f"not evaluated: the full audit {ranges.unrecounted}; nothing was skipped: run it "
+            f"again once the Kafka cluster answers ({done}).",
+            metadata,
+        )
+    held = full.rows + full.quarantined if full is not None else 0
+    if commits.offsets_recounted or ranges.offsets or not (held or ranges.unchecked):
+        return None
+    return failed(
+        "WARN",
+        f"not evaluated: the full audit recounted no offset in Kafka although the table holds "
+        f"{held} row(s) (quarantined included), so it checked nothing against Kafka: "
+        f"{_join(ranges.unchecked) or 'every committed range is empty'}. "
+        "Not a pass: the rows can no longer be compared with Kafka's records.",
+        metadata,
+    )
+
+
+def describe_range_recount(ranges: RangeRecount) -> str:
+    """What the range recount covered, in words: offsets, partitions and records recounted,
+    the expired snapshots it alone covers, what it excused (each range left out on purpose,
+    with why) and what it could not check."""
+    shown = ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in ranges.ranges[:3])
+    more = f" and {len(ranges.ranges) - 3} more" if len(ranges.ranges) > 3 else ""
+    but = f" but the {ranges.left_out} not expected (below)" if ranges.left_out else ""
+    held = (
+        "every row among them"
+        if ranges.rows_only
+        else f"each held by the table or its quarantine table{but}, and no row where Kafka "
+        "holds no record"
+    )
+    text = "range recount: no offset recounted"
+    if ranges.partitions:
+        text = (
+            f"range recount: {ranges.offsets} offsets of {ranges.partitions} partition(s) "
+            f"recounted in Kafka record by record ({shown}{more}): {ranges.visible} records "
+            f"Kafka holds, {held}"
+        )
+    covered = (
+        "their commits are covered only by the range recount"
+        if ranges.partitions
+        else "their commits are not audited (no range could be recounted)"
+    )
+    if ranges.expired_snapshots:
+        text += (
+            f"; {ranges.expired_snapshots} snapshot(s) older than snapshot "
+            f"{ranges.oldest_snapshot} were expired: {covered}"
+        )
+    elif ranges.expired_snapshots is None:
+        text += (
+            f"; the snapshots older than snapshot {ranges.oldest_snapshot} were expired (how "
+            f"many a format v1 table does not tell): {covered}"
+        )
+    if ranges.notes:
+        text += f"; {_join(ranges.notes)}"
+    if ranges.unchecked:
+        text += f"; not recounted: {_join(ranges.unchecked)}"
+    return text
+
+
+def _join(texts: list[str], limit: int = 5) -> str:
+    """At most ``limit`` of ``texts``, and how many more there are."""
+    more = f" (and {len(texts) - limit} more)" if len(texts) > limit else ""
+    return "; ".join(texts[:limit]) + more

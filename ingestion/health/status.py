@@ -4,14 +4,15 @@ Pure assembly of what :func:`ingestion.health.state.read_state` read and what th
 :mod:`ingestion.health.checks` found (named as the Dagster asset checks are, so ``platform status``
 and the Dagster UI never disagree on what a check means), with when each finding was evaluated
 (:class:`Evaluated`): now, from the state read, or earlier, recorded elsewhere (the exactly-once
-audit's last evaluation in the Dagster instance). Every age is measured from one ``now``, read by
-the caller after everything slow it did (an audit): assemble last, print at once.
+audit's last evaluation in the Dagster instance), and the caveats of a pass (what it did not
+cover: the audit's backlog, what it could not recount). Every age is measured from one ``now``,
+read by the caller after everything slow it did (an audit): assemble last, print at once.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -64,6 +65,7 @@ class PipelineStatus:
     future_timestamps: str | None = None  # untrusted producer timestamps (ingestion.health.lag)
     as_of_ms: int = 0  # the ``now`` every age is measured from
     partitions: list[PartitionStatus] = field(default_factory=list)
+    # Check name -> passed, skipped, severity, message, caveats (of a pass) and when evaluated.
     checks: dict[str, dict[str, Any]] = field(default_factory=dict)
     # The newest commits, newest first: when, records, quarantined, inserts, updates, deletes.
     commits: list[dict[str, Any]] = field(default_factory=list)
@@ -102,6 +104,7 @@ def build_status(
     findings: dict[str, Finding],
     now_ms: int | None = None,
     evaluated: Mapping[str, Evaluated] | None = None,
+    caveats: Mapping[str, Sequence[str]] | None = None,
 ) -> PipelineStatus:
     """Assemble the status from the state (read with its oldest uncommitted timestamps) and
     the checks' findings. Ages of waiting records are :func:`ingestion.health.lag.measure_lag_age`'s
@@ -111,9 +114,11 @@ def build_status(
     ``now_ms`` (default: the clock, read here): a caller that did something slow after reading
     the state (an audit) reads the state again after it, then assembles. ``evaluated`` says when
     the findings that were not evaluated from ``state`` were (default: each finding is fresh,
-    evaluated when ``state`` was read)."""
+    evaluated when ``state`` was read). ``caveats`` names, by check, what a passing finding did
+    not cover (each check's ``caveats``: empty for the others, and for any finding that does not
+    pass): a pass with caveats is still a pass, and says them."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    evaluated = evaluated or {}
+    evaluated, caveats = evaluated or {}, caveats or {}
     committed, lag = state.committed_offsets, state.lag()
     waited = measure_lag_age(state, now_ms)  # the lag sensor's and commit_freshness's figure
     last = state.commits[0] if state.commits else None
@@ -169,6 +174,7 @@ def build_status(
                 "skipped": f.skipped,
                 "severity": f.severity,
                 "message": f.message,
+                "caveats": list(caveats.get(name, ())) if f.passed else [],
                 **describe_evaluation(
                     evaluated.get(name, Evaluated(state.read_at_ms, fresh=True)), now_ms
                 ),

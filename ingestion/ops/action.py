@@ -27,6 +27,7 @@ from ingestion.pipeline.mirror import MirrorOutcome, mirror_table_offsets, read_
 from ingestion.quarantine.dead_letters import copy_pending_dead_letters
 from ingestion.quarantine.sync import sync_quarantine
 from ingestion.spec.pipeline import PipelineSpec
+from ingestion.table.left_out import LEFT_OUT_PREFIX, record_left_out
 from ingestion.table.offsets import (
     COMMIT_ID,
     MIGRATED_FROM,
@@ -58,7 +59,9 @@ class ActionCommit:
     ``table_properties`` are set in the same transaction (they outlive snapshot expiry);
     ``planned_properties`` are the values they had when the action was planned (None: absent):
     a retry on a new head never overwrites one changed since (a ``release-late-copies`` cleared
-    the failover's record of uncopied records).
+    the failover's record of uncopied records). ``log_starts`` (a reset's: each partition's log
+    start it was planned against) let the record of what the group's reads left out drop the
+    ranges retention deleted (``ingestion.table.left_out``).
     """
 
     pipeline: str
@@ -71,6 +74,7 @@ class ActionCommit:
     retired: dict[str, int | None] = field(default_factory=dict)
     table_properties: dict[str, str] = field(default_factory=dict)  # set in the same commit
     planned_properties: dict[str, str | None] = field(default_factory=dict)
+    log_starts: dict[Key, int] = field(default_factory=dict)
 
 
 @contextmanager
@@ -115,10 +119,13 @@ def _write(
     properties: dict[str, str],
     delete_filter: str | None,
     table_properties: dict[str, str] | None = None,
+    log_starts: dict[Key, int] | None = None,
 ) -> int:
     """One transaction on exactly ``table``'s head, no retry: the delete of the rewound rows (when
     any matched) or an empty append, either carrying ``properties`` (and setting the
-    ``table_properties``)."""
+    ``table_properties``). Each group it commits keeps its position and its record of what its
+    reads left out on purpose (a forward reset's skipped ranges: ``ingestion.table.left_out``),
+    both computed from this head and set in the same commit; a retired group loses both."""
     with commit_view(table).transaction() as transaction, ignore_no_match_warning():
         if table_properties:
             transaction.set_properties(table_properties)
@@ -134,10 +141,14 @@ def _write(
             kept = delete_filter is None  # a delete (a rewind) leaves nothing proven
             witness = previous_witness(table.metadata.properties, source) if kept else None
             record_position(transaction, group, witness)
+            record_left_out(transaction, table, group, log_starts)
         retired = {g for g in properties.get(RETIRED_GROUPS, "").split(",") if g}
         retired |= {properties[MIGRATED_FROM]} if MIGRATED_FROM in properties else set()
         gone = [
-            POSITION_PREFIX + g for g in sorted(retired) if POSITION_PREFIX + g in table.properties
+            prefix + g
+            for g in sorted(retired)
+            for prefix in (POSITION_PREFIX, LEFT_OUT_PREFIX)
+            if prefix + g in table.properties
         ]
         if gone:  # a retired group's position must not outlive its retirement's snapshot
             transaction.remove_properties(*gone)
@@ -159,7 +170,10 @@ def commit_action(
     that moved them. If the head moved without touching them, the action is re-checked and
     retried on the new head. After an ambiguous catalog error the table is searched for the
     action's commit id: found means committed; absent raises :class:`CommitOutcomeUnknownError`
-    (plan the action again: it was not applied).
+    (plan the action again: it was not applied). What the commit derives from the head (the
+    group's position, its record of skipped ranges) is computed again on each attempt's head,
+    inside the same transaction: a retry never records a skip twice, nor drops one recorded
+    since the plan.
     """
     from pyiceberg.exceptions import CommitFailedException, NoSuchTableError
 
@@ -183,7 +197,13 @@ def commit_action(
         _check_planned_state(table, commit)
         hooks.fire("before_catalog_call", action=commit.action, table=table)
         try:
-            return _write(table, commit.properties, commit.delete_filter, commit.table_properties)
+            return _write(
+                table,
+                commit.properties,
+                commit.delete_filter,
+                commit.table_properties,
+                commit.log_starts,
+            )
         except CommitFailedException:
             time.sleep(backoff_s(attempt))  # the head moved: reload and re-check
             continue

@@ -6,7 +6,11 @@ asked and why), compare-and-set against the offsets they were planned from
 in flight when the action commits aborts at its own commit naming the action (R7). A reset that
 moves a partition backwards also deletes, in the same snapshot, the rows at or after its new
 offset, so the range is re-read exactly once; the quarantine table follows after that commit
-(ingestion.quarantine.sync). Both then move the Kafka group to the table's offsets, backwards too
+(ingestion.quarantine.sync). A reset that moves a partition forwards skips exactly
+``[old committed offset, new offset)``, and records it, with who, why and when, in the table
+property ``kafka.left-out.<group>`` in the same commit, where the audits read it after the
+reset's snapshot expired (``ingestion.table.left_out``); a later backward reset cuts out of it
+what it reads again. Both then move the Kafka group to the table's offsets, backwards too
 (best effort: if that fails, the next run does it, R48).
 """
 
@@ -62,6 +66,7 @@ class OffsetReset:
     target: OffsetMap
     changes: dict[Key, tuple[int | None, int]] = field(default_factory=dict)
     retired_snapshot: int | None = None  # the migration that had retired the group, if any
+    log_starts: dict[Key, int] = field(default_factory=dict)  # when planned: retention's bound
 
     def describe(self) -> list[str]:
         """One line per partition: what would be re-read or skipped (the dry run)."""
@@ -198,6 +203,11 @@ def plan_reset(
         {topic: TopicOffsets(ids[topic], parts) for topic, parts in by_topic.items()},
         changes,
         retirement.snapshot_id if retirement else None,
+        {
+            (state.topic, part.partition): part.log_start_offset
+            for state in topics
+            for part in state.partitions
+        },
     )
 
 
@@ -282,13 +292,18 @@ def apply_reset(
     group's offsets it replaces are recorded in the snapshot, so if moving the group fails the
     next run moves it back (R48). An ambiguous catalog error is reconciled by the reset's commit
     id; calling it again with the same plan after it committed aborts (the offsets moved, by
-    this very reset), so it is never applied twice. The quarantine table is synced after the
-    data commit (a :class:`QuarantineSyncError` then means the reset stands; the next run syncs
-    it and moves the group). With the dead-letter copy done, the reset also lists the records it
-    re-reads whose letters the topic holds (``kafka.dead-letters.delivered``, set in the same
-    commit), so they are not copied a second time. ``hooks`` fire before the data table's
-    catalog call (``before_catalog_call``) and after its commit (``after_commit``), for tests
-    (rule 6).
+    this very reset), so it is never applied twice. The ranges a forward reset skips,
+    ``[committed offset, new offset)`` per partition, go into the table property
+    ``kafka.left-out.<group>`` in the same commit, computed inside it from the head each
+    attempt commits on (``ingestion.table.left_out``): a retry on a new head recomputes them
+    from that head, a replay found by its commit id writes nothing again, and an outcome found
+    absent wrote nothing; so a skip is recorded once, with its reset, or not at all. The
+    quarantine table is synced after the data commit (a :class:`QuarantineSyncError` then means
+    the reset stands; the next run syncs it and moves the group). With the dead-letter copy
+    done, the reset also lists the records it re-reads whose letters the topic holds
+    (``kafka.dead-letters.delivered``, set in the same commit), so they are not copied a second
+    time. ``hooks`` fire before the data table's catalog call (``before_catalog_call``) and
+    after its commit (``after_commit``), for tests (rule 6).
 
     Raises:
         CommitConflictError: a run is in progress (``active_runs``) or the offsets moved.
@@ -337,6 +352,7 @@ def apply_reset(
         {reset.group_id: reset.retired_snapshot},
         table_properties=marks,
         planned_properties={DELIVERED: table.properties.get(DELIVERED)} if marks else {},
+        log_starts=reset.log_starts,
     )
     snapshot_id = commit_action(catalog, commit, hooks)
     hooks.fire("after_commit", reset=reset, snapshot_id=snapshot_id)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ingestion import exceptions
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.plan import Plan
+from ingestion.table.left_out import record_left_out
 from ingestion.table.offsets import (
     GROUP_ID,
     QUARANTINED,
@@ -50,8 +51,9 @@ def append_files(
     table: Table, files: list[DataFile], properties: dict[str, str], witness: Witness | None = None
 ) -> int:
     """Append ``files`` (possibly none) in one snapshot with ``properties``, and set the
-    group's position table property (R56, ``witness``: a row of ``files``) in the same
-    commit; no retry."""
+    group's position table property (R56, ``witness``: a row of ``files``) and its record of
+    what its reads left out on purpose (``ingestion.table.left_out``) in the same commit; no
+    retry."""
     group = properties[GROUP_ID]
     if not files and properties.get(QUARANTINED, "0") == "0":  # no row, no dead letter
         witness = previous_witness(table.metadata.properties, group)
@@ -60,6 +62,7 @@ def append_files(
             for data_file in files:
                 append.append_data_file(data_file)
         record_position(transaction, group, witness)
+        record_left_out(transaction, table, group)
     committed = transaction.table_metadata.current_snapshot()
     assert committed is not None
     return committed.snapshot_id

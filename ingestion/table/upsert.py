@@ -232,9 +232,11 @@ def commit_upsert(
 
     When ``properties`` commit a group's offsets, the group's position table property (R56)
     is set in the same metadata commit, with ``witness`` (one row this commit wrote), or the
-    previous witness when the commit changes no row and sets no record aside.
+    previous witness when the commit changes no row and sets no record aside; so is its record
+    of what its reads left out on purpose (``ingestion.table.left_out``).
     """
     from ingestion._pyiceberg_compat import overwrite_files
+    from ingestion.table.left_out import record_left_out
     from ingestion.table.offsets import GROUP_ID, QUARANTINED, previous_witness, record_position
     from ingestion.table.transaction import commit_view
 
@@ -255,6 +257,7 @@ def commit_upsert(
                 pass
         if group is not None:
             record_position(transaction, group, witness)
+            record_left_out(transaction, table, group)
     committed = transaction.table_metadata.current_snapshot()
     assert committed is not None
     return committed.snapshot_id

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 
 from ingestion.audit.oracle import AuditResult, audit_table
 from ingestion.exceptions import InjectedFailure
-from ingestion.ops.reset import plan_reset
+from ingestion.ops.reset import ResetRequest, plan_reset
 from ingestion.pipeline.hooks import NO_HOOKS, FailureHooks
 from ingestion.pipeline.mirror import read_group_offsets
 from ingestion.pipeline.run import RunReport, run_pipeline
@@ -115,9 +115,10 @@ class Harness:
         """The pipeline's table, freshly loaded."""
         return self.catalog.load_table(spec.table)
 
-    def plan_reset(self, spec: PipelineSpec, position: StartingPosition) -> Any:
-        """An offset reset of ``spec`` to ``position``, planned against the broker (no write):
-        an ``OffsetReset``, typed ``Any`` so that tests can do arithmetic on its changes."""
+    def plan_reset(self, spec: PipelineSpec, position: StartingPosition | ResetRequest) -> Any:
+        """An offset reset of ``spec`` to ``position`` (or a ``ResetRequest``: ``--shift-by``,
+        ``--to-offset``, ``--topic``), planned against the broker (no write): an
+        ``OffsetReset``, typed ``Any`` so that tests can do arithmetic on its changes."""
         consumer = self.kafka.get_consumer()
         try:
             return plan_reset(

@@ -12,12 +12,14 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
+from pyiceberg.table import Table
 
 from ingestion.audit.incremental import audit_commits
 from ingestion.audit.oracle import PipelineAudit
 from ingestion.audit.verdict import check_exactly_once
 from ingestion.health.checks import Finding
-from ingestion.spec.pipeline import PipelineSpec
+from ingestion.ops.reset import apply_reset
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from ingestion.table.offsets import TopicOffsets, commit_properties, find_committed_state
 from platform_assets.ingest.assets import build_pipeline_assets
 from platform_assets.ingest.checks import audit_finding, build_pipeline_checks
@@ -288,3 +290,71 @@ def test_an_audit_over_its_budget_reports_its_backlog_and_catches_up(
         assert done.metadata["audit_cursor"].value == str(
             harness.table(spec).metadata.current_snapshot_id
         )
+
+
+def expire_all_but_head(table: Table) -> None:
+    """Another engine's expiry keeping one snapshot: pyiceberg's ``expire_snapshots``."""
+    head = table.current_snapshot()
+    assert head is not None
+    older = [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != head.snapshot_id]
+    table.maintenance.expire_snapshots().by_ids(older).commit()
+
+
+def test_a_forward_reset_among_expired_commits_is_named_by_the_gap_audit(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+) -> None:
+    """R56: after the audit's cursor, a forward reset skips offsets 10-19 and a run reads
+    20-29; another engine expires every snapshot but the newest before the audit sees them.
+    The gap from the cursor's offsets is audited as one range: the table's record of what the
+    group's reads left out (``kafka.left-out.<group>``) names the skipped range, so only 20-29
+    are expected and the audit passes. A loss there still fails it: the reset excuses nothing
+    else."""
+    topic, spec = new_pipeline("audit_gap_reset", produce=10)
+    ingest(harness, spec)
+    group, config = spec.consumer_group_id, kafka.client_config()
+    first = audit_commits(harness.table(spec), group, config, spec.name)
+    assert first.ok, first.findings
+    assert first.cursor_offsets == {(topic, 0): 10}
+    ledger_producer.produce(topic, records(10, first=10))
+    reset = harness.plan_reset(spec, StartingPosition(mode="latest"))
+    apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "skip a bad burst")
+    ledger_producer.produce(topic, records(10, first=20))
+    ingest(harness, spec)
+    head = harness.table(spec).current_snapshot()
+    assert head is not None
+    expire_all_but_head(harness.table(spec))
+    gap = audit_commits(
+        harness.table(spec),
+        group,
+        config,
+        spec.name,
+        after_snapshot_id=first.cursor,
+        cursor_offsets=first.cursor_offsets,
+    )
+    assert gap.ok, gap.findings
+    assert any(
+        f"{topic}[0] [10, 20) not expected: skipped by the offset reset on " in note
+        and "by 'ops' (reason 'skip a bad burst'" in note
+        for note in gap.notes
+    ), gap.notes
+    assert "audited as one range: 10 offsets, 10 records held once each" in " ".join(gap.notes)
+    assert gap.cursor == head.snapshot_id
+    harness.table(spec).delete(delete_filter="_kafka_offset = 25")  # then that expires too
+    ledger_producer.produce(topic, records(5, first=30))
+    ingest(harness, spec)
+    expire_all_but_head(harness.table(spec))
+    lossy = audit_commits(
+        harness.table(spec),
+        group,
+        config,
+        spec.name,
+        after_snapshot_id=first.cursor,
+        cursor_offsets=first.cursor_offsets,
+    )
+    assert lossy.findings == [
+        "commits expired by another tool: the table and its quarantine table hold 14 records "
+        "of their ranges (15 offsets) but Kafka holds 15 visible records"
+    ]

@@ -6,18 +6,26 @@ import time
 from typing import Any
 
 import pytest
+from pyiceberg.table import Table
 
 from ingestion import exceptions
 from ingestion.health.checks import check_group_consistency
 from ingestion.health.state import read_state
-from ingestion.ops.reset import apply_reset, migrate_group
+from ingestion.ops.action import ActionCommit, commit_action
+from ingestion.ops.reset import ResetRequest, apply_reset, migrate_group
 from ingestion.pipeline.hooks import FailureHooks
 from ingestion.pipeline.mirror import read_group_offsets
-from ingestion.spec.pipeline import StartingPosition
+from ingestion.spec.pipeline import PipelineSpec, StartingPosition
+from ingestion.table.left_out import LEFT_OUT_PREFIX, Skip, find_left_out
+from ingestion.table.offsets import snapshot_properties
+from platform_assets.ingest.checks import audit_finding
+from resources.iceberg import IcebergCatalogResource
+from resources.kafka import KafkaResource
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, make_spec, records
 
 pytestmark = pytest.mark.integration
+SMALL = {"in_process_max_records": 10_000}  # no Spark: the offsets are the point here
 
 
 def test_reset_to_timestamp_rereads_exactly_once(
@@ -118,3 +126,133 @@ def test_maintenance_between_ingestions_keeps_oracle_and_watermark(
     ledger_producer.produce(topic, records(20, first=120))
     assert harness.run(spec).records == 20
     harness.assert_exactly_once(spec, ledger)
+
+
+def expire_all_but_head(table: Table) -> None:
+    """Another engine's expiry keeping one snapshot: pyiceberg's ``expire_snapshots``."""
+    head = table.current_snapshot()
+    assert head is not None
+    older = [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != head.snapshot_id]
+    table.maintenance.expire_snapshots().by_ids(older).commit()
+
+
+def skipped_of(harness: Harness, spec: PipelineSpec, topic: str) -> tuple[Skip, ...]:
+    """The ranges the table's record says resets skipped on ``topic``[0]."""
+    record = find_left_out(harness.table(spec), spec.consumer_group_id)
+    assert record is not None
+    return record.partitions[(topic, 0)].skipped
+
+
+def test_forward_resets_merge_into_one_range_named_after_expiry(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    catalog_resource: IcebergCatalogResource,
+    kafka: KafkaResource,
+) -> None:
+    """Five ``--shift-by +2`` resets in a row skip 10-19: the record keeps one range naming
+    the first and the last reset and counting five (bounded however many resets there are:
+    tests/ingestion/table/test_left_out.py); after every snapshot but the newest expired, the
+    full audit passes and names it."""
+    topic, spec = new_pipeline("reset_merge", produce=10, **SMALL)
+    harness.run(spec)
+    ledger_producer.produce(topic, records(10, first=10))
+    commits = []
+    for _ in range(5):
+        reset = harness.plan_reset(spec, ResetRequest(shift_by=2))
+        done = apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "skip a burst")
+        commits.append(done.commit_id)
+    (merged,) = skipped_of(harness, spec, topic)
+    assert merged == Skip(10, 20, (commits[0], commits[-1]), 5)
+    ledger_producer.produce(topic, records(10, first=20))
+    harness.run(spec)
+    expire_all_but_head(harness.table(spec))
+    finding = audit_finding(spec, catalog_resource, kafka, full=True)
+    assert finding.passed, finding.message
+    assert (
+        f"{topic}[0] [10, 20): 10 record(s) not expected: skipped by 5 offset resets, among "
+        "them the offset reset on "
+    ) in finding.message
+    assert f"commit {commits[0]}, " in finding.message
+    assert f"commit {commits[-1]}, " in finding.message
+
+
+def test_a_reset_retried_or_replayed_records_its_skip_once(
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer
+) -> None:
+    """A commit that leaves the offsets alone (another writer's empty append) lands just before
+    the reset's catalog call: the reset retries on the new head and records its skip, computed
+    from that head, once. Replayed by its commit id (a retry after an unknown outcome that had
+    landed) it writes nothing again; applied again from the same plan it aborts; the record
+    stays as it was."""
+    topic, spec = new_pipeline("reset_retried", produce=10, **SMALL)
+    harness.run(spec)
+    ledger_producer.produce(topic, records(10, first=10))
+    reset = harness.plan_reset(spec, StartingPosition(mode="latest"))
+    fired: list[str] = []
+
+    def touch_once(point: str, **context: Any) -> None:
+        fired.append(point)
+        if len(fired) == 1:
+            with harness.table(spec).transaction() as transaction:  # moves the head
+                transaction.set_properties({"touched": "yes"})
+                with transaction.update_snapshot().fast_append():
+                    pass
+
+    hooks = FailureHooks({"before_catalog_call": touch_once})
+    done = apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "x", hooks=hooks)
+    assert fired == ["before_catalog_call", "before_catalog_call"]  # retried on the new head
+    table = harness.table(spec)
+    assert table.properties["touched"] == "yes"
+    assert skipped_of(harness, spec, topic) == (Skip(10, 20, (done.commit_id,)),)
+    recorded = table.properties[LEFT_OUT_PREFIX + spec.consumer_group_id]
+    snapshots = len(table.metadata.snapshots)
+    head = table.current_snapshot()
+    assert head is not None
+    replay = ActionCommit(
+        spec.name,
+        "offset reset",
+        spec.table,
+        reset.table_uuid,
+        {spec.consumer_group_id: reset.committed},
+        snapshot_properties(head),
+    )
+    assert commit_action(harness.catalog, replay) == done.snapshot_id
+    with pytest.raises(exceptions.CommitConflictError, match="changed since the reset was planned"):
+        apply_reset(harness.catalog, spec, reset, harness.cluster_id, "ops", "x")
+    table = harness.table(spec)
+    assert len(table.metadata.snapshots) == snapshots
+    assert table.properties[LEFT_OUT_PREFIX + spec.consumer_group_id] == recorded
+
+
+def test_a_group_migration_carries_the_record_to_the_new_group(
+    harness: Harness,
+    create_topic: CreateTopic,
+    ledger_producer: LedgerProducer,
+    catalog_resource: IcebergCatalogResource,
+    kafka: KafkaResource,
+) -> None:
+    """A forward reset skipped 10-19 under the old group; the migration's commit carries the
+    record to the new group and removes the old group's, in the same commit. After every
+    snapshot but the newest expired, the full audit under the new group names the range."""
+    topic = create_topic(partitions=1)
+    old = make_spec(topic, "reset_migrated", consumer_group_id="reset-migrated-old", **SMALL)
+    new = make_spec(topic, "reset_migrated", consumer_group_id="reset-migrated-new", **SMALL)
+    ledger_producer.produce(topic, records(10))
+    harness.run(old)
+    ledger_producer.produce(topic, records(10, first=10))
+    reset = harness.plan_reset(old, StartingPosition(mode="latest"))
+    apply_reset(harness.catalog, old, reset, harness.cluster_id, "ops", "skip a bad burst")
+    admin = harness.kafka.get_admin_client()
+    migrate_group(harness.catalog, old, new.consumer_group_id, admin, "ops", "seed fix")
+    table = harness.table(new)
+    assert LEFT_OUT_PREFIX + old.consumer_group_id not in table.properties
+    assert [(s.start, s.end) for s in skipped_of(harness, new, topic)] == [(10, 20)]
+    ledger_producer.produce(topic, records(10, first=20))
+    harness.run(new)
+    expire_all_but_head(harness.table(new))
+    finding = audit_finding(new, catalog_resource, kafka, full=True)
+    assert finding.passed, finding.message
+    assert f"{topic}[0] [10, 20): 10 record(s) not expected: skipped by the offset reset on " in (
+        finding.message
+    )
