@@ -9,6 +9,7 @@ ingestion, see assets.py); the others are here.
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 from dagster import (
     AssetCheckExecutionContext,
@@ -127,6 +128,31 @@ def memory_metadata(memory: AuditMemory | None) -> dict[str, str]:
     return carried
 
 
+def audited_table_metadata(
+    spec: PipelineSpec, iceberg: IcebergCatalogResource, metadata: dict[str, Any]
+) -> dict[str, str]:
+    """What ties an evaluation to the table it audited, for ``platform status``
+    (platform_assets/cli/status.py): the table's UUID (``table_uuid``: a table dropped and
+    recreated has another) and when the cursor's snapshot was committed (``audit_cursor_ms``:
+    after the cursor is expired, a history holding older snapshots is another one, restored).
+    Read from the table loaded after the audit; empty when it no longer holds the cursor (it
+    changed under the audit: nothing is claimed)."""
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        table = iceberg.load_catalog().load_table(spec.table)
+    except NoSuchTableError:
+        return {}
+    cursor = str(metadata.get("audit_cursor", ""))
+    snapshot = table.metadata.snapshot_by_id(int(cursor)) if cursor.isdigit() else None
+    if cursor and snapshot is None:
+        return {}
+    tied = {"table_uuid": str(table.metadata.table_uuid)}
+    if snapshot is not None:
+        tied["audit_cursor_ms"] = str(snapshot.timestamp_ms)
+    return tied
+
+
 def to_result(spec: PipelineSpec, name: str, finding: Finding) -> AssetCheckResult:
     """A check result from a finding. A check skipped because ingestion is blocked is shown as
     a WARN failure that says why (Dagster records no reason for a skipped check); its
@@ -191,8 +217,9 @@ def build_pipeline_checks(spec: PipelineSpec) -> AssetChecksDefinition:
                     )
                     previous = None
                 found = audit_finding(spec, iceberg, kafka, previous=previous)
+                tied = audited_table_metadata(spec, iceberg, found.metadata)
                 findings[AUDIT_CHECK.name] = replace(
-                    found, metadata={**found.metadata, "audit_group": group}
+                    found, metadata={**found.metadata, "audit_group": group, **tied}
                 )
         for name, replica in replicas.items():  # a pipeline with replicas only: the DR add-on
             if name in selected:

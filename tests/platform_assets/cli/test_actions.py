@@ -22,6 +22,7 @@ from platform_assets.cli.actions import (
     parse_position,
     run_action,
 )
+from platform_assets.instance import create_storage
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.pipelines import make_spec
@@ -84,6 +85,9 @@ def test_the_embedded_stacks_instance_is_found_next_to_its_catalog(
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("{}\n")
+    assert dagster_home(iceberg) == ""  # no storage yet: the CLI never creates it
+    assert not (home / "history").exists()
+    create_storage(home)  # as make dev does before anything opens it
     assert dagster_home(iceberg) == str(home)
     assert count_active_ingestion_runs(SPEC, iceberg) == (
         0, f"0 active ingestion run(s) of 'cli_actions' in the Dagster instance {home}",
@@ -97,6 +101,7 @@ def test_dagster_home_wins(
     iceberg: IcebergCatalogResource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "elsewhere"))
+    create_storage(tmp_path / "elsewhere")
     assert dagster_home(iceberg) == str(tmp_path / "elsewhere")
 
 

@@ -278,11 +278,13 @@ def test_metrics_serves_the_pipelines_until_interrupted(demo: Demo, tmp_path: Pa
     import sys
     import urllib.request
 
+    from platform_assets.instance import create_storage
     from resources.embedded import find_free_port
 
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    create_storage(home)  # as make dev does: the endpoint opens an instance, never creates one
     port = find_free_port()
     command = [sys.executable, "-m", "platform_assets.cli.main", "metrics", "--host", "127.0.0.1"]
     process = subprocess.Popen(
@@ -294,6 +296,8 @@ def test_metrics_serves_the_pipelines_until_interrupted(demo: Demo, tmp_path: Pa
     )
     try:
         assert process.stdout is not None
+        stack = process.stdout.readline()  # the stack it talks to, then its address
+        assert stack.startswith("stack: the embedded defaults"), stack
         first = process.stdout.readline()
         assert first.startswith(f"metrics: http://127.0.0.1:{port}/metrics (checks from "), first
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as response:
