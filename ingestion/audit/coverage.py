@@ -25,17 +25,25 @@ left out on purpose are not expected, each range named with why: the ranges an o
 forward reset skipped, from the reset's snapshot or, once that is expired, from the table's
 record (a backward reset after it reads them again: then they are expected); the ranges
 recorded as lost (R12); nor are the dead letters of commits the quarantine sync has not applied
-yet, up to the number each commit quarantined. The record is used only when it belongs to the
+yet, up to the number each commit quarantined, in that commit's own range only (from the commit
+before it, or its own ``kafka.range-starts``): where neither is left nothing is excused, and
+records missing below its committed offset that may be its dead letters are a doubt (a WARN:
+lost, or not synced yet), never excused. The record is used only when it belongs to the
 head's history (written by the group's committed state's commit: a rollback by another tool
 past it leaves it unused, and said so), so no range is excused that a reset in the head's
 history did not skip. In ``mode: upsert`` a record whose key changed again, or was deleted,
 has no row: only the rows are checked against Kafka's records. On a topic with
 ``cleanup.policy=compact`` a row whose record Kafka's log compaction removed is not a finding
-(R14).
+(R14); where the policy cannot be read (no ``DescribeConfigs`` on the topic), such rows are a
+doubt naming the missing ACL.
 
 What it cannot check it names (``unchecked``), and never counts as checked: offsets Kafka's
 retention deleted before the audit; offsets below the table's lowest row where nothing records
-where reading began; every partition when the group's offsets are not proven. What it cannot
+where reading began (the pass then says "passed, partly"); a topic whose id is not the one the
+offsets were committed for (deleted and recreated: its records are another topic's); offsets
+retention deleted during the audit (each partition's log start is read just before its range,
+and once more when the read is out of range); every partition when the group's offsets are not
+proven. What it cannot
 know: a forward reset among the expired commits that the table's record does not hold (one
 from before the record existed, or before a rollback or a writer without it dropped the
 record) reads as records missing; the finding says so.
@@ -48,7 +56,7 @@ Kafka's records (the two are compared as sorted streams, :func:`compare_partitio
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -88,6 +96,7 @@ from ingestion.table.offsets import (
 from ingestion.table.rewind import retired_groups
 
 if TYPE_CHECKING:
+    from confluent_kafka import Consumer
     from pyiceberg.table import Table
     from pyiceberg.table.snapshots import Snapshot
 
@@ -101,7 +110,9 @@ EXAMPLES = 20
 class RangeRecount:
     """What the recount of every partition's committed range found; ``ok`` when no record is
     missing and no row lies where Kafka holds no record. ``unchecked`` names what could not be
-    checked, ``notes`` what was excused and why."""
+    checked, ``notes`` what was excused and why, ``doubts`` what the recount cannot decide
+    (records that are lost or dead letters not synced yet; rows whose records log compaction
+    may have removed): not a pass, not a loss."""
 
     partitions: int = 0  # partitions whose range was read in Kafka
     offsets: int = 0  # offsets those ranges cover
@@ -114,6 +125,7 @@ class RangeRecount:
     unchecked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     unrecounted: str | None = None  # the range Kafka could not be read for, and why
+    doubts: list[str] = field(default_factory=list)  # neither a pass nor a loss: a WARN
     rows_only: bool = False  # mode: upsert: only the rows were checked against the records
 
     @property
@@ -133,6 +145,18 @@ class LeftOutSpan(NamedTuple):
     ref: str
 
 
+class PendingCommit(NamedTuple):
+    """A commit whose dead letters the quarantine table does not reflect yet: its ranges (by
+    partition, ``[start, end)``) and how many records it quarantined. ``unplaced``: its
+    partitions whose range start nothing records (the commit before it expired and it recorded
+    no ``kafka.range-starts`` there): their range is empty here, nothing is excused there."""
+
+    snapshot_id: int
+    spans: dict[Key, tuple[int, int]]
+    quarantined: int
+    unplaced: dict[Key, int]  # partition -> the commit's end offset there
+
+
 @dataclass
 class RetainedHistory:
     """What the snapshots left in the head's lineage, and the table's record of what the
@@ -144,8 +168,9 @@ class RetainedHistory:
     skipped: dict[Key, list[LeftOutSpan]] = field(default_factory=dict)  # left out on purpose
     cut: dict[Key, int] = field(default_factory=dict)  # the record's bound dropped ranges below
     expired_below: dict[Key, int] = field(default_factory=dict)  # below: commits expired
-    pending: list[tuple[int, dict[Key, tuple[int, int]], int]] = field(default_factory=list)
+    pending: list[PendingCommit] = field(default_factory=list)
     complete: bool = True  # the lineage reaches the table's first snapshot
+    syncable: bool = False  # a quarantine table exists: pending dead letters may still arrive
     notes: list[str] = field(default_factory=list)
 
 
@@ -168,10 +193,12 @@ def read_retained_history(
     ranges recorded as lost. ``cut``: below where the record's bound dropped ranges.
     ``expired_below``: when the lineage does not reach the table's first snapshot, the offsets
     of the oldest commit left (``ends`` when none is left): the ranges below were committed by
-    commits whose snapshots are gone. ``pending``: (snapshot id, its ranges, its quarantined
-    count) of the commits whose dead letters the quarantine table does not reflect yet (after
-    its recorded ``synced-sequence``)."""
-    history = RetainedHistory()
+    commits whose snapshots are gone. ``pending``: the commits whose dead letters the quarantine
+    table does not reflect yet (after its recorded ``synced-sequence``), each range from the
+    previous commit's offset, or from the commit's own ``kafka.range-starts`` when no previous
+    commit is left; a partition where neither says where it began is ``unplaced``: none of
+    its records is excused (a range from offset 0 would excuse a loss anywhere below)."""
+    history = RetainedHistory(syncable=quarantine is not None)
     lineage = list(reversed(list(iter_ancestry(table))))
     history.complete = not lineage or is_table_first(lineage[0])
     groups = {group_id}
@@ -201,16 +228,41 @@ def read_retained_history(
                 history.skipped.setdefault(part, []).append(lost)
             quarantined = int(properties.get(QUARANTINED, "0") or 0)
             if quarantined and (snapshot.sequence_number or 0) > synced:
-                spans = {
-                    part: ((previous or {}).get(part, starts.get(part, 0)), offset)
-                    for part, offset in current.items()
-                }
-                history.pending.append((snapshot.snapshot_id, spans, quarantined))
+                history.pending.append(
+                    place_pending(snapshot.snapshot_id, quarantined, previous, starts, current)
+                )
         previous = current
     if previous is None and not history.complete:  # every commit expired: the position's
         history.expired_below.update(ends)
     _read_record(history, table, group_id, committed)
     return history
+
+
+def place_pending(
+    snapshot_id: int,
+    quarantined: int,
+    previous: dict[Key, int] | None,
+    starts: dict[Key, int],
+    current: dict[Key, int],
+) -> PendingCommit:
+    """The ranges of a commit whose dead letters are not synced yet (pure): each partition's
+    from the previous commit's offset there, else from the commit's own recorded range start;
+    where neither is known the range is empty and the partition ``unplaced``.
+
+    Example:
+        >>> pending = place_pending(7, 1, None, {("t", 1): 4}, {("t", 0): 30, ("t", 1): 9})
+        >>> pending.spans, pending.unplaced
+        ({('t', 0): (30, 30), ('t', 1): (4, 9)}, {('t', 0): 30})
+    """
+    spans: dict[Key, tuple[int, int]] = {}
+    unplaced: dict[Key, int] = {}
+    for part, offset in current.items():
+        began = (previous or {}).get(part, starts.get(part))
+        if began is None:
+            unplaced[part] = offset
+            began = offset
+        spans[part] = (began, offset)
+    return PendingCommit(snapshot_id, spans, quarantined, unplaced)
 
 
 def _record_reset(
@@ -416,6 +468,7 @@ class PartitionCheck:
     outside: int  # rows in the range at offsets where Kafka holds no record
     outside_examples: tuple[int, ...]
     left_out_by: dict[tuple[int, int], int] = field(default_factory=dict)  # per skipped range
+    missing_last: int = -1  # the highest missing offset (-1: none)
 
 
 def compare_partition(
@@ -451,6 +504,7 @@ def compare_partition(
     rows = sorted(set(o for o in held if start <= o < end))
     skips = sorted(skipped)
     index = count = left_out = missing = outside = 0
+    missing_last = -1
     missing_examples: list[int] = []
     outside_examples: list[int] = []
     awaiting: dict[int, int] = {}
@@ -478,6 +532,7 @@ def compare_partition(
             awaiting[waiting] = awaiting.get(waiting, 0) + 1
             continue
         missing += 1
+        missing_last = offset
         if len(missing_examples) < EXAMPLES:
             missing_examples.append(offset)
     for offset in rows[index:]:
@@ -493,6 +548,7 @@ def compare_partition(
         outside,
         tuple(outside_examples),
         left_out_by,
+        missing_last,
     )
 
 
@@ -525,25 +581,78 @@ def _read_held(tables: list[Table], ends: dict[Key, int]) -> dict[Key, list[int]
     return held
 
 
-def read_compacted_topics(
+def read_cleanup_policies(
     kafka_config: dict[str, Any], topics: set[str], timeout_s: float
-) -> set[str]:
-    """The ``topics`` whose ``cleanup.policy`` includes ``compact`` (a topic whose settings
-    cannot be read counts as not compacted)."""
+) -> dict[str, str | None]:
+    """Each of ``topics``' ``cleanup.policy`` (``delete``, ``compact``, ``compact,delete``),
+    None when it cannot be read (the principal lacks ``DescribeConfigs`` on the topic, or the
+    cluster did not answer): then whether log compaction removed records is not known."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     admin = AdminClient(client_properties(kafka_config, "admin"))
-    compacted = set()
+    policies: dict[str, str | None] = {}
     for topic in sorted(topics):
         try:
             (future,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
             policy = future.result(timeout_s).get("cleanup.policy")
         except (KafkaException, TimeoutError, ValueError):
+            policies[topic] = None
             continue
-        if policy is not None and "compact" in str(policy.value or ""):
-            compacted.add(topic)
-    return compacted
+        policies[topic] = "delete" if policy is None else str(policy.value or "delete")
+    return policies
+
+
+def read_topic_ids(
+    kafka_config: dict[str, Any], topics: set[str], timeout_s: float
+) -> dict[str, str | None]:
+    """Each of ``topics``' id on the cluster now (it changes when a topic is deleted and
+    recreated), None for a topic that does not exist. Reads only (describe, never metadata:
+    no topic is created).
+
+    Raises:
+        KafkaException: a topic could not be described for another reason.
+    """
+    from confluent_kafka import KafkaException, TopicCollection
+    from confluent_kafka.admin import AdminClient
+
+    if not topics:
+        return {}
+    admin = AdminClient(client_properties(kafka_config, "admin"))
+    ids: dict[str, str | None] = {}
+    for topic, future in admin.describe_topics(TopicCollection(sorted(topics))).items():
+        try:
+            ids[topic] = str(future.result(timeout_s).topic_id)
+        except KafkaException as exc:
+            if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":
+                raise
+            ids[topic] = None
+    return ids
+
+
+def drop_recreated_topics(
+    committed: CommittedState, live: dict[str, str | None], ends: dict[Key, int]
+) -> list[str]:
+    """Remove from ``ends`` the partitions of the topics whose id now (``live``) is not the
+    one the table's offsets were committed for (the topic was deleted and recreated, or is
+    gone): Kafka's records there are another topic's, nothing to compare the rows with. Return
+    what was left unchecked, each topic named with both ids (pure)."""
+    unchecked = []
+    for topic, offsets in sorted(committed.offsets.items()):
+        now = live.get(topic, offsets.topic_id)
+        if now == offsets.topic_id:
+            continue
+        for key in [k for k in ends if k[0] == topic]:
+            del ends[key]
+        unchecked.append(
+            f"{topic}: no longer exists (the table's offsets are for topic id "
+            f"{offsets.topic_id}): not recounted"
+            if now is None
+            else f"{topic}: recreated: topic id {now}, the table's offsets are for "
+            f"{offsets.topic_id} (the pipeline refuses it until its offsets are reset): its "
+            "records are another topic's, not recounted"
+        )
+    return unchecked
 
 
 def recount_committed_ranges(
@@ -563,7 +672,10 @@ def recount_committed_ranges(
     ``quarantine`` (the pipeline's quarantine table) is best loaded before ``table``: every
     commit it reflects is then in the lineage read after it, and the dead letters of newer
     commits count as not synced yet (ingestion.quarantine.sync). A range Kafka cannot be read
-    for (the cluster unreachable, a read error) leaves ``unrecounted`` set: not a pass.
+    for (the cluster unreachable, a read error) leaves ``unrecounted`` set: not a pass. A
+    topic whose id is not the one the offsets were committed for (recreated) is named, not
+    recounted. Each partition's log start is read just before its range
+    (:func:`recount_partition`), so retention running during the audit is named, not an error.
     """
     from confluent_kafka import KafkaException
 
@@ -583,37 +695,41 @@ def recount_committed_ranges(
     result.notes += history.notes
     held = _read_held([table] + ([quarantine] if quarantine is not None else []), ends)
     role = f"{pipeline}-audit"
-    where = "its partitions' log starts"
+    where = "its topics' ids"
     checks: dict[Key, PartitionCheck] = {}
     left_out = {key: merge_left_out(spans) for key, spans in history.skipped.items()}
     try:
+        live = read_topic_ids(kafka_config, set(committed.offsets), min(10.0, timeout_s))
+        result.unchecked += drop_recreated_topics(committed, live, ends)
         with open_consumer(kafka_config, role) as consumer:
-            log_starts = {}
-            for key in sorted(ends):
-                where = f"{key[0]}[{key[1]}]'s log start"
-                log_starts[key] = query_watermarks(consumer, *key, min(10.0, timeout_s))[0]
             for key, end in sorted(ends.items()):
+                where = f"{key[0]}[{key[1]}]"
                 offsets = held.get(key, [])
-                start, unchecked = _plan_start(
-                    key, end, log_starts[key], history, offsets, starting_position
-                )
-                result.unchecked += unchecked
-                if start >= end:
-                    continue
-                rng = OffsetRange(key[0], key[1], start, end)
-                where = f"{key[0]}[{key[1]}] [{start}, {end})"
-                pending = [spans.get(key, (0, 0)) for _, spans, _ in history.pending]
-                visible = (
-                    int(m.offset() or 0)
-                    for batch in iter_batches(consumer, rng, timeout_s, role)
-                    for m in batch
-                )
+
+                def plan(log_start: int, key: Key = key, end: int = end) -> tuple[int, list[str]]:
+                    return _plan_start(
+                        key, end, log_start, history, held.get(key, []), starting_position
+                    )
+
+                pending = [commit.spans.get(key, (0, 0)) for commit in history.pending]
                 skips = [(a, b) for a, b, _ in left_out.get(key, [])]
-                checks[key] = compare_partition(
-                    start, end, visible, offsets, skips, pending, upsert
+                recounted = recount_partition(
+                    consumer,
+                    key,
+                    end,
+                    plan,
+                    offsets,
+                    skips,
+                    pending,
+                    upsert=upsert,
+                    timeout_s=timeout_s,
+                    role=role,
                 )
-                result.ranges.append(rng)
-    except (exceptions.ReadError, KafkaException) as exc:
+                result.unchecked += recounted.unchecked
+                if recounted.check is not None and recounted.range is not None:
+                    checks[key] = recounted.check
+                    result.ranges.append(recounted.range)
+    except (exceptions.ReadError, KafkaException, TimeoutError) as exc:
         result.unrecounted = f"could not recount {where} ({exc})"
         return result
     result.partitions = len(result.ranges)
@@ -622,6 +738,76 @@ def recount_committed_ranges(
     result.left_out = sum(c.left_out for c in checks.values())
     _judge(result, history, checks, left_out, kafka_config, upsert, timeout_s)
     return result
+
+
+@dataclass(frozen=True)
+class PartitionRecount:
+    """One partition's recount (:func:`recount_partition`): the range read and its comparison
+    (None when nothing was left to read), and what below it was not checked."""
+
+    range: OffsetRange | None
+    check: PartitionCheck | None
+    unchecked: list[str]
+
+
+def recount_partition(
+    consumer: Consumer,
+    key: Key,
+    end: int,
+    plan: Callable[[int], tuple[int, list[str]]],
+    held: Sequence[int],
+    skipped: Sequence[tuple[int, int]] = (),
+    pending: Sequence[tuple[int, int]] = (),
+    *,
+    upsert: bool = False,
+    timeout_s: float = 30.0,
+    role: str = "audit",
+    log_start: int | None = None,
+) -> PartitionRecount:
+    """Read ``key``'s range up to ``end`` in Kafka and compare it with the rows' offsets
+    (``held``: :func:`compare_partition`). The partition's log start is queried just before
+    (``log_start``: one queried earlier, to start from), and ``plan`` turns it into where the
+    range starts and what below is not checked (:func:`choose_range_start`). When the read
+    fails and the log start has since moved past where it began (Kafka's retention deleted
+    the segment meanwhile: the read is out of range), the log start is queried once more and
+    the range read again from there, the retention cut named; any other failure is raised.
+
+    Raises:
+        ReadError, KafkaException: the range could not be read.
+    """
+    from confluent_kafka import KafkaException
+
+    probe = min(10.0, timeout_s)
+    if log_start is None:
+        log_start = query_watermarks(consumer, *key, probe)[0]
+    retried = False
+    while True:
+        start, unchecked = plan(log_start)
+        if start >= end:
+            return PartitionRecount(None, None, unchecked)
+        rng = OffsetRange(key[0], key[1], start, end)
+        visible = (
+            int(m.offset() or 0)
+            for batch in iter_batches(consumer, rng, timeout_s, f"{role} {rng}")
+            for m in batch
+        )
+        try:
+            check = compare_partition(start, end, visible, held, skipped, pending, upsert)
+        except (exceptions.ReadError, KafkaException):
+            consumer.unassign()
+            moved = query_watermarks(consumer, *key, probe)[0]
+            if retried or moved <= start:
+                raise
+            retried, cut = True, log_start
+            log_start = moved
+            continue
+        if retried:
+            unchecked.append(
+                f"{key[0]}[{key[1]}]: Kafka's retention deleted offsets [{cut}, {log_start}) "
+                f"during this audit (the log start moved from {cut} to {log_start} before the "
+                "range was read): recounted from the new log start"
+            )
+        return PartitionRecount(rng, check, unchecked)
 
 
 def _plan_start(
@@ -662,7 +848,7 @@ def _judge(
         for index, count in check.awaiting.items():
             awaiting[index] = awaiting.get(index, 0) + count
     for index, count in sorted(awaiting.items()):
-        snapshot_id, _, quarantined = history.pending[index]
+        snapshot_id, _, quarantined, _ = history.pending[index]
         if count <= quarantined:
             result.notes.append(
                 f"snapshot {snapshot_id}: {count} record(s) of its ranges are its dead letters, "
@@ -675,41 +861,89 @@ def _judge(
                 "(its dead letters are not synced yet)"
             )
     outside = {key for key, check in checks.items() if check.outside}
-    compacted = (
-        read_compacted_topics(kafka_config, {key[0] for key in outside}, min(10.0, timeout_s))
+    policies = (
+        read_cleanup_policies(kafka_config, {key[0] for key in outside}, min(10.0, timeout_s))
         if outside
-        else set()
+        else {}
     )
+    budgets = {
+        n: commit.quarantined - awaiting.get(n, 0) for n, commit in enumerate(history.pending)
+    }
     for key, check in sorted(checks.items()):
         rng, where = ranges[key], f"{key[0]}[{key[1]}]"
         if check.missing:
-            result.findings.append(
+            missing = (
                 f"{where}: {check.missing} record(s) Kafka holds in [{rng.start}, {rng.end}) are "
-                "in neither the table nor its quarantine table (lost), at offsets "
-                f"{describe_offsets(check.missing_examples, check.missing)}"
-                + _expired_caveat(key, check, history)
+                "in neither the table nor its quarantine table"
             )
+            at = f"at offsets {describe_offsets(check.missing_examples, check.missing)}"
+            unplaced = _find_unplaced(key, check, history, budgets)
+            if unplaced is None:
+                result.findings.append(
+                    f"{missing} (lost), {at}" + _expired_caveat(key, check, history)
+                )
+            else:
+                snapshot_id, quarantined = unplaced
+                result.doubts.append(
+                    f"{missing}, {at}: lost, or dead letters of snapshot {snapshot_id} (it "
+                    f"quarantined {quarantined}, not yet synced into the quarantine table, and "
+                    "where its range began is not recorded: the commit before it was expired), "
+                    "which cannot tell them apart; the pipeline's next run syncs its dead "
+                    "letters: audit again then"
+                )
         whys = {(a, b): why for a, b, why in left_out.get(key, [])}
         for (a, b), count in sorted(check.left_out_by.items()):
             why = "; ".join(whys.get((a, b), ("left out on purpose",)))
             result.notes.append(f"{where} [{a}, {b}): {count} record(s) not expected: {why}")
-        if check.outside and key[0] in compacted:
+        if not check.outside:
+            continue
+        rows = (
+            f"{where}: {check.outside} row(s) in [{rng.start}, {rng.end}) at offsets where "
+            f"Kafka holds no record, at offsets "
+            f"{describe_offsets(check.outside_examples, check.outside)}"
+        )
+        policy = policies.get(key[0], "delete")
+        if policy is None:
+            result.doubts.append(
+                f"{rows}: the topic's cleanup.policy could not be read (grant the principal "
+                f"DescribeConfigs on topic {key[0]!r}), so whether Kafka's log compaction "
+                "removed their records is not known"
+            )
+        elif "compact" in policy:
             result.unchecked.append(
                 f"{where}: {check.outside} row(s) at offsets Kafka's log compaction removed "
                 "(cleanup.policy=compact): not checked"
             )
-        elif check.outside:
+        else:
             result.findings.append(
-                f"{where}: {check.outside} row(s) in [{rng.start}, {rng.end}) at offsets where "
-                "Kafka holds no record (an aborted record or a transaction marker read as one, "
-                "or a row another writer made up), at offsets "
-                f"{describe_offsets(check.outside_examples, check.outside)}"
+                f"{rows} (an aborted record or a transaction marker read as one, or a row "
+                "another writer made up)"
             )
     if upsert and checks:
         result.notes.append(
             "mode: upsert: a record whose key changed again or was deleted has no row, so only "
             "the rows were checked against Kafka's records"
         )
+
+
+def _find_unplaced(
+    key: Key, check: PartitionCheck, history: RetainedHistory, budgets: dict[int, int]
+) -> tuple[int, int] | None:
+    """The pending commit whose dead letters the missing records of ``check`` may be, when its
+    range start in ``key`` is not recorded: (its snapshot id, its quarantined count), its
+    ``budgets`` entry (the dead letters not yet accounted for) reduced by them. None when the
+    missing records are more than any such commit quarantined, or lie above its end, or when
+    no quarantine table exists to sync them into (lost)."""
+    if not history.syncable:
+        return None
+    highest = check.missing_last
+    for index, commit in enumerate(history.pending):
+        end = commit.unplaced.get(key)
+        if end is None or highest >= end or check.missing > budgets.get(index, 0):
+            continue
+        budgets[index] -= check.missing
+        return commit.snapshot_id, commit.quarantined
+    return None
 
 
 def _expired_caveat(key: Key, check: PartitionCheck, history: RetainedHistory) -> str:

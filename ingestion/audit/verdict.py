@@ -42,9 +42,11 @@ def check_exactly_once(
     A full audit's range recount (``audit.ranges``, ingestion.audit.coverage) adds its
     findings; a range it could not read is a WARN naming it; and a full audit that recounted
     no offset at all while the table holds rows, or while it names what it could not check,
-    is a WARN ("not evaluated"), never a pass. The message counts the offsets and partitions
-    recounted, the snapshots expired before the oldest one left (covered only by the range
-    recount), and names what was not recounted.
+    is a WARN ("not evaluated"), never a pass, as is one that cannot tell a loss from
+    something else (``RangeRecount.doubts``). A pass while some range or topic was not
+    recounted says "passed, partly", those ranges in the metadata's ``not_recounted``. The
+    message counts the offsets and partitions recounted, the snapshots expired before the
+    oldest one left (covered only by the range recount), and names what was not recounted.
     """
     if audit is None:
         return skipped(f"table {table} does not exist yet: nothing to audit")
@@ -153,7 +155,13 @@ def check_exactly_once(
     scope = f"each (topic, partition, offset) once: {full.summary()}; " if full else ""
     pending = f"; {backlog}, left for the next evaluation" if commits.pending else ""
     covered = f"; {describe_range_recount(ranges)}" if ranges is not None else ""
-    return passed(f"{scope}{done}{pending}{covered}", metadata)
+    partly = ""
+    if ranges is not None and ranges.unchecked:
+        partly = (
+            f"passed, partly: {len(ranges.unchecked)} range(s) or topic(s) not recounted "
+            "(not_recounted), the rest checked: "
+        )
+    return passed(f"{partly}{scope}{done}{pending}{covered}", metadata)
 
 
 def _range_metadata(ranges: RangeRecount) -> dict[str, Any]:
@@ -166,7 +174,7 @@ def _range_metadata(ranges: RangeRecount) -> dict[str, Any]:
     if ranges.expired_snapshots is not None:
         metadata["expired_snapshots"] = ranges.expired_snapshots
     if ranges.unchecked:
-        metadata["not_recounted"] = "; ".join(ranges.unchecked[:5])
+        metadata["not_recounted"] = _join(ranges.unchecked)
     return metadata
 
 
@@ -177,13 +185,22 @@ def _check_range_recount(
     done: str,
     metadata: dict[str, Any],
 ) -> Finding | None:
-    """A WARN when the range recount could not read a range, or when the full audit
-    recounted nothing although there was something to recount; None otherwise."""
+    """A WARN when the range recount could not read a range, when it cannot tell a loss from
+    something else (``doubts``: records that are lost or dead letters not synced yet, rows
+    whose records log compaction may have removed), or when the full audit recounted nothing
+    although there was something to recount; None otherwise."""
     if ranges.unrecounted is not None:
         return failed(
             "WARN",
             f"not evaluated: the full audit {ranges.unrecounted}; nothing was skipped: run it "
             f"again once the Kafka cluster answers ({done}).",
+            metadata,
+        )
+    if ranges.doubts:
+        return failed(
+            "WARN",
+            f"not evaluated: the full audit cannot tell a loss from what it names: "
+            f"{_join(ranges.doubts)}. Not a pass ({done}).",
             metadata,
         )
     held = full.rows + full.quarantined if full is not None else 0

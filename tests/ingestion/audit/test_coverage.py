@@ -23,7 +23,9 @@ from ingestion.audit.coverage import (
     RangeRecount,
     compare_partition,
     count_expired_snapshots,
+    read_cleanup_policies,
     recount_committed_ranges,
+    recount_partition,
 )
 from ingestion.audit.oracle import AuditResult, PipelineAudit
 from ingestion.audit.snapshots import CommitAudit
@@ -33,6 +35,7 @@ from ingestion.kafka.ranges import OffsetRange
 from ingestion.ops.compaction import compact_small_files
 from ingestion.ops.reset import apply_reset
 from ingestion.pipeline.hooks import FailureHooks
+from ingestion.quarantine.sync import SYNCED_SEQUENCE
 from ingestion.spec.pipeline import PipelineSpec, StartingPosition
 from ingestion.table.left_out import LEFT_OUT_PREFIX, find_left_out, read_left_out
 from platform_assets.ingest.checks import audit_finding
@@ -263,32 +266,121 @@ def test_a_full_audit_that_recounts_nothing_never_passes(
     assert f"{topic}[0] offsets [0, 20) were deleted by Kafka's retention" in finding.message
 
 
+def expire_all_but_last(table: Table, keep: int) -> None:
+    """Another engine's expiry keeping the newest ``keep`` snapshots of the head's lineage."""
+    lineage: list[int] = []
+    snapshot = table.current_snapshot()
+    while snapshot is not None and len(lineage) < keep:
+        lineage.append(snapshot.snapshot_id)
+        parent = snapshot.parent_snapshot_id
+        snapshot = None if parent is None else table.metadata.snapshot_by_id(parent)
+    older = [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id not in lineage]
+    table.maintenance.expire_snapshots().by_ids(older).commit()
+
+
+def crash_with_dead_letter(
+    harness: Harness, spec: PipelineSpec, producer: LedgerProducer, topic: str
+) -> None:
+    """A run that commits 5 records and a dead letter (offsets 11-16), then crashes before the
+    quarantine sync."""
+    producer.produce(topic, [*records(5, first=10), BAD])
+    with pytest.raises(exceptions.InjectedFailure):
+        ingest(harness, spec, FailureHooks({"after_commit": crash}))
+
+
 @pytest.mark.integration
 def test_dead_letters_not_synced_yet_are_not_read_as_lost(
     harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, full_audit: Audit
 ) -> None:
     """A run crashed after its commit, before the quarantine sync: the commit's dead letter is
-    in neither table yet. The range recount counts it as not synced (up to the commit's
-    ``kafka.quarantined``), not as lost; the next run syncs it."""
+    in neither table yet. While the commit before it is left, the range recount counts it as
+    not synced (up to the commit's ``kafka.quarantined``), not as lost. Once that commit is
+    expired too, where the crashed commit's range began is not recorded: the audit cannot
+    tell its dead letter from a loss, and says so (a WARN, not a pass); the next run syncs it
+    and the audit passes."""
     topic, spec = new_pipeline(
         "cover_unsynced", produce=[*records(10), BAD], errors_tolerance="all"
     )
     ingest(harness, spec)
-    ledger_producer.produce(topic, [*records(5, first=10), BAD])
-    with pytest.raises(exceptions.InjectedFailure):
-        ingest(harness, spec, FailureHooks({"after_commit": crash}))
-    expire_all_but_head(harness.table(spec))
+    crash_with_dead_letter(harness, spec, ledger_producer, topic)
+    head = harness.table(spec).metadata.current_snapshot_id
+    expire_all_but_last(harness.table(spec), 2)
     finding = full_audit(spec)
     assert finding.passed, finding.message
-    head = harness.table(spec).metadata.current_snapshot_id
     assert (
         f"snapshot {head}: 1 record(s) of its ranges are its dead letters, not yet synced"
     ) in finding.message
+    expire_all_but_head(harness.table(spec))
+    unplaced = full_audit(spec)
+    assert (unplaced.passed, unplaced.severity) == (False, "WARN"), unplaced.message
+    assert "not evaluated: the full audit cannot tell a loss from what it names" in (
+        unplaced.message
+    )
+    assert f"at offsets 16: lost, or dead letters of snapshot {head} (it quarantined 1" in (
+        unplaced.message
+    )
     ingest(harness, spec)  # syncs the quarantine table
     synced = full_audit(spec)
     assert synced.passed, synced.message
     assert "not yet synced" not in synced.message
     assert synced.metadata["quarantined"] == 2
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kept", [1, 3])
+def test_unsynced_dead_letters_never_excuse_a_loss_below_their_commit(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    full_audit: Audit,
+    kept: int,
+) -> None:
+    """Another engine deletes row 3 of the first commit; a later commit quarantines one record
+    and the run crashes before the sync. Whether the commit before it is left (its range is
+    [11, 17)) or expired (its range start is not recorded: nothing is excused), the loss at
+    offset 3 is an ERROR: the dead letter not synced yet never excuses a record below its
+    commit's range (it excused any record from offset 0 up)."""
+    topic, spec = new_pipeline(
+        f"cover_unsynced_loss{kept}", produce=[*records(10), BAD], errors_tolerance="all"
+    )
+    ingest(harness, spec)
+    delete_rows(harness, spec, [3])
+    crash_with_dead_letter(harness, spec, ledger_producer, topic)
+    expire_all_but_last(harness.table(spec), kept)
+    finding = full_audit(spec)
+    assert (finding.passed, finding.severity) == (False, "ERROR"), finding.message
+    assert f"{topic}[0]: " in finding.message
+    assert "(lost), at offsets 3" in finding.message
+
+
+@pytest.mark.integration
+def test_a_lagging_quarantine_sync_excuses_no_loss_below_the_oldest_commit(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    catalog_resource: IcebergCatalogResource,
+    full_audit: Audit,
+) -> None:
+    """The quarantine table's record of the last commit it reflects is behind (here: gone),
+    so every commit left counts as having dead letters not synced yet. The oldest commit left
+    (its previous one expired, no range start recorded) quarantined one record; another engine
+    deleted row 3. That loss was excused as "not yet synced"; now the audit names offset 3 and
+    does not pass."""
+    topic, spec = new_pipeline(
+        "cover_lagging_sync", produce=[*records(10), BAD], errors_tolerance="all"
+    )
+    ingest(harness, spec)
+    delete_rows(harness, spec, [3])
+    ledger_producer.produce(topic, [*records(5, first=10), BAD])
+    ingest(harness, spec)
+    expire_all_but_last(harness.table(spec), 1)
+    quarantine = harness.catalog.load_table(spec.quarantine_table)
+    with quarantine.transaction() as change:
+        change.remove_properties(SYNCED_SEQUENCE)
+    finding = full_audit(spec)
+    assert not finding.passed, finding.message
+    assert f"{topic}[0]: 1 record(s) Kafka holds in [0, 17) are in neither" in finding.message
+    assert "at offsets 3" in finding.message
 
 
 def forward_reset(
@@ -621,3 +713,148 @@ def test_expired_commits_no_range_covers_are_named_as_not_audited() -> None:
         "3 snapshot(s) older than snapshot 9 were expired: their commits are not audited"
     ) in finding.message
     assert "not recounted: no partition range-recounted" in finding.message
+
+
+@pytest.mark.integration
+def test_an_unrecorded_start_passes_only_partly(
+    harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, full_audit: Audit
+) -> None:
+    """A pipeline started at ``latest`` (offset 10) whose first commit expired and whose
+    record of where reading began another engine removed: nothing says where reading began,
+    so offsets 0-9, below the lowest row, are not checked. The audit passes on what it
+    recounted, but says "passed, partly" and names the unchecked range in ``not_recounted``,
+    never a plain pass."""
+    topic, spec = new_pipeline("cover_unrecorded", produce=10, starting_position={"mode": "latest"})
+    ingest(harness, spec)  # pins the start at 10
+    ledger_producer.produce(topic, records(10, first=10))
+    ingest(harness, spec)
+    expire_all_but_head(harness.table(spec))
+    with harness.table(spec).transaction() as change:
+        change.remove_properties(LEFT_OUT_PREFIX + spec.consumer_group_id)
+    finding = full_audit(spec)
+    assert finding.passed, finding.message
+    assert finding.message.startswith("passed, partly: 1 range(s) or topic(s) not recounted")
+    named = f"{topic}[0] offsets [0, 10), below the table's lowest row"
+    assert named in finding.metadata["not_recounted"]
+    assert finding.metadata["range_offsets_recounted"] == 10
+
+
+def recreate_topic(kafka: KafkaResource, create_topic: CreateTopic, topic: str) -> str:
+    """Delete ``topic`` and create it again under the same name (a new topic id), waiting
+    (with a deadline) until the broker lets the name be reused; return the new id."""
+    from confluent_kafka import KafkaException, TopicCollection
+
+    admin = kafka.get_admin_client()
+    for future in admin.delete_topics([topic]).values():
+        future.result(DEADLINE_S)
+    deadline, created = time.monotonic() + DEADLINE_S, False
+    while True:
+        try:
+            if not created:
+                create_topic(partitions=1, name=topic)
+                created = True
+            (described,) = admin.describe_topics(TopicCollection([topic])).values()
+            return str(described.result(DEADLINE_S).topic_id)
+        except KafkaException:
+            assert time.monotonic() < deadline, f"{topic} could not be created again"
+            time.sleep(0.2)
+
+
+@pytest.mark.integration
+def test_a_recreated_topic_is_named_not_compared(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+    create_topic: CreateTopic,
+    full_audit: Audit,
+) -> None:
+    """The topic was deleted and recreated (the pipeline refuses it: TopicRecreatedError), and
+    the new topic holds other records. The full audit compared the new topic's records with
+    the old topic's rows (a false loss, or a read error read as an outage); now it names the
+    topic with both ids and recounts nothing there: not evaluated, never an ERROR."""
+    topic, spec = new_pipeline("cover_recreated", produce=10)
+    ingest(harness, spec)
+    ledger_producer.produce(topic, records(10, first=10))
+    ingest(harness, spec)
+    new_id = recreate_topic(kafka, create_topic, topic)
+    ledger_producer.produce(topic, records(5, first=100))
+    finding = full_audit(spec)
+    assert (finding.passed, finding.severity) == (False, "WARN"), finding.message
+    assert f"{topic}: recreated: topic id {new_id}, the table's offsets are for " in (
+        finding.message
+    )
+    assert "could not recount" not in finding.message
+
+
+@pytest.mark.integration
+def test_retention_during_the_audit_is_named_and_read_past(
+    harness: Harness,
+    new_pipeline: NewPipeline,
+    ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+) -> None:
+    """Kafka's retention deletes offsets 0-11 after the partition's log start was read and
+    before its range is: the read is out of range. The recount queries the log start again,
+    reads the range from there and names the retention cut, instead of a read error that
+    leaves the audit "not evaluated" for good."""
+    topic, spec = new_pipeline("cover_retention_during", produce=10)
+    ingest_batches(harness, spec, ledger_producer, topic, 2)
+    consumer = kafka.get_consumer()
+    try:
+        (stale, _) = consumer.get_watermark_offsets(
+            TopicPartition(topic, 0), timeout=10, cached=False
+        )
+        assert stale == 0
+        delete_records(kafka, topic, 0, 12)
+        held = list(range(20))
+        recounted = recount_partition(
+            consumer,
+            (topic, 0),
+            20,
+            lambda log_start: (log_start, []),
+            held,
+            timeout_s=10.0,
+            log_start=stale,
+        )
+    finally:
+        consumer.close()
+    assert recounted.range == OffsetRange(topic, 0, 12, 20)
+    assert recounted.check is not None
+    assert (recounted.check.visible, recounted.check.missing) == (8, 0)
+    assert recounted.unchecked == [
+        f"{topic}[0]: Kafka's retention deleted offsets [0, 12) during this audit (the log start "
+        "moved from 0 to 12 before the range was read): recounted from the new log start"
+    ]
+
+
+@pytest.mark.integration
+def test_an_unreadable_cleanup_policy_is_not_known(
+    kafka: KafkaResource, create_topic: CreateTopic
+) -> None:
+    """``cleanup.policy`` as the broker describes it; a topic whose settings cannot be read
+    (here: it does not exist; in production: no DescribeConfigs ACL) is None, not "delete"."""
+    compacted = create_topic(partitions=1, **{"cleanup.policy": "compact"})
+    plain = create_topic(partitions=1)
+    policies = read_cleanup_policies(
+        kafka.client_config(), {compacted, plain, "no-such-topic-here"}, 10.0
+    )
+    assert policies == {compacted: "compact", plain: "delete", "no-such-topic-here": None}
+
+
+def test_a_doubt_is_not_a_pass() -> None:
+    """Rows where Kafka holds no record on a topic whose cleanup.policy could not be read
+    (they may be records log compaction removed), or records that are lost or dead letters
+    not synced yet: the audit cannot tell, so it is a WARN naming them, never a pass nor an
+    ERROR."""
+    doubt = (
+        "t[0]: 2 row(s) in [0, 30) at offsets where Kafka holds no record, at offsets 3-4: the "
+        "topic's cleanup.policy could not be read (grant the principal DescribeConfigs on topic "
+        "'t')"
+    )
+    audit = PipelineAudit(CommitAudit(), AuditResult(rows=30), ranges=recount(doubts=[doubt]))
+    finding = check_exactly_once("tests.t", audit)
+    assert (finding.passed, finding.severity) == (False, "WARN")
+    assert f"not evaluated: the full audit cannot tell a loss from what it names: {doubt}" in (
+        finding.message
+    )
