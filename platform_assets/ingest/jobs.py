@@ -41,11 +41,16 @@ if TYPE_CHECKING:
 AssetJob: TypeAlias = "UnresolvedAssetJobDefinition"
 
 
+# Queued or in progress, as Dagster counts them: a CANCELING run (its termination requested,
+# its process not ended yet: ``make dev`` stopping, Terminate in the UI) may still commit, so
+# it holds what a STARTED run holds (a stream worker's shard, an operator's hold, an action's
+# wait) until it ended, or until its process is provably gone (``liveness.RUNNING_STATUSES``).
 ACTIVE_RUN_STATUSES = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
     DagsterRunStatus.STARTING,
     DagsterRunStatus.STARTED,
+    DagsterRunStatus.CANCELING,
 ]
 
 

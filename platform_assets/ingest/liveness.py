@@ -1,9 +1,10 @@
 """Is an ingestion run that Dagster still shows as active really alive? Only a run whose process
 is provably gone counts as dead; every other run keeps blocking operator actions.
 
-A run stays STARTED for ever when its process is SIGKILLed or OOM-killed: without the daemon's
-run monitoring (which, with the DefaultRunLauncher, cannot check a run worker's health either)
-nothing marks it failed, and every operator action would refuse for good. So each ingestion run
+A run stays STARTED (or CANCELING, once its termination was requested) for ever when its
+process is SIGKILLed or OOM-killed: without the daemon's run monitoring (which, with the
+DefaultRunLauncher, cannot check a run worker's health either) nothing marks it failed, and
+every operator action would refuse for good. So each ingestion run
 records, as soon as its step starts, where it runs (``PROCESS_TAG``): host name, kernel boot id,
 PID namespace, pid and the process's start time. A run is dead when all of these hold, checked
 on the machine of the caller:
@@ -32,6 +33,12 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus, RunsFilter
 
 PROCESS_TAG = "platform/run-process"  # where the run's process runs: see the module docstring
+
+# The statuses of a run whose own process runs (or ran) its steps: only these are judged. A run
+# is CANCELING from the request to terminate it until its process ends (a stream worker stops
+# its lanes between commits, up to its stop timeout): it may still commit, so it counts as in
+# progress as Dagster counts it, and it is dead once its process is provably gone.
+RUNNING_STATUSES = (DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING)
 
 
 def _boot_id() -> str:
@@ -156,10 +163,10 @@ def active_runs(
             run.job_name,
             run.status.value,
             record.start_time,
-            # Only a STARTED run is judged: one queued or starting has no process of its own
-            # yet (a tag it carries was inherited).
+            # Only a STARTED or CANCELING run is judged: one queued or starting has no process
+            # of its own yet (a tag it carries was inherited).
             death_evidence(run.tags.get(PROCESS_TAG), run.run_id)
-            if run.status == DagsterRunStatus.STARTED
+            if run.status in RUNNING_STATUSES
             else None,
             run.asset_selection,
         )
@@ -172,7 +179,8 @@ def clear_dead_runs(
     instance: DagsterInstance, runs: list[ActiveRun], by: str = "`platform clear-dead-runs`"
 ) -> list[ActiveRun]:
     """Mark the provably dead ``runs`` failed in the instance (the others are left alone),
-    saying ``by`` whom; return those marked."""
+    saying ``by`` whom; return those marked. A CANCELING one too: its process died before it
+    could end the run (killed while it stopped)."""
     cleared = []
     for run in runs:
         dagster_run = instance.get_run_by_id(run.run_id) if run.dead else None

@@ -53,6 +53,7 @@ from ingestion.pipeline.stream import StreamSummary, stream_pipeline
 from ingestion.pipeline.worker import LaneOutcome, StreamWorker
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, operator_holds
+from platform_assets.ingest.liveness import RUNNING_STATUSES
 from platform_assets.ingest.metadata import commit_log_metadata, run_metadata
 from platform_assets.pipelines import commit_state_key, quarantine_key, table_key
 from platform_assets.route import active_route
@@ -160,10 +161,11 @@ def active_workers(instance: DagsterInstance) -> list[DagsterRun]:
 
 def active_stream_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[DagsterRun]:
     """The worker runs that stream ``spec`` now, or will when they start: a started worker
-    serving it (a live lane), or a queued one assigned it."""
+    serving it (a live lane; a CANCELING one too, until its lanes stopped), or a queued one
+    assigned it."""
     runs = []
     for run in active_workers(instance):
-        started = run.status == DagsterRunStatus.STARTED
+        started = run.status in RUNNING_STATUSES
         if spec.name in read_tag_map(run, SERVING_TAG if started else ASSIGNED_TAG):
             runs.append(run)
     return runs
@@ -172,8 +174,8 @@ def active_stream_runs(instance: DagsterInstance, spec: PipelineSpec) -> list[Da
 def is_stale(
     run: DagsterRun, now: float, started_at: float | None, after_s: float = STALE_AFTER_SECONDS
 ) -> bool:
-    """Whether a started run stopped beating for ``after_s`` (no heartbeat: judged from its
-    start time)."""
+    """Whether a started (or CANCELING) run stopped beating for ``after_s`` (no heartbeat:
+    judged from its start time)."""
     beat = run.tags.get(HEARTBEAT_TAG)
     last = float(beat) if beat else started_at
     return last is not None and now - last > after_s

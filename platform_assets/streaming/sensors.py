@@ -14,7 +14,8 @@ over the instance's active runs (no Kafka or catalog read), it:
 - starts a worker for a shard that has pipelines and none alive (not within
   ``RESTART_BACKOFF_SECONDS`` of its last failure), asks a worker started from other code (or
   another ``streaming.workers``) to stop (the next tick starts its successor once it ended),
-  and marks failed a worker whose heartbeat stopped (its process was killed);
+  waits for a worker being terminated (CANCELING: it may still commit) to end, and marks
+  failed a worker whose heartbeat stopped (its process was killed), a CANCELING one too;
 - asks the runs of the per-pipeline stream jobs of earlier releases (``stream_<p>_job``) to stop;
 - alerts once per pipeline and cause when a lane fails (the worker lists it in its tags).
 """
@@ -45,6 +46,7 @@ from ingestion.health.checks import GROUP_CHECK
 from ingestion.spec.pipeline import PipelineSpec
 from platform_assets.alerts.policy import cause_key
 from platform_assets.ingest.jobs import ACTIVE_RUN_STATUSES, count_active_runs, operator_holds
+from platform_assets.ingest.liveness import RUNNING_STATUSES
 from platform_assets.ingest.sensors import blocked_reason, latest_outcome
 from platform_assets.pipelines import ingests, table_key
 from platform_assets.streaming.jobs import (
@@ -52,6 +54,7 @@ from platform_assets.streaming.jobs import (
     FAILURES_TAG,
     GENERATION_TAG,
     RESTART_BACKOFF_SECONDS,
+    SERVING_TAG,
     SHARD_TAG,
     STALE_AFTER_SECONDS,
     STOP_TAG,
@@ -125,6 +128,7 @@ def plan_workers(
         if spec.name not in waiting:
             wanted[home][spec.name] = spec_version(spec)
     alive: set[int] = set()
+    terminating: set[int] = set()  # shards a CANCELING worker may still commit to
     for run in runs:
         if run.job_name != STREAM_JOB:
             stop_legacy_stream(instance, run, now, plan)
@@ -132,7 +136,7 @@ def plan_workers(
         shard = worker_shard(run, workers)
         record = instance.get_run_record_by_id(run.run_id)
         started_at = record.start_time if record is not None else None
-        if run.status == DagsterRunStatus.STARTED and is_stale(run, now, started_at):
+        if run.status in RUNNING_STATUSES and is_stale(run, now, started_at):
             instance.report_run_failed(
                 run,
                 message=f"stream worker {run.tags.get(SHARD_TAG)} stopped beating for over "
@@ -140,6 +144,17 @@ def plan_workers(
                 "new one, whose lanes re-plan from the tables' offsets",
             )
             plan.lines.append(f"marked stream worker {run.run_id} failed (no heartbeat)")
+            continue
+        if run.status == DagsterRunStatus.CANCELING:
+            # Terminated, it stops its lanes between commits (up to its stop timeout) and keeps
+            # beating meanwhile: no successor for its shard, nor for a shard of a pipeline it
+            # serves, until it ended or stopped beating (then marked failed above).
+            served = read_tag_map(run, SERVING_TAG)
+            shards = {shard_of(name, workers) for name in served}
+            terminating |= shards | ({shard} if shard is not None else set())
+            plan.lines.append(f"stream worker {run.run_id} is terminating (CANCELING): waiting")
+            for name, error in read_tag_map(run, FAILURES_TAG).items():
+                plan.failures[name] = (run.run_id, error)
             continue
         stop = None
         if run.tags.get(GENERATION_TAG) != generation:
@@ -161,7 +176,7 @@ def plan_workers(
             plan.lines.append(f"assigned stream worker {run.run_id}: {assigned}")
         for name, error in read_tag_map(run, FAILURES_TAG).items():
             plan.failures[name] = (run.run_id, error)
-    for shard in sorted(owned - alive):
+    for shard in sorted(owned - alive - terminating):
         if not wanted[shard]:
             continue
         failed_ago = seconds_since_worker_failed(instance, shard, workers, now)
@@ -218,7 +233,7 @@ def stop_legacy_stream(
     started_at = record.start_time if record is not None else None
     why = f"pipeline {pipeline!r} now streams on a shared stream worker ({STREAM_JOB})"
     # An earlier release's stream beat every minute or so: silent for 10 minutes, it is gone.
-    if run.status == DagsterRunStatus.STARTED and is_stale(run, now, started_at, 10 * 60):
+    if run.status in RUNNING_STATUSES and is_stale(run, now, started_at, 10 * 60):
         instance.report_run_failed(run, message=f"{why}; this run stopped beating")
         plan.lines.append(f"marked stream run {run.run_id} failed (no heartbeat): {why}")
     elif STOP_TAG not in run.tags:

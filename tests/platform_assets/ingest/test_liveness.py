@@ -8,10 +8,18 @@ import os
 import subprocess
 import sys
 
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster import DagsterInstance, DagsterRun, DagsterRunStatus, instance_for_test
 
 from platform_assets.ingest.jobs import count_active_runs
-from platform_assets.ingest.liveness import PROCESS_TAG, death_evidence, process_identity
+from platform_assets.ingest.liveness import (
+    PROCESS_TAG,
+    active_runs,
+    death_evidence,
+    process_identity,
+)
+from platform_assets.ingest.sensors import Busy
+from platform_assets.pipelines import ingest_job_name
+from tests.support.pipelines import make_spec
 
 
 def test_a_live_process_is_alive_and_a_reaped_one_is_dead() -> None:
@@ -75,3 +83,38 @@ def test_a_tag_of_another_run_or_another_pid_namespace_proves_nothing() -> None:
     assert "is gone" in (death_evidence(json.dumps(gone), "r1") or "")
     assert death_evidence(json.dumps(gone), "r2") is None  # inherited by a re-execution
     assert death_evidence(json.dumps({**gone, "pid_ns": "other"}), "r1") is None
+
+
+def test_a_canceling_run_counts_until_its_process_is_gone() -> None:
+    """A run being terminated (CANCELING: ``make dev`` stopping, Terminate in the UI) may still
+    commit until its process ends: the sensors count it as a STARTED one, and judge it as one,
+    so a run killed while it stopped does not block its pipeline for ever."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone = process_identity(child.pid)
+    child.wait()
+    spec = make_spec("orders", "canceling")
+    job = ingest_job_name(spec)
+    with instance_for_test() as instance:
+
+        def canceling(identity: dict[str, str | int]) -> str:
+            run = instance.add_run(DagsterRun(job_name=job, status=DagsterRunStatus.STARTED))
+            tag = {**identity, "run_id": run.run_id}
+            instance.add_run_tags(run.run_id, {PROCESS_TAG: json.dumps(tag)})
+            instance.report_run_canceling(run, message="test: terminate")
+            return run.run_id
+
+        live = canceling(process_identity())
+        assert count_active_runs(instance, job) == 1
+        assert Busy.read(instance, [spec]).ingesting(instance, spec)  # the lag sensor waits
+        dead = canceling(gone)
+        judged = active_runs(instance, [job], [DagsterRunStatus.CANCELING])
+        assert {run.run_id: run.dead is not None for run in judged} == {live: False, dead: True}
+        assert count_active_runs(instance, job) == 1  # the dead one marked failed
+        status = {run_id: instance.get_run_by_id(run_id) for run_id in (live, dead)}
+        assert {run_id: run.status for run_id, run in status.items() if run} == {
+            live: DagsterRunStatus.CANCELING,
+            dead: DagsterRunStatus.FAILURE,
+        }
+        instance.report_run_canceled(status[live], message="test: ended")  # type: ignore[arg-type]
+        assert count_active_runs(instance, job) == 0
+        assert not Busy.read(instance, [spec]).ingesting(instance, spec)

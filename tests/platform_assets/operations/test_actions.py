@@ -32,6 +32,7 @@ from ingestion.table.schema import load_or_create_table
 from platform_assets.definitions import build_definitions
 from platform_assets.ingest import jobs
 from platform_assets.ingest.jobs import OPERATOR_TAG, active_operator_runs
+from platform_assets.operations import actions
 from platform_assets.operations.actions import (
     count_ingestion_runs,
     hold_ingestion,
@@ -39,6 +40,7 @@ from platform_assets.operations.actions import (
 )
 from platform_assets.operations.jobs import build_ops_jobs
 from platform_assets.pipelines import table_key
+from platform_assets.streaming.jobs import SERVING_TAG, STREAM_JOB, active_stream_runs
 from resources.alerts import AlertResource
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
@@ -220,3 +222,60 @@ def test_reset_and_migration_are_refused_on_a_moved_route(tmp_path: Path) -> Non
     switched(iceberg, "k-back", **failback)
     with pytest.raises(OperationRefusedError, match="platform complete-failback acting"):
         refuse_off_route(SPEC, kafka, iceberg, "migrate-group")
+
+
+def test_an_action_waits_for_canceling_runs_as_for_started_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run being terminated (CANCELING: ``make dev`` stopping, Terminate in the UI) may still
+    commit until its process ends, a stream worker's lanes until they stopped: the action
+    refuses while one stays, waits for it to end, and its own CANCELING run still holds."""
+    with instance_for_test() as instance:
+
+        def canceling(job_name: str, **tags: str) -> DagsterRun:
+            run = instance.add_run(
+                DagsterRun(job_name=job_name, status=DagsterRunStatus.STARTED, tags=tags)
+            )
+            instance.report_run_canceling(run, message="test: terminate")
+            return instance.get_run_by_id(run.run_id) or run
+
+        ingesting = canceling("ingest_acting_job")
+        first = instance.add_run(DagsterRun(job_name="reset_offsets"))
+        refusal = re.escape(
+            "pipeline 'acting': 1 ingestion run(s) in progress "
+            f"(run {ingesting.run_id} (job ingest_acting_job, CANCELING since "
+        )
+        with pytest.raises(OperationRefusedError, match=refusal):
+            hold_ingestion(instance, first.run_id, SPEC, wait_s=0.1, poll_s=0.05)
+
+        # The operator's own run, terminated, holds the pipeline until it ended.
+        instance.report_run_canceling(first, message="test: terminate")
+        assert jobs.operator_holds(instance, [SPEC.name]) == {SPEC.name: first.run_id}
+        instance.report_run_canceled(instance.get_run_by_id(first.run_id) or first)
+        assert not jobs.operator_holds(instance, [SPEC.name])
+
+        serving = orjson.dumps({SPEC.name: "v1"}).decode()
+        worker = canceling(STREAM_JOB, **{SERVING_TAG: serving})
+        assert [run.run_id for run in active_stream_runs(instance, SPEC)] == [worker.run_id]
+        polled = threading.Event()
+
+        class Clock:  # the hold's clock, telling when it waits
+            monotonic = staticmethod(time.monotonic)
+
+            @staticmethod
+            def sleep(seconds: float) -> None:
+                polled.set()
+                time.sleep(seconds)
+
+        def end_both_once_waiting() -> None:
+            assert polled.wait(30)
+            for run in (ingesting, worker):
+                instance.report_run_canceled(run, message="test: its process ended")
+
+        monkeypatch.setattr(actions, "time", Clock)
+        ender = threading.Thread(target=end_both_once_waiting, daemon=True)
+        ender.start()
+        second = instance.add_run(DagsterRun(job_name="reset_offsets"))
+        assert hold_ingestion(instance, second.run_id, SPEC, wait_s=30, poll_s=0.05) == 0
+        ender.join(10)
+        assert polled.is_set()  # it waited for them, then went ahead

@@ -2,7 +2,8 @@
 workers started per shard with their assignment, an assignment rewritten in place when a
 pipeline comes or goes, a worker of other code asked to stop and a dead one marked failed, a
 held pipeline left out, the per-pipeline stream runs of earlier releases stopped, and one
-alert per failing lane and cause."""
+alert per failing lane and cause; a worker being terminated (CANCELING) holding its shard until
+it ended or stopped beating."""
 
 from __future__ import annotations
 
@@ -10,7 +11,13 @@ import json
 import time
 from typing import Any
 
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster import (
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    build_sensor_context,
+    instance_for_test,
+)
 
 from platform_assets.ingest.jobs import OPERATOR_TAG
 from platform_assets.streaming.jobs import (
@@ -18,6 +25,7 @@ from platform_assets.streaming.jobs import (
     FAILURES_TAG,
     GENERATION_TAG,
     HEARTBEAT_TAG,
+    SERVING_TAG,
     SHARD_TAG,
     STOP_TAG,
     STREAM_JOB,
@@ -25,7 +33,11 @@ from platform_assets.streaming.jobs import (
     shard_of,
     spec_version,
 )
-from platform_assets.streaming.sensors import alert_lane_failures, plan_workers
+from platform_assets.streaming.sensors import (
+    alert_lane_failures,
+    build_stream_sensor,
+    plan_workers,
+)
 from resources.alerts import Alert, AlertResource
 from tests.support.pipelines import make_spec
 
@@ -186,3 +198,80 @@ def test_a_failing_lane_alerts_once_per_pipeline_and_cause() -> None:
     alert_lane_failures(failures, alerted, alerts)
     assert len(sent) == 3
     assert FAILURES_TAG == "stream/failures"
+
+
+def canceling_worker(instance: DagsterInstance, shard: str, beat: float, **tags: str) -> str:
+    """A worker whose termination was requested (Terminate in the UI, ``make dev`` stopping):
+    CANCELING until its process has stopped its lanes."""
+    run_id = add_worker(instance, shard, beat, "g1", **tags)
+    instance.report_run_canceling(instance.get_run_by_id(run_id), message="test: terminate")  # type: ignore[arg-type]
+    assert status_of(instance, run_id) == DagsterRunStatus.CANCELING
+    return run_id
+
+
+def status_of(instance: DagsterInstance, run_id: str) -> DagsterRunStatus:
+    run = instance.get_run_by_id(run_id)
+    assert run is not None
+    return run.status
+
+
+def stream_tick(instance: DagsterInstance, specs: list[Any], workers: int = 1) -> Any:
+    """One tick of the real stream sensor on ``instance``."""
+    sensor = build_stream_sensor(specs, "g1", workers)
+    context = build_sensor_context(instance=instance, resources={"alerts": AlertResource()})
+    return sensor.evaluate_tick(context)
+
+
+def test_a_canceling_worker_keeps_its_shard_until_it_ended() -> None:
+    """A worker being terminated may still commit until its lanes stopped (up to its stop
+    timeout): no second worker for its lanes meanwhile; once it ended, its successor starts."""
+    with instance_for_test() as instance:
+        serving = json.dumps({SPECS[0].name: spec_version(SPECS[0])})
+        stopping = canceling_worker(instance, "0/1", time.time(), **{SERVING_TAG: serving})
+        held = stream_tick(instance, SPECS[:2])
+        assert not held.run_requests
+        assert f"stream worker {stopping} is terminating (CANCELING)" in (held.skip_message or "")
+        assert STOP_TAG not in tags_of(instance, stopping)  # it is stopping already
+        assert active_stream_runs(instance, SPECS[0])  # its lane may still commit
+        instance.report_run_canceled(instance.get_run_by_id(stopping), message="test: ended")  # type: ignore[arg-type]
+        (request,) = stream_tick(instance, SPECS[:2]).run_requests
+        assert request.tags[SHARD_TAG] == "0/1"
+
+
+def test_a_canceling_worker_holds_the_shards_of_its_lanes_under_another_worker_count() -> None:
+    """A worker of another ``streaming.workers`` holds the new shard of every pipeline it still
+    serves; a successor started before it was terminated keeps streaming (it is not asked to
+    stop as a second worker of the shard)."""
+    with instance_for_test() as instance:
+        now = time.time()
+        serving = json.dumps({SPECS[0].name: spec_version(SPECS[0])})
+        canceling_worker(instance, "0/2", now, **{SERVING_TAG: serving})
+        home = shard_of(SPECS[0].name, 3)
+        others = {shard_of(spec.name, 3) for spec in SPECS} - {home}
+        assert others  # the pipelines span more shards than the one held
+        plan = plan_workers(instance, SPECS, "g1", 3, now)
+        assert sorted(r.tags[SHARD_TAG] for r in plan.requests) == [
+            f"{s}/3" for s in sorted(others)
+        ]
+    with instance_for_test() as instance:
+        canceling_worker(instance, "0/1", now)
+        successor = add_worker(instance, "0/1", now, "g1")
+        assert not plan_workers(instance, SPECS[:2], "g1", 1, now).requests
+        assert STOP_TAG not in tags_of(instance, successor)
+
+
+def test_a_canceling_worker_that_stopped_beating_is_marked_failed_and_replaced() -> None:
+    """Without run monitoring, a worker killed while it stopped stays CANCELING for ever: its
+    heartbeat stops (a stopping worker beats on), so the sensor judges it as a STARTED one and
+    its shard is served again after the backoff."""
+    with instance_for_test() as instance:
+        now = time.time()
+        dead = canceling_worker(instance, "0/1", now - 600)
+        alive = canceling_worker(instance, "0/2", now)  # still beating: left alone
+        held = stream_tick(instance, SPECS[:1])
+        assert status_of(instance, dead) == DagsterRunStatus.FAILURE
+        assert status_of(instance, alive) == DagsterRunStatus.CANCELING
+        assert f"marked stream worker {dead} failed (no heartbeat)" in (held.skip_message or "")
+        assert not held.run_requests  # the restart backoff
+        (request,) = plan_workers(instance, SPECS[:1], "g1", 1, time.time() + 60).requests
+        assert request.tags[SHARD_TAG] == "0/1"
