@@ -127,6 +127,9 @@ class RangeRecount:
     unrecounted: str | None = None  # the range Kafka could not be read for, and why
     doubts: list[str] = field(default_factory=list)  # neither a pass nor a loss: a WARN
     rows_only: bool = False  # mode: upsert: only the rows were checked against the records
+    # A pipeline with replicas: no range is recounted, by design (``unchecked`` says why); its
+    # commits are recounted one by one and its rows scanned, as before the range recount.
+    by_commit_only: bool = False
 
     @property
     def ok(self) -> bool:

@@ -329,6 +329,7 @@ def audit_pipeline(
         ranges = RangeRecount(
             expired_snapshots=expired,
             oldest_snapshot=oldest,
+            by_commit_only=True,
             unchecked=[
                 "no partition range-recounted: the pipeline has replicas, and a switch may have "
                 "read part of a range on another cluster under other names; its commits left "

@@ -715,6 +715,19 @@ def test_expired_commits_no_range_covers_are_named_as_not_audited() -> None:
     assert "not recounted: no partition range-recounted" in finding.message
 
 
+def test_a_pipeline_with_replicas_that_recounted_nothing_passes_partly() -> None:
+    """A pipeline with replicas recounts its commits one by one by design: when none of them is
+    left to recount (expired, or empty), its rows' scan (duplicates, the cluster allowance) is
+    the check, and the pass names the ranges it did not recount; a pipeline without replicas
+    that recounted nothing is not evaluated (the case above)."""
+    unchecked = ["no partition range-recounted: the pipeline has replicas"]
+    ranges = RangeRecount(unchecked=unchecked, by_commit_only=True)
+    audit = PipelineAudit(CommitAudit(), AuditResult(rows=166), None, ranges)
+    finding = check_exactly_once("tests.t", audit)
+    assert finding.passed, finding.message
+    assert "not recounted: no partition range-recounted" in finding.message
+
+
 @pytest.mark.integration
 def test_an_unrecorded_start_passes_only_partly(
     harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, full_audit: Audit
