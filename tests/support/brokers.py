@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
     from resources.embedded import EmbeddedBroker
+    from resources.kafka import KafkaResource
 
 BROKER_STOP_S = 0.5
 """How long a test broker gets to exit on SIGTERM before SIGKILL (``stop_timeout_s``). On
@@ -100,3 +101,27 @@ def describe_broker(broker: "EmbeddedBroker") -> str:
     )
     tail = "\n".join(log[-30:])
     return f"pid {broker.pid}: {state}; port {port} {accepts}; {broker.log_path} ends:\n{tail}"
+
+
+def delete_records(kafka: "KafkaResource", topic: str, partition: int, before: int) -> None:
+    """Kafka's retention, now: the broker deletes ``topic``'s records before ``before`` in
+    ``partition``; wait (with a 30 s deadline) until the partition's log start says so."""
+    from confluent_kafka import TopicPartition
+
+    deadline_s = 30.0
+    admin = kafka.get_admin_client()
+    for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
+        future.result(deadline_s)
+    consumer = kafka.get_consumer()
+    try:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            low, _ = consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10, cached=False
+            )
+            if low >= before:
+                return
+            assert time.monotonic() < deadline, f"log start still {low}, not {before}"
+            time.sleep(0.1)
+    finally:
+        consumer.close()

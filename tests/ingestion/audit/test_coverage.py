@@ -41,6 +41,7 @@ from ingestion.table.left_out import LEFT_OUT_PREFIX, find_left_out, read_left_o
 from platform_assets.ingest.checks import audit_finding
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
+from tests.support.brokers import delete_records
 from tests.support.debezium import DebeziumTable, cdc_spec
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, crash, records
@@ -86,27 +87,6 @@ def expire_all_but_head(table: Table) -> None:
     assert head is not None
     older = [s.snapshot_id for s in table.metadata.snapshots if s.snapshot_id != head.snapshot_id]
     table.maintenance.expire_snapshots().by_ids(older).commit()
-
-
-def delete_records(kafka: KafkaResource, topic: str, partition: int, before: int) -> None:
-    """Kafka's retention, now: the broker deletes the records before ``before``; wait (with a
-    deadline) until the partition's log start says so."""
-    admin = kafka.get_admin_client()
-    for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
-        future.result(DEADLINE_S)
-    consumer = kafka.get_consumer()
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            low, _ = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=10, cached=False
-            )
-            if low >= before:
-                return
-            assert time.monotonic() < deadline, f"log start still {low}, not {before}"
-            time.sleep(0.1)
-    finally:
-        consumer.close()
 
 
 @pytest.mark.integration

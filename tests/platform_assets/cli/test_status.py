@@ -54,6 +54,7 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
 from tests.platform_assets.cli.conftest import Demo, orders
+from tests.support.brokers import delete_records
 from tests.support.ledger import LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 
@@ -378,31 +379,6 @@ def test_a_full_audit_that_left_ranges_unchecked_passes_with_caveats(
     noted = "; ".join(audit["caveats"])
     assert line == f"  {AUDIT}: passed with caveats: {noted} ({audit['message']})"
     assert all("1 with caveats (exactly_once_audit)" in s for s in summary), summary
-
-
-def delete_records(kafka: KafkaResource, topic: str, partition: int, before: int) -> None:
-    """Kafka's retention, now: the broker deletes the records before ``before``; wait (with a
-    deadline) until the partition's log start says so."""
-    import time
-
-    from confluent_kafka import TopicPartition
-
-    admin = kafka.get_admin_client()
-    for future in admin.delete_records([TopicPartition(topic, partition, before)]).values():
-        future.result(DEADLINE_S)
-    consumer = kafka.get_consumer()
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            low, _ = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=10, cached=False
-            )
-            if low >= before:
-                return
-            assert time.monotonic() < deadline, f"log start still {low}, not {before}"
-            time.sleep(0.1)
-    finally:
-        consumer.close()
 
 
 def test_the_summary_counts_the_passes_with_caveats(capsys: pytest.CaptureFixture[str]) -> None:
