@@ -1,12 +1,19 @@
 # Two commands do all set-up on a fresh machine (Debian, Python 3.11+, Java 17+, Maven):
 #   make dev   - install, start the embedded stack and the Dagster UI (Ctrl-C stops everything)
 #   make test  - install, then lint, type-check, validate the definitions and run pytest
+# Between edits:
+#   make check - lint, type-check and the tests that need no JVM (a few minutes)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck validate pytest java jvm test-jvm clean lock
+.PHONY: dev test check lint typecheck validate pytest pytest-no-jvm java jvm test-jvm clean lock
+
+# pytest-xdist workers for the full suite: the tests wait on servers (JVM starts, broker and
+# sensor ticks) more than they compute, so two cores run two workers' tests side by side
+# (tests/conftest.py groups the tests that share a server onto one worker).
+WORKERS ?= 2
 
 java:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required by Spark and was not found."; \
@@ -65,9 +72,17 @@ validate: $(STAMP) $(DBT_MANIFEST)
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
 
 pytest: test-jvm $(DBT_MANIFEST)
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(WORKERS) --dist loadgroup
+
+# The tests that start no JVM (tests/conftest.py marks the others `jvm`). Any JVM one of them
+# starts anyway fails at once on the option below, which names the fix: mark the test.
+pytest-no-jvm: $(STAMP) $(DBT_MANIFEST)
+	JAVA_TOOL_OPTIONS=-XX:+make_check_runs_no_JVM__mark_the_test_jvm \
+	  $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not jvm"
 
 test: java lint typecheck validate pytest
+
+check: lint typecheck pytest-no-jvm
 
 clean:
 	rm -rf .platform dbt/target dbt/logs

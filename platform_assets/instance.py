@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -234,30 +235,61 @@ def _locked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
 
 
 def cancel_active_runs(
-    instance: DagsterInstance, message: str, leave_jobs: frozenset[str] = frozenset()
+    instance: DagsterInstance,
+    message: str,
+    leave_jobs: frozenset[str] = frozenset(),
+    starting_timeout_s: float = 30.0,
 ) -> list[str]:
     """Ask every run of a code location that has not finished to stop as canceled by the user;
-    return one line per run.
+    return one line per run. Call it once nothing launches runs any more (``make dev``: its
+    daemon has exited), and interrupt the runs' processes after it.
 
-    A queued run is canceled at once; a run in progress is marked canceling, so that when its
-    process is interrupted next (``make dev`` stopping ``dagster dev``) Dagster ends it as
-    canceled instead of failed ("interrupted unexpectedly, no user initiated termination
-    request"). Runs of ``leave_jobs`` are left alone (a ``platform`` CLI command's hold record:
-    its command ends it). Call :func:`cancel_stopped_runs` once the processes are gone.
+    A queued run is canceled at once. A run in progress is marked canceling, so that when its
+    process is interrupted next Dagster ends it as canceled instead of failed ("interrupted
+    unexpectedly, no user initiated termination request"). A run still starting (its worker
+    loading the definitions) is waited for, up to ``starting_timeout_s``, and then marked
+    canceling like one in progress: canceling it at once would not do, because its worker
+    decides to start from the copy of the run it read first (a cancel landing after that read
+    is overwritten by the run's start, and the interrupt then ends it failed), and a worker
+    interrupted while it loads ends a run failed unless the run was already canceled. One that
+    has not started by then is canceled (its worker, should it read the run later, does not
+    start a canceled run). Runs of ``leave_jobs`` are left alone (a ``platform`` CLI command's
+    hold record: its command ends it). Call :func:`cancel_stopped_runs` once the processes are
+    gone.
     """
     from dagster import DagsterRunStatus, RunsFilter
 
     lines = []
     queued = (DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED)
-    running = (DagsterRunStatus.STARTING, DagsterRunStatus.STARTED)
-    for run in instance.get_runs(RunsFilter(statuses=[*queued, *running])):
+    starting: list[str] = []
+    statuses = [*queued, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+    for run in instance.get_runs(RunsFilter(statuses=statuses)):
         if run.job_name in leave_jobs:
             continue
         if run.status in queued:
             instance.report_run_canceled(run, message=message)
+        elif run.status == DagsterRunStatus.STARTING:
+            starting.append(run.run_id)
+            continue  # its line once it has started, or was canceled
         else:
             instance.report_run_canceling(run, message=message)
         lines.append(f"{run.job_name} {run.run_id} ({run.status.value}): canceled by the user")
+    deadline = time.monotonic() + starting_timeout_s
+    while starting:
+        for run_id in list(starting):
+            now = instance.get_run_by_id(run_id)
+            if now is None or now.is_finished:
+                starting.remove(run_id)
+            elif now.status == DagsterRunStatus.STARTED:
+                instance.report_run_canceling(now, message=message)
+                lines.append(f"{now.job_name} {run_id} (STARTED): canceled by the user")
+                starting.remove(run_id)
+            elif time.monotonic() > deadline:  # never started: its worker is gone, or stuck
+                instance.report_run_canceled(now, message=message)
+                lines.append(f"{now.job_name} {run_id} (STARTING): canceled by the user")
+                starting.remove(run_id)
+        if starting:
+            time.sleep(0.2)
     return lines
 
 

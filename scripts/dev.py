@@ -356,27 +356,73 @@ STOP_MESSAGE = "make dev stopped (Ctrl-C): canceled by the user"
 
 def stop_dagster(processes: DagsterProcesses, dagster_home: Path) -> list[str]:
     """Stop what :func:`start_dagster` started, its runs ending as canceled by the user; return
-    a line per run it canceled.
+    a line per run it canceled (and one per error it met: it stops the processes whatever the
+    instance says).
 
-    Every run in flight is marked canceling first (:func:`cancel_active_runs`), so the
-    interrupt that stops it ends it as canceled, not failed; a run whose process was killed
-    before it could say so is marked canceled once every process is gone. An ingestion run
-    stopped mid-commit loses and duplicates nothing: its commit either landed with its offsets
-    or did not (docs/reliability.md), and the next start reads on from the table's offsets.
+    In this order, so that no run is launched after it was looked at: ``dagster dev``'s daemon,
+    the only launcher of queued runs and of sensor, schedule and backfill runs, is stopped
+    first (:func:`stop_daemon`; the code server keeps the run workers until they end); then
+    every run that has not finished is canceled (:func:`cancel_active_runs`: a queued one at
+    once, one in progress or starting marked canceling, so the interrupt that stops it ends it
+    as canceled, not failed); then the process group is interrupted. A run whose process was
+    killed before it could say so is marked canceled once every process is gone. An ingestion
+    run stopped mid-commit loses and duplicates nothing: its commit either landed with its
+    offsets or did not (docs/reliability.md), and the next start reads on from the table's
+    offsets.
     """
     from dagster import DagsterInstance
 
     leave = frozenset([CLI_ACTION_JOB])
     lines: list[str] = []
     try:
+        stop_daemon(processes.dagster)
         with DagsterInstance.from_config(str(dagster_home)) as instance:
             lines += cancel_active_runs(instance, STOP_MESSAGE, leave_jobs=leave)
+    except Exception as exc:  # stop the processes and sweep all the same
+        lines.append(f"could not cancel the runs before stopping ({exc}); canceled after")
     finally:  # whatever the instance said, nothing of ours is left running
         stop_process_group(processes.dagster)
         stop_process_group(processes.metrics)
     with DagsterInstance.from_config(str(dagster_home)) as instance:
         lines += cancel_stopped_runs(instance, STOP_MESSAGE, leave_jobs=leave)
     return lines
+
+
+DAEMON_MODULE = "dagster._daemon"  # dagster dev starts its daemon as python -m dagster._daemon
+
+
+def stop_daemon(dagster_dev: subprocess.Popen[bytes], timeout_s: float = 35.0) -> None:
+    """Stop ``dagster dev``'s daemon, and wait until it has exited: it ends the sensor,
+    schedule and run-queue ticks in flight, each of which may still launch a run.
+
+    ``dagster dev`` alone is interrupted (not its process group), which shuts its daemon down
+    as on Ctrl-C; should ``dagster dev`` be gone already, or its daemon still run after a few
+    seconds, the daemon is interrupted itself; past ``timeout_s`` it is killed (a killed daemon
+    resumes its ticks on the next start). No daemon (it exited on its own): nothing to wait
+    for."""
+    dagster_dev.send_signal(signal.SIGINT)  # nothing once it has exited and been reaped
+    deadline = time.monotonic() + timeout_s
+    nudge_at = time.monotonic() + (0.0 if dagster_dev.poll() is not None else 5.0)
+    while daemons := [pid for pid in group_members(dagster_dev.pid) if is_daemon(pid)]:
+        now = time.monotonic()
+        if now > deadline or now > nudge_at:
+            sig = signal.SIGKILL if now > deadline else signal.SIGINT
+            for pid in daemons:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            if sig == signal.SIGKILL:
+                return
+            nudge_at = deadline  # interrupted once
+        time.sleep(0.2)
+
+
+def is_daemon(pid: int) -> bool:
+    """Whether process ``pid`` is a Dagster daemon (``python -m dagster._daemon run``)."""
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False  # gone meanwhile
+    return DAEMON_MODULE.encode() in arguments
 
 
 def find_ui_port() -> int:

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["tests.support.suite_report"]  # the wall time and set-up share, last in the log
+
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
@@ -224,9 +226,42 @@ def dev_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
                 check_stopped_cleanly(stack)
 
 
+JVM_FIXTURES = frozenset(
+    {
+        "broker",
+        "replica_broker",
+        "secure_broker",
+        "dr_clusters",
+        "dev_stack",
+        "spark_resource",
+        "schema_registry",
+    }
+)
+"""The session's servers that run in a JVM (Kafka, MirrorMaker 2, Spark, the registry): a test
+whose fixtures reach one of them needs Java, as one marked ``integration`` or ``slow`` does."""
+
+
+SHARED_GROUPS = ("dev_stack",)
+"""Session fixtures whose users run on one worker, wherever their modules are: one `make dev`."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The users of the shared `make dev` stack run together, last (``dev_stack``)."""
+    """The users of the shared `make dev` stack run together, last (``dev_stack``); every test
+    that needs a JVM is marked ``jvm`` (``make check`` runs the others).
+
+    Under pytest-xdist (``--dist loadgroup``, ``make test``), every test gets an ``xdist_group``:
+    the users of a fixture of :data:`SHARED_GROUPS` one group each, any other test its module's,
+    so that a module's fixtures and a shared server start once, on the one worker that runs
+    them, in the order collected."""
     order_dev_stack_users(items)
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        named = {"integration", "slow"} & {mark.name for mark in item.iter_markers()}
+        if named or JVM_FIXTURES & fixtures:
+            item.add_marker(pytest.mark.jvm)
+        shared = [name for name in SHARED_GROUPS if name in fixtures]
+        group = shared[0] if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,9 @@ from platform_assets.alerts.policy import (
 from platform_assets.ingest.sensors import COMPLETED_STATUSES
 from resources.alerts import Alert, AlertResource
 
+ALERT_SENSOR = "check_alerts"
+"""The check alert sensor's name (the UI's Automation tab)."""
+
 if TYPE_CHECKING:
     from dagster_shared.error import SerializableErrorInfo  # dagster's own error record
 
@@ -140,7 +143,7 @@ def build_check_alert_sensor(
     owners = {key.to_user_string(): name for key, name in (pipelines or {}).items()}
 
     @sensor(
-        name="check_alerts",
+        name=ALERT_SENSOR,
         minimum_interval_seconds=30,
         default_status=DefaultSensorStatus.RUNNING,
         description="Turns check evaluations into alerts: once per state change, a recovery "

@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import sqlite3
+import threading
 from collections.abc import Callable
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
+from dagster import DagsterEvent, DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus
 
 from platform_assets.cli.actions import CLI_ACTION_JOB
 from platform_assets.instance import (
@@ -183,12 +184,20 @@ def test_a_storage_it_cannot_vouch_for_is_refused_naming_the_file(tmp_path: Path
 
 def test_stopping_cancels_every_run_but_a_cli_hold(tmp_path: Path) -> None:
     """``make dev``'s stop: runs not started yet canceled at once, runs in progress marked
-    canceling and, once their processes are gone, canceled; a CLI command's hold record left to
-    its command."""
+    canceling and, once their processes are gone, canceled; a run still starting waited for
+    (its worker decides to start from the run it read, which a cancel does not change) and
+    marked canceling once started, or canceled when it never starts; a CLI command's hold record
+    left to its command."""
     create_storage(tmp_path)
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         queued = instance.add_run(
             DagsterRun(job_name="stream_worker", status=DagsterRunStatus.NOT_STARTED)
+        )
+        starts = instance.add_run(
+            DagsterRun(job_name="__ASSET_JOB", status=DagsterRunStatus.STARTING)
+        )
+        stuck = instance.add_run(
+            DagsterRun(job_name="__ASSET_JOB", status=DagsterRunStatus.STARTING)
         )
         started = instance.add_run(
             DagsterRun(job_name="stream_worker", status=DagsterRunStatus.STARTED)
@@ -196,15 +205,29 @@ def test_stopping_cancels_every_run_but_a_cli_hold(tmp_path: Path) -> None:
         hold = instance.add_run(
             DagsterRun(job_name=CLI_ACTION_JOB, status=DagsterRunStatus.STARTED)
         )
-        lines = cancel_active_runs(instance, "make dev stopped", frozenset([CLI_ACTION_JOB]))
-        assert len(lines) == 2
+
+        def start_worker() -> None:  # what the run worker does once it has loaded the job
+            with DagsterInstance.from_config(str(tmp_path)) as worker:
+                start = DagsterEvent(DagsterEventType.RUN_START.value, job_name="__ASSET_JOB")
+                worker.report_dagster_event(start, run_id=starts.run_id)
+
+        timer = threading.Timer(0.5, start_worker)
+        timer.start()
+        try:
+            lines = cancel_active_runs(
+                instance, "make dev stopped", frozenset([CLI_ACTION_JOB]), starting_timeout_s=3.0
+            )
+        finally:
+            timer.join()
+        assert len(lines) == 4, lines
         status = {run.run_id: run.status for run in instance.get_runs()}
         assert status[queued.run_id] == DagsterRunStatus.CANCELED
+        assert status[starts.run_id] == DagsterRunStatus.CANCELING
+        assert status[stuck.run_id] == DagsterRunStatus.CANCELED
         assert status[started.run_id] == DagsterRunStatus.CANCELING
         assert status[hold.run_id] == DagsterRunStatus.STARTED
-        assert (
-            len(cancel_stopped_runs(instance, "make dev stopped", frozenset([CLI_ACTION_JOB]))) == 1
-        )
+        swept = cancel_stopped_runs(instance, "make dev stopped", frozenset([CLI_ACTION_JOB]))
+        assert len(swept) == 2, swept
         status = {run.run_id: run.status for run in instance.get_runs()}
-        assert status[started.run_id] == DagsterRunStatus.CANCELED
+        assert status[started.run_id] == status[starts.run_id] == DagsterRunStatus.CANCELED
         assert status[hold.run_id] == DagsterRunStatus.STARTED

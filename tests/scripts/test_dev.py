@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +122,15 @@ def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> 
         try:
             admin = kafka.get_admin_client()
             first = sum(describe_topic(admin, consumer, "orders").end_offsets.values())
-            time.sleep(2)
-            second = sum(describe_topic(admin, consumer, "orders").end_offsets.values())
+            assert first > 0, "the demo producer has written nothing to 'orders'"
+            wait_for(
+                "the demo producer writing on to 'orders'",
+                lambda: sum(describe_topic(admin, consumer, "orders").end_offsets.values()) > first,
+                timeout_s=30.0,
+                every_s=0.5,
+            )
         finally:
             consumer.close()
-        assert second > first > 0, "the demo producer is not writing to 'orders'"
     finally:
         output = dev_stack.stop()  # Ctrl-C
     assert dev_stack.process.returncode == 0, output
@@ -158,9 +161,10 @@ def test_dev_stack_serves_ui_produces_and_stops_cleanly(dev_stack: DevStack) -> 
 
 
 def failure_messages(instance: DagsterInstance, run_id: str) -> list[str]:
-    """What a failed run's failure events said."""
+    """What a failed run's run-level events said, in order (its engine events name the process
+    that reported the failure: the run worker, its code server or the daemon)."""
     return [
-        event.message
+        f"{event.dagster_event.event_type_value}: {event.message}"
         for event in instance.all_logs(run_id)
-        if event.dagster_event is not None and event.dagster_event.is_failure
+        if event.dagster_event is not None and event.dagster_event.step_key is None
     ]

@@ -17,8 +17,17 @@ import pytest
 
 from ingestion.health.state import commits_of
 from ingestion.spec.pipeline import load_pipeline_specs
+from platform_assets.alerts.sensors import ALERT_SENSOR
+from platform_assets.ingest.sensors import LAG_SENSOR
 from resources.iceberg import IcebergCatalogResource
-from tests.support.dev_stack import DevStack, describe_run, failed_runs, graphql, wait_for
+from tests.support.dev_stack import (
+    DevStack,
+    describe_run,
+    failed_runs,
+    graphql,
+    ticks_since,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 GOOD, BAD = "consumer_group_id: platform-orders", "consumer_group_id: connect-sink-group"
@@ -85,7 +94,12 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(dev_stack: DevStack) -> 
         broken_at = time.time()
         (failed,) = wait_for("one FAILED alert", lambda: alerts("check_failed"), 180)
         blocked_commits = len(commits())
-        time.sleep(45)  # three more lag sensor ticks and an alert tick: no storm follows
+        alerted_at = time.time()
+        wait_for(  # no storm follows: these ticks would have sent it, or committed
+            "three more lag sensor ticks and an alert tick",
+            lambda: ticks_since(port, alerted_at, {LAG_SENSOR: 3, ALERT_SENSOR: 1}),
+            120,
+        )
         assert len(alerts("check_failed")) == 1
         assert len(commits()) == blocked_commits, "records were committed while blocked"
         execution = group_check_execution(port)
@@ -98,7 +112,12 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(dev_stack: DevStack) -> 
         fixed_at = time.time()
         (recovered,) = wait_for("one RECOVERED alert", lambda: alerts("check_recovered"), 180)
         wait_for("a commit after the fix", lambda: len(commits()) > blocked_commits, 120)
-        time.sleep(5)  # a late duplicate would arrive within the next alert tick
+        recovered_at = time.time()
+        wait_for(  # a late duplicate would be sent by the next alert tick
+            "an alert tick after the RECOVERED alert",
+            lambda: ticks_since(port, recovered_at, {ALERT_SENSOR: 1}),
+            90,
+        )
         runs = failed_runs(port)
         # The blocked run fails on purpose; any other failed run fails tests/scripts/test_dev.py.
         dev_stack.expected_failures |= {

@@ -232,6 +232,30 @@ def graphql(port: int, query: str, timeout_s: float = 120.0) -> dict[str, object
         return result
 
 
+def sensor_ticks(port: int, sensor: str) -> list[float]:
+    """The start times (epoch seconds) of ``sensor``'s finished ticks in the dev UI, newest first:
+    a test that asserts something did *not* happen waits for the ticks that would have done it."""
+    answer = graphql(
+        port,
+        "{ sensorsOrError { ... on Sensors { results { name sensorState { ticks(limit: 20) "
+        "{ timestamp status } } } } } }",
+    )
+    (found,) = [
+        s
+        for s in answer["data"]["sensorsOrError"]["results"]  # type: ignore[index]
+        if s["name"] == sensor
+    ]
+    finished = ("SUCCESS", "SKIPPED", "FAILURE")
+    return [t["timestamp"] for t in found["sensorState"]["ticks"] if t["status"] in finished]
+
+
+def ticks_since(port: int, since: float, counts: dict[str, int]) -> bool:
+    """Whether each sensor of ``counts`` has finished at least that many ticks since ``since``."""
+    return all(
+        len([t for t in sensor_ticks(port, name) if t >= since]) >= n for name, n in counts.items()
+    )
+
+
 RUN_FIELDS = (
     "runId jobName status startTime tags { key value } assetSelection { path } "
     "assetCheckSelection { name }"
