@@ -82,7 +82,7 @@ def missing_required(key: bytes, event: dict[str, Any]) -> KafkaRecord:
 
 
 TARGETS = {0.001: 0.8, 0.01: 0.8, 0.1: 0.5}
-"""Lowest throughput relative to clean at each rate of bad records (issue 14)."""
+"""Lowest throughput relative to clean at each rate of bad records."""
 KINDS: list[tuple[str, Corrupt]] = [
     ("malformed", truncated),
     ("tombstone", tombstone),

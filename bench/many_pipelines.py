@@ -1,4 +1,4 @@
-"""Many pipelines on `make dev`'s stack: freshness, cost and processes per pipeline (issue 28).
+"""Many pipelines on `make dev`'s stack: freshness, cost and processes per pipeline (R52).
 
     .venv/bin/python bench/many_pipelines.py --pipelines 1 10 50 --minutes 10 [--rate 10]
 

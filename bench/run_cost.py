@@ -8,13 +8,13 @@ resources, runs the step, exits), on a persistent Dagster instance per mode (the
 survives between runs, as in ``make dev``). Every mode has its own table and group on one topic
 and ingests the same new records each round. Modes:
 
-- ``before``: what a run did before issue 15: a local[2] Spark session started in the run, the
+- ``before``: what a run did in earlier releases: a local[2] Spark session started in the run, the
   exactly-once audit evaluated inside the run, Spark for every size;
 - ``local``: the same local[2] session per run, the audit left to ``run_checks``;
 - ``connect``: attached to one long-lived Spark Connect server (local[2]) started here once;
 - ``driver``: prepared in the run process, no Spark (``in_process_max_records``);
-- ``auto``: the shipped defaults: Connect for every batch (``in_process_max_records`` 0 since
-  issue 28; set it to compare the opt-in driver shortcut, which ``driver`` measures);
+- ``auto``: the shipped defaults: Connect for every batch (``in_process_max_records`` 0 by
+  default; set it to compare the opt-in driver shortcut, which ``driver`` measures);
 - ``postgres``: ``auto`` with the Dagster instance's run and event storage on a PostgreSQL
   server (embedded, started here once), as docs/production.md deploys it; the others use
   Dagster's default SQLite storage (a database file per run's event log), as ``make dev`` does;

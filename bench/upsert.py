@@ -1,4 +1,4 @@
-"""``mode: upsert`` (issue 31): its throughput against append of the same records, and the table
+"""``mode: upsert`` (R57): its throughput against append of the same records, and the table
 after many small commits with and without maintenance.
 
     .venv/bin/python bench/upsert.py [--keys 50000] [--changes 150000] [--cap 30000]

@@ -1,4 +1,4 @@
-"""A dirty stream on ``make dev`` while operators act, failover included (issue 29's check).
+"""A dirty stream on ``make dev`` while operators act, failover included (docs/operate.md).
 
     .venv/bin/python scripts/dev_chaos.py [--minutes 10] [--rate 50] [--bad 0.01] [--seed 5]
 
@@ -16,7 +16,7 @@ stack's instance through the UI's GraphQL API (what the UI's Launch button sends
 - 0.10 ``reset_offsets`` job: back 45 s (the re-read range holds dead letters already copied);
 - 0.20 ``maintain_tables`` job, without compaction: with compaction it ran 16 minutes at this
   point (about 3,500 small files from 2 minutes of a stream writing 30 day partitions per
-  commit; issue 28's run, session 20), so it runs expiry and orphan removal (see 0.63);
+  commit, measured in an earlier run), so it runs expiry and orphan removal (see 0.63);
 - 0.28 ``migrate_group`` job to ``platform-orders-v2``, then the pipelines file names the new
   group and the code location is reloaded (the UI's Reload);
 - 0.38 ``failover`` job to ``dr``, a planned switchover: producers pause, MM2 copies everything

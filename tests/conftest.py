@@ -31,6 +31,7 @@ from tests.support.dev_stack import (
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
 from tests.support.registry import EmbeddedSchemaRegistry
+from tests.support.suite_order import group_and_order
 from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 if TYPE_CHECKING:
@@ -241,27 +242,18 @@ JVM_FIXTURES = frozenset(
 whose fixtures reach one of them needs Java, as one marked ``integration`` or ``slow`` does."""
 
 
-SHARED_GROUPS = ("dev_stack",)
-"""Session fixtures whose users run on one worker, wherever their modules are: one `make dev`."""
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The users of the shared `make dev` stack run together, last (``dev_stack``); every test
-    that needs a JVM is marked ``jvm`` (``make check`` runs the others).
-
-    Under pytest-xdist (``--dist loadgroup``, ``make test``), every test gets an ``xdist_group``:
-    the users of a fixture of :data:`SHARED_GROUPS` one group each, any other test its module's,
-    so that a module's fixtures and a shared server start once, on the one worker that runs
-    them, in the order collected."""
-    order_dev_stack_users(items)
+    """Every test that needs a JVM is marked ``jvm`` (``make check`` runs the others); the users
+    of the shared `make dev` stack run together, in their order (``dev_stack``), last in one
+    process; under pytest-xdist (``make test``) each test gets its worker group and the groups
+    run longest first (tests/support/suite_order.py)."""
     for item in items:
-        fixtures = set(getattr(item, "fixturenames", ()))
         named = {"integration", "slow"} & {mark.name for mark in item.iter_markers()}
-        if named or JVM_FIXTURES & fixtures:
+        if named or JVM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.jvm)
-        shared = [name for name in SHARED_GROUPS if name in fixtures]
-        group = shared[0] if shared else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    order_dev_stack_users(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # collected on each worker, the same way
+        group_and_order(items)  # keeps the order inside a group: the stack's users' above
 
 
 @pytest.fixture(scope="session")

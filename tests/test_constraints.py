@@ -52,7 +52,7 @@ def test_the_environment_is_the_lock() -> None:
 
 
 def test_runtime_dependencies_are_ranges_not_pins() -> None:
-    """Issue 32: an exact pin clashes with a team's own Dagster environment."""
+    """An exact pin clashes with a team's own Dagster environment."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pinned = [line for line in project["dependencies"] if "==" in line]
     assert pinned == []

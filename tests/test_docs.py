@@ -1,6 +1,6 @@
 """Every documented example runs: the docstrings' examples, and the examples of the README and of
 every page it links to (pipelines, configurations, Python, the scripts they run); every link
-between the pages resolves, and the README stays short."""
+between the pages resolves, the README stays short, and no file cites a numbered issue."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import functools
 import importlib
 import pkgutil
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,50 @@ def test_the_link_checker_flags_a_missing_file_and_heading(tmp_path: Path) -> No
     page = tmp_path / "page.md"
     page.write_text("# A: b\n[ok](#a-b) [no](#a) [gone](other.md) [web](https://x.org/#y)\n")
     assert broken_links(page) == ["#a: no such heading", "other.md: no such file"]
+
+
+# A numbered issue of a tracker the reader of the repository cannot see; cite an R-number of
+# docs/reliability.md or a page instead, or say what the behaviour is.
+ISSUE_CITATION = re.compile(r"(?i)\bissues? #?\d+|\(#\d+\)")
+CHECKED_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".toml")
+CHECKED_FILES = (*(f"*{suffix}" for suffix in CHECKED_SUFFIXES), "Makefile")
+# Used when git cannot list the files (for example an unpacked source archive).
+CHECKED_FOLDERS = (
+    "ingestion", "platform_assets", "resources", "tests", "bench", "scripts", "docs", "dbt"
+)  # fmt: skip
+
+
+def checked_files() -> list[Path]:
+    """Every file of ``CHECKED_FILES`` git tracks (or would track: new, not ignored)."""
+    command = ["git", "ls-files", "--cached", "--others", "--exclude-standard", *CHECKED_FILES]
+    try:
+        listed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+        paths = {ROOT / name for name in listed.stdout.splitlines()}
+    except (OSError, subprocess.CalledProcessError):
+        paths = set()
+    if not paths:
+        paths = {ROOT / "Makefile", *(p for p in ROOT.iterdir() if p.suffix in CHECKED_SUFFIXES)}
+        for folder in CHECKED_FOLDERS:
+            paths.update(p for p in (ROOT / folder).rglob("*") if p.suffix in CHECKED_SUFFIXES)
+    return sorted(p for p in paths if p.is_file())
+
+
+def test_no_citation_of_an_issue_number() -> None:
+    """Code, tests and docs cite R-numbers and pages, never a numbered issue: a reader of the
+    repository cannot see the tracker. Binary files are the only ones left out."""
+    assert all(ISSUE_CITATION.search(s) for s in ("see Issue" + " 28", "(" + "#31)"))
+    cited = []
+    for path in checked_files():
+        data = path.read_bytes()
+        if b"\0" in data:
+            continue  # binary
+        text = data.decode("utf-8", errors="replace")
+        cited += [
+            f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            for number, line in enumerate(text.splitlines(), start=1)
+            if ISSUE_CITATION.search(line)
+        ]
+    assert not cited, "cite an R-number of docs/reliability.md instead:\n" + "\n".join(cited)
 
 
 def fenced_blocks(path: Path, language: str, first_line: str = "") -> list[str]:

@@ -1,5 +1,5 @@
 """The tests' PostgreSQL server (tests/support/postgres.py) under root, from places its user
-cannot reach (issue 26).
+cannot reach.
 
 Under root the server runs as a system user (PostgreSQL refuses root). A checkout in a folder
 others cannot traverse (``mktemp -d``, mode 0700, or /root) hid the wheel's binaries in the

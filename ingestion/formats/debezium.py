@@ -1,4 +1,4 @@
-"""Debezium change events decoded into keyed changes: the input of ``mode: upsert`` (issue 31).
+"""Debezium change events decoded into keyed changes: the input of ``mode: upsert`` (R57).
 
 Three shapes of a change reach a topic, all decoded here, in JSON (values and keys, with or
 without the JsonConverter's ``{"schema": ..., "payload": ...}`` wrapper) or in Avro (the

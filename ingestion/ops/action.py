@@ -246,7 +246,7 @@ def copy_dead_letters_before(
 
     The search for uncopied commits stops at the first commit the group has passed, so an
     action that moved the group over a commit whose copy had failed lost its letters for good
-    (issue 29 item 1). Without ``admin`` the action leaves the group alone, and the next run
+    (R33). Without ``admin`` the action leaves the group alone, and the next run
     copies first.
 
     Raises:

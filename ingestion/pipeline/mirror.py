@@ -71,12 +71,13 @@ def wait_for_group_coordinator(admin: AdminClient, group_id: str, timeout_s: flo
     it does not within ``timeout_s``.
 
     librdkafka 2.16's admin ListConsumerGroupOffsets crashes the process (SIGSEGV, a NULL
-    consumer-group handle in ``rd_kafka_handle_OffsetFetch``; librdkafka issue #5040) when the
-    broker answers NOT_COORDINATOR, which Kafka does while a coordinator loads (a broker that
-    just started, a partition of ``__consumer_offsets`` that just moved). DescribeConsumerGroups
-    reports the same state as an error instead, so it is asked first, until the coordinator
-    is ready. A coordinator that moves between the two calls can still crash the process; a
-    librdkafka release with the fix closes that window.
+    consumer-group handle in ``rd_kafka_handle_OffsetFetch``;
+    https://github.com/confluentinc/librdkafka/issues/5040) when the broker answers
+    NOT_COORDINATOR, which Kafka does while a coordinator loads (a broker that just started, a
+    partition of ``__consumer_offsets`` that just moved). DescribeConsumerGroups reports the
+    same state as an error instead, so it is asked first, until the coordinator is ready. A
+    coordinator that moves between the two calls can still crash the process; a librdkafka
+    release with the fix closes that window.
     """
     from confluent_kafka import KafkaError, KafkaException
 

@@ -75,7 +75,7 @@ class RunReport:
     decode_stats: DecodeStats = field(default_factory=DecodeStats)
     executed_in: str = ""  # "spark", "driver" (in_process_max_records), "" (nothing to read)
     spark_tasks: int = 0  # tasks run on Spark for this run, reruns included
-    # mode: upsert (issue 31): what the commit did to the table's keys (a replayed commit's
+    # mode: upsert (R57): what the commit did to the table's keys (a replayed commit's
     # counts are read from its snapshot), and the files it rewrote without the changed keys.
     mode: str = "append"
     inserts: int = 0
@@ -390,7 +390,7 @@ def _publish(
         # One read of the table, before the quarantine sync, for the copy and the mirror: the
         # sync then reflects every commit this read saw (a commit whose rows it had not synced
         # would be "copied" as nothing), and the mirror moves the group only past commits this
-        # read saw, never past one that landed meanwhile, its letters not copied (issue 29).
+        # read saw, never past one that landed meanwhile, its letters not copied (R33).
         table = catalog.load_table(spec.table)
     except Exception as exc:  # best effort, as the mirror itself: the next run repairs it
         report.mirror = MirrorOutcome(group, error=f"reading {spec.table} failed ({exc})")

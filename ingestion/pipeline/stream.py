@@ -30,7 +30,7 @@ STREAM_MAX_RECORDS_PER_ITERATION = 1_000_000
 """A stream iteration reads at most this many offsets when the spec sets no
 ``max_records_per_run``: a backlog drains in bounded iterations (the next starts at once), so
 one pipeline's catch-up neither runs past the hung-iteration limit nor holds a shared Spark for
-long (issue 28)."""
+long (R52)."""
 
 
 @dataclass

@@ -94,7 +94,7 @@ class StartingPosition(_Model):
 PositiveInt = Annotated[int, Field(gt=0)]
 
 
-# Spark does the work by default (issue 28): every run and stream batch with something to read
+# Spark does the work by default: every run and stream batch with something to read
 # runs its tasks on the Spark the platform attaches (Connect or a cluster). A user may opt into
 # preparing small batches in the run process instead: measured with bench/run_cost.py (2
 # cores), the run process beat a warm Spark Connect server (local[2]) up to 100k records (1.3 s

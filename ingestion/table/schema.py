@@ -8,7 +8,7 @@ A table created before that column gains it on its first run (:func:`add_cluster
 metadata-only schema change); its older rows read null, which every reader takes for
 ``primary``.
 
-A ``mode: upsert`` table (issue 31) also has the change columns between the user's and the
+A ``mode: upsert`` table (R57) also has the change columns between the user's and the
 Kafka ones: ``_cdc_op`` (``c``, ``u`` or ``r``: how the row's last change reached it),
 ``_cdc_source_ts_ms`` (when the database made it, Debezium's ``source.ts_ms``) and ``_cdc_lsn``
 (its log position where the source has one). Its key fields are required and are the schema's

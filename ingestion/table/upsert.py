@@ -1,4 +1,4 @@
-"""Applying keyed changes to a table by copy-on-write, in one snapshot (issue 31, ``mode: upsert``).
+"""Applying keyed changes to a table by copy-on-write, in one snapshot (``mode: upsert``, R57).
 
 A batch's changes (``ingestion.formats.debezium``) are reduced to the last change per key. The
 rows of those keys are then replaced wherever they live, also when a delete does not carry the

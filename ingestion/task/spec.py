@@ -72,7 +72,7 @@ class TaskSpec:
     # The name (platform configuration) of the cluster the range is read on: every data and
     # quarantine row records it in _kafka_cluster (docs/cluster-column.md).
     cluster: str = "primary"
-    # mode: upsert (issue 31): the key columns and the envelope the values are decoded from.
+    # mode: upsert (R57): the key columns and the envelope the values are decoded from.
     key_fields: tuple[str, ...] = ()
     envelope: str = "debezium"
 

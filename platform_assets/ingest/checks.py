@@ -82,7 +82,7 @@ def previous_audit_memory(instance: DagsterInstance, key: AssetCheckKey) -> Audi
     "not evaluated" while the group check blocks carries the previous one on
     (:func:`memory_metadata`). Before, blocked results carried none, so after ten of them the
     cursor was gone, maintenance kept nothing for the audit and the audit restarted at the
-    newest commits and passed (issue 29 item 3). The search reads up to
+    newest commits and passed (R47). The search reads up to
     :data:`MEMORY_SEARCH_LIMIT` records past executions that yielded no result (the table did
     not exist yet).
     """

@@ -42,7 +42,7 @@ def run_metadata(report: RunReport) -> dict[str, Any]:
         "timings_s": MetadataValue.json({k: round(v, 3) for k, v in report.timings_s.items()}),
         "decode_stats": MetadataValue.json(asdict(report.decode_stats)),
     }
-    if report.mode == "upsert":  # what the commit did to the table's keys (issue 31)
+    if report.mode == "upsert":  # what the commit did to the table's keys (R57)
         metadata |= {
             "inserts": MetadataValue.int(report.inserts),
             "updates": MetadataValue.int(report.updates),

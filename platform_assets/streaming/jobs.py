@@ -247,8 +247,8 @@ def beating(
 ) -> Iterator[None]:
     """Beat every ``heartbeat.every_s`` seconds (a thread) while the body runs.
 
-    A worker beats while its process lives, also while a lane catches up a backlog (issue 29
-    item 5: beating only between iterations made a long one look dead). A lane whose iteration
+    A worker beats while its process lives, also while a lane catches up a backlog (R52:
+    beating only between iterations made a long one look dead). A lane whose iteration
     runs past ``heartbeat.limit_s`` is hung: ``on_hung`` is called once (the worker cancels its
     Spark jobs and names it in ``stream/hung``), and the other lanes go on. Only a lane hung past
     twice the limit (a call that ignores the cancel) stops the beat, so the sensor marks the

@@ -124,7 +124,7 @@ def test_definitions_walk_every_spec_yields_its_surface() -> None:
     graph = defs.resolve_asset_graph()
     checks = {(k.asset_key, k.name) for k in graph.asset_check_keys}
     lag_sensor = defs.resolve_sensor_def("lag_sensor")
-    # Issue 28: one lag sensor, one fallback and one maintenance schedule for every pipeline.
+    # R52: one lag sensor, one fallback and one maintenance schedule for every pipeline.
     assert defs.resolve_schedule_def("fallback_schedule").job_name == "ingest_all"
     maintenance = defs.resolve_schedule_def("daily_maintenance_schedule")
     assert maintenance.job_name == "maintain_tables"
@@ -151,7 +151,7 @@ def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
     slow = make_spec("slow", "walk_slow", freshness_target_seconds=600)
     more = [make_spec(f"m{i}", f"walk_more{i}", freshness_target_seconds=15) for i in range(8)]
     defs = build_definitions([fast, slow, *more])
-    # Issue 28: one worker job and one stream sensor however many pipelines stream.
+    # R52: one worker job and one stream sensor however many pipelines stream.
     assert defs.resolve_sensor_def("stream_sensor").job_name == "stream_pipelines_job"
     jobs = {job.name for job in defs.jobs or []}
     assert "stream_pipelines_job" in jobs

@@ -213,7 +213,7 @@ def test_kafka_resource_from_defaults_reads_the_environment_at_use(
 
 
 def test_a_credential_may_hold_references_anywhere_inside_it(tmp_path: Path) -> None:
-    """An OAuth2 client credential of two references (issue 32); resolved only at use."""
+    """An OAuth2 client credential of two references; resolved only at use."""
     data = {"catalog": {"properties": {"credential": "${ID}:${SECRET}"}}}
     config = load_config(write(tmp_path, data))
     assert config.catalog.properties["credential"] == "${ID}:${SECRET}"
@@ -222,7 +222,7 @@ def test_a_credential_may_hold_references_anywhere_inside_it(tmp_path: Path) -> 
 def test_per_client_properties_reach_their_client_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 32: ``kafka.consumer_properties`` and the like, as Kafka Connect's overrides."""
+    """``kafka.consumer_properties`` and the like, as Kafka Connect's overrides."""
     from ingestion.kafka.clients import client_properties
     from resources.factory import kafka_resource
 

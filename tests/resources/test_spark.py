@@ -96,7 +96,7 @@ def test_a_stream_worker_streams_two_pipelines_on_a_two_worker_cluster(
     new_pipeline: NewPipeline,
     ledger: Ledger,
 ) -> None:
-    """Issue 28, distributed: one stream worker run (``stream_pipelines_job``, one lane per
+    """R52, distributed: one stream worker run (``stream_pipelines_job``, one lane per
     pipeline) on a driver attached to the two-worker cluster; every batch's tasks run on the
     cluster's executors, one on each worker; each table is read back exactly once."""
     executor_python = make_executor_python(tmp_path / "executor-env")

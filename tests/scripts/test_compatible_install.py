@@ -1,6 +1,6 @@
 """scripts/compatible_install.py, run as documented: another Dagster 1.13 release is installed
 in a fresh environment, and installing the project with that environment's versions as
-constraints keeps it (issue 32). Needs PyPI, as ``make`` does."""
+constraints keeps it (docs/production.md). Needs PyPI, as ``make`` does."""
 
 from __future__ import annotations
 

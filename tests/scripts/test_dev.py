@@ -58,7 +58,7 @@ def dbt_builds(port: int, status: str) -> list[dict[str, Any]]:
 
 
 def test_no_run_failed_while_the_demo_ran(dev_stack: DevStack) -> None:
-    """Issue 26: the dbt build failed every minute (started before the new session's table
+    """Before, the dbt build failed every minute (started before the new session's table
     existed, then ``orders_incremental``'s relationships test on the last session's orders).
     Once a dbt build has succeeded on the demo's data (its tests passing), no run failed, dbt's
     included, but those a test failed on purpose (test_dev_alerts.py's blocked run)."""

@@ -70,7 +70,7 @@ def test_see_an_alert_one_failed_one_recovered_no_storm(dev_stack: DevStack) -> 
     pipelines, port, webhook = dev_stack.pipelines, dev_stack.port, dev_stack.webhook
     shipped = pipelines.read_text()
     assert GOOD in shipped
-    # The demo pipeline as shipped: Spark does every batch (issue 28), no in-process shortcut.
+    # The demo pipeline as shipped: Spark does every batch, no in-process shortcut.
     (spec,) = [s for s in load_pipeline_specs(pipelines) if s.name == "orders"]
     assert spec.in_process_max_records == 0
     catalog = IcebergCatalogResource(state_dir=str(dev_stack.state_dir))

@@ -1,4 +1,4 @@
-"""Issue 32, must show: a scrape of the metrics endpoint during `make dev`, its figures checked
+"""A scrape of the metrics endpoint during `make dev`, its figures checked
 against the table (read with pyiceberg) and Kafka (watermarks read around the scrape).
 
 The stack is the session's shared one (tests/support/dev_stack.py); the demo producer keeps

@@ -1,7 +1,7 @@
 """A `make dev` restart (scripts/dev.py ``prepare_state``): the demo's data, the dbt models
 built from it and the assets' history of it are reset together, so the models' ``eager``
 condition waits for the new table's first commit instead of building on a source that does not
-exist yet (issue 26), and ``orders_incremental`` starts again from the new session's records.
+exist yet, and ``orders_incremental`` starts again from the new session's records.
 """
 
 from __future__ import annotations

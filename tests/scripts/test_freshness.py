@@ -94,7 +94,7 @@ def test_shipped_target_is_met_through_dagster(dev_stack: DevStack) -> None:
 
 
 def assert_spark_did_every_batch(dev_stack: DevStack, commits: int) -> None:
-    """Issue 28: the demo's batches run their tasks on the Spark Connect server `make dev`
+    """The demo's batches run their tasks on the Spark Connect server `make dev`
     starts: every materialization of the table says ``executed_in: spark`` with its Spark tasks,
     and the server's Spark UI lists the jobs, tagged with the pipeline."""
     events = graphql(

@@ -6,7 +6,7 @@ whole process group (the run and anything it started) gets SIGKILL: during start
 reading, the catalog commit or the mirror. A producer keeps writing meanwhile. Then clean runs
 drain the topic, and the oracle, plus DuckDB reading the rows, finds every record once. A
 ``mode: upsert`` pipeline on a Debezium topic is killed the same way, and its table must equal
-the source table's state (issue 31).
+the source table's state (R57).
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_upsert_runs_killed_at_random_leave_the_source_state(
     create_topic: CreateTopic,
     ledger: Ledger,
 ) -> None:
-    """Issue 31's oracle for state: a Debezium topic (a snapshot, then inserts, updates and
+    """R57's oracle for state: a Debezium topic (a snapshot, then inserts, updates and
     deletes with tombstones, a tenth of the keys taking half of the changes) ingested by
     ``mode: upsert`` runs SIGKILLed at random; after clean runs DuckDB reads exactly the
     source's rows from the table's live files, and the production audit passes every commit."""

@@ -4,8 +4,8 @@ It listens on a free loopback TCP port with password (SCRAM) authentication, as 
 database would; the package's own Python layer (Unix socket only, trust auth) is not used.
 PostgreSQL refuses to run as root, so under root the server runs as a dedicated system user,
 which must reach everything the server reads. The checkout (hence the venv and the wheel's
-binaries) may sit in a folder other users cannot traverse (``mktemp -d``, mode 0700, or /root:
-issue 26), so under root the server runs from a copy of the wheel's install in its own temp
+binaries) may sit in a folder other users cannot traverse (``mktemp -d``, mode 0700, or /root),
+so under root the server runs from a copy of the wheel's install in its own temp
 folder, and that folder is made where others can traverse (not in a private TMPDIR).
 """
 

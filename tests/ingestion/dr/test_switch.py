@@ -107,7 +107,7 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
 def test_a_failover_planned_before_a_stream_commit_names_the_commit_and_the_hand_over(
     catalog_resource: IcebergCatalogResource,
 ) -> None:
-    """Issue 29: from the CLI, a failover beside a live stream plans for seconds while the
+    """R52: from the CLI, a failover beside a live stream plans for seconds while the
     stream commits every few, and the compare-and-set refused with "plan it again" for ever.
     The refusal names the commit that moved the offsets and the way that works: the Dagster
     job, which hands the stream over, or stopping the stream first."""

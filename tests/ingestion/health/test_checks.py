@@ -311,7 +311,7 @@ HOUR_MS = 3_600_000
 def test_a_future_producer_timestamp_is_not_trusted(
     current: PipelineState, passed: bool, severity: str, text: str
 ) -> None:
-    """Issue 15: a record stamped an hour ahead would be -3600 s old; its age is bounded by the
+    """R53: a record stamped an hour ahead would be -3600 s old; its age is bounded by the
     last commit instead (never fresh for ever), and the partition and offset are named."""
     current.oldest_uncommitted_ms = {("orders", 0): 1_000_000 + HOUR_MS}
     finding = check_commit_freshness(current, now_ms=1_000_000)

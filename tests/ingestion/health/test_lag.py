@@ -1,4 +1,4 @@
-"""Lag in seconds and freshness on the real stack (issue 15): a producer clock ahead cannot make
+"""Lag in seconds and freshness on the real stack (R53): a producer clock ahead cannot make
 waiting records look fresh to the check, the lag sensor or ``platform status``; an idle table
 is fresh, a table with records waiting past the bound is not."""
 

@@ -1,4 +1,4 @@
-"""Per-client Kafka properties (issue 32): the shared map plus one kind's overrides reach that
+"""Per-client Kafka properties: the shared map plus one kind's overrides reach that
 kind of client only, so librdkafka has nothing to ignore. Real librdkafka clients, no broker
 (a property librdkafka ignores is reported when the client is created)."""
 

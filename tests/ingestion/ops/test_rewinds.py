@@ -134,9 +134,9 @@ def test_cli_reset_by_timestamp_then_the_next_run_succeeds(
     demo_topic: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """R48, the issue's report: ``platform reset orders --to timestamp:... --apply`` on the demo
-    pipeline, then the next run succeeds, the group equals the table's offsets and the oracle is
-    clean (records other tests left in the shared ``orders`` topic are expected too)."""
+    """R48, as an operator reported it: ``platform reset orders --to timestamp:... --apply`` on
+    the demo pipeline, then the next run succeeds, the group equals the table's offsets and the
+    oracle is clean (records other tests left in the shared ``orders`` topic are expected too)."""
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap_servers)
     monkeypatch.setenv("PLATFORM_STATE_DIR", str(tmp_path))
     monkeypatch.delenv("DAGSTER_HOME", raising=False)

@@ -44,7 +44,7 @@ def test_mirror_moves_the_group_forward_to_the_table(
 def test_a_broker_that_hangs_mid_mirror_is_an_outcome_not_a_raise(
     broker: EmbeddedBroker, kafka: KafkaResource, create_topic: CreateTopic
 ) -> None:
-    """Issue 29 item 6: the broker stops answering between reading the group and committing to it
+    """R4 and R37: the broker stops answering between reading the group and committing to it
     (SIGSTOP, from the ``rewinds`` callback the mirror asks when the group is ahead somewhere).
     Before the fix the commit's bare ``TimeoutError`` escaped a run that had already committed
     (and ended a stream); now it is the outcome's error and the group is left for the next run."""

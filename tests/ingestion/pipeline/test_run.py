@@ -554,7 +554,7 @@ def test_by_default_spark_does_every_batch_however_small(
     harness: Harness, new_pipeline: NewPipeline, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """A spec that does not set ``in_process_max_records`` sends every run with something to
-    read to Spark, a single record too (issue 28: the shortcut is opt-in); the report says so,
+    read to Spark, a single record too (the shortcut is opt-in); the report says so,
     with the number of Spark tasks. Nothing to read asks for no Spark at all."""
     from ingestion.spec.pipeline import IN_PROCESS_MAX_RECORDS, parse_pipeline_spec
 

@@ -370,7 +370,7 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """Issue 29 item 1: a commit's dead-letter copy failed, so the group stayed behind it on
+    """R33: a commit's dead-letter copy failed, so the group stayed behind it on
     purpose. A migration (or a forward reset) then moved the group to the table's offsets
     without copying, and the search for uncopied commits, which stops at the first commit the
     group has passed, never found that commit again: its letter never reached the topic. Now
@@ -423,7 +423,7 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
 def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_each_once(
     harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
-    """Issue 29: a backward reset re-reads a range whose bad records were quarantined and
+    """R33: a backward reset re-reads a range whose bad records were quarantined and
     copied; the re-read quarantines them again under a new commit (the quarantine table still
     holds each once), and before, the copy sent their letters again, so a read_committed reader
     of the dead-letter topic saw each bad source record twice. Now the reset records which
@@ -464,7 +464,7 @@ def test_a_backward_reset_fills_a_dead_letter_topic_configured_later(
     harness: Harness, create_topic: CreateTopic, ledger_producer: LedgerProducer, ledger: Ledger
 ) -> None:
     """A dead-letter topic added to a pipeline that had quarantined records already, then a
-    reset to the earliest offsets to fill it (issue 29, review): the reset lists only letters
+    reset to the earliest offsets to fill it (R33): the reset lists only letters
     it finds in the topic, so the re-read sends the early record's letter, once."""
 
     topic = create_topic(partitions=1)

@@ -140,7 +140,7 @@ def test_nothing_pending_reads_and_sends_nothing(table: Table) -> None:
 
 
 def test_a_copier_that_cannot_initialise_its_transactional_id_names_it() -> None:
-    """Issue 29: a copy whose transactional id cannot be initialised (its ACLs; here no broker
+    """R33: a copy whose transactional id cannot be initialised (its ACLs; here no broker
     answers InitProducerId at all, a port nothing listens on) failed with librdkafka's bare
     error, and the group check then blamed the topic. The error names the id and what the
     platform's principal needs on it."""

@@ -391,7 +391,7 @@ def test_maintenance_expiry_keeps_what_the_quarantine_has_not_followed(
 def test_maintenance_bounds_the_quarantine_tables_history(
     harness: Harness, quarantining: NewQuarantining
 ) -> None:
-    """Issue 29 item 4 (R33): a dirty pipeline adds a quarantine snapshot per commit; before,
+    """R33: a dirty pipeline adds a quarantine snapshot per commit; before,
     maintenance compacted and expired the data table only, so that history grew without bound.
     Now the pipeline's maintenance expires and compacts the quarantine table too, and every dead
     letter stays once."""

@@ -1,4 +1,4 @@
-"""The executor task's streaming, partitioned writer end to end (issue 14): one file per
+"""The executor task's streaming, partitioned writer end to end: one file per
 partition value per task, files rolled at the table's target size, and nothing reported (or
 left on disk) by an attempt that must rerun or fail.
 

@@ -1,6 +1,6 @@
 """Runs killed hard (SIGKILL, an OOM kill) stay STARTED in Dagster for ever; operator actions
-must not be refused by them for good, but a run that may be alive still blocks them (issue 29,
-0b). Each run is a real ``dagster job execute`` of the pipeline's ingest job in its own process,
+must not be refused by them for good, but a run that may be alive still blocks them (R48).
+Each run is a real ``dagster job execute`` of the pipeline's ingest job in its own process,
 on the session's broker and catalog; the actions go through the ``platform`` CLI."""
 
 from __future__ import annotations

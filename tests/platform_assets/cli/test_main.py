@@ -187,7 +187,7 @@ def test_unreachable_kafka_is_named(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """No traceback, and one line: the command says which address did not answer, what the
-    client last said and what to check; librdkafka prints nothing of its own (issue 32)."""
+    client last said and what to check; librdkafka prints nothing of its own."""
     from platform_assets.cli import main as cli
     from resources.embedded import find_free_port
 
@@ -216,7 +216,7 @@ def test_unreachable_kafka_is_named(
 def test_a_bad_pipelines_file_is_named_by_file_and_line_not_a_traceback(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str, message: str
 ) -> None:
-    """Issue 32: the file, the line and the key, before anything connects."""
+    """The file, the line and the key, before anything connects."""
     path = tmp_path / "p.yaml"
     path.write_text(text)
     monkeypatch.setenv("PLATFORM_PIPELINES_FILE", str(path))

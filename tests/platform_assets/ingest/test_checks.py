@@ -42,7 +42,7 @@ def test_the_audit_cursor_survives_a_long_block(
     catalog_resource: IcebergCatalogResource,
     spark_resource: SparkResource,
 ) -> None:
-    """Issue 29 item 3: while the group check blocks, every run_checks records the audit as
+    """R47: while the group check blocks, every run_checks records the audit as
     "not evaluated". Those results carried no cursor, and the memory was searched in the last 10
     records: after ten blocked evaluations (about 50 minutes of run_checks) the cursor was gone,
     maintenance kept nothing for the audit, and the audit restarted at the newest commits and

@@ -207,7 +207,7 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
     alerts: AlertResource,
     webhook: WebhookReceiver,
 ) -> None:
-    """Issue 28: one lag sensor reads the pipelines' states in one pass; a pipeline a stream
+    """R52: one lag sensor reads the pipelines' states in one pass; a pipeline a stream
     worker serves is not read at all; one whose state cannot be read is skipped by name,
     alerted once per cause, while the others are decided; a pass stops at its budget and the
     next tick resumes with the first pipeline it did not reach. One fallback schedule asks an

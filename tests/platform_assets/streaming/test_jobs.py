@@ -1,4 +1,4 @@
-"""Streaming on shared workers (issue 28, R52) with the real stack and a real Dagster
+"""Streaming on shared workers (R52) with the real stack and a real Dagster
 instance: one ``stream_pipelines_job`` run streams several pipelines, each on its own lane; a
 pipeline with a missing topic or a blocked check leaves the others' commits on time; pipelines
 added, removed or changed are picked up without restarting the others; an operator action
@@ -178,7 +178,7 @@ def test_a_pipeline_with_a_missing_topic_or_a_blocked_check_leaves_the_others_on
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """Issue 28's isolation: one worker streams a healthy pipeline beside one whose topic does
+    """R52's lane isolation: one worker streams a healthy pipeline beside one whose topic does
     not exist (its lane fails, is listed in ``stream/failures`` for the sensor's per-pipeline
     alert, and is retried after the backoff) and one whose group check blocks (its lane stops
     by itself). The healthy pipeline commits within its freshness target throughout, exactly
@@ -235,7 +235,7 @@ def test_pipelines_added_removed_and_changed_reach_a_running_worker_alone(
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """Issue 28: a pipeline added to the worker's assignment starts streaming in the same run,
+    """R52: a pipeline added to the worker's assignment starts streaming in the same run,
     without restarting the others; one removed stops its lane between commits (the others go
     on); one whose spec changed restarts its own lane at the new version. Every record of each
     lands once."""
@@ -278,7 +278,7 @@ def test_an_operator_action_holds_one_pipeline_while_the_others_stream_on(
     ledger_producer: LedgerProducer,
     ledger: Ledger,
 ) -> None:
-    """Issue 29 item 2 on a shared worker: an operator job's hold (reset, migrate, failover)
+    """R52 on a shared worker: an operator job's hold (reset, migrate, failover)
     stops the held pipeline's lane and waits for it, while the worker's other pipeline keeps
     committing; the worker starts no lane for the held pipeline while the operator run is in
     progress, and starts one again after it; the records produced meanwhile land once."""
@@ -436,7 +436,7 @@ def test_a_worker_whose_run_was_marked_failed_stops_itself(
 
 
 def test_a_stream_beats_inside_a_long_iteration() -> None:
-    """Issue 29 item 5: the heartbeat was written only between iterations, so one iteration
+    """R52: the heartbeat was written only between iterations, so one iteration
     catching up a backlog for longer than the stale limit looked dead: the sensor marked the
     live run failed and started a second stream beside it. The worker beats from a thread
     (``beating``) for as long as its process lives. A lane whose iteration runs past the limit is

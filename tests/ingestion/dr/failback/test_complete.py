@@ -205,7 +205,7 @@ def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_pa
     """A stream commits every few seconds: its commit lands after the completion was planned
     (here, while the ends are read again), so the completion's compare-and-set fails; it plans
     again from the stream's offsets and commits those, never the older ones. Each plan copies
-    the owed dead letters after its read (issue 29): the commit that won the race may have
+    the owed dead letters after its read (R33): the commit that won the race may have
     left its own copy failed, and after the completion no copy searches it again (before,
     the completion copied once, before its first plan)."""
     catalog = table_with_history(
