@@ -28,7 +28,17 @@ def iter_modules() -> list[str]:
     return sorted(names)
 
 
-@pytest.mark.parametrize("module_name", iter_modules())
+JVM_EXAMPLES = frozenset({"resources.embedded"})
+"""Modules whose examples start a JVM (a broker): not run by ``make check``."""
+
+
+@pytest.mark.parametrize(
+    "module_name",
+    [
+        pytest.param(name, marks=[pytest.mark.jvm] if name in JVM_EXAMPLES else [])
+        for name in iter_modules()
+    ],
+)
 def test_docstring_examples(
     module_name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ def test_rest_catalog_class_path_resolves_once(monkeypatch: pytest.MonkeyPatch) 
     assert class_path("rest-catalog").split(os.pathsep) == entries
 
 
+@pytest.mark.jvm  # runs java itself
 def test_class_data_sharing_dumps_once_then_maps_the_archive(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

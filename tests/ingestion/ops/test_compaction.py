@@ -191,6 +191,7 @@ def test_a_group_that_keeps_losing_is_skipped_not_raised(table: Table) -> None:
     assert numbers(table) == [*range(30), 100, 100]
 
 
+@pytest.mark.jvm  # Spark with Iceberg's runtime
 def test_an_incremental_reader_sees_no_new_rows_in_a_compaction(
     table: Table, tmp_path: Path
 ) -> None:
