@@ -72,13 +72,13 @@ validate: $(STAMP) $(DBT_MANIFEST)
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/dg check defs
 
 pytest: test-jvm $(DBT_MANIFEST)
-	$(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The tests that start no JVM (tests/conftest.py marks the others `jvm`). Any JVM one of them
 # starts anyway fails at once on the option below, which names the fix: mark the test.
 pytest-no-jvm: $(STAMP) $(DBT_MANIFEST)
 	JAVA_TOOL_OPTIONS=-XX:+make_check_runs_no_JVM__mark_the_test_jvm \
-	  $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not jvm"
+	  $(BIN)/pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not jvm"
 
 test: java lint typecheck validate pytest
 

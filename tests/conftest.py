@@ -31,7 +31,7 @@ from tests.support.dev_stack import (
 from tests.support.ledger import Ledger, LedgerProducer, Record
 from tests.support.pipelines import CreateTopic, Harness, NewPipeline, make_spec, records
 from tests.support.registry import EmbeddedSchemaRegistry
-from tests.support.suite_order import group_and_order
+from tests.support.suite_order import make_scheduler, order_groups
 from tests.support.webhook import WebhookReceiver, webhook_receiver
 
 if TYPE_CHECKING:
@@ -245,15 +245,20 @@ whose fixtures reach one of them needs Java, as one marked ``integration`` or ``
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test that needs a JVM is marked ``jvm`` (``make check`` runs the others); the users
     of the shared `make dev` stack run together, in their order (``dev_stack``), last in one
-    process; under pytest-xdist (``make test``) each test gets its worker group and the groups
-    run longest first (tests/support/suite_order.py)."""
+    process; under pytest-xdist (``make test``) the groups of tests/support/suite_order.py run
+    longest first."""
     for item in items:
         named = {"integration", "slow"} & {mark.name for mark in item.iter_markers()}
         if named or JVM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.jvm)
     order_dev_stack_users(items)
     if os.environ.get("PYTEST_XDIST_WORKER"):  # collected on each worker, the same way
-        group_and_order(items)  # keeps the order inside a group: the stack's users' above
+        order_groups(items)  # keeps the order inside a group: the stack's users' above
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """One worker per group (tests/support/suite_order.py), under ``--dist loadscope``."""
+    return make_scheduler(config, log)
 
 
 @pytest.fixture(scope="session")
