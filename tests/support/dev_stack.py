@@ -237,13 +237,17 @@ def sensor_ticks(port: int, sensor: str) -> list[float]:
     a test that asserts something did *not* happen waits for the ticks that would have done it."""
     answer = graphql(
         port,
-        "{ sensorsOrError { ... on Sensors { results { name sensorState { ticks(limit: 20) "
-        "{ timestamp status } } } } } }",
+        "{ workspaceOrError { ... on Workspace { locationEntries { locationOrLoadError { ... on "
+        "RepositoryLocation { repositories { sensors { name sensorState { ticks(limit: 20) "
+        "{ timestamp status } } } } } } } } } }",
     )
+    entries = answer["data"]["workspaceOrError"]["locationEntries"]  # type: ignore[index]
     (found,) = [
-        s
-        for s in answer["data"]["sensorsOrError"]["results"]  # type: ignore[index]
-        if s["name"] == sensor
+        found
+        for entry in entries
+        for repository in (entry["locationOrLoadError"] or {}).get("repositories", [])
+        for found in repository["sensors"]
+        if found["name"] == sensor
     ]
     finished = ("SUCCESS", "SKIPPED", "FAILURE")
     return [t["timestamp"] for t in found["sensorState"]["ticks"] if t["status"] in finished]
