@@ -32,6 +32,7 @@ from typing import Any
 
 from dagster import (
     AssetMaterialization,
+    DagsterExecutionInterruptedError,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
@@ -582,6 +583,11 @@ def build_stream_job(load_specs: Callable[[], list[PipelineSpec]]) -> JobDefinit
             while not events.empty():
                 yield events.get()
         context.log.info(f"stream worker stopped: {reason}")
+        run = instance.get_run_by_id(run_id)
+        if run is not None and run.status == DagsterRunStatus.CANCELING:
+            # Terminated (the UI, make dev's Ctrl-C): its lanes stopped cleanly first, and the
+            # run ends canceled, as an interrupted one does, not as a success.
+            raise DagsterExecutionInterruptedError(f"stream worker terminated: {reason}")
 
     @job(
         name=STREAM_JOB,
