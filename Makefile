@@ -11,8 +11,8 @@ STAMP := $(VENV)/.installed
 .PHONY: dev test check lint typecheck validate pytest pytest-no-jvm java jvm test-jvm clean lock
 
 # pytest-xdist workers: the tests wait on servers (JVM starts, broker, sensor and MirrorMaker 2
-# ticks) as much as they compute, so three workers keep two cores busy (measured: the suite in
-# 21 min on three, 46 min in one process; docs/architecture.md "How the tests run").
+# ticks) as much as they compute, so three workers keep two cores busy (measured: pytest
+# 24.6-25.2 min on three, 46 min in one process; docs/architecture.md "How the tests run").
 # tests/conftest.py keeps the tests that share a server on one worker.
 WORKERS ?= 3
 
