@@ -141,8 +141,15 @@ CHECKED_SUFFIXES = (".py", ".md", ".yaml", ".yml", ".toml")
 CHECKED_FILES = (*(f"*{suffix}" for suffix in CHECKED_SUFFIXES), "Makefile")
 # Used when git cannot list the files (for example an unpacked source archive).
 CHECKED_FOLDERS = (
-    "ingestion", "platform_assets", "resources", "tests", "bench", "scripts", "docs", "dbt"
-)  # fmt: skip
+    "ingestion",
+    "platform_assets",
+    "resources",
+    "tests",
+    "bench",
+    "scripts",
+    "docs",
+    "dbt",
+)
 
 
 def checked_files() -> list[Path]:
