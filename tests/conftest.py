@@ -43,6 +43,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytest_plugins = ["tests.support.suite_report"]  # the wall time and set-up share, last in the log
 
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""The options of every JVM the suite starts (Kafka, MirrorMaker 2, Spark, the registry, a
+`make dev` stack's servers), through the ``java`` launcher's ``JDK_JAVA_OPTIONS``: C1 only and
+one GC thread. A test's JVM lives seconds to minutes on small data, where C2's compilations
+cost more CPU than they save: a local Spark session's start and first jobs took 11-12
+CPU-seconds instead of 21-22 (docs/architecture.md "How the tests run"). Behaviour does not
+change; the benchmarks (bench/) run without it, so their figures are the product's. A value
+set before the run wins."""
+os.environ.setdefault("JDK_JAVA_OPTIONS", TEST_JVM_OPTIONS)  # workers and their subprocesses
+
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
