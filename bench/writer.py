@@ -82,14 +82,12 @@ def ingest(
 def compare_partitioning(
     kafka: KafkaResource,
     catalog: Any,
+    spark: Any,
     workloads: list[Workload],
     per_task: int,
     rounds: int = ROUNDS,
 ) -> dict[str, dict[str, Any]]:
-    """Best-of-``rounds`` records/s of each workload on one warm local[2] session."""
-    resource = SparkResource(master="local[2]")
-    spark = resource.spark_session
-    spark.range(8).collect()
+    """Best-of-``rounds`` records/s of each workload on the warm session ``spark``."""
     ingest(kafka, catalog, spark, "warmup", "warmup", per_task)  # imports on the workers
     best: dict[str, dict[str, Any]] = {}
     for round_ in range(rounds):
@@ -100,17 +98,14 @@ def compare_partitioning(
             print(f"  {workload.name} round {round_}: {run}", flush=True)
             if run["records_per_s"] > best.get(workload.name, {}).get("records_per_s", 0):
                 best[workload.name] = run
-    resource.stop_session()
     return best
 
 
 def compare_sort_order(
-    kafka: KafkaResource, catalog: Any, topic: str, per_task: int, rounds: int = ROUNDS
+    kafka: KafkaResource, catalog: Any, spark: Any, topic: str, per_task: int, rounds: int = ROUNDS
 ) -> dict[str, dict[str, Any]]:
-    """Best-of-``rounds`` records/s into an unsorted table and one sorted by ``customer_id``."""
-    resource = SparkResource(master="local[2]")
-    spark = resource.spark_session
-    spark.range(8).collect()
+    """Best-of-``rounds`` records/s into an unsorted table and one sorted by ``customer_id``,
+    on the warm session ``spark``."""
     ingest(kafka, catalog, spark, "sort_warmup", "warmup", per_task, SORT_COLUMN)
     best: dict[str, dict[str, Any]] = {}
     for round_ in range(rounds):
@@ -119,7 +114,6 @@ def compare_sort_order(
             print(f"  {name} round {round_}: {run}", flush=True)
             if run["records_per_s"] > best.get(name, {}).get("records_per_s", 0):
                 best[name] = run
-    resource.stop_session()
     return best
 
 
@@ -164,12 +158,16 @@ def main() -> int:
             produce(kafka.client_config(), workload.name, args.records, args.partitions, workload)
         produce(kafka.client_config(), "warmup", min(args.records, 20_000), args.partitions)
         catalog = IcebergCatalogResource(state_dir=str(state)).load_catalog()
+        resource = SparkResource(master="local[2]")  # one warm session for both comparisons
+        spark = resource.spark_session
+        spark.range(8).collect()
         figures["workloads"] = compare_partitioning(
-            kafka, catalog, workloads, args.large_task, args.rounds
+            kafka, catalog, spark, workloads, args.large_task, args.rounds
         )
         figures["sort_order"] = compare_sort_order(
-            kafka, catalog, ONE_PARTITION.name, args.large_task, args.rounds
+            kafka, catalog, spark, ONE_PARTITION.name, args.large_task, args.rounds
         )
+        resource.stop_session()  # the RSS runs below measure fresh sessions
         figures["rss"] = [
             measure_rss(kafka, catalog, ONE_PARTITION.name, slots, per_task)
             for slots in (1, 2)
