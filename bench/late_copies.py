@@ -49,9 +49,14 @@ LATE = "late copies"
 
 
 def run_late_copy_suite(
-    kafka: Any, dr_kafka: Any, iceberg: Any, records: int, repeats: int, uncopied: list[int],
+    kafka: Any,
+    dr_kafka: Any,
+    iceberg: Any,
+    records: int,
+    repeats: int,
+    uncopied: list[int],
     late: int | None = None,
-) -> list[dict[str, Any]]:  # fmt: skip
+) -> list[dict[str, Any]]:
     """Set up every case, run ``repeats`` rounds, check; one result per case."""
     from confluent_kafka.admin import NewTopic
 
@@ -132,16 +137,24 @@ def run_case(
         return run_pipeline(spec, config, catalog, spark, dr_kafka.get_cluster_id())
     route = case.route
     return run_pipeline(
-        route.spec, route.kafka.client_config(), catalog, spark, route.kafka.get_cluster_id(),
+        route.spec,
+        route.kafka.client_config(),
+        catalog,
+        spark,
+        route.kafka.get_cluster_id(),
         cluster=route.cluster,
         cluster_config=lambda cluster: kafka.for_cluster(cluster).client_config(),
-    )  # fmt: skip
+    )
 
 
 def check_table(
-    catalog: Any, name: str, case: Routed | None, records: int, repeats: int,
+    catalog: Any,
+    name: str,
+    case: Routed | None,
+    records: int,
+    repeats: int,
     noted: list[tuple[str, int, int]],
-) -> str:  # fmt: skip
+) -> str:
     """'ok', or what the table read back shows wrong."""
     from ingestion.table.offsets import skipped_offsets
 

@@ -81,9 +81,12 @@ def guard_routes(
     for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
         future.result(15)
     forward = MirrorStandIn(
-        primary["bootstrap.servers"], dr["bootstrap.servers"], topics,
-        [s.consumer_group_id for s in specs.values()], source_alias="primary",
-    ).setup()  # fmt: skip
+        primary["bootstrap.servers"],
+        dr["bootstrap.servers"],
+        topics,
+        [s.consumer_group_id for s in specs.values()],
+        source_alias="primary",
+    ).setup()
     head = HEAD_PER_PARTITION * partitions
     cluster_id = kafka.get_cluster_id()
     for spec in specs.values():
@@ -98,9 +101,15 @@ def guard_routes(
         send(primary, topic, tail)  # the RPO tail, stamped (its originals are known)
         run_pipeline(spec, primary, catalog, None, cluster_id)  # ingested, never copied
         lines = failover_pipeline(
-            spec, kafka, iceberg, "dr", dry_run=False, requested_by="bench",
-            reason="bench: primary lost with an RPO tail", source_lost=True,
-        )  # fmt: skip
+            spec,
+            kafka,
+            iceberg,
+            "dr",
+            dry_run=False,
+            requested_by="bench",
+            reason="bench: primary lost with an RPO tail",
+            source_lost=True,
+        )
         expected = f"the table ingested {tails[name]} record(s) MirrorMaker 2 had not copied"
         if not any(expected in line for line in lines):
             raise RuntimeError(f"{name}: the switch did not record the tail:\n" + "\n".join(lines))
@@ -147,8 +156,9 @@ def with_extras(base: list[Outgoing], extras: list[tuple[Original, str]]) -> lis
     out = list(base)
     step = max(1, len(base) // (len(extras) + 1))
     for j, (o, tag) in reversed(list(enumerate(extras, start=1))):
-        out.insert(min(j * step, len(out)), (o.partition, o.key, o.value, o.timestamp_ms,
-                                             o.headers, tag))  # fmt: skip
+        out.insert(
+            min(j * step, len(out)), (o.partition, o.key, o.value, o.timestamp_ms, o.headers, tag)
+        )
     return out
 
 
@@ -158,8 +168,15 @@ def send(config: dict[str, Any], topic: str, records: list[Outgoing]) -> list[tu
     under-counted batches; harmless on Kafka)."""
     from confluent_kafka import Producer
 
-    producer = Producer({**config, "linger.ms": 50, "batch.size": 1_000_000,
-                         "compression.type": "lz4", "enable.idempotence": True})  # fmt: skip
+    producer = Producer(
+        {
+            **config,
+            "linger.ms": 50,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "enable.idempotence": True,
+        }
+    )
     noted: list[tuple[str, int, int]] = []
     last = {r[0]: i for i, r in enumerate(records)}
     held = []
@@ -187,8 +204,15 @@ def _produce(producer: Any, topic: str, record: Outgoing, noted: list) -> None:
     options = {"timestamp": stamp} if stamp is not None else {}
     while True:
         try:
-            producer.produce(topic, value=value, key=key, partition=partition, headers=headers,
-                             on_delivery=delivered, **options)  # fmt: skip
+            producer.produce(
+                topic,
+                value=value,
+                key=key,
+                partition=partition,
+                headers=headers,
+                on_delivery=delivered,
+                **options,
+            )
             return
         except BufferError:
             producer.poll(0.05)

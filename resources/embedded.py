@@ -210,9 +210,17 @@ class EmbeddedBroker(ManagedProcess):
     def _run_format(
         self, cp: str, properties: Path, tool: str, sharing: ClassDataSharing | None
     ) -> subprocess.CompletedProcess[str]:
-        command = self._java(cp, tool, "format", "--ignore-formatted", "-t", self.cluster_id,
-                             "-c", str(properties),
-                             sharing=sharing.options if sharing else [])  # fmt: skip
+        command = self._java(
+            cp,
+            tool,
+            "format",
+            "--ignore-formatted",
+            "-t",
+            self.cluster_id,
+            "-c",
+            str(properties),
+            sharing=sharing.options if sharing else [],
+        )
         if self.sasl_ssl:  # SCRAM users exist from the first start (no admin call before auth)
             for user, password in self.sasl_ssl.users.items():
                 command += ["--add-scram", f"SCRAM-SHA-512=[name={user},password={password}]"]

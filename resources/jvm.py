@@ -93,9 +93,14 @@ def class_path(part: str) -> str:
         raise JvmSetupError(f"Maven (mvn) is needed to fetch the {part} jars once; {MAVEN_HINT}")
     partial = cached.with_suffix(f".{os.getpid()}.tmp")
     command = [
-        mvn, "--batch-mode", "--quiet", "--file", str(pom),
-        "dependency:build-classpath", f"-Dmdep.outputFile={partial}",
-    ]  # fmt: skip
+        mvn,
+        "--batch-mode",
+        "--quiet",
+        "--file",
+        str(pom),
+        "dependency:build-classpath",
+        f"-Dmdep.outputFile={partial}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0 or not partial.exists():
         output = (result.stdout + result.stderr).strip()[-4_000:]
@@ -137,8 +142,15 @@ def quarkus_runner(part: str) -> Path:
     work = cache_dir() / f"{part}-{digest}.{os.getpid()}.{uuid.uuid4().hex[:8]}.build"
     try:
         shutil.copytree(folder, work / "src")
-        command = [mvn, "-B", "-q", "--file", str(work / "src" / "pom.xml"),
-                   "-DskipTests", "package"]  # fmt: skip
+        command = [
+            mvn,
+            "-B",
+            "-q",
+            "--file",
+            str(work / "src" / "pom.xml"),
+            "-DskipTests",
+            "package",
+        ]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         target = work / "src" / "target"
         jars = sorted(target.glob("*-runner.jar"))
@@ -213,8 +225,7 @@ class ClassDataSharing:
         try:
             java = Path(java_binary()).resolve()
             jars = [Path(entry) for entry in cp.split(os.pathsep) if entry]
-            stamps = [f"{jar}:{st.st_size}:{st.st_mtime_ns}" for jar in jars
-                      if (st := jar.stat())]  # fmt: skip
+            stamps = [f"{jar}:{st.st_size}:{st.st_mtime_ns}" for jar in jars if (st := jar.stat())]
             identity = "\n".join([f"{java}:{java.stat().st_mtime_ns}", main, *stamps])
             digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
             name = main.rsplit(".", 1)[-1]
@@ -263,8 +274,15 @@ class ClassDataSharing:
     def _maps(self, archive: Path) -> bool:
         """A JVM on the same class path starts with ``archive`` mapped (``-Xshare:on`` fails
         the start otherwise; a truncated archive crashes it)."""
-        command = [java_binary(), "-Xshare:on", f"-XX:SharedArchiveFile={archive}",
-                   "-Xlog:disable", "-cp", self.cp, "-version"]  # fmt: skip
+        command = [
+            java_binary(),
+            "-Xshare:on",
+            f"-XX:SharedArchiveFile={archive}",
+            "-Xlog:disable",
+            "-cp",
+            self.cp,
+            "-version",
+        ]
         try:
             checked = subprocess.run(command, capture_output=True, timeout=60, check=False)
         except (OSError, subprocess.TimeoutExpired):

@@ -214,9 +214,14 @@ def act(kafka: KafkaResource, catalog: Any, shared: Shared, rng: random.Random) 
     if action == "migrate":
         new_group = f"chaos-{int(time.time() * 1000) % 10**8}"
         migration = migrate_group(
-            catalog, spec, new_group, kafka.get_admin_client(), "chaos", "chaos migration",
+            catalog,
+            spec,
+            new_group,
+            kafka.get_admin_client(),
+            "chaos",
+            "chaos migration",
             kafka_config=kafka.client_config(),
-        )  # fmt: skip
+        )
         with shared.lock:
             shared.spec = make_spec(new_group)
         return f"migrated to {new_group!r} in snapshot {migration.snapshot_id}"
@@ -318,8 +323,13 @@ def dead_letter_figures(
             for message in batch:
                 if message.error() is None:
                     h = header_text(message.headers() or [])
-                    letters[(h["__connect.errors.topic"], int(h["__connect.errors.partition"]),
-                             int(h["__connect.errors.offset"]))] += 1  # fmt: skip
+                    letters[
+                        (
+                            h["__connect.errors.topic"],
+                            int(h["__connect.errors.partition"]),
+                            int(h["__connect.errors.offset"]),
+                        )
+                    ] += 1
     finally:
         consumer.close()
     return {

@@ -168,10 +168,14 @@ def ingest(drill: Drill) -> None:
             route = active_route(drill.spec, drill.kafka, drill.iceberg)
             source = route.kafka
             report = run_pipeline(
-                route.spec, source.client_config(), catalog, None, source.get_cluster_id(),
+                route.spec,
+                source.client_config(),
+                catalog,
+                None,
+                source.get_cluster_id(),
                 cluster_config=lambda name: drill.kafka.for_cluster(name).client_config(),
                 cluster=route.cluster,
-            )  # fmt: skip
+            )
             outcome = f"committed on {route.cluster}" if report.committed else "empty"
         except Exception as exc:  # the primary is stopped; a switch won the race
             outcome = type(exc).__name__
@@ -257,9 +261,11 @@ def verdict(drill: Drill) -> bool:
     every = found + bad
     lost = drill.acknowledged - set(every)
     twice = {k: n for k, n in every.items() if n > 1}
-    print(f"  acknowledged {len(drill.acknowledged)}; table {sum(found.values())} rows, "
-          f"quarantine {sum(bad.values())}; lost {len(lost)}, duplicated {len(twice)}, "
-          f"not acknowledged but ingested {len(set(every) - drill.acknowledged)}")  # fmt: skip
+    print(
+        f"  acknowledged {len(drill.acknowledged)}; table {sum(found.values())} rows, "
+        f"quarantine {sum(bad.values())}; lost {len(lost)}, duplicated {len(twice)}, "
+        f"not acknowledged but ingested {len(set(every) - drill.acknowledged)}"
+    )
     if lost or twice:
         print(f"  lost e.g. {sorted(lost)[:5]}; duplicated e.g. {sorted(twice)[:5]}")
     return not lost and not twice
@@ -300,19 +306,24 @@ def main() -> int:
     parser.add_argument("--phase-seconds", type=float, default=40.0)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument(
-        "--forward-resumes", action="store_true",
+        "--forward-resumes",
+        action="store_true",
         help="when the primary is back, MM2's forward flow resumes first (its late copies of "
         "the records the table ingested without a copy: R54), then stops before the failback",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--via", choices=("direct", "dagster"), default="direct",
+        "--via",
+        choices=("direct", "dagster"),
+        default="direct",
         help="direct: runs call the ingestion asset's code, the operator uses the platform CLI; "
         "dagster: Dagster runs of the code location's ingestion and failover jobs",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--naming", choices=("default", "identity"), default="default",
+        "--naming",
+        choices=("default", "identity"),
+        default="default",
         help="MM2's replication policy of the forward flow (the reverse flow takes the other)",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="dr-drill-"))
     with (
@@ -338,14 +349,24 @@ def main() -> int:
         group = spec.consumer_group_id
         clusters = {"primary": p.bootstrap_servers, "dr": d.bootstrap_servers}
         forward = MirrorMaker(
-            workdir / "mm2-forward.log", clusters, "primary", "dr", ["orders"], [group],
+            workdir / "mm2-forward.log",
+            clusters,
+            "primary",
+            "dr",
+            ["orders"],
+            [group],
             identity=args.naming == "identity",
-        )  # fmt: skip
+        )
         copy = forward.remote("orders")  # dr's copy: primary.orders, or orders (identity)
         reverse = MirrorMaker(
-            workdir / "mm2-reverse.log", clusters, "dr", "primary", [copy], [group],
+            workdir / "mm2-reverse.log",
+            clusters,
+            "dr",
+            "primary",
+            [copy],
+            [group],
             identity=not forward.identity,
-        )  # fmt: skip
+        )
         print(f"drill directory (logs, MM2's properties): {workdir}", flush=True)
         start_mm2(drill, forward)
         threads = [
@@ -384,8 +405,10 @@ def run_drill(
     def say(text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
-    say(f"1. steady on the primary for {phase:.0f} s ({args.rate} records/s, "
-        f"{args.partitions} partitions, 0.5 % malformed, 30 days of created_at)")  # fmt: skip
+    say(
+        f"1. steady on the primary for {phase:.0f} s ({args.rate} records/s, "
+        f"{args.partitions} partitions, 0.5 % malformed, 30 days of created_at)"
+    )
     time.sleep(phase)
     for partition in range(args.partitions):  # what the replica check asks before a failover
         forward.wait_checkpoint(spec.consumer_group_id, "orders", partition)
@@ -402,11 +425,14 @@ def run_drill(
     tries, seconds, _ = operate(
         drill,
         ["failover", "orders", "--to", "dr", "--source-lost", "--reason", "drill", "--apply"],
-        5 * patience, 1.0,
-    )  # fmt: skip
+        5 * patience,
+        1.0,
+    )
     to_dr = first_commit_on(drill, cluster_id_for("dr_cluster"))
-    say(f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
-        f"{to_dr:.1f} s later")  # fmt: skip
+    say(
+        f"   switched after {tries} attempt(s), {seconds:.1f} s; first commit on dr "
+        f"{to_dr:.1f} s later"
+    )
     time.sleep(phase)
     os.kill(p.pid or 0, signal.SIGCONT)
     if args.forward_resumes:
@@ -419,9 +445,11 @@ def run_drill(
         say(f"   late copies skipped so far: {count_skipped(drill)}")
     start_mm2(drill, reverse)
     wait_for(  # the reverse flow copies (it created its topic) and checkpoints
-        lambda: sum(count_records(p.bootstrap_servers, reverse.remote(copy)).values()) > 0, 120,
-        lambda: f"MM2's reverse copy {reverse.remote(copy)}", reverse,
-    )  # fmt: skip
+        lambda: sum(count_records(p.bootstrap_servers, reverse.remote(copy)).values()) > 0,
+        120,
+        lambda: f"MM2's reverse copy {reverse.remote(copy)}",
+        reverse,
+    )
     drill.producing.clear()
     time.sleep(0.5)
     drill.target = (p.bootstrap_servers, "orders")
@@ -436,9 +464,11 @@ def run_drill(
     properties = snapshot_properties(switch) if switch else {}
     plans = orjson.loads(properties.get("kafka.failover-origin", "[]"))
     tail = sum(int(plan["tail"]) for plan in plans)
-    say(f"   failed back after {tries} attempt(s), {seconds:.1f} s; the origin resumes with "
+    say(
+        f"   failed back after {tries} attempt(s), {seconds:.1f} s; the origin resumes with "
         f"{tail} record(s) (the unreplicated tail, then what producers wrote since they "
-        f"returned) over {len(plans)} partition(s)")  # fmt: skip
+        f"returned) over {len(plans)} partition(s)"
+    )
     time.sleep(phase)
     say("5. the reverse copy drained: MM2's reverse flow stopped; platform complete-failback")
     drain(drill, skip="orders", flow=reverse)

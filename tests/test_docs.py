@@ -185,6 +185,23 @@ def test_no_citation_of_an_issue_number() -> None:
     assert not cited, "cite an R-number of docs/reliability.md instead:\n" + "\n".join(cited)
 
 
+FORMATTER_OFF = re.compile(r"#\s*fmt:\s*(skip|off)\b")
+
+
+def test_the_formatter_is_never_switched_off() -> None:
+    """ruff's format holds for every line of Python: code too long for it wants a value object
+    or a name, not a formatter comment (``fmt`` with ``skip`` or ``off``) that packs it."""
+    assert FORMATTER_OFF.search("x = 1  # fmt" + ": skip")
+    switched = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in checked_files()
+        if path.suffix == ".py"
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if FORMATTER_OFF.search(line)
+    ]
+    assert not switched, "let ruff format it (make lint):\n" + "\n".join(switched)
+
+
 def fenced_blocks(path: Path, language: str, first_line: str = "") -> list[str]:
     """The fenced blocks of a Markdown file in ``language`` whose first line starts with
     ``first_line``."""
@@ -275,13 +292,20 @@ def seed_demo_table(state_dir: Path, rows: int) -> None:
     now = datetime.now(UTC)
     records = [
         {
-            "order_id": f"order-{n}", "status": ("paid", "shipped")[n % 2], "currency": "EUR",
-            "amount": Decimal("12.50"), "items": 1, "created_at": now, "_kafka_topic": "orders",
-            "_kafka_partition": n % 4, "_kafka_offset": n // 4, "_kafka_timestamp": now,
+            "order_id": f"order-{n}",
+            "status": ("paid", "shipped")[n % 2],
+            "currency": "EUR",
+            "amount": Decimal("12.50"),
+            "items": 1,
+            "created_at": now,
+            "_kafka_topic": "orders",
+            "_kafka_partition": n % 4,
+            "_kafka_offset": n // 4,
+            "_kafka_timestamp": now,
             "_kafka_key": f"order-{n}",
         }
         for n in range(rows)
-    ]  # fmt: skip
+    ]
     table.append(pa.Table.from_pylist(records, schema=table.schema().as_arrow()))
 
 

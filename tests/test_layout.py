@@ -204,10 +204,19 @@ def test_a_pipeline_without_replicas_loads_no_disaster_recovery_module(
     not one ``ingestion.dr`` or ``platform_assets.dr`` module is loaded."""
     _, spec = new_pipeline("nodr", produce=5)
     done = subprocess.run(
-        [sys.executable, "-c", NO_REPLICAS, spec.model_dump_json(by_alias=True, exclude_none=True),
-         broker.bootstrap_servers, str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            NO_REPLICAS,
+            spec.model_dump_json(by_alias=True, exclude_none=True),
+            broker.bootstrap_servers,
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {"records": 5, "dr_modules": []}

@@ -295,12 +295,30 @@ def plan_failover(
     for key in sorted(offsets):
         copy = replica_topics[key[0]]
         aligned, how = plan_partition(
-            tables, replica, key, offsets[key], copy, syncs.get(key, []),
-            newest.get((copy, key[1])), (fallbacks or {}).get(key), source_down, cluster,
+            tables,
+            replica,
+            key,
+            offsets[key],
+            copy,
+            syncs.get(key, []),
+            newest.get((copy, key[1])),
+            (fallbacks or {}).get(key),
+            source_down,
+            cluster,
             scanned.get(key[0]),
-        )  # fmt: skip
+        )
         plans.append(
-            PartitionPlan(key[0], key[1], offsets[key], copy, ids[copy], aligned.start,
-                          aligned.skipped, how, aligned.uncopied, aligned.uncopied_records)
-        )  # fmt: skip
+            PartitionPlan(
+                key[0],
+                key[1],
+                offsets[key],
+                copy,
+                ids[copy],
+                aligned.start,
+                aligned.skipped,
+                how,
+                aligned.uncopied,
+                aligned.uncopied_records,
+            )
+        )
     return plans

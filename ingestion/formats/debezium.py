@@ -284,11 +284,15 @@ def decode_changes(
     kept = [meta[i] for i in decoded.indices]
     table = decoded.table
     required = [f.name for f in schema if not f.nullable and f.name not in key_fields]
-    missing = [
-        position
-        for position, (op, _, _) in enumerate(kept)
-        if op != DELETE and any(not table.column(name)[position].is_valid for name in required)
-    ] if required else []  # fmt: skip
+    missing = (
+        [
+            position
+            for position, (op, _, _) in enumerate(kept)
+            if op != DELETE and any(not table.column(name)[position].is_valid for name in required)
+        ]
+        if required
+        else []
+    )
     if missing:  # an upsert must fill the table's required columns (a delete sets the key)
         for position in missing:
             rejections.append(

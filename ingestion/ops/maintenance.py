@@ -347,9 +347,14 @@ def maintain_table(
     if "expire" in steps:
         try:
             report.expired_snapshots, report.kept_for_watermark = expire_snapshots(
-                table, cutoff, keep, hooks, quarantine=quarantine, keep_after=keep_after,
+                table,
+                cutoff,
+                keep,
+                hooks,
+                quarantine=quarantine,
+                keep_after=keep_after,
                 dry_run=dry_run,
-            )  # fmt: skip
+            )
         except Exception as exc:
             report.errors.append(f"snapshot expiry: {exc}")
     if "orphans" in steps:

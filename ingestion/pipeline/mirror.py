@@ -62,8 +62,9 @@ class MirrorOutcome:
 
 
 # Errors that mean "the group's coordinator is moving or loading": retried.
-_COORDINATOR_NOT_READY = frozenset({"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS",
-                                    "COORDINATOR_NOT_AVAILABLE"})  # fmt: skip
+_COORDINATOR_NOT_READY = frozenset(
+    {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE"}
+)
 
 
 def wait_for_group_coordinator(admin: AdminClient, group_id: str, timeout_s: float) -> None:

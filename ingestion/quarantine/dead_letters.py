@@ -296,8 +296,14 @@ def mark_delivered(
             oldest = 0
         try:
             wanted = {row_coordinates(row) for row in rows}
-            count_copies(kafka_config, topic, [PendingCopy("", oldest, len(rows))], spec.name,
-                         anywhere=found, wanted=wanted)  # fmt: skip
+            count_copies(
+                kafka_config,
+                topic,
+                [PendingCopy("", oldest, len(rows))],
+                spec.name,
+                anywhere=found,
+                wanted=wanted,
+            )
 
         except Exception as exc:  # never block the reset on it: at worst letters go out twice
             notes.append(
@@ -532,8 +538,12 @@ def count_copies(
         query = [TopicPartition(topic, p, since) for p in sorted(metadata.partitions)]
         # Every record, committed or not: read_committed answers stop at the last stable offset,
         # so another producer's open transaction would hide letters committed after it.
-        everything = Consumer({**consumer_config(kafka_config, f"{pipeline}-dead-letter-ends"),
-                               "isolation.level": "read_uncommitted"})  # fmt: skip
+        everything = Consumer(
+            {
+                **consumer_config(kafka_config, f"{pipeline}-dead-letter-ends"),
+                "isolation.level": "read_uncommitted",
+            }
+        )
         try:
             starts = everything.offsets_for_times(query, timeout=timeout_s)
             failed = [s for s in starts if s.error is not None]

@@ -77,9 +77,15 @@ GROUP_OFFSETS_BEFORE = "kafka.group-offsets-before"
 # grow with a commit (late copies, dead-letter files, lost ranges, a switch's plan). It keeps the
 # rest: what names and describes the commit, and the route it carries (ingestion.table.route).
 POSITION_LEAVES_OUT = frozenset(
-    {"kafka.quarantine-files", "kafka.failover-plan",  # ingestion.quarantine.sync, ingestion.dr
-     RANGE_STARTS, SKIPPED, LOST_RANGES, GROUP_OFFSETS_BEFORE}
-)  # fmt: skip
+    {
+        "kafka.quarantine-files",
+        "kafka.failover-plan",  # ingestion.quarantine.sync, ingestion.dr
+        RANGE_STARTS,
+        SKIPPED,
+        LOST_RANGES,
+        GROUP_OFFSETS_BEFORE,
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,8 @@ class TaskResult:
         """The coordinator must change the schema, fetch writer schemas or resolve the task's
         record guard, then rerun."""
         return bool(
-            self.new_fields or self.promotions or self.unknown_schema_ids
-            or self.guard_candidates
-        )  # fmt: skip
+            self.new_fields or self.promotions or self.unknown_schema_ids or self.guard_candidates
+        )
 
 
 @dataclass

@@ -30,9 +30,15 @@ def run_dr_action(
     pipeline's active ingestion runs and a line saying so, for an applied switch)."""
     if args.command == "failover" and not args.apply:
         return failover_pipeline(
-            spec, kafka, iceberg, args.to, dry_run=True, requested_by=args.by,
-            reason=args.reason, source_lost=args.source_lost,
-        )  # fmt: skip
+            spec,
+            kafka,
+            iceberg,
+            args.to,
+            dry_run=True,
+            requested_by=args.by,
+            reason=args.reason,
+            source_lost=args.source_lost,
+        )
     if args.command == "complete-failback" and not args.apply:
         return complete_failback(
             spec, kafka, iceberg, dry_run=True, requested_by=args.by, reason=args.reason

@@ -49,11 +49,18 @@ def origin_links(
         key = (str(entry["replica_topic"]), int(entry["partition"]))
         if key in offsets and key[0] in names:
             links[key] = OriginLink(
-                key, offsets[key], names[key[0]], (str(entry["source_topic"]), key[1]),
-                int(entry["source_next"]), int(entry["replica_start"]), pipeline,
-                PRIMARY if labelled else None, labelled, source_down,
+                key,
+                offsets[key],
+                names[key[0]],
+                (str(entry["source_topic"]), key[1]),
+                int(entry["source_next"]),
+                int(entry["replica_start"]),
+                pipeline,
+                PRIMARY if labelled else None,
+                labelled,
+                source_down,
                 int(entry.get("uncopied", 0)),
-            )  # fmt: skip
+            )
     return links
 
 
@@ -97,11 +104,18 @@ def refuse_unreachable_replica(spec: PipelineSpec, route: Route, names: dict[str
 
 
 def plan_failback_origin(
-    spec: PipelineSpec, catalog: Catalog, route: Route, primary: KafkaResource,
-    names: dict[str, str], replica_next: dict[Key, int], switch: UndoneSwitch | None,
-    labelled: str | None = None, ambiguous: dict[Key, list[int]] | None = None,
-    lost: LostReplica | None = None, scans: Scans | None = None,
-) -> list[OriginPlan]:  # fmt: skip
+    spec: PipelineSpec,
+    catalog: Catalog,
+    route: Route,
+    primary: KafkaResource,
+    names: dict[str, str],
+    replica_next: dict[Key, int],
+    switch: UndoneSwitch | None,
+    labelled: str | None = None,
+    ambiguous: dict[Key, list[int]] | None = None,
+    lost: LostReplica | None = None,
+    scans: Scans | None = None,
+) -> list[OriginPlan]:
     """The origin topics a failback to the primary reads again (``ingestion.dr.failback.origin``).
 
     The replica it leaves is read too (``ingestion.dr.failback.copies``): tail records MM2's
@@ -134,9 +148,18 @@ def plan_failback_origin(
         else {}
     )
     return plan_origin(
-        tables, reader, replica, switch, origins, replica_next, spec.name, syncs, labelled,
-        ambiguous, scans=scans,
-    )  # fmt: skip
+        tables,
+        reader,
+        replica,
+        switch,
+        origins,
+        replica_next,
+        spec.name,
+        syncs,
+        labelled,
+        ambiguous,
+        scans=scans,
+    )
 
 
 def describe_origin(origin: list[OriginPlan], replica: str) -> list[str]:

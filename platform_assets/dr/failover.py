@@ -160,9 +160,19 @@ def failover_pipeline(
     scans: Scans = {}  # the table's rows since the failover, read once for both stages
     try:
         plans = plan_failover(
-            catalog, route.spec, offsets, target, checkpoints, syncs, names, links,
-            source_down=down, cluster=on_cluster, scan_from=scan_since(switch), scans=scans,
-        )  # fmt: skip
+            catalog,
+            route.spec,
+            offsets,
+            target,
+            checkpoints,
+            syncs,
+            names,
+            links,
+            source_down=down,
+            cluster=on_cluster,
+            scan_from=scan_since(switch),
+            scans=scans,
+        )
     except ReplicaBehindError as exc:
         if down:
             raise
@@ -201,9 +211,18 @@ def failover_pipeline(
     )  # the replica a failback leaves is lost: not read (ingestion.dr.failback.lost)
     if to == PRIMARY:  # the unreplicated tail of the origin topics (R49)
         origin = plan_failback_origin(
-            spec, catalog, route, goal.kafka, names, offsets, switch, labelled, ambiguous,
-            lost=lost, scans=scans,
-        )  # fmt: skip
+            spec,
+            catalog,
+            route,
+            goal.kafka,
+            names,
+            offsets,
+            switch,
+            labelled,
+            ambiguous,
+            lost=lost,
+            scans=scans,
+        )
         lines += describe_origin(origin, route.cluster)
         lines += describe_lost(plans, route.cluster, spec.name) if lost else []
     scans.clear()  # the plan's reads are done: the scanned rows are not held through the commit

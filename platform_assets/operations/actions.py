@@ -223,7 +223,13 @@ def maintain_pipeline_table(
     ``yield_to`` gives a reason); return the lines describing what was done and what failed."""
     catalog = iceberg.load_catalog()
     report = maintain_pipeline(
-        catalog, spec, retention_s, orphan_window_s, keep_after=keep_after, yield_to=yield_to,
-        steps=steps, dry_run=dry_run,
-    )  # fmt: skip
+        catalog,
+        spec,
+        retention_s,
+        orphan_window_s,
+        keep_after=keep_after,
+        yield_to=yield_to,
+        steps=steps,
+        dry_run=dry_run,
+    )
     return report.describe()

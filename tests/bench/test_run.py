@@ -32,9 +32,16 @@ def test_ingest_1m_reports_the_oracle() -> None:
 def test_run_prints_and_writes_every_figure(tmp_path: Path) -> None:
     target = tmp_path / "figures.json"
     out = run_bench(
-        "bench/run.py", "--records", "3000", "--freshness-seconds", "5", "--sensor-interval",
-        "1", "--json", str(target),
-    )  # fmt: skip
+        "bench/run.py",
+        "--records",
+        "3000",
+        "--freshness-seconds",
+        "5",
+        "--sensor-interval",
+        "1",
+        "--json",
+        str(target),
+    )
     figures = json.loads(target.read_text())
     assert figures["records"] == 3000
     assert set(figures["limit_per_s"]) == {"1", "2"}
@@ -54,9 +61,16 @@ def all_suite(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[
     broker): its output and its rows, each read back by the bench."""
     target = tmp_path_factory.mktemp("bench-all") / "all.json"
     out = run_bench(
-        "bench/run.py", "--suite", "all", "--records", "600", "--repeats", "1",
-        "--json", str(target),
-    )  # fmt: skip
+        "bench/run.py",
+        "--suite",
+        "all",
+        "--records",
+        "600",
+        "--repeats",
+        "1",
+        "--json",
+        str(target),
+    )
     return out, json.loads(target.read_text())["dirty"]
 
 
@@ -100,9 +114,17 @@ def test_dirty_table_fails_on_a_wrong_count() -> None:
     """The dirty and nested suites' exit status: a row whose counts or read back are off."""
     from bench.dirty import print_dirty_table
 
-    row = {"workload": "clean", "produced": 10, "records": 10, "quarantined": 1,
-           "expected_bad": 1, "read_back": [9, 1, True], "seconds": 1.0, "records_per_s": 10,
-           "target": None}  # fmt: skip
+    row = {
+        "workload": "clean",
+        "produced": 10,
+        "records": 10,
+        "quarantined": 1,
+        "expected_bad": 1,
+        "read_back": [9, 1, True],
+        "seconds": 1.0,
+        "records_per_s": 10,
+        "target": None,
+    }
     assert print_dirty_table([row])
     assert not print_dirty_table([row, {**row, "workload": "x", "quarantined": 0}])
     assert not print_dirty_table([row, {**row, "workload": "x", "read_back": [9, 1, False]}])
@@ -114,9 +136,21 @@ def test_late_copies_suite_skips_each_late_copy_and_lands_the_near_miss(tmp_path
     skipped its two copies and landed its near miss; the ratios are not judged at this size."""
     target = tmp_path / "late-copies.json"
     out = run_bench(
-        "bench/run.py", "--suite", "late-copies", "--records", "300", "--repeats", "1",
-        "--uncopied", "20", "50", "--late-copies", "2", "--json", str(target),
-    )  # fmt: skip
+        "bench/run.py",
+        "--suite",
+        "late-copies",
+        "--records",
+        "300",
+        "--repeats",
+        "1",
+        "--uncopied",
+        "20",
+        "50",
+        "--late-copies",
+        "2",
+        "--json",
+        str(target),
+    )
     cases = json.loads(target.read_text())["cases"]
     assert [c["case"] for c in cases] == ["plain", "guarded 20", "guarded 50", "late copies"]
     assert [c["uncopied"] for c in cases] == [0, 20, 50, 20]
@@ -130,8 +164,17 @@ def test_late_copies_table_fails_on_a_wrong_count() -> None:
     """The suite's exit status: a case whose runs or table read back are off is a failure."""
     from bench.late_copies import print_late_copy_table
 
-    row = {"case": "plain", "uncopied": 0, "records": 10, "late_copies": 0, "seconds": 1.0,
-           "records_per_s": 10, "ratio": 1.0, "runs_exact": True, "read_back": "ok"}  # fmt: skip
+    row = {
+        "case": "plain",
+        "uncopied": 0,
+        "records": 10,
+        "late_copies": 0,
+        "seconds": 1.0,
+        "records_per_s": 10,
+        "ratio": 1.0,
+        "runs_exact": True,
+        "read_back": "ok",
+    }
     assert print_late_copy_table([row])
     assert not print_late_copy_table([row, {**row, "case": "late copies", "runs_exact": False}])
     assert not print_late_copy_table([row, {**row, "case": "guarded", "read_back": "9 rows"}])
@@ -146,20 +189,33 @@ def test_small_runs_compares_both_modes() -> None:
 def test_writer_compares_workloads_and_task_memory(tmp_path: Path) -> None:
     target = tmp_path / "writer.json"
     out = run_bench(
-        "bench/writer.py", "--records", "2000", "--small-task", "500", "--large-task", "2000",
-        "--rounds", "1", "--json", str(target),
-    )  # fmt: skip
+        "bench/writer.py",
+        "--records",
+        "2000",
+        "--small-task",
+        "500",
+        "--large-task",
+        "2000",
+        "--rounds",
+        "1",
+        "--json",
+        str(target),
+    )
     figures = json.loads(target.read_text())
     assert set(figures["workloads"]) == {"one_partition", "spread_30d"}
     assert figures["workloads"]["spread_30d"]["files"] == 2 * 30  # one per day per task
     assert figures["workloads"]["one_partition"]["files"] == 2
     assert [(r["slots"], r["per_task"]) for r in figures["rss"]] == [
-        (1, 500), (1, 2000), (2, 500), (2, 2000),
-    ]  # fmt: skip
+        (1, 500),
+        (1, 2000),
+        (2, 500),
+        (2, 2000),
+    ]
     assert all(r["records"] == 2000 and r["workers_rss_mb"] > 0 for r in figures["rss"])
     assert {name: run["records"] for name, run in figures["sort_order"].items()} == {
-        "unsorted": 2000, "sorted": 2000,
-    }  # fmt: skip
+        "unsorted": 2000,
+        "sorted": 2000,
+    }
     for line in ("spread_30d", "one_partition", "sort order", "workers peak RSS", "local[2]"):
         assert line in out
 
@@ -169,9 +225,22 @@ def test_upsert_compares_with_append_and_many_commits(tmp_path: Path) -> None:
     commits equal the source (the bench asserts it) and maintenance expired snapshots."""
     target = tmp_path / "upsert.json"
     out = run_bench(
-        "bench/upsert.py", "--keys", "300", "--changes", "600", "--cap", "300", "--commits", "4",
-        "--per-commit", "5", "--maintain-every", "2", "--json", str(target),
-    )  # fmt: skip
+        "bench/upsert.py",
+        "--keys",
+        "300",
+        "--changes",
+        "600",
+        "--cap",
+        "300",
+        "--commits",
+        "4",
+        "--per-commit",
+        "5",
+        "--maintain-every",
+        "2",
+        "--json",
+        str(target),
+    )
     figures = json.loads(target.read_text())
     throughput = figures["throughput"]
     assert throughput["append"]["records"] == throughput["upsert"]["records"] == 600

@@ -30,8 +30,12 @@ def ask(spec_json: str) -> dict[str, object]:
     ``ingestion.dr`` modules loaded."""
     done = subprocess.run(
         [sys.executable, "-c", CHECK, spec_json],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -164,9 +164,11 @@ def test_a_target_below_the_floor_streams_and_one_above_runs() -> None:
     # With a target the retention is a commit budget: history expired every 15 min, for every
     # such pipeline in one run; one fallback schedule on the default cron.
     assert set(schedules) == {
-        "maintenance_schedule", "fallback_schedule", "observe_topics_every_minute",
+        "maintenance_schedule",
+        "fallback_schedule",
+        "observe_topics_every_minute",
         "run_checks_every_5_minutes",
-    }  # fmt: skip
+    }
     assert str(schedules["maintenance_schedule"].cron_schedule).endswith(" * * * *")
     plain = make_spec("plain", "walk_plain")  # no target: a week's history, expired daily
     hourly = make_spec("hourly", "walk_hourly", fallback_cron="0 * * * *")
@@ -187,6 +189,8 @@ def test_the_failover_job_comes_only_with_a_pipeline_that_declares_replicas() ->
     plain = make_spec("orders", "ops_plain")
     with_dr = make_spec("orders", "ops_dr", replicas=[{"name": "dr", "source_alias": "primary"}])
     assert {job.name for job in operator_jobs([plain])} == {
-        "reset_offsets", "migrate_group", "maintain_tables",
-    }  # fmt: skip
+        "reset_offsets",
+        "migrate_group",
+        "maintain_tables",
+    }
     assert "failover" in {job.name for job in operator_jobs([plain, with_dr])}

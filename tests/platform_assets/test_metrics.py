@@ -86,16 +86,20 @@ def test_the_figures_are_kafkas_and_the_tables(
         key = table_key(spec)
         instance.report_runless_asset_event(
             AssetCheckEvaluation(
-                asset_key=key, check_name=GROUP_CHECK.name, passed=True,
+                asset_key=key,
+                check_name=GROUP_CHECK.name,
+                passed=True,
                 severity=AssetCheckSeverity.ERROR,
             )
-        )  # fmt: skip
+        )
         instance.report_runless_asset_event(
             AssetCheckEvaluation(
-                asset_key=key, check_name=AUDIT_CHECK.name, passed=False,
+                asset_key=key,
+                check_name=AUDIT_CHECK.name,
+                passed=False,
                 severity=AssetCheckSeverity.WARN,
             )
-        )  # fmt: skip
+        )
         timings = {"plan": 0.5, "prepare": 1.25, "commit": 0.125, "total": 1.875}
         instance.report_runless_asset_event(
             AssetMaterialization(key, metadata={"timings_s": MetadataValue.json(timings)})
@@ -125,8 +129,9 @@ def test_the_figures_are_kafkas_and_the_tables(
     scraped_at = time.time()
     scraped = samples_of(text_string_to_metric_families(text))
     assert {name for name, _ in samples_of(prometheus_families(plain))} >= {
-        PREFIX + "lag_records", PREFIX + "check_state"
-    }  # fmt: skip
+        PREFIX + "lag_records",
+        PREFIX + "check_state",
+    }
 
     table = catalog.load_table(spec.table)
     head = table.current_snapshot()
@@ -189,8 +194,9 @@ def test_the_figures_are_kafkas_and_the_tables(
         assert states[GROUP_CHECK.name] == {"passed"}
         assert states[AUDIT_CHECK.name] == {"warn"}
         assert {name: s for name, s in states.items() if s != {"unknown"}}.keys() == {
-            GROUP_CHECK.name, AUDIT_CHECK.name
-        }  # fmt: skip
+            GROUP_CHECK.name,
+            AUDIT_CHECK.name,
+        }
     assert {name for name, _ in scraped} <= metric_names() | {
         PREFIX + name + "_total" for name in METRICS
     }

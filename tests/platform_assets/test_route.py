@@ -18,10 +18,15 @@ from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from tests.support.pipelines import make_spec
 
-SPEC = make_spec("x", "routed", topics=["orders", "payments"],
-                 replicas=[{"name": "dr", "source_alias": "primary"}])  # fmt: skip
-KAFKA = KafkaResource(bootstrap_servers="primary:9092",
-                      replicas={"dr": {"bootstrap.servers": "dr:9092"}})  # fmt: skip
+SPEC = make_spec(
+    "x",
+    "routed",
+    topics=["orders", "payments"],
+    replicas=[{"name": "dr", "source_alias": "primary"}],
+)
+KAFKA = KafkaResource(
+    bootstrap_servers="primary:9092", replicas={"dr": {"bootstrap.servers": "dr:9092"}}
+)
 
 
 @pytest.fixture
@@ -33,9 +38,12 @@ def switch(iceberg: IcebergCatalogResource, cluster_id: str, **properties: str) 
     """Commit the group's offsets under ``cluster_id`` with the switch ``properties``."""
     table = load_or_create_table(iceberg.load_catalog(), SPEC)
     offsets = commit_properties(
-        group_id=SPEC.consumer_group_id, offsets={"orders": TopicOffsets("id", {0: 1})},
-        commit_id=cluster_id, cluster_id=cluster_id, pipeline=SPEC.name,
-    )  # fmt: skip
+        group_id=SPEC.consumer_group_id,
+        offsets={"orders": TopicOffsets("id", {0: 1})},
+        commit_id=cluster_id,
+        cluster_id=cluster_id,
+        pipeline=SPEC.name,
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties={**offsets, **properties}).fast_append(),
@@ -70,8 +78,15 @@ def test_after_a_failback_the_reverse_copies_and_the_origins_put_back(
     switch(iceberg, "k-primary")
     back = {"orders": "dr.orders", "payments": "dr.payments"}
     origin = orjson.dumps([{"topic": "orders", "partition": 0}]).decode()
-    switch(iceberg, "k-back", **{FAILOVER_TO: PRIMARY, FAILOVER_TOPICS: orjson.dumps(back)
-                                  .decode(), FAILOVER_ORIGIN: origin})  # fmt: skip
+    switch(
+        iceberg,
+        "k-back",
+        **{
+            FAILOVER_TO: PRIMARY,
+            FAILOVER_TOPICS: orjson.dumps(back).decode(),
+            FAILOVER_ORIGIN: origin,
+        },
+    )
     route = active_route(SPEC, KAFKA, iceberg)
     assert route.cluster == PRIMARY
     assert route.spec.source_topics == ["dr.orders", "dr.payments", "orders"]

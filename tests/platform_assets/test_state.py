@@ -44,15 +44,18 @@ def test_the_state_before_and_after_a_run(
 
 
 def test_after_a_failover_the_state_is_read_on_the_routes_topics(
-    kafka: KafkaResource, create_topic: CreateTopic, ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+    create_topic: CreateTopic,
+    ledger_producer: LedgerProducer,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     """The replica is the session broker under another name: the route's topic there is the
     copy, which the spec's own topic is not."""
     copy = create_topic(partitions=1)
     ledger_producer.produce(copy, records(3))
-    spec = make_spec("orders-not-created", "state_moved",
-                     replicas=[{"name": "dr", "source_alias": "primary"}])  # fmt: skip
+    spec = make_spec(
+        "orders-not-created", "state_moved", replicas=[{"name": "dr", "source_alias": "primary"}]
+    )
     servers = kafka.bootstrap_servers
     moved_kafka = KafkaResource(
         bootstrap_servers=servers, replicas={"dr": {"bootstrap.servers": servers}}
@@ -60,9 +63,12 @@ def test_after_a_failover_the_state_is_read_on_the_routes_topics(
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
     table = load_or_create_table(iceberg.load_catalog(), spec)
     properties = commit_properties(
-        group_id=spec.consumer_group_id, offsets={copy: TopicOffsets("id", {0: 1})},
-        commit_id="switch", cluster_id="k-dr", pipeline=spec.name,
-    )  # fmt: skip
+        group_id=spec.consumer_group_id,
+        offsets={copy: TopicOffsets("id", {0: 1})},
+        commit_id="switch",
+        cluster_id="k-dr",
+        pipeline=spec.name,
+    )
     names = orjson.dumps({"orders-not-created": copy}).decode()
     switch = {FAILOVER_TO: "dr", FAILOVER_TOPICS: names}
     with (

@@ -238,8 +238,10 @@ def test_per_client_properties_reach_their_client_only(
     monkeypatch.setenv("PRODUCER_PASSWORD", "s3cret")
     config = resource.client_config()
     assert client_properties(config, "consumer") == {
-        "bootstrap.servers": "b:9092", "client.id": "platform", "fetch.max.bytes": "1048576",
-    }  # fmt: skip
+        "bootstrap.servers": "b:9092",
+        "client.id": "platform",
+        "fetch.max.bytes": "1048576",
+    }
     assert client_properties(config, "producer")["sasl.password"] == "s3cret"
     assert "linger.ms" not in client_properties(config, "admin")
 

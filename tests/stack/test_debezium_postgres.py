@@ -88,8 +88,12 @@ def test_debeziums_postgres_connector_leaves_the_table_equal_to_postgres(
             "insert into public.customers (id, name, balance) values (%s, %s, %s)",
             [(key, f"name-{key}", f"{key % 997}.{key % 100:02d}") for key in range(150)],
         )
-        database = {"port": str(pg.port), "user": pg.user, "password": pg.password,
-                    "dbname": "inventory"}  # fmt: skip
+        database = {
+            "port": str(pg.port),
+            "user": pg.user,
+            "password": pg.password,
+            "dbname": "inventory",
+        }
         connect = DebeziumConnect(
             tmp_path / "connect", kafka.bootstrap_servers, database, ["public.customers"]
         )

@@ -165,9 +165,12 @@ def test_upsert_runs_killed_at_random_leave_the_source_state(
     source = DebeziumTable(partitions=3)
     topic = create_topic(partitions=3)
     spec = cdc_spec(
-        topic, "killed_upserts", max_records_per_run=600, max_records_per_task=150,
+        topic,
+        "killed_upserts",
+        max_records_per_run=600,
+        max_records_per_task=150,
         in_process_max_records=1_000,
-    )  # fmt: skip
+    )
     live = LedgerProducer(harness.kafka, ledger)
     live.produce(topic, source.snapshot(300))
     rng = random.Random(SEED)

@@ -194,45 +194,74 @@ class DebeziumTable:
                 {"type": "int64", "optional": True, "field": "ts_ms"},
                 {"type": "int64", "optional": True, "field": "ts_us"},
                 {"type": "int64", "optional": True, "field": "ts_ns"},
-                {"type": "struct", "fields": [
-                    {"type": "string", "optional": False, "field": "id"},
-                    {"type": "int64", "optional": False, "field": "total_order"},
-                    {"type": "int64", "optional": False, "field": "data_collection_order"},
-                 ], "optional": True, "name": "event.block", "version": 1, "field": "transaction"},
+                {
+                    "type": "struct",
+                    "fields": [
+                        {"type": "string", "optional": False, "field": "id"},
+                        {"type": "int64", "optional": False, "field": "total_order"},
+                        {"type": "int64", "optional": False, "field": "data_collection_order"},
+                    ],
+                    "optional": True,
+                    "name": "event.block",
+                    "version": 1,
+                    "field": "transaction",
+                },
             ],
             "optional": False,
             "name": f"{self.topic}.Envelope",
             "version": 2,
-        }  # fmt: skip
+        }
 
     def _event(
-        self, op: str, key: int, before: dict[str, Any] | None, after: dict[str, Any] | None,
+        self,
+        op: str,
+        key: int,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
         snapshot: str = "false",
-    ) -> Record:  # fmt: skip
+    ) -> Record:
         self._clock += timedelta(milliseconds=3)
         self._lsn += 56
         if snapshot == "false":
             self._tx += 1
         ts_ms = int(self._clock.timestamp() * 1000)
         source = {
-            "version": VERSION, "connector": "postgresql", "name": self.server, "ts_ms": ts_ms,
-            "snapshot": snapshot, "db": "inventory",
+            "version": VERSION,
+            "connector": "postgresql",
+            "name": self.server,
+            "ts_ms": ts_ms,
+            "snapshot": snapshot,
+            "db": "inventory",
             "sequence": orjson.dumps([str(self._lsn - 56), str(self._lsn)]).decode(),
-            "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": self.schema,
-            "table": self.table, "txId": self._tx, "lsn": self._lsn, "xmin": None,
-        }  # fmt: skip
+            "ts_us": ts_ms * 1000,
+            "ts_ns": ts_ms * 1_000_000,
+            "schema": self.schema,
+            "table": self.table,
+            "txId": self._tx,
+            "lsn": self._lsn,
+            "xmin": None,
+        }
         if self.flattened:
             row = dict(after if after is not None else before or {})
-            row.update(__op=op, __source_ts_ms=ts_ms, __lsn=self._lsn,
-                       __deleted="true" if op == "d" else "false")  # fmt: skip
+            row.update(
+                __op=op,
+                __source_ts_ms=ts_ms,
+                __lsn=self._lsn,
+                __deleted="true" if op == "d" else "false",
+            )
             flat_schema = _row_schema(f"{self.topic}.Value", None, False)
             flat_schema["fields"] = [*flat_schema["fields"], *FLAT_FIELDS]
             return self._key(key), self._wrap(flat_schema, row), self._partition(key)
         payload = {
-            "before": before, "after": after, "source": source, "op": op,
-            "ts_ms": ts_ms + 1, "ts_us": (ts_ms + 1) * 1000, "ts_ns": (ts_ms + 1) * 1_000_000,
+            "before": before,
+            "after": after,
+            "source": source,
+            "op": op,
+            "ts_ms": ts_ms + 1,
+            "ts_us": (ts_ms + 1) * 1000,
+            "ts_ns": (ts_ms + 1) * 1_000_000,
             "transaction": None,
-        }  # fmt: skip
+        }
         return self._key(key), self._wrap(self.envelope_schema(), payload), self._partition(key)
 
     def _partition(self, key: int) -> int:
@@ -268,8 +297,11 @@ class DebeziumTable:
         """``op: d`` with the primary key only in ``before`` (Postgres' default replica
         identity), then the tombstone."""
         del self.rows[key]
-        events = [self._event("d", key, {"id": key, "name": None, "balance": None,
-                                          "updated_at": None}, None)]  # fmt: skip
+        events = [
+            self._event(
+                "d", key, {"id": key, "name": None, "balance": None, "updated_at": None}, None
+            )
+        ]
         if self.tombstones and not self.flattened:
             events.append((self._key(key), None, self._partition(key)))
         return events

@@ -103,8 +103,9 @@ class DebeziumConnect(JvmServer):
         """Listening is enough: the worker opens its REST port once its connector is loaded."""
         return True
 
-    def wait_records(self, client_config: dict[str, str], table: str, count: int,
-                     timeout_s: float = 60) -> int:  # fmt: skip
+    def wait_records(
+        self, client_config: dict[str, str], table: str, count: int, timeout_s: float = 60
+    ) -> int:
         """Wait until ``table``'s topic (one partition) holds at least ``count`` records;
         return its end offset."""
         from confluent_kafka import Consumer, KafkaException

@@ -94,25 +94,41 @@ class FailbackStack:
         config = route.kafka.client_config()
         kafka = self.kafka
         report = run_pipeline(
-            route.spec, config, self.catalog, None, cluster, cluster=route.cluster,
+            route.spec,
+            config,
+            self.catalog,
+            None,
+            cluster,
+            cluster=route.cluster,
             cluster_config=(lambda name: kafka.for_cluster(name).client_config())
-            if other_clusters else None,
-        )  # fmt: skip
+            if other_clusters
+            else None,
+        )
         return {key[0] for key in report.end_offsets}
 
     def fail_over(self) -> list[str]:
         """Switch the pipeline to 'dr' (the operator's ``--to dr``); the plan's lines."""
         return failover_pipeline(
-            self.spec, self.kafka, self.iceberg, "dr", dry_run=False, requested_by="ops",
+            self.spec,
+            self.kafka,
+            self.iceberg,
+            "dr",
+            dry_run=False,
+            requested_by="ops",
             reason="down",
-        )  # fmt: skip
+        )
 
     def fail_back(self) -> list[str]:
         """Switch the pipeline back to the primary (``--to primary``); the plan's lines."""
         return failover_pipeline(
-            self.spec, self.kafka, self.iceberg, "primary", dry_run=False, requested_by="ops",
+            self.spec,
+            self.kafka,
+            self.iceberg,
+            "primary",
+            dry_run=False,
+            requested_by="ops",
             reason="back",
-        )  # fmt: skip
+        )
 
     @property
     def forward_mm2(self) -> MirrorMaker:
@@ -128,10 +144,20 @@ class FailbackStack:
         ``options``: :class:`~tests.support.mirror_maker.MirrorMaker`'s keyword options."""
         source_alias = self.spec.replicas[0].failback_alias
         target = target_alias or self.forward_mm2.source_alias
-        clusters = {source_alias: self.replica.bootstrap_servers,
-                    target: self.source.bootstrap_servers}  # fmt: skip
-        reverse = MirrorMaker(self.tmp_path / "mm2-reverse.log", clusters, source_alias, target,
-                              [self.copy], [self.group], identity=identity, **options)  # fmt: skip
+        clusters = {
+            source_alias: self.replica.bootstrap_servers,
+            target: self.source.bootstrap_servers,
+        }
+        reverse = MirrorMaker(
+            self.tmp_path / "mm2-reverse.log",
+            clusters,
+            source_alias,
+            target,
+            [self.copy],
+            [self.group],
+            identity=identity,
+            **options,
+        )
         self.running.append(reverse)
         return reverse
 
@@ -180,10 +206,19 @@ def build_failback_stack(
     )
     options = dict(forward or {})
     target_alias = options.pop("target_alias", "backup")
-    clusters = {dr["source_alias"]: source.bootstrap_servers,
-                target_alias: replica.bootstrap_servers}  # fmt: skip
-    mm2 = MirrorMaker(tmp_path / f"mm2-{name}.log", clusters, dr["source_alias"], target_alias,
-                      [topic], [spec.consumer_group_id], **options)  # fmt: skip
+    clusters = {
+        dr["source_alias"]: source.bootstrap_servers,
+        target_alias: replica.bootstrap_servers,
+    }
+    mm2 = MirrorMaker(
+        tmp_path / f"mm2-{name}.log",
+        clusters,
+        dr["source_alias"],
+        target_alias,
+        [topic],
+        [spec.consumer_group_id],
+        **options,
+    )
     running = running if running is not None else []
     running.append(mm2)
     catalog = iceberg.load_catalog()
@@ -203,14 +238,20 @@ def failback_factory(
     source, dr = clusters
 
     def build(
-        topic: str, name: str, *, replica: dict[str, str] | None = None, config: bool = False,
+        topic: str,
+        name: str,
+        *,
+        replica: dict[str, str] | None = None,
+        config: bool = False,
         **options: Any,
-    ) -> FailbackStack:  # fmt: skip
-        stack = build_failback_stack(source, dr, tmp_path, topic, name, replica_spec=replica,
-                                     running=running, **options)  # fmt: skip
+    ) -> FailbackStack:
+        stack = build_failback_stack(
+            source, dr, tmp_path, topic, name, replica_spec=replica, running=running, **options
+        )
         if config:
-            path = write_config(tmp_path, source.bootstrap_servers, dr.bootstrap_servers,
-                                stack.spec)  # fmt: skip
+            path = write_config(
+                tmp_path, source.bootstrap_servers, dr.bootstrap_servers, stack.spec
+            )
             monkeypatch.setenv("PLATFORM_CONFIG", str(path))
             monkeypatch.delenv("PLATFORM_PIPELINES_FILE", raising=False)
             monkeypatch.delenv("DAGSTER_HOME", raising=False)
@@ -240,8 +281,9 @@ def send(bootstrap: str, topic: str, numbers: list[int], stamp_ms: int) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
     for number in numbers:
         ((key, value, _),) = records(1, first=number)
-        producer.produce(topic, value=value, key=key, partition=number % 2,
-                         timestamp=stamp_ms + number)  # fmt: skip
+        producer.produce(
+            topic, value=value, key=key, partition=number % 2, timestamp=stamp_ms + number
+        )
         producer.flush(10)
 
 

@@ -155,9 +155,15 @@ class Flow:
         ]:
             assert any(re.fullmatch(rx, name) or rx == name for rx in allowed), (name, allowed)
         return Flow(
-            self.clusters, self.source_alias, self.target_alias, topics, groups,
-            identity=self.identity, offset_lag_max=self.offset_lag_max, process=self.process,
-        )  # fmt: skip
+            self.clusters,
+            self.source_alias,
+            self.target_alias,
+            topics,
+            groups,
+            identity=self.identity,
+            offset_lag_max=self.offset_lag_max,
+            process=self.process,
+        )
 
     # -- waits: what MM2 wrote, read as the platform reads it -------------------------------
 
@@ -275,9 +281,16 @@ class MirrorMaker(Flow, ManagedProcess):
         lanes: list[Flow] | None = None,
     ) -> None:
         super().__init__(
-            clusters, source_alias, target_alias, topics, groups, patterns=patterns,
-            group_patterns=group_patterns, identity=identity, offset_lag_max=offset_lag_max,
-        )  # fmt: skip
+            clusters,
+            source_alias,
+            target_alias,
+            topics,
+            groups,
+            patterns=patterns,
+            group_patterns=group_patterns,
+            identity=identity,
+            offset_lag_max=offset_lag_max,
+        )
         self.process = self
         self.log_path = Path(log_path)
         self.sync_group_offsets = sync_group_offsets
@@ -384,15 +397,17 @@ class MirrorMaker(Flow, ManagedProcess):
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 self._process = None
-                raise MirrorMakerError(f"MirrorMaker 2 exited ({process.returncode}):\n"
-                                       f"{self.read_log()}")  # fmt: skip
+                raise MirrorMakerError(
+                    f"MirrorMaker 2 exited ({process.returncode}):\n{self.read_log()}"
+                )
             if STARTED in self._log_since(offset) and all(f.running() for f in self.flows):
                 self.started_s = time.monotonic() - spawned
                 return self
             time.sleep(0.5)
         self.stop()
-        raise MirrorMakerError(f"MirrorMaker 2 did not start in {self.start_timeout_s} s:\n"
-                               f"{self.read_log()}")  # fmt: skip
+        raise MirrorMakerError(
+            f"MirrorMaker 2 did not start in {self.start_timeout_s} s:\n{self.read_log()}"
+        )
 
     def _log_since(self, offset: int) -> str:
         with self.log_path.open("rb") as log:
@@ -432,15 +447,31 @@ def shared_mirror_maker(log_path: Path, source: str, target: str) -> MirrorMaker
     for alias, options in LANES.items():
         clusters = {alias: source, "dr": target}
         mine = [f"{re.escape(alias)}-.*"]
-        flow = Flow(clusters, alias, "dr", [], [], patterns=mine, group_patterns=mine,
-                    offset_lag_max=options.get("offset_lag_max", 100))  # fmt: skip
+        flow = Flow(
+            clusters,
+            alias,
+            "dr",
+            [],
+            [],
+            patterns=mine,
+            group_patterns=mine,
+            offset_lag_max=options.get("offset_lag_max", 100),
+        )
         if "checkpoints" in options:
             flow.create_checkpoints_topic(*options["checkpoints"])
         flows.append(flow)
     main, *lanes = flows
-    return MirrorMaker(log_path, main.clusters, main.source_alias, "dr", [], [],
-                       patterns=main.patterns, group_patterns=main.group_patterns,
-                       lanes=lanes)  # fmt: skip
+    return MirrorMaker(
+        log_path,
+        main.clusters,
+        main.source_alias,
+        "dr",
+        [],
+        [],
+        patterns=main.patterns,
+        group_patterns=main.group_patterns,
+        lanes=lanes,
+    )
 
 
 def watermarks(consumer: Any, topic: str, timeout_s: float) -> list[tuple[int, int, int]]:

@@ -140,20 +140,42 @@ class PostgresServer(ManagedProcess):
             shutil.chown(self.root / "pwfile", owner)
         try:
             subprocess.run(
-                [str(binaries / "initdb"), "-D", str(data), "-U", self.user, "-E", "UTF8",
-                 "--auth=scram-sha-256", f"--pwfile={self.root / 'pwfile'}"],
-                check=True, capture_output=True, user=owner,
-            )  # fmt: skip
+                [
+                    str(binaries / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    self.user,
+                    "-E",
+                    "UTF8",
+                    "--auth=scram-sha-256",
+                    f"--pwfile={self.root / 'pwfile'}",
+                ],
+                check=True,
+                capture_output=True,
+                user=owner,
+            )
         except subprocess.CalledProcessError as error:
             output = (error.stdout + error.stderr).decode(errors="replace")
             raise RuntimeError(f"initdb failed ({error.returncode}): {output}") from error
         self.port = find_free_port()
         self.spawn(
-            [str(binaries / "postgres"), "-D", str(data), "-h", "127.0.0.1",
-             "-p", str(self.port), "-k", str(self.root), "-c", "fsync=off",
-             *(arg for k, v in self.settings.items() for arg in ("-c", f"{k}={v}"))],
+            [
+                str(binaries / "postgres"),
+                "-D",
+                str(data),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-k",
+                str(self.root),
+                "-c",
+                "fsync=off",
+                *(arg for k, v in self.settings.items() for arg in ("-c", f"{k}={v}")),
+            ],
             user=owner,
-        )  # fmt: skip
+        )
         if not self.wait_listening(self.port, self.start_timeout_s, 0.1, ready=self._ready):
             raise RuntimeError(f"postgres did not start: {self.read_log()}")
 

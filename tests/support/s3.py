@@ -36,8 +36,10 @@ def s3_server(log_path: Path, bucket: str, start_timeout_s: float = 60) -> Itera
     with log_path.open("ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + start_timeout_s
         while True:

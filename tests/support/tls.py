@@ -216,5 +216,9 @@ def load_group_coordinator(kafka: KafkaResource, timeout_s: float = 60.0) -> Non
         consumer.close()
 
 
-NOT_READY = {"NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "COORDINATOR_NOT_AVAILABLE",
-             "_TIMED_OUT"}  # fmt: skip
+NOT_READY = {
+    "NOT_COORDINATOR",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "COORDINATOR_NOT_AVAILABLE",
+    "_TIMED_OUT",
+}

@@ -123,10 +123,13 @@ def find_switch(table: Table, group_id: str, replica: str) -> UndoneSwitch | Non
         if properties.get(GROUP_ID) != group_id or properties.get(FAILOVER_TO) != replica:
             continue
         before = next(
-            (snapshot_properties(s)[key] for s in ancestry[index + 1 :] if key in
-             snapshot_properties(s)),
+            (
+                snapshot_properties(s)[key]
+                for s in ancestry[index + 1 :]
+                if key in snapshot_properties(s)
+            ),
             None,
-        )  # fmt: skip
+        )
         plans = orjson.loads(properties.get(FAILOVER_PLAN, "[]"))
         offsets = decode_offsets(before) if before is not None else None
         return UndoneSwitch(snapshot.snapshot_id, list(plans), offsets)
@@ -261,9 +264,20 @@ def plan_origin_partition(
     pending = sum(1 for offset in matched if offset >= replica_next)
     how = f"offset sync {anchor[0]} -> {anchor[1]}" if anchor else ""
     return OriginPlan(
-        topic, partition, "", before, resume, len(matched) - pending, tail, copy, start,
-        pending, end, how, planned,
-    )  # fmt: skip
+        topic,
+        partition,
+        "",
+        before,
+        resume,
+        len(matched) - pending,
+        tail,
+        copy,
+        start,
+        pending,
+        end,
+        how,
+        planned,
+    )
 
 
 def copy_partitions(
@@ -332,14 +346,24 @@ def plan_origin(
         rows = copy_partitions(tables, topic, copy, floors, replica_cluster, scans)
         for partition in every:
             entry = entries.get(partition) or {
-                "source_topic": topic, "partition": partition, "replica_topic": copy,
-                "replica_start": 0, "in_plan": False,
-            }  # fmt: skip
+                "source_topic": topic,
+                "partition": partition,
+                "replica_topic": copy,
+                "replica_start": 0,
+                "in_plan": False,
+            }
             at = replica_next.get((str(entry["replica_topic"]), partition))
             plan = plan_origin_partition(
-                tables, reader, replica, entry, at, pipeline,
-                (syncs or {}).get((topic, partition)), replica_cluster,
-                (ambiguous or {}).get((topic, partition)), rows,
-            )  # fmt: skip
+                tables,
+                reader,
+                replica,
+                entry,
+                at,
+                pipeline,
+                (syncs or {}).get((topic, partition)),
+                replica_cluster,
+                (ambiguous or {}).get((topic, partition)),
+                rows,
+            )
             plans.append(OriginPlan(**{**plan.__dict__, "topic_id": topic_id}))
     return plans

@@ -102,11 +102,16 @@ def guard_entries(entries: Entries) -> list[dict[str, Any]]:
         records = merged.setdefault((topic, partition, entry.source, entry.source_topic), {})
         records.update((record[0], record) for record in entry.records)
     return [
-        {"topic": topic, "partition": partition, "from": source, "source_topic": source_topic,
-         "records": [records[offset] for offset in sorted(records)]}
+        {
+            "topic": topic,
+            "partition": partition,
+            "from": source,
+            "source_topic": source_topic,
+            "records": [records[offset] for offset in sorted(records)],
+        }
         for (topic, partition, source, source_topic), records in sorted(merged.items())
         if records
-    ]  # fmt: skip
+    ]
 
 
 def uncopied_property(
@@ -125,8 +130,9 @@ def uncopied_property(
     it reads, ``ingestion.dr.late_copies.origin``). None replaces another."""
     entries: Entries = [
         ((p.replica_topic, p.partition), Uncopied(source, p.source_topic, p.uncopied_records))
-        for p in plans if p.uncopied_records
-    ]  # fmt: skip
+        for p in plans
+        if p.uncopied_records
+    ]
     guarded = carried.partitions if carried is not None else {}
     for p in plans:
         for old in guarded.get((p.source_topic, p.partition), ()):
@@ -171,9 +177,10 @@ class LateCopyGuard:
             strong: set[bytes] = set()
             for entry in entries:
                 wanted = {
-                    offset: (stamp, kd) for offset, stamp, kd in entry.records
+                    offset: (stamp, kd)
+                    for offset, stamp, kd in entry.records
                     if pairs is None or (stamp, kd) in pairs
-                }  # fmt: skip
+                }
                 if not wanted:
                     continue
                 if entry.source not in clusters:

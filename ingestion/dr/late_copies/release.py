@@ -90,12 +90,18 @@ def release_guard(
         released = sum(clusters.values())
         value["partitions"] = []
         value["released"] = {
-            "by": requested_by, "reason": reason, "records": released, "clusters": clusters,
-        }  # fmt: skip
+            "by": requested_by,
+            "reason": reason,
+            "records": released,
+            "clusters": clusters,
+        }
         summary = {
-            COMMIT_ID: uuid.uuid4().hex, PIPELINE: spec.name, RESET_BY: requested_by,
-            RESET_REASON: reason, RELEASED: str(released),
-        }  # fmt: skip
+            COMMIT_ID: uuid.uuid4().hex,
+            PIPELINE: spec.name,
+            RESET_BY: requested_by,
+            RESET_REASON: reason,
+            RELEASED: str(released),
+        }
         try:
             with commit_view(table).transaction() as transaction:
                 transaction.set_properties({key: orjson.dumps(value).decode()})

@@ -33,8 +33,14 @@ GROUP = SPEC.consumer_group_id
 
 def row(offset: int, cluster: str | None, partition: int = 0) -> dict[str, object]:
     at = dt.datetime(2026, 11, 23, 10, tzinfo=dt.UTC)
-    return {"id": offset, "_kafka_topic": "orders", "_kafka_partition": partition,
-            "_kafka_offset": offset, "_kafka_timestamp": at, CLUSTER_COLUMN: cluster}  # fmt: skip
+    return {
+        "id": offset,
+        "_kafka_topic": "orders",
+        "_kafka_partition": partition,
+        "_kafka_offset": offset,
+        "_kafka_timestamp": at,
+        CLUSTER_COLUMN: cluster,
+    }
 
 
 @pytest.fixture
@@ -50,9 +56,12 @@ def table(tmp_path: Path) -> Table:
         rows: list[dict[str, object]], cluster: str, to: dict[int, int], **extra: str
     ) -> None:
         properties = commit_properties(
-            group_id=GROUP, offsets={"orders": TopicOffsets(cluster, to)},
-            commit_id=f"c{len(table.metadata.snapshots)}", cluster_id=cluster, pipeline=SPEC.name,
-        )  # fmt: skip
+            group_id=GROUP,
+            offsets={"orders": TopicOffsets(cluster, to)},
+            commit_id=f"c{len(table.metadata.snapshots)}",
+            cluster_id=cluster,
+            pipeline=SPEC.name,
+        )
         table.append(pa.Table.from_pylist(rows, schema=schema), {**properties, **extra})
 
     commit([row(o, None) for o in range(40, 60)], "primary", {0: 60, 1: 5})
@@ -71,10 +80,15 @@ def test_each_clusters_ranges_and_the_switch_reads_nothing(table: Table) -> None
 
 @pytest.mark.parametrize(
     ("coordinates", "allowed"),
-    [(("orders", 0, 55), 2), (("orders", 0, 45), 1), (("orders", 0, 61), 1),
-     (("orders", 1, 3), 1), (("other", 0, 55), 1)],
+    [
+        (("orders", 0, 55), 2),
+        (("orders", 0, 45), 1),
+        (("orders", 0, 61), 1),
+        (("orders", 1, 3), 1),
+        (("other", 0, 55), 1),
+    ],
     ids=["read-on-both", "primary-only", "dr-only", "one-cluster-partition", "other-topic"],
-)  # fmt: skip
+)
 def test_an_offset_may_occur_once_per_cluster_that_read_it(
     table: Table, coordinates: tuple[str, int, int], allowed: int
 ) -> None:

@@ -23,11 +23,17 @@ AT = dt.datetime(2026, 11, 23, 10, 0, tzinfo=dt.UTC)
 
 def row(topic: str, offset: int, ident: int, key: str | None, ms: int = 0) -> dict[str, object]:
     return {
-        "id": ident, "name": f"n{ident}", "amount": Decimal("1.25"), "ts": AT,
-        "_kafka_topic": topic, "_kafka_partition": 0, "_kafka_offset": offset,
-        "_kafka_timestamp": AT + dt.timedelta(milliseconds=ms), "_kafka_key": key,
+        "id": ident,
+        "name": f"n{ident}",
+        "amount": Decimal("1.25"),
+        "ts": AT,
+        "_kafka_topic": topic,
+        "_kafka_partition": 0,
+        "_kafka_offset": offset,
+        "_kafka_timestamp": AT + dt.timedelta(milliseconds=ms),
+        "_kafka_key": key,
         "_kafka_headers": [],
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(

@@ -27,28 +27,61 @@ def test_a_topic_name_with_brackets_keeps_them() -> None:
         # The next commit: from the previous offsets to the new ones, exact.
         ({("t", 0): 10}, {("t", 0): 30}, {}, {}, Recount((OffsetRange("t", 0, 10, 30),))),
         # A partition that did not move has nothing to recount.
-        ({("t", 0): 10, ("t", 1): 5}, {("t", 0): 12, ("t", 1): 5}, {}, {},
-         Recount((OffsetRange("t", 0, 10, 12),))),
+        (
+            {("t", 0): 10, ("t", 1): 5},
+            {("t", 0): 12, ("t", 1): 5},
+            {},
+            {},
+            Recount((OffsetRange("t", 0, 10, 12),)),
+        ),
         # A first commit with recorded starts is verifiable and exact.
-        (None, {("t", 0): 8}, {RANGE_STARTS: '{"t":{"0":3}}'}, {},
-         Recount((OffsetRange("t", 0, 3, 8),))),
+        (
+            None,
+            {("t", 0): 8},
+            {RANGE_STARTS: '{"t":{"0":3}}'},
+            {},
+            Recount((OffsetRange("t", 0, 3, 8),)),
+        ),
         # A first commit without recorded starts: nothing can be compared.
         (None, {("t", 0): 8}, {}, {}, Recount((), exact=False, verifiable=False)),
         # Retention deleted the start: today's log start, a lower bound.
-        ({("t", 0): 10}, {("t", 0): 30}, {}, {("t", 0): 25},
-         Recount((OffsetRange("t", 0, 25, 30),), exact=False)),
+        (
+            {("t", 0): 10},
+            {("t", 0): 30},
+            {},
+            {("t", 0): 25},
+            Recount((OffsetRange("t", 0, 25, 30),), exact=False),
+        ),
         # A recorded lost range: the commit's range starts after it.
-        ({("t", 0): 10}, {("t", 0): 30}, {LOST_RANGES: "t[0] [10, 18)"}, {},
-         Recount((OffsetRange("t", 0, 18, 30),))),
+        (
+            {("t", 0): 10},
+            {("t", 0): 30},
+            {LOST_RANGES: "t[0] [10, 18)"},
+            {},
+            Recount((OffsetRange("t", 0, 18, 30),)),
+        ),
         # A lost range below the previous offsets changes nothing.
-        ({("t", 0): 10}, {("t", 0): 30}, {LOST_RANGES: "t[0] [0, 4)"}, {},
-         Recount((OffsetRange("t", 0, 10, 30),))),
+        (
+            {("t", 0): 10},
+            {("t", 0): 30},
+            {LOST_RANGES: "t[0] [0, 4)"},
+            {},
+            Recount((OffsetRange("t", 0, 10, 30),)),
+        ),
         # Everything lost and nothing after it: no range, still exact.
         ({("t", 0): 10}, {("t", 0): 30}, {LOST_RANGES: "t[0] [10, 30)"}, {}, Recount(())),
     ],
-    ids=["next", "unmoved", "first-recorded", "first-unrecorded", "retention", "lost",
-         "lost-before", "all-lost"],
-)  # fmt: skip
+    ids=[
+        "next",
+        "unmoved",
+        "first-recorded",
+        "first-unrecorded",
+        "retention",
+        "lost",
+        "lost-before",
+        "all-lost",
+    ],
+)
 def test_the_ranges_of_a_commit(
     previous: dict[tuple[str, int], int] | None,
     current: dict[tuple[str, int], int],

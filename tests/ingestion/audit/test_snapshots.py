@@ -47,10 +47,17 @@ Commit = Callable[..., Snapshot]
 def row(offset: int, cluster: str | None = None, partition: int = 0) -> dict[str, object]:
     at = dt.datetime(2026, 11, 23, 10, tzinfo=dt.UTC)
     return {
-        "id": offset, "name": None, "amount": None, "ts": at, "_kafka_topic": "orders",
-        "_kafka_partition": partition, "_kafka_offset": offset, "_kafka_timestamp": at,
-        "_kafka_key": f"k{offset}", CLUSTER_COLUMN: cluster,
-    }  # fmt: skip
+        "id": offset,
+        "name": None,
+        "amount": None,
+        "ts": at,
+        "_kafka_topic": "orders",
+        "_kafka_partition": partition,
+        "_kafka_offset": offset,
+        "_kafka_timestamp": at,
+        "_kafka_key": f"k{offset}",
+        CLUSTER_COLUMN: cluster,
+    }
 
 
 @pytest.fixture
@@ -78,9 +85,12 @@ def commit(table: Table) -> Commit:
 
 def offsets_properties(next_offset: int, group: str = GROUP, **extra: str) -> dict[str, str]:
     properties = commit_properties(
-        group_id=group, offsets={"orders": TopicOffsets("id", {0: next_offset})},
-        commit_id=f"c{next_offset}", cluster_id="k", pipeline="snap",
-    )  # fmt: skip
+        group_id=group,
+        offsets={"orders": TopicOffsets("id", {0: next_offset})},
+        commit_id=f"c{next_offset}",
+        cluster_id="k",
+        pipeline="snap",
+    )
     return {**properties, **extra}
 
 
@@ -298,9 +308,11 @@ def test_a_first_commit_without_recorded_starts_is_noted_not_recounted(commit: C
 
 @pytest.mark.integration
 def test_the_count_is_checked_against_the_records_kafka_holds(
-    commit: Commit, kafka: KafkaResource, create_topic: CreateTopic,
+    commit: Commit,
+    kafka: KafkaResource,
+    create_topic: CreateTopic,
     ledger_producer: LedgerProducer,
-) -> None:  # fmt: skip
+) -> None:
     """5 records in Kafka: 5 added is clean; 4 added plus 1 quarantined too; 6 is a finding
     unless the start is a lower bound (a note); a range past the log end is unrecounted."""
     topic = create_topic(partitions=1)

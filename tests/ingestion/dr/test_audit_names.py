@@ -22,20 +22,46 @@ def test_a_pipeline_without_replicas_has_no_families() -> None:
         # default forward (primary.orders), identity back: the copy's name comes back as is.
         ([{"name": "dr", "source_alias": "primary"}], {"orders", "primary.orders"}),
         # identity forward, default back: the reverse copy is dr.orders on the primary.
-        ([{"name": "dr", "source_alias": "primary", "replication_policy": "identity",
-           "failback_replication_policy": "default"}], {"orders", "dr.orders"}),
+        (
+            [
+                {
+                    "name": "dr",
+                    "source_alias": "primary",
+                    "replication_policy": "identity",
+                    "failback_replication_policy": "default",
+                }
+            ],
+            {"orders", "dr.orders"},
+        ),
         # ... named after the reverse flow's alias when it has its own.
-        ([{"name": "dr", "source_alias": "primary", "replication_policy": "identity",
-           "failback_replication_policy": "default", "failback_source_alias": "west"}],
-         {"orders", "west.orders"}),
+        (
+            [
+                {
+                    "name": "dr",
+                    "source_alias": "primary",
+                    "replication_policy": "identity",
+                    "failback_replication_policy": "default",
+                    "failback_source_alias": "west",
+                }
+            ],
+            {"orders", "west.orders"},
+        ),
         # Two replicas: one family with every name.
-        ([{"name": "dr", "source_alias": "primary"},
-          {"name": "dr2", "source_alias": "main", "replication_policy": "identity",
-           "failback_replication_policy": "default"}],
-         {"orders", "primary.orders", "dr2.orders"}),
+        (
+            [
+                {"name": "dr", "source_alias": "primary"},
+                {
+                    "name": "dr2",
+                    "source_alias": "main",
+                    "replication_policy": "identity",
+                    "failback_replication_policy": "default",
+                },
+            ],
+            {"orders", "primary.orders", "dr2.orders"},
+        ),
     ],
     ids=["default", "identity", "failback-alias", "two-replicas"],
-)  # fmt: skip
+)
 def test_each_topic_has_one_family_of_every_name_mm2_gives_it(
     replicas: list[dict[str, Any]], family: set[str]
 ) -> None:
@@ -45,12 +71,19 @@ def test_each_topic_has_one_family_of_every_name_mm2_gives_it(
 
 def test_a_family_per_topic_and_none_for_a_name_that_never_changes() -> None:
     """Identity naming both ways keeps one name: nothing to compare across names."""
-    spec = make_spec("x", "many", topics=["orders", "payments"],
-                     replicas=[{"name": "dr", "source_alias": "primary"}])  # fmt: skip
+    spec = make_spec(
+        "x",
+        "many",
+        topics=["orders", "payments"],
+        replicas=[{"name": "dr", "source_alias": "primary"}],
+    )
     assert name_families(spec) == [
         frozenset({"orders", "primary.orders"}),
         frozenset({"payments", "primary.payments"}),
     ]
-    same = make_spec("orders", "same", replicas=[{"name": "dr", "source_alias": "primary",
-                                                  "replication_policy": "identity"}])  # fmt: skip
+    same = make_spec(
+        "orders",
+        "same",
+        replicas=[{"name": "dr", "source_alias": "primary", "replication_policy": "identity"}],
+    )
     assert name_families(same) == []

@@ -69,10 +69,17 @@ def orders_row(offset: int, cluster: str | None) -> dict[str, object]:
     """A row of ``orders[0]`` at ``offset`` read on ``cluster`` (None: before the column)."""
     at = dt.datetime(2026, 11, 23, 10, tzinfo=dt.UTC)
     return {
-        "id": offset, "name": None, "amount": None, "ts": at, "_kafka_topic": "orders",
-        "_kafka_partition": 0, "_kafka_offset": offset, "_kafka_timestamp": at,
-        "_kafka_key": f"k{offset}", CLUSTER_COLUMN: cluster,
-    }  # fmt: skip
+        "id": offset,
+        "name": None,
+        "amount": None,
+        "ts": at,
+        "_kafka_topic": "orders",
+        "_kafka_partition": 0,
+        "_kafka_offset": offset,
+        "_kafka_timestamp": at,
+        "_kafka_key": f"k{offset}",
+        CLUSTER_COLUMN: cluster,
+    }
 
 
 PRIMARY_ROWS = [orders_row(o, None) for o in range(40, 60)]  # before the column: null
@@ -86,17 +93,24 @@ LABELLED_PRIMARY = [orders_row(o, "primary") for o in range(40, 60)]
         (PRIMARY_ROWS + [orders_row(o, "dr") for o in range(50, 62)], "orders", ("dr", {})),
         (LABELLED_PRIMARY + [orders_row(o, "dr") for o in range(50, 62)], "orders", ("dr", {})),
         # dr's rows were written before the column: two nulls at 50..59, one past 60.
-        (PRIMARY_ROWS + [orders_row(o, None) for o in range(50, 62)], "orders",
-         (None, {("orders", 0): list(range(50, 62))})),
+        (
+            PRIMARY_ROWS + [orders_row(o, None) for o in range(50, 62)],
+            "orders",
+            (None, {("orders", 0): list(range(50, 62))}),
+        ),
         # the column came while the table read dr: its first rows pass for the primary's.
-        (LABELLED_PRIMARY + [orders_row(o, None) for o in range(50, 54)]
-         + [orders_row(o, "dr") for o in range(54, 62)], "orders",
-         (None, {("orders", 0): [50, 51, 52, 53]})),
+        (
+            LABELLED_PRIMARY
+            + [orders_row(o, None) for o in range(50, 54)]
+            + [orders_row(o, "dr") for o in range(54, 62)],
+            "orders",
+            (None, {("orders", 0): [50, 51, 52, 53]}),
+        ),
         # default naming: the names tell the clusters apart, no filter is needed.
         (PRIMARY_ROWS, "primary.orders", (None, {})),
     ],
     ids=["labelled", "labelled-primary", "dr-before-column", "dr-partly-before", "default"],
-)  # fmt: skip
+)
 def test_a_failback_trusts_the_cluster_only_where_rows_record_it(
     catalog_resource: IcebergCatalogResource,
     rows: list[dict[str, object]],
@@ -108,8 +122,15 @@ def test_a_failback_trusts_the_cluster_only_where_rows_record_it(
     name = "cl_labels_" + request.node.callspec.id.replace("-", "_")
     table = load_or_create_table(catalog_resource.load_catalog(), make_spec("orders", name))
     table.append(pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema())))
-    plans = [{"source_topic": "orders", "partition": 0, "replica_topic": replica_topic,
-              "replica_start": 50, "source_next": 60}]  # fmt: skip
+    plans = [
+        {
+            "source_topic": "orders",
+            "partition": 0,
+            "replica_topic": replica_topic,
+            "replica_start": 50,
+            "source_next": 60,
+        }
+    ]
     assert labelled_cluster([table], plans, "dr") == expected
 
 
@@ -121,19 +142,38 @@ OVERLAP = [("orders", 0, o) for o in range(50, 60)]  # read on both clusters
     [
         # Labelled rows: one per cluster is no duplicate, before and after expiry.
         (LABELLED_PRIMARY, [orders_row(o, "dr") for o in range(50, 62)], [], []),
-        (LABELLED_PRIMARY, [orders_row(o, "dr") for o in [*range(50, 62), 55]],
-         [("orders", 0, 55)], [("orders", 0, 55)]),
+        (
+            LABELLED_PRIMARY,
+            [orders_row(o, "dr") for o in [*range(50, 62), 55]],
+            [("orders", 0, 55)],
+            [("orders", 0, 55)],
+        ),
         # A null row: the allowance, read from the unexpired lineage, decides.
         (PRIMARY_ROWS, [orders_row(o, "dr") for o in range(50, 62)], [], OVERLAP),
         (PRIMARY_ROWS, [orders_row(o, None) for o in range(50, 62)], [], OVERLAP),
-        (PRIMARY_ROWS, [orders_row(o, "dr") for o in [*range(50, 62), 55, 45]],
-         [("orders", 0, 45), ("orders", 0, 55)], [("orders", 0, 45), *OVERLAP]),
-        (PRIMARY_ROWS, [orders_row(o, "dr") for o in range(50, 56)]
-         + [orders_row(o, None) for o in range(56, 62)], [], OVERLAP),
+        (
+            PRIMARY_ROWS,
+            [orders_row(o, "dr") for o in [*range(50, 62), 55, 45]],
+            [("orders", 0, 45), ("orders", 0, 55)],
+            [("orders", 0, 45), *OVERLAP],
+        ),
+        (
+            PRIMARY_ROWS,
+            [orders_row(o, "dr") for o in range(50, 56)]
+            + [orders_row(o, None) for o in range(56, 62)],
+            [],
+            OVERLAP,
+        ),
     ],
-    ids=["labelled", "labelled-twice", "null-and-dr", "null-twice", "triple-and-outside",
-         "partly-labelled"],
-)  # fmt: skip
+    ids=[
+        "labelled",
+        "labelled-twice",
+        "null-and-dr",
+        "null-twice",
+        "triple-and-outside",
+        "partly-labelled",
+    ],
+)
 def test_the_full_audit_counts_labelled_rows_by_cluster_and_null_rows_by_the_allowance(
     catalog_resource: IcebergCatalogResource,
     primary: list[dict[str, object]],
@@ -152,10 +192,13 @@ def test_the_full_audit_counts_labelled_rows_by_cluster_and_null_rows_by_the_all
 
     def commit(rows: list[dict[str, object]], cluster: str, to: int, **extra: str) -> None:
         properties = commit_properties(
-            group_id=group, offsets={"orders": TopicOffsets(cluster, {0: to})},
-            commit_id=f"c{len(table.metadata.snapshots)}", cluster_id=cluster,
-            pipeline=spec.name, records=len(rows),
-        )  # fmt: skip
+            group_id=group,
+            offsets={"orders": TopicOffsets(cluster, {0: to})},
+            commit_id=f"c{len(table.metadata.snapshots)}",
+            cluster_id=cluster,
+            pipeline=spec.name,
+            records=len(rows),
+        )
         table.append(pa.Table.from_pylist(rows, schema=arrow), {**properties, **extra})
 
     commit(primary, "primary", 60)
@@ -204,18 +247,28 @@ def test_a_table_created_before_the_column_gains_it_and_old_rows_audit_as_primar
     old = []
     for entry in sorted(ledger.entries, key=lambda e: e.offset):
         value = orjson.loads(entry.value or b"{}")
-        old.append({
-            "id": value["id"], "name": value["name"], "amount": Decimal(value["amount"]),
-            "ts": dt.datetime(2026, 11, 22, 10, tzinfo=dt.UTC), "_kafka_topic": topic,
-            "_kafka_partition": 0, "_kafka_offset": entry.offset,
-            "_kafka_timestamp": dt.datetime.fromtimestamp(entry.timestamp_ms / 1000, dt.UTC),
-            "_kafka_key": (entry.key or b"").decode(),
-        })  # fmt: skip
+        old.append(
+            {
+                "id": value["id"],
+                "name": value["name"],
+                "amount": Decimal(value["amount"]),
+                "ts": dt.datetime(2026, 11, 22, 10, tzinfo=dt.UTC),
+                "_kafka_topic": topic,
+                "_kafka_partition": 0,
+                "_kafka_offset": entry.offset,
+                "_kafka_timestamp": dt.datetime.fromtimestamp(entry.timestamp_ms / 1000, dt.UTC),
+                "_kafka_key": (entry.key or b"").decode(),
+            }
+        )
     properties = commit_properties(
-        group_id=spec.consumer_group_id, offsets={topic: TopicOffsets(topic_id, {0: 5})},
-        commit_id="old-engine", cluster_id=kafka.get_cluster_id(), pipeline=spec.name,
-        records=5, range_starts={(topic, 0): 0},
-    )  # fmt: skip
+        group_id=spec.consumer_group_id,
+        offsets={topic: TopicOffsets(topic_id, {0: 5})},
+        commit_id="old-engine",
+        cluster_id=kafka.get_cluster_id(),
+        pipeline=spec.name,
+        records=5,
+        range_starts={(topic, 0): 0},
+    )
     table.append(
         pa.Table.from_pylist(old, schema=schema_to_pyarrow(table.schema())),
         snapshot_properties=properties,
@@ -237,8 +290,16 @@ def test_a_table_created_before_the_column_gains_it_and_old_rows_audit_as_primar
             strict=True,
         )
     )
-    assert by_offset == {0: None, 1: None, 2: None, 3: None, 4: None,
-                         5: "primary", 6: "primary", 7: "primary"}  # fmt: skip
+    assert by_offset == {
+        0: None,
+        1: None,
+        2: None,
+        3: None,
+        4: None,
+        5: "primary",
+        6: "primary",
+        7: "primary",
+    }
     quarantine = catalog.load_table(spec.quarantine_table)
     assert quarantine.metadata.current_schema_id != before[0]  # it gained the column too
     dead = quarantine.scan(selected_fields=("_kafka_offset", CLUSTER_COLUMN)).to_arrow()
@@ -270,10 +331,13 @@ def test_identity_naming_fails_back_after_a_source_lost_failover_with_every_reco
     holds each row to its own cluster, and a rewind after completion (expired lineage)
     deletes the primary's rows only."""
     stack = failback_stack(
-        "orders", NAME, config=True, errors_tolerance="all",
+        "orders",
+        NAME,
+        config=True,
+        errors_tolerance="all",
         replica={"replication_policy": "identity", "failback_replication_policy": "default"},
         forward={"identity": True, "offset_lag_max": 8},
-    )  # fmt: skip
+    )
     source, replica, spec, catalog = stack.source, stack.replica, stack.spec, stack.catalog
     group = stack.group
     assert stack.copy == "orders"

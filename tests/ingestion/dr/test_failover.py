@@ -111,9 +111,15 @@ def plan(
     syncs = read_offset_syncs(source, mirror.syncs_topic, 10) if with_syncs else {}
     topic = mirror.topics[0]
     plans = plan_failover(
-        catalog, spec, offsets, target, checkpoints, syncs, {topic: mirror.remote(topic)},
+        catalog,
+        spec,
+        offsets,
+        target,
+        checkpoints,
+        syncs,
+        {topic: mirror.remote(topic)},
         source_down=source_down,
-    )  # fmt: skip
+    )
     for p in plans:
         assert p.anchor.startswith("offset sync" if with_syncs else "checkpoint"), p
     if uncopied is not None:

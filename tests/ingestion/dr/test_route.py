@@ -32,8 +32,9 @@ def test_without_a_switch_a_run_carries_nothing_and_reads_the_primary(tmp_path: 
     table = table_with_history(tmp_path, ON_PRIMARY)
     assert carried_route(table, GROUP) == {}
     refuse_other_cluster(table, GROUP, "primary", "p")
-    with pytest.raises(RouteClusterError, match="told it reads cluster 'dr', the table's route "
-                       "reads 'primary'"):  # fmt: skip
+    with pytest.raises(
+        RouteClusterError, match="told it reads cluster 'dr', the table's route reads 'primary'"
+    ):
         refuse_other_cluster(table, GROUP, "dr", "p")
 
 
@@ -54,9 +55,11 @@ def test_a_run_on_a_moved_route_carries_it_and_must_read_its_cluster(tmp_path: P
 
 
 def test_a_failbacks_origin_plan_is_carried_as_its_topic_names_only(tmp_path: Path) -> None:
-    plan = [{"topic": "o", "partition": 0, "resume": 12, "tail": 3},
-            {"topic": "o", "partition": 1, "resume": 4, "tail": 0},
-            {"topic": "a", "partition": 0, "resume": 1, "tail": 1}]  # fmt: skip
+    plan = [
+        {"topic": "o", "partition": 0, "resume": 12, "tail": 3},
+        {"topic": "o", "partition": 1, "resume": 4, "tail": 0},
+        {"topic": "a", "partition": 0, "resume": 1, "tail": 1},
+    ]
     origin = orjson.dumps(plan).decode()
     back = group_commit(
         GROUP, "pri", {"o": 12}, **{FAILOVER_TO: "primary", FAILOVER_ORIGIN: origin}

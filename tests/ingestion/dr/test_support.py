@@ -24,21 +24,32 @@ from tests.support.history import group_commit, table_with_history
 from tests.support.pipelines import make_spec
 
 GROUP = "g"
-SPEC = make_spec("orders", "sup", consumer_group_id=GROUP,
-                 replicas=[{"name": "dr", "source_alias": "primary"}])  # fmt: skip
+SPEC = make_spec(
+    "orders", "sup", consumer_group_id=GROUP, replicas=[{"name": "dr", "source_alias": "primary"}]
+)
 SUPPORT = DisasterRecovery()
 
 
 ON_PRIMARY = group_commit(GROUP, "pri", {"orders": 3})
-TO_DR = group_commit(GROUP, "dr", {"primary.orders": 5},
-               **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"orders": "primary.orders"}'})  # fmt: skip
+TO_DR = group_commit(
+    GROUP,
+    "dr",
+    {"primary.orders": 5},
+    **{FAILOVER_TO: "dr", FAILOVER_TOPICS: '{"orders": "primary.orders"}'},
+)
 # A --source-lost failover's record of 2 records the replica never got (read on the primary).
 UNCOPIED = {
     "to": "dr",
-    "partitions": [{"topic": "primary.orders", "partition": 0, "from": "primary",
-                    "source_topic": "orders",
-                    "records": [[3, 1000, key_digest(b"k3")], [4, 1001, key_digest(b"k4")]]}],
-}  # fmt: skip
+    "partitions": [
+        {
+            "topic": "primary.orders",
+            "partition": 0,
+            "from": "primary",
+            "source_topic": "orders",
+            "records": [[3, 1000, key_digest(b"k3")], [4, 1001, key_digest(b"k4")]],
+        }
+    ],
+}
 
 
 def test_a_run_on_the_primary_needs_no_guard_and_carries_no_route(tmp_path: Path) -> None:
@@ -64,13 +75,18 @@ def test_each_guarded_partitions_task_screens_out_the_candidates(tmp_path: Path)
         transaction.set_properties({UNCOPIED_PREFIX + GROUP: orjson.dumps(UNCOPIED).decode()})
     guard = SUPPORT.run_guard(table, GROUP, SPEC.name, None)
     assert isinstance(guard, LateCopyRunGuard)
-    (key, screen), = guard.task_guards().items()  # fmt: skip
+    ((key, screen),) = guard.task_guards().items()
     assert key == ("primary.orders", 0)
     assert isinstance(screen, LateCopyScreen)
     assert screen.needs_headers  # a late copy's identity covers its headers
     # Offset 11 has an uncopied record's timestamp and key: a candidate, held back.
-    raw = RawChunk(offsets=[10, 11, 12], keys=[b"k3", b"k3", b"k9"], values=[b"a", b"b", b"c"],
-                   timestamps=[999, 1000, 1001], headers=[None, None, None])  # fmt: skip
+    raw = RawChunk(
+        offsets=[10, 11, 12],
+        keys=[b"k3", b"k3", b"k9"],
+        values=[b"a", b"b", b"c"],
+        timestamps=[999, 1000, 1001],
+        headers=[None, None, None],
+    )
     kept, taken = screen.screen(raw, keep_headers=False)
     assert kept.offsets == [10, 12]
     assert (taken.candidates, taken.skipped) == (1, [])

@@ -48,8 +48,9 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
     produce(source.bootstrap_servers, "orders", 0, 100)
     clusters = {"primary": source.bootstrap_servers, "dr": replica.bootstrap_servers}
     group = spec.consumer_group_id
-    mirror = MirrorMaker(tmp_path / "mm2.log", clusters, "primary", "dr", ["orders"], [group],
-                         offset_lag_max=8)  # fmt: skip
+    mirror = MirrorMaker(
+        tmp_path / "mm2.log", clusters, "primary", "dr", ["orders"], [group], offset_lag_max=8
+    )
     replica_admin = AdminClient({**dst})
     replica_admin.create_topics([NewTopic("primary.orders", 3, 1)])["primary.orders"].result(10)
     old = Producer({**dst})
@@ -78,16 +79,28 @@ def test_failover_mid_stream_with_the_source_stopped_lands_every_record_once(
     syncs = read_offset_syncs(src, mirror.syncs_topic, timeout_s=3)
     assert syncs == {}  # the source is down: checkpoints only
     plans = plan_failover(
-        catalog, spec, offsets, target, read_checkpoints(dst, mirror.checkpoints_topic), syncs,
+        catalog,
+        spec,
+        offsets,
+        target,
+        read_checkpoints(dst, mirror.checkpoints_topic),
+        syncs,
         {"orders": "primary.orders"},
-    )  # fmt: skip
+    )
     copied = [p for p in plans if p.partition < 2]
     assert all(p.anchor.startswith("checkpoint") for p in copied), plans
     assert all(p.replica_start > p.source_next for p in copied)  # the older record first
     apply_failover(
-        catalog, spec, plans, committed.offsets, target, "replica_cluster",
-        AdminClient({**dst}), "ops@example.com", "source cluster down",
-    )  # fmt: skip
+        catalog,
+        spec,
+        plans,
+        committed.offsets,
+        target,
+        "replica_cluster",
+        AdminClient({**dst}),
+        "ops@example.com",
+        "source cluster down",
+    )
     table = catalog.load_table(spec.table)
     assert active_cluster(table, spec.consumer_group_id) == "dr"
     snapshot = table.current_snapshot()
@@ -119,9 +132,12 @@ def test_a_failover_planned_before_a_stream_commit_names_the_commit_and_the_hand
     catalog = catalog_resource.load_catalog()
     table = load_or_create_table(catalog, spec)
     properties = commit_properties(
-        group_id=spec.consumer_group_id, offsets={"orders": TopicOffsets("id", {0: 9})},
-        commit_id="stream-commit", cluster_id="k", pipeline=spec.name,
-    )  # fmt: skip
+        group_id=spec.consumer_group_id,
+        offsets={"orders": TopicOffsets("id", {0: 9})},
+        commit_id="stream-commit",
+        cluster_id="k",
+        pipeline=spec.name,
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties=properties).fast_append(),
@@ -130,9 +146,16 @@ def test_a_failover_planned_before_a_stream_commit_names_the_commit_and_the_hand
     planned_from = {"orders": TopicOffsets("id", {0: 5})}  # what the plan read, seconds before
     with pytest.raises(FailoverRefusedError) as refused:
         apply_failover(
-            catalog, spec, [], planned_from, ReplicaTarget("dr", {}, "primary"), "k",
-            AdminClient({"bootstrap.servers": "127.0.0.1:1"}), "ops", "drill",
-        )  # fmt: skip
+            catalog,
+            spec,
+            [],
+            planned_from,
+            ReplicaTarget("dr", {}, "primary"),
+            "k",
+            AdminClient({"bootstrap.servers": "127.0.0.1:1"}),
+            "ops",
+            "drill",
+        )
     message = str(refused.value)
     assert "stream-commit" in message, message
     assert "nothing was changed" in message, message

@@ -80,8 +80,13 @@ def flatten(events: list[Record]) -> list[Record]:
         deleted = payload["op"] == "d"
         row = payload["before"] if deleted else payload["after"]
         source = payload["source"]
-        row = {**row, "__op": payload["op"], "__source_ts_ms": source["ts_ms"],
-               "__lsn": source["lsn"], "__deleted": "true" if deleted else "false"}  # fmt: skip
+        row = {
+            **row,
+            "__op": payload["op"],
+            "__source_ts_ms": source["ts_ms"],
+            "__lsn": source["lsn"],
+            "__deleted": "true" if deleted else "false",
+        }
         flat.append((key, orjson.dumps(row), partition))
     return flat
 
@@ -209,15 +214,23 @@ def test_avro_decimals_and_unknown_schema_ids() -> None:
         "name": "Value",
         "fields": [
             {"name": "id", "type": "long"},
-            {"name": "balance", "type": {"type": "bytes", "logicalType": "decimal",
-                                          "precision": 10, "scale": 2}},
+            {
+                "name": "balance",
+                "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2},
+            },
         ],
-    }  # fmt: skip
+    }
     flat = wire(7, row, {"id": 1, "balance": Decimal("12345678.91")})
     writers = {7: orjson.dumps(row).decode()}
     schema = pa.schema([("id", pa.int64()), ("balance", pa.decimal128(10, 2))])
-    out = decode_changes([flat, wire(9, row, {"id": 2, "balance": Decimal("1.00")})],
-                         [None, None], schema, KEY, "flattened", writers)  # fmt: skip
+    out = decode_changes(
+        [flat, wire(9, row, {"id": 2, "balance": Decimal("1.00")})],
+        [None, None],
+        schema,
+        KEY,
+        "flattened",
+        writers,
+    )
     assert out.table.select(["id", "balance"]).to_pylist() == [
         {"id": 1, "balance": Decimal("12345678.91")}
     ]
@@ -240,9 +253,13 @@ def test_avro_values_json_cannot_carry_keep_their_avro_form() -> None:
         ],
     }
     schema = pa.schema(
-        [("id", pa.int64()), ("blob", pa.binary()), ("ratio", pa.float64()),
-         ("at", pa.timestamp("us", tz="UTC"))]
-    )  # fmt: skip
+        [
+            ("id", pa.int64()),
+            ("blob", pa.binary()),
+            ("ratio", pa.float64()),
+            ("at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
     payloads = [
         {"id": 1, "blob": None, "ratio": 0.5, "at": "2026-11-28T10:00:00.123456Z"},
         {"id": 2, "blob": b"\xde\xad", "ratio": 1.0, "at": None},
@@ -271,8 +288,11 @@ def test_avro_values_json_cannot_carry_keep_their_avro_form() -> None:
 def test_an_avro_tombstone_reads_a_json_key_and_names_an_unreadable_one() -> None:
     """Keys through the JsonConverter beside Avro values still find a tombstone's row; a key
     that cannot be read at all is named in the rejection, not hidden behind "no key"."""
-    writers = {1: orjson.dumps({"type": "record", "name": "K", "fields": [
-        {"name": "id", "type": "long"}]}).decode()}  # fmt: skip
+    writers = {
+        1: orjson.dumps(
+            {"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]}
+        ).decode()
+    }
     keys: list[bytes | None] = [b'{"id": 9}', b"\x00\x00\x00\x00\x07junk"]
     out = decode_changes([None, None], keys, SCHEMA, KEY, writers=writers)
     assert out.table.select(["id", OP]).to_pylist() == [{"id": 9, OP: "d"}]

@@ -45,12 +45,22 @@ def commit(table: Table, stamps_ms: dict[int, int], next_offset: int) -> int:
     rows = []
     for offset, stamp in stamps_ms.items():
         at = dt.datetime.fromtimestamp(stamp / 1000, dt.UTC)
-        rows.append({"id": offset, "_kafka_topic": "orders", "_kafka_partition": 0,
-                     "_kafka_offset": offset, "_kafka_timestamp": at})  # fmt: skip
+        rows.append(
+            {
+                "id": offset,
+                "_kafka_topic": "orders",
+                "_kafka_partition": 0,
+                "_kafka_offset": offset,
+                "_kafka_timestamp": at,
+            }
+        )
     properties = commit_properties(
-        group_id=SPEC.consumer_group_id, offsets={"orders": TopicOffsets("id", {0: next_offset})},
-        commit_id=f"c{next_offset}", cluster_id="k", pipeline=SPEC.name,
-    )  # fmt: skip
+        group_id=SPEC.consumer_group_id,
+        offsets={"orders": TopicOffsets("id", {0: next_offset})},
+        commit_id=f"c{next_offset}",
+        cluster_id="k",
+        pipeline=SPEC.name,
+    )
     table.append(pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema())), properties)
     snapshot = table.current_snapshot()
     assert snapshot is not None

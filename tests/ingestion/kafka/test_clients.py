@@ -43,11 +43,15 @@ def _logger(name: str) -> tuple[logging.Logger, _Said]:
 
 def test_each_client_gets_the_shared_map_and_only_its_own_overrides() -> None:
     assert client_properties(FLAT, "consumer") == {
-        "bootstrap.servers": "127.0.0.1:1", "client.id": "reader", "fetch.max.bytes": "1048576",
-    }  # fmt: skip
+        "bootstrap.servers": "127.0.0.1:1",
+        "client.id": "reader",
+        "fetch.max.bytes": "1048576",
+    }
     assert client_properties(FLAT, "admin") == {
-        "bootstrap.servers": "127.0.0.1:1", "client.id": "shared", "socket.timeout.ms": "5000",
-    }  # fmt: skip
+        "bootstrap.servers": "127.0.0.1:1",
+        "client.id": "shared",
+        "socket.timeout.ms": "5000",
+    }
     assert consumer_config(FLAT, "r")["fetch.max.bytes"] == "1048576"
 
 

@@ -91,9 +91,11 @@ def test_a_pipelines_topics_are_its_list_or_those_its_pattern_matches_now(
 
 @pytest.mark.integration
 def test_topic_ends_stop_at_an_open_transaction_unless_it_counts(
-    kafka: KafkaResource, create_topic: CreateTopic, ledger_producer: LedgerProducer,
+    kafka: KafkaResource,
+    create_topic: CreateTopic,
+    ledger_producer: LedgerProducer,
     ledger: Ledger,
-) -> None:  # fmt: skip
+) -> None:
     """Reads only: a missing topic is None and is not created. Kafka answers the last stable
     offset (3, the first open record) while a transaction is open, below the high watermark,
     which counts the open records (test_plan.py's planner test, R16)."""

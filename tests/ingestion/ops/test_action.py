@@ -49,14 +49,25 @@ def run_commit(table: Table, first: int, end: int, commit_id: str) -> None:
     """A run's commit: rows ``first .. end - 1`` of ``orders[0]`` and the group's offsets."""
     at = dt.datetime(2026, 11, 23, tzinfo=dt.UTC)
     rows = [
-        {"id": o, "ts": at, "_kafka_topic": "orders", "_kafka_partition": 0,
-         "_kafka_offset": o, "_kafka_timestamp": at, "_kafka_key": f"k{o}"}
+        {
+            "id": o,
+            "ts": at,
+            "_kafka_topic": "orders",
+            "_kafka_partition": 0,
+            "_kafka_offset": o,
+            "_kafka_timestamp": at,
+            "_kafka_key": f"k{o}",
+        }
         for o in range(first, end)
-    ]  # fmt: skip
+    ]
     properties = commit_properties(
-        group_id=GROUP, offsets=offsets(end), commit_id=commit_id, cluster_id="k",
-        pipeline=SPEC.name, run_id=commit_id,
-    )  # fmt: skip
+        group_id=GROUP,
+        offsets=offsets(end),
+        commit_id=commit_id,
+        cluster_id="k",
+        pipeline=SPEC.name,
+        run_id=commit_id,
+    )
     table.append(pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema())), properties)
 
 
@@ -74,9 +85,14 @@ def rewind_to_5(catalog: Catalog, commit_id: str = "reset1", **fields: Any) -> A
     planned = find_committed_state(table, GROUP)
     assert planned is not None
     properties = commit_properties(
-        group_id=GROUP, offsets=offsets(5), commit_id=commit_id, cluster_id="k",
-        pipeline=SPEC.name, requested_by="ops", reason="replay",
-    )  # fmt: skip
+        group_id=GROUP,
+        offsets=offsets(5),
+        commit_id=commit_id,
+        cluster_id="k",
+        pipeline=SPEC.name,
+        requested_by="ops",
+        reason="replay",
+    )
     return ActionCommit(
         **{
             "pipeline": SPEC.name,
@@ -156,8 +172,10 @@ def test_a_delete_that_matches_nothing_records_the_action_in_an_empty_append(
 def test_a_run_committed_since_the_plan_aborts_the_action_naming_it(catalog: Catalog) -> None:
     action = rewind_to_5(catalog)
     run_commit(catalog.load_table(SPEC.table), 10, 12, "run2")
-    with pytest.raises(CommitConflictError, match="offsets moved since it was planned, by the "
-                       "commit run2 of run run2"):  # fmt: skip
+    with pytest.raises(
+        CommitConflictError,
+        match="offsets moved since it was planned, by the commit run2 of run run2",
+    ):
         commit_action(catalog, action)
     assert committed_next(catalog) == 12
     assert offsets_in_table(catalog) == list(range(12))  # nothing deleted
@@ -201,8 +219,9 @@ def test_an_action_gives_up_when_the_table_keeps_changing(catalog: Catalog) -> N
             pass
 
     hooks, fired = racing(unrelated, times=99)
-    with pytest.raises(CommitConflictError, match="kept changing; the offset reset gave up "
-                       "after 3 attempts"):  # fmt: skip
+    with pytest.raises(
+        CommitConflictError, match="kept changing; the offset reset gave up after 3 attempts"
+    ):
         commit_action(catalog, rewind_to_5(catalog), hooks, max_attempts=3, backoff_s=no_wait)
     assert len(fired) == 3
     assert committed_next(catalog) == 10

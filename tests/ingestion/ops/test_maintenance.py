@@ -281,16 +281,22 @@ def test_expiry_keeps_the_commits_the_audit_has_not_recounted(
     )
     assert expired == 0  # everything after the cursor (and the cursor) kept
     audit = audit_commits(
-        harness.table(spec), group, harness.kafka.client_config(), spec.name,
+        harness.table(spec),
+        group,
+        harness.kafka.client_config(),
+        spec.name,
         after_snapshot_id=cursor.snapshot_id,
-    )  # fmt: skip
+    )
     assert (audit.ok, len(audit.recounted), audit.cursor_expired) == (True, 3, None)
     expired, _ = expire_snapshots(harness.table(spec), now_ms, {group})  # without the cursor
     assert expired == 3
     audit = audit_commits(
-        harness.table(spec), group, harness.kafka.client_config(), spec.name,
+        harness.table(spec),
+        group,
+        harness.kafka.client_config(),
+        spec.name,
         after_snapshot_id=cursor.snapshot_id,
-    )  # fmt: skip
+    )
     assert audit.cursor_expired == cursor.snapshot_id  # check_exactly_once: ERROR (test_checks)
     harness.assert_exactly_once(spec, ledger)
 

@@ -32,13 +32,15 @@ from resources.iceberg import IcebergCatalogResource
 from tests.support.pipelines import make_spec
 
 SPEC = make_spec(
-    "orders", "exe", schema=[
+    "orders",
+    "exe",
+    schema=[
         {"name": "id", "type": "long", "required": True},
         {"name": "amount", "type": "decimal(10,2)"},
         {"name": "score", "type": "int"},
         {"name": "customer", "type": "struct<id:long>"},
     ],
-)  # fmt: skip
+)
 
 
 @pytest.fixture
@@ -59,10 +61,14 @@ class KeepAll:
 def test_one_task_spec_per_range_with_the_executor_hook_and_its_partitions_guard(
     table: Table,
 ) -> None:
-    tasks = (OffsetRange("orders", 0, 0, 10), OffsetRange("orders", 0, 10, 20),
-             OffsetRange("orders", 1, 5, 8))  # fmt: skip
-    plan = Plan(SPEC.name, SPEC.consumer_group_id, SPEC.table, "uuid", None, None, "k", {},
-                {}, {}, tasks)  # fmt: skip
+    tasks = (
+        OffsetRange("orders", 0, 0, 10),
+        OffsetRange("orders", 0, 10, 20),
+        OffsetRange("orders", 1, 5, 8),
+    )
+    plan = Plan(
+        SPEC.name, SPEC.consumer_group_id, SPEC.table, "uuid", None, None, "k", {}, {}, {}, tasks
+    )
 
     def hook(point: str, **context: Any) -> None:
         pass
@@ -70,9 +76,17 @@ def test_one_task_spec_per_range_with_the_executor_hook_and_its_partitions_guard
     hooks = FailureHooks({"in_task": hook, "before_commit": hook})
     guard = KeepAll()
     specs = build_task_specs(
-        SPEC, plan, table, None, {"bootstrap.servers": "b:1"}, {"k": "v"}, hooks, {7: "{}"},
-        guards={("orders", 0): guard}, cluster="dr",
-    )  # fmt: skip
+        SPEC,
+        plan,
+        table,
+        None,
+        {"bootstrap.servers": "b:1"},
+        {"k": "v"},
+        hooks,
+        {7: "{}"},
+        guards={("orders", 0): guard},
+        cluster="dr",
+    )
     assert [s.range for s in specs] == list(tasks)
     assert {s.commit_id for s in specs} == {plan.commit_id}
     assert [s.guard for s in specs] == [guard, guard, None]
@@ -167,8 +181,10 @@ def test_spark_results_must_be_one_per_task() -> None:
 
     results = collected_results("orders", [row(2), row(0), row(1)], 3)
     assert [r.records for r in results] == [0, 1, 2]  # task order, whatever Spark's order
-    for rows, shown in (([row(0), row(2)], "[0, 2] of 3"), ([row(0), row(1), row(1), row(2)],
-                                                          "[0, 1, 1, 2] of 3")):  # fmt: skip
+    for rows, shown in (
+        ([row(0), row(2)], "[0, 2] of 3"),
+        ([row(0), row(1), row(1), row(2)], "[0, 1, 1, 2] of 3"),
+    ):
         with pytest.raises(TaskFailedError) as failed:
             collected_results("orders", rows, 3)
         assert f"pipeline 'orders': Spark returned results for tasks {shown}" in str(failed.value)

@@ -59,9 +59,12 @@ def test_a_broker_that_hangs_mid_mirror_is_an_outcome_not_a_raise(
 
     try:
         outcome = mirror_offsets(
-            kafka.get_admin_client(), group, {(topic, 0): 3, (topic, 1): 4}, timeout_s=2,
+            kafka.get_admin_client(),
+            group,
+            {(topic, 0): 3, (topic, 1): 4},
+            timeout_s=2,
             rewinds=stop_the_broker,
-        )  # fmt: skip
+        )
     finally:
         resume_broker(broker)
     assert stopped_at, "the mirror never asked for rewinds: the test did not reach the commit"

@@ -242,9 +242,13 @@ def test_an_avro_table_is_derived_from_the_registered_row(
         produce(ledger_producer, topic, source.random_changes(random.Random(6), 60, keys=25))
         harness.run(spec)
         wrong = cdc_spec(
-            topic, "cdc_avro_wrong_key", envelope="flattened", schema=None, key_fields=["uid"],
+            topic,
+            "cdc_avro_wrong_key",
+            envelope="flattened",
+            schema=None,
+            key_fields=["uid"],
             **avro,
-        )  # fmt: skip
+        )
         with pytest.raises(exceptions.PipelineSpecError, match=r"cdc_avro_wrong_key.*\['uid'\]"):
             harness.run(wrong)
         envelope = cdc_spec(topic, "cdc_avro_wrong_envelope", schema=None, **avro)

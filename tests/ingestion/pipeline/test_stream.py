@@ -151,9 +151,12 @@ def test_a_switch_landing_after_should_stop_stops_the_stream_not_fails_it(
             return
         offsets = {f"primary.{topic}": TopicOffsets("i", {0: 0})}
         properties = commit_properties(
-            group_id=spec.consumer_group_id, offsets=offsets, commit_id="switch",
-            cluster_id="k-dr", pipeline=spec.name,
-        )  # fmt: skip
+            group_id=spec.consumer_group_id,
+            offsets=offsets,
+            commit_id="switch",
+            cluster_id="k-dr",
+            pipeline=spec.name,
+        )
         properties |= {FAILOVER_TO: "dr", RESET_BY: "ops"}
         with (
             table.transaction() as transaction,
@@ -182,6 +185,12 @@ def test_a_switch_landing_after_should_stop_stops_the_stream_not_fails_it(
 
     with pytest.raises(RouteClusterError, match="the table's route reads 'dr'"):
         stream_pipeline(
-            spec, harness.kafka.client_config(), harness.catalog, harness.cluster_id, 0.1,
-            should_stop=lambda: None, on_report=lambda report: None, sleep=lambda s: None,
-        )  # fmt: skip
+            spec,
+            harness.kafka.client_config(),
+            harness.catalog,
+            harness.cluster_id,
+            0.1,
+            should_stop=lambda: None,
+            on_report=lambda report: None,
+            sleep=lambda s: None,
+        )

@@ -269,9 +269,15 @@ def reset_to(
     finally:
         consumer.close()
     apply_reset(
-        harness.catalog, spec, planned, harness.cluster_id, "ops", reason, admin=admin,
+        harness.catalog,
+        spec,
+        planned,
+        harness.cluster_id,
+        "ops",
+        reason,
+        admin=admin,
         kafka_config=harness.kafka.client_config(),
-    )  # fmt: skip
+    )
 
 
 def test_missing_dead_letter_topic_is_created_and_gets_each_letter_once(
@@ -287,9 +293,12 @@ def test_missing_dead_letter_topic_is_created_and_gets_each_letter_once(
     topic = create_topic(partitions=2)
     dead = f"{topic}-new-dlq"  # not created: the run must create it
     spec = make_spec(
-        topic, "dlq_missing", errors_tolerance="all", dead_letter_topic=dead,
+        topic,
+        "dlq_missing",
+        errors_tolerance="all",
+        dead_letter_topic=dead,
         in_process_max_records=1_000,
-    )  # fmt: skip
+    )
     bad: list[Record] = [(f"bad{i}".encode(), b"{oops" + bytes([48 + i]), i % 2) for i in range(3)]
     ledger_producer.produce(topic, [*records(20), *bad, *records(10, 20)])
 
@@ -327,9 +336,13 @@ def test_refused_dead_letter_topic_creation_names_pipeline_topic_and_why(
     topic = create_topic(partitions=1)
     dead = f"{topic}-refused-dlq"
     spec = make_spec(
-        topic, "dlq_refused", errors_tolerance="all", dead_letter_topic=dead,
-        dead_letter_topic_replication_factor=3, in_process_max_records=1_000,
-    )  # fmt: skip
+        topic,
+        "dlq_refused",
+        errors_tolerance="all",
+        dead_letter_topic=dead,
+        dead_letter_topic_replication_factor=3,
+        in_process_max_records=1_000,
+    )
     ledger_producer.produce(topic, [*records(5), (b"bad", b"{oops", None), *records(5, 5)])
 
     report = harness.run(spec)
@@ -381,9 +394,13 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
     topic = create_topic(partitions=1)
     dead = f"{topic}-owed-dlq"
     spec = make_spec(
-        topic, f"dlq_owed_{action}", errors_tolerance="all", dead_letter_topic=dead,
-        dead_letter_topic_replication_factor=3, in_process_max_records=1_000,
-    )  # fmt: skip
+        topic,
+        f"dlq_owed_{action}",
+        errors_tolerance="all",
+        dead_letter_topic=dead,
+        dead_letter_topic_replication_factor=3,
+        in_process_max_records=1_000,
+    )
     ledger_producer.produce(topic, [*records(5), (b"bad", b"{owed", None), *records(5, 5)])
     assert harness.run(spec).dead_letter_error is not None  # refused: 3 replicas on one broker
     fixed = spec.model_copy(update={"dead_letter_topic_replication_factor": -1})
@@ -393,9 +410,14 @@ def test_an_operator_action_copies_owed_dead_letters_before_it_moves_the_group(
     def act(on: PipelineSpec) -> None:
         if action == "migrate":
             migrate_group(
-                catalog, on, f"{on.consumer_group_id}-new", admin, "ops", "new group",
+                catalog,
+                on,
+                f"{on.consumer_group_id}-new",
+                admin,
+                "ops",
+                "new group",
                 kafka_config=config,
-            )  # fmt: skip
+            )
             return
         ledger_producer.produce(topic, records(2, 10))  # skipped by the forward reset
         reset_to(harness, on, "latest", "skip ahead")
@@ -435,9 +457,12 @@ def test_a_backward_reset_re_reads_bad_records_and_the_dead_letter_topic_keeps_e
     topic = create_topic(partitions=1)
     dead = f"{topic}-dlq"
     spec = make_spec(
-        topic, "dlq_rewind", errors_tolerance="all", dead_letter_topic=dead,
+        topic,
+        "dlq_rewind",
+        errors_tolerance="all",
+        dead_letter_topic=dead,
         in_process_max_records=1_000,
-    )  # fmt: skip
+    )
 
     ledger_producer.produce(topic, [*records(5), (b"bad", b"{first", None), *records(5, 5)])
     assert harness.run(spec).dead_letter_copies == 1

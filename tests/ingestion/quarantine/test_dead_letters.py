@@ -46,9 +46,13 @@ def commit(table: Table, next_offsets: dict[int, int], quarantined: int, commit_
     """An empty commit of the group's offsets (``orders`` partition -> next) that set
     ``quarantined`` records aside; return its commit time."""
     properties = commit_properties(
-        group_id=GROUP, offsets={"orders": TopicOffsets("id", next_offsets)},
-        commit_id=commit_id, cluster_id="k", pipeline=SPEC.name, quarantined=quarantined,
-    )  # fmt: skip
+        group_id=GROUP,
+        offsets={"orders": TopicOffsets("id", next_offsets)},
+        commit_id=commit_id,
+        cluster_id="k",
+        pipeline=SPEC.name,
+        quarantined=quarantined,
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties=properties).fast_append(),
@@ -79,8 +83,10 @@ def test_commits_with_dead_letters_ahead_of_the_mirror_are_pending_newest_first(
     assert pending == [PendingCopy("c4", at4, 3, "k", ids), PendingCopy("c3", at3, 2, "k", ids)]
     # A partition the mirror lacks holds everything back.
     assert [p.commit_id for p in unpublished_commits(table, GROUP, {("orders", 0): 40})] == [
-        "c4", "c3", "c1",
-    ]  # fmt: skip
+        "c4",
+        "c3",
+        "c1",
+    ]
     assert unpublished_commits(table, GROUP, {("orders", 0): 40, ("orders", 1): 6}) == []
 
 
@@ -94,10 +100,15 @@ def test_a_group_left_ahead_by_a_backward_reset_hides_no_re_read_commit(table: T
     a group ahead for another reason is taken as it is."""
     commit(table, {0: 40}, 1, "before")
     reset = commit_properties(
-        group_id=GROUP, offsets={"orders": TopicOffsets("id", {0: 0})}, commit_id="reset",
-        cluster_id="k", pipeline=SPEC.name, requested_by="ops", reason="re-read",
+        group_id=GROUP,
+        offsets={"orders": TopicOffsets("id", {0: 0})},
+        commit_id="reset",
+        cluster_id="k",
+        pipeline=SPEC.name,
+        requested_by="ops",
+        reason="re-read",
         group_offsets_before={("orders", 0): 40},
-    )  # fmt: skip
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties=reset).fast_append(),
@@ -118,9 +129,12 @@ def test_the_search_stops_at_a_switch_to_another_cluster(table: Table) -> None:
     them look owed, to be sent again to the new cluster's topic."""
     commit(table, {0: 10}, 1, "before")
     properties = commit_properties(
-        group_id=GROUP, offsets={"west.orders": TopicOffsets("id2", {0: 8})},
-        commit_id="switch", cluster_id="dr", pipeline=SPEC.name,
-    )  # fmt: skip
+        group_id=GROUP,
+        offsets={"west.orders": TopicOffsets("id2", {0: 8})},
+        commit_id="switch",
+        cluster_id="dr",
+        pipeline=SPEC.name,
+    )
     properties[FAILOVER_TO] = "dr"
     with (
         table.transaction() as transaction,
@@ -164,11 +178,19 @@ def test_the_copies_carry_connects_headers_and_are_counted_back_by_commit_id(
     catalog = IcebergCatalogResource(state_dir=str(tmp_path)).load_catalog()
     quarantine = load_or_create_quarantine_table(catalog, SPEC)
     rows = [
-        {"_kafka_topic": "orders", "_kafka_partition": p, "_kafka_offset": o,
-         "_kafka_key": b"k", "value": b"{oops", "error_class": "ArrowInvalid",
-         "error_message": "not JSON", "pipeline": SPEC.name, "commit_id": c}
+        {
+            "_kafka_topic": "orders",
+            "_kafka_partition": p,
+            "_kafka_offset": o,
+            "_kafka_key": b"k",
+            "value": b"{oops",
+            "error_class": "ArrowInvalid",
+            "error_message": "not JSON",
+            "pipeline": SPEC.name,
+            "commit_id": c,
+        }
         for p, o, c in [(0, 5, "c1"), (1, 7, "c1"), (0, 9, "c2"), (0, 12, "c3")]
-    ]  # fmt: skip
+    ]
     quarantine.append(pa.Table.from_pylist(rows, schema=schema_to_pyarrow(quarantine.schema())))
     dead = create_topic(partitions=2)
     config = kafka.client_config()
@@ -178,8 +200,10 @@ def test_the_copies_carry_connects_headers_and_are_counted_back_by_commit_id(
 
     pending = [PendingCopy(c, 0, 1) for c in ("c1", "c2", "c3")]
     assert sizes(count_copies(config, dead, pending, SPEC.name)) == {
-        "c1": 2, "c2": 1, "c3": 0,
-    }  # fmt: skip
+        "c1": 2,
+        "c2": 1,
+        "c3": 0,
+    }
     consumer = kafka.get_consumer()
     try:
         consumer.assign([TopicPartition(dead, p, 0) for p in (0, 1)])
@@ -214,11 +238,19 @@ def letter_rows(
 ) -> None:
     """Quarantine rows (partition, offset, commit id, value) of topic ``orders``, keyed."""
     table = [
-        {"_kafka_topic": "orders", "_kafka_partition": p, "_kafka_offset": o, "_kafka_key": key(v),
-         "value": v, "error_class": "ArrowInvalid", "error_message": "not JSON",
-         "pipeline": SPEC.name, "commit_id": c}
+        {
+            "_kafka_topic": "orders",
+            "_kafka_partition": p,
+            "_kafka_offset": o,
+            "_kafka_key": key(v),
+            "value": v,
+            "error_class": "ArrowInvalid",
+            "error_message": "not JSON",
+            "pipeline": SPEC.name,
+            "commit_id": c,
+        }
         for p, o, c, v in rows
-    ]  # fmt: skip
+    ]
     quarantine.append(pa.Table.from_pylist(table, schema=schema_to_pyarrow(quarantine.schema())))
 
 

@@ -36,8 +36,12 @@ def test_default_naming_both_ways_is_refused_because_mm2_never_copies_it_back() 
         ReplicaSpec(name="dr", source_alias="main", failback_replication_policy="default")
     assert "'main.<topic>'" in str(raised.value)  # names the topic MM2 will not copy back
     # identity one way and default the other is fine, in either order.
-    ReplicaSpec(name="dr", source_alias="main", replication_policy="identity",
-                failback_replication_policy="default")  # fmt: skip
+    ReplicaSpec(
+        name="dr",
+        source_alias="main",
+        replication_policy="identity",
+        failback_replication_policy="default",
+    )
     ReplicaSpec(name="dr", source_alias="main", replication_policy="identity")
 
 

@@ -45,9 +45,12 @@ def table(tmp_path: Path) -> Table:
 def commit(table: Table, cluster_id: str, next_offset: int, **extra: str) -> int:
     """An empty commit of the group's offsets under ``cluster_id``; return its snapshot id."""
     properties = commit_properties(
-        group_id=GROUP, offsets={"orders": TopicOffsets("id", {0: next_offset})},
-        commit_id=f"c{len(table.metadata.snapshots)}", cluster_id=cluster_id, pipeline="route",
-    )  # fmt: skip
+        group_id=GROUP,
+        offsets={"orders": TopicOffsets("id", {0: next_offset})},
+        commit_id=f"c{len(table.metadata.snapshots)}",
+        cluster_id=cluster_id,
+        pipeline="route",
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties={**properties, **extra}).fast_append(),
@@ -98,9 +101,12 @@ def test_a_switch_moves_the_route_and_runs_carrying_it_keep_it(table: Table) -> 
 def test_another_groups_switch_does_not_move_this_one(table: Table) -> None:
     commit(table, "k-primary", 10)
     other = commit_properties(
-        group_id="other", offsets={"orders": TopicOffsets("id", {0: 1})}, commit_id="o",
-        cluster_id="k-dr", pipeline="other",
-    )  # fmt: skip
+        group_id="other",
+        offsets={"orders": TopicOffsets("id", {0: 1})},
+        commit_id="o",
+        cluster_id="k-dr",
+        pipeline="other",
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties={**other, FAILOVER_TO: "dr"}).fast_append(),
@@ -120,8 +126,12 @@ def test_a_failbacks_completion_ends_the_route_and_names_what_it_dropped(table: 
     moved_route(table)
     origin = orjson.dumps([{"topic": "orders", "partition": 0}]).decode()
     topics = orjson.dumps({"orders": "dr.orders"}).decode()
-    commit(table, "k-primary", 20,
-           **{FAILOVER_TO: PRIMARY, FAILOVER_TOPICS: topics, FAILOVER_ORIGIN: origin})  # fmt: skip
+    commit(
+        table,
+        "k-primary",
+        20,
+        **{FAILOVER_TO: PRIMARY, FAILOVER_TOPICS: topics, FAILOVER_ORIGIN: origin},
+    )
     assert route_cluster(table, GROUP) == PRIMARY  # a failback is a switch too
     assert active_origins(table, GROUP) == ["orders"]
     assert ended_topics(table, GROUP) is None

@@ -40,13 +40,19 @@ def writer(catalog: Catalog, spec: PipelineSpec, cluster: str = "primary") -> Ch
     table = load_or_create_table(catalog, spec)
     quarantine = load_or_create_quarantine_table(catalog, spec)
     task = TaskSpec(
-        pipeline=spec.name, range=OffsetRange("orders", 0, 0, 100), kafka_config={},
-        value_format=spec.value_format, key_format=spec.key_format,
+        pipeline=spec.name,
+        range=OffsetRange("orders", 0, 0, 100),
+        kafka_config={},
+        value_format=spec.value_format,
+        key_format=spec.key_format,
         table_metadata_json=table.metadata.model_dump_json(),
-        quarantine_metadata_json=quarantine.metadata.model_dump_json(), io_properties={},
-        errors_tolerance=spec.errors_tolerance, commit_id="c1", headers=spec.headers,
+        quarantine_metadata_json=quarantine.metadata.model_dump_json(),
+        io_properties={},
+        errors_tolerance=spec.errors_tolerance,
+        commit_id="c1",
+        headers=spec.headers,
         cluster=cluster,
-    )  # fmt: skip
+    )
     target = schema_to_pyarrow(table.metadata.schema())
     user = pa.schema([f for f in target if not f.name.startswith("_kafka_")])
     return ChunkWriter(task, table.metadata, target, user, TaskResult(task.range))
@@ -107,8 +113,10 @@ def test_rows_land_with_their_coordinates_and_bad_records_once_in_quarantine(
     assert bad.column("_kafka_offset").to_pylist() == [1, 4, 5]
     assert bad.column("value").to_pylist() == [b"{not json", b"[1,", good(5)]
     assert bad.column("error_class").to_pylist() == [
-        "ArrowInvalid", "UnicodeDecodeError, ArrowInvalid", "UnicodeDecodeError",
-    ]  # fmt: skip
+        "ArrowInvalid",
+        "UnicodeDecodeError, ArrowInvalid",
+        "UnicodeDecodeError",
+    ]
     assert set(bad.column("commit_id").to_pylist()) == {"c1"}
     assert set(bad.column("_kafka_cluster").to_pylist()) == {"dr"}
 
@@ -148,9 +156,13 @@ def test_a_new_field_makes_the_task_rerun_and_report_no_file(
 
 def test_json_keys_and_headers_become_their_columns(catalog: Catalog) -> None:
     spec = make_spec(
-        "orders", "chunk_keys", key_format="json", headers=True, errors_tolerance="all",
+        "orders",
+        "chunk_keys",
+        key_format="json",
+        headers=True,
+        errors_tolerance="all",
         key_schema=[{"name": "tenant", "type": "string", "required": True}],
-    )  # fmt: skip
+    )
     state = writer(catalog, spec)
     raw = chunk([good(0), good(1)], keys=[b'{"tenant": "a"}', b'{"other": 1}'])
     raw.headers = [[("h", b"1"), ("h", None)], None]

@@ -76,9 +76,11 @@ def test_spread_over_30_days_lands_one_file_per_day(
     day, each holding only its day's rows, every record once."""
     monkeypatch.setattr(task, "CHUNK_RECORDS", 500)
     _, spec = new_pipeline(
-        "spread", produce=spread_records(3000, days=30), partition_by=BY_DAY,
+        "spread",
+        produce=spread_records(3000, days=30),
+        partition_by=BY_DAY,
         max_records_per_task=10_000,
-    )  # fmt: skip
+    )
     report = harness.run(spec, use_spark=False)
     assert (report.records, report.files) == (3000, 30)
     table = harness.table(spec)
@@ -99,9 +101,12 @@ def test_task_larger_than_the_target_size_rolls_files(
     the target; only a day's last file may be smaller."""
     target = 16 * 1024
     _, spec = new_pipeline(
-        "rolling", produce=spread_records(6000, days=2), partition_by=BY_DAY,
-        max_records_per_task=10_000, target_file_size_bytes=target,
-    )  # fmt: skip
+        "rolling",
+        produce=spread_records(6000, days=2),
+        partition_by=BY_DAY,
+        max_records_per_task=10_000,
+        target_file_size_bytes=target,
+    )
     report = harness.run(spec)
     assert report.records == 6000
     table = harness.table(spec)

@@ -15,8 +15,15 @@ from ingestion.task.spec import RawChunk, TaskResult, TaskSpec
 
 
 def message(offset: int, key: bytes | None, value: bytes | None, headers: list | None) -> Message:
-    return Message(topic="t", partition=0, offset=offset, key=key, value=value,
-                   headers=headers, timestamp=(1, 1000 + offset))  # fmt: skip
+    return Message(
+        topic="t",
+        partition=0,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=headers,
+        timestamp=(1, 1000 + offset),
+    )
 
 
 def test_a_batch_extends_the_chunk_record_by_record() -> None:
@@ -60,11 +67,19 @@ def test_a_task_reruns_for_a_schema_change_an_unknown_writer_schema_or_a_guard(
 
 def test_a_task_spec_survives_the_trip_to_an_executor() -> None:
     spec = TaskSpec(
-        pipeline="p", range=OffsetRange("t", 1, 5, 9), kafka_config={"bootstrap.servers": "b"},
-        value_format="json", key_format="string", table_metadata_json="{}",
-        quarantine_metadata_json=None, io_properties={}, errors_tolerance="all", commit_id="c",
-        writer_schemas={3: "{}"}, missing_schema_ids=frozenset({4}),
-    )  # fmt: skip
+        pipeline="p",
+        range=OffsetRange("t", 1, 5, 9),
+        kafka_config={"bootstrap.servers": "b"},
+        value_format="json",
+        key_format="string",
+        table_metadata_json="{}",
+        quarantine_metadata_json=None,
+        io_properties={},
+        errors_tolerance="all",
+        commit_id="c",
+        writer_schemas={3: "{}"},
+        missing_schema_ids=frozenset({4}),
+    )
     shipped = pickle.loads(pickle.dumps(spec))
     assert shipped == spec
     assert (shipped.guard, shipped.cluster, shipped.hooks.hooks) == (None, "primary", {})

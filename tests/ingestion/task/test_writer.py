@@ -146,11 +146,12 @@ def test_nested_fields_whose_names_parquet_sanitises_keep_their_values(tmp_path:
     schema = Schema(
         NestedField(1, "ctx", StructType(NestedField(2, "user-agent", StringType(), False)), False),
         NestedField(
-            3, "items",
+            3,
+            "items",
             ListType(4, StructType(NestedField(5, "p-q", LongType(), False)), False),
             False,
         ),
-    )  # fmt: skip
+    )
     table = catalog.create_table("n.t", schema)
     rows = pa.table(
         {"ctx": [{"user-agent": "curl"}], "items": [[{"p-q": 7}, {"p-q": 8}]]}

@@ -90,13 +90,16 @@ def test_a_failing_check_is_alerted_once_then_its_recovery(webhook: WebhookRecei
         ),
         ("check_reminder", "check freshness on iceberg/n/t", "still failing after 2.0 h: boom"),
     ],
-)  # fmt: skip
+)
 def test_each_notice_becomes_an_alert_with_a_link(kind: str, title: str, message: str) -> None:
     notice = Notice(kind, "iceberg/n/t", "freshness", "WARN", "boom", "r1", 1000.0)  # type: ignore[arg-type]
     alert = check_alert(notice, None, AlertResource(ui_base_url="http://ui:3000"), 1000.0 + 7200)
     assert (alert.kind, alert.title, alert.message, alert.severity) == (
-        kind, title, message, "WARN",
-    )  # fmt: skip
+        kind,
+        title,
+        message,
+        "WARN",
+    )
     assert alert.link.startswith("http://ui:3000/")
 
 
@@ -162,8 +165,9 @@ def test_a_run_blocked_by_a_failing_blocking_check_is_left_to_the_check(
         """Blocked by the check."""
 
     with DagsterInstance.ephemeral() as instance:
-        result = materialize([table, consistency, downstream], instance=instance,
-                             raise_on_error=False)  # fmt: skip
+        result = materialize(
+            [table, consistency, downstream], instance=instance, raise_on_error=False
+        )
         assert not result.success
         alert_run_failure(result, instance)
     assert webhook.received == []

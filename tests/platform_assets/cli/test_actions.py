@@ -90,11 +90,13 @@ def test_the_embedded_stacks_instance_is_found_next_to_its_catalog(
     create_storage(home)  # as make dev does before anything opens it
     assert dagster_home(iceberg) == str(home)
     assert count_active_ingestion_runs(SPEC, iceberg) == (
-        0, f"0 active ingestion run(s) of 'cli_actions' in the Dagster instance {home}",
-    )  # fmt: skip
+        0,
+        f"0 active ingestion run(s) of 'cli_actions' in the Dagster instance {home}",
+    )
     assert audit_cursor(SPEC, iceberg) == (
-        None, "kept the commits after the audit's cursor (none yet)",
-    )  # fmt: skip
+        None,
+        "kept the commits after the audit's cursor (none yet)",
+    )
 
 
 def test_dagster_home_wins(
@@ -110,9 +112,12 @@ def test_maintain_runs_on_the_pipelines_table_and_says_what_it_kept(
 ) -> None:
     load_or_create_table(iceberg.load_catalog(), SPEC)
     args = argparse.Namespace(
-        command="maintain", retention_hours=None, orphan_window_hours=2.0, apply=True,
+        command="maintain",
+        retention_hours=None,
+        orphan_window_hours=2.0,
+        apply=True,
         steps="compact,expire,orphans",
-    )  # fmt: skip
+    )
     kafka = KafkaResource(bootstrap_servers="nowhere:1")
     lines = run_action(args, SPEC, kafka, iceberg)
     assert lines[0].startswith("the audit's cursor is unknown")

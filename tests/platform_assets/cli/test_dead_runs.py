@@ -33,9 +33,12 @@ def test_a_killed_run_stops_blocking_actions_and_a_live_one_still_blocks(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, spec = new_pipeline(
-        "dead_runs", partitions=2, produce=20_000, in_process_max_records=100_000,
+        "dead_runs",
+        partitions=2,
+        produce=20_000,
+        in_process_max_records=100_000,
         max_records_per_task=100_000,
-    )  # fmt: skip
+    )
     harness.run(spec.model_copy(update={"max_records_per_run": 10}))  # the table exists
     env, command = job_execute_setup(
         tmp_path, spec, harness.kafka.bootstrap_servers, catalog_resource.state_dir

@@ -131,9 +131,17 @@ def test_documented_cli_examples_run(demo: Demo, capsys: pytest.CaptureFixture[s
     examples = documented_cli_examples()
     commands = [example[0] for example in examples]
     assert commands == [
-        "status", "validate", "validate", "reset", "reset", "reset", "migrate-group",
-        "migrate-group", "maintain", "maintain",
-    ]  # fmt: skip
+        "status",
+        "validate",
+        "validate",
+        "reset",
+        "reset",
+        "reset",
+        "migrate-group",
+        "migrate-group",
+        "maintain",
+        "maintain",
+    ]
     for example in examples:
         assert main(example) == 0, example
     out = capsys.readouterr().out
@@ -235,9 +243,18 @@ def test_help_describes_every_command(capsys: pytest.CaptureFixture[str]) -> Non
     entries = re.findall(r"^    (\S+)(.*)$", listed.group(1), flags=re.MULTILINE)
     names = [name for name, _ in entries]
     assert names == [
-        "status", "validate", "reset", "rollback", "migrate-group", "maintain", "failover",
-        "complete-failback", "release-late-copies", "clear-dead-runs", "metrics",
-    ]  # fmt: skip
+        "status",
+        "validate",
+        "reset",
+        "rollback",
+        "migrate-group",
+        "maintain",
+        "failover",
+        "complete-failback",
+        "release-late-copies",
+        "clear-dead-runs",
+        "metrics",
+    ]
     described = re.split(r"\n    (?=\S)", listed.group(1))
     assert all(len(entry.split()) > 2 for entry in described), described  # a description each
 

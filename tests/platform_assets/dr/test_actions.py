@@ -23,10 +23,18 @@ from tests.support.pipelines import make_spec
 
 SPEC = make_spec("orders", "dr_cli", replicas=[{"name": "dr", "source_alias": "primary"}])
 KAFKA = KafkaResource(bootstrap_servers="nowhere:1")  # no replica configured
-GUARD = {"to": "dr", "partitions": [
-    {"topic": "primary.orders", "partition": 0, "from": "primary", "source_topic": "orders",
-     "records": [[3, 1000, "a"], [4, 1001, "b"]]},
-]}  # fmt: skip
+GUARD = {
+    "to": "dr",
+    "partitions": [
+        {
+            "topic": "primary.orders",
+            "partition": 0,
+            "from": "primary",
+            "source_topic": "orders",
+            "records": [[3, 1000, "a"], [4, 1001, "b"]],
+        },
+    ],
+}
 
 
 @pytest.fixture
@@ -35,8 +43,7 @@ def iceberg(tmp_path: Path) -> IcebergCatalogResource:
 
 
 def args(command: str, **fields: object) -> argparse.Namespace:
-    defaults = {"by": "ops", "reason": "drill", "apply": False, "to": "dr",
-                "source_lost": False}  # fmt: skip
+    defaults = {"by": "ops", "reason": "drill", "apply": False, "to": "dr", "source_lost": False}
     return argparse.Namespace(command=command, **{**defaults, **fields})
 
 
@@ -56,12 +63,16 @@ def test_a_release_says_how_many_records_it_released_and_where(
 ) -> None:
     table = load_or_create_table(iceberg.load_catalog(), SPEC)
     properties = commit_properties(
-        group_id=SPEC.consumer_group_id, offsets={"orders": TopicOffsets("id", {0: 5})},
-        commit_id="switch", cluster_id="k-dr", pipeline=SPEC.name,
-    )  # fmt: skip
+        group_id=SPEC.consumer_group_id,
+        offsets={"orders": TopicOffsets("id", {0: 5})},
+        commit_id="switch",
+        cluster_id="k-dr",
+        pipeline=SPEC.name,
+    )
     with table.transaction() as transaction:
-        transaction.set_properties({UNCOPIED_PREFIX + SPEC.consumer_group_id:
-                                    orjson.dumps(GUARD).decode()})  # fmt: skip
+        transaction.set_properties(
+            {UNCOPIED_PREFIX + SPEC.consumer_group_id: orjson.dumps(GUARD).decode()}
+        )
         with transaction.update_snapshot(
             snapshot_properties={**properties, FAILOVER_TO: "dr"}
         ).fast_append():

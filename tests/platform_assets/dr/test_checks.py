@@ -70,8 +70,12 @@ def replicated(
         producer.flush(10)
         replica = {"name": "dr", "source_alias": lane.source_alias, "replication_policy": policy}
         name = f"rc{abs(hash(request.node.nodeid)) % 10**6}"
-        spec = make_spec(topic, name, consumer_group_id=f"{base}-group",
-                         replicas=[{**replica, "max_checkpoint_age_seconds": 300}])  # fmt: skip
+        spec = make_spec(
+            topic,
+            name,
+            consumer_group_id=f"{base}-group",
+            replicas=[{**replica, "max_checkpoint_age_seconds": 300}],
+        )
         mirror = lane.narrowed([topic], [spec.consumer_group_id])
         mirror.wait_mirrored(topic)
         kafka = KafkaResource(

@@ -25,27 +25,48 @@ from resources.kafka import KafkaResource
 from tests.support.pipelines import make_spec
 
 SPEC = make_spec("orders", "fb", replicas=[{"name": "dr", "source_alias": "primary"}])
-KAFKA = KafkaResource(bootstrap_servers="nowhere:1",
-                      replicas={"dr": {"bootstrap.servers": "nowhere:2"}})  # fmt: skip
-SWITCH = UndoneSwitch(7, [
-    {"replica_topic": "primary.orders", "partition": 0, "source_topic": "orders",
-     "source_next": 40, "replica_start": 38, "uncopied": 2},
-    {"replica_topic": "primary.orders", "partition": 1, "source_topic": "orders",
-     "source_next": 9, "replica_start": 9},
-], None)  # fmt: skip
-ON_DR = Route("dr", SPEC.model_copy(update={"topic": None, "topics": ["primary.orders"]}),
-              KAFKA.for_cluster("dr"))  # fmt: skip
+KAFKA = KafkaResource(
+    bootstrap_servers="nowhere:1", replicas={"dr": {"bootstrap.servers": "nowhere:2"}}
+)
+SWITCH = UndoneSwitch(
+    7,
+    [
+        {
+            "replica_topic": "primary.orders",
+            "partition": 0,
+            "source_topic": "orders",
+            "source_next": 40,
+            "replica_start": 38,
+            "uncopied": 2,
+        },
+        {
+            "replica_topic": "primary.orders",
+            "partition": 1,
+            "source_topic": "orders",
+            "source_next": 9,
+            "replica_start": 9,
+        },
+    ],
+    None,
+)
+ON_DR = Route(
+    "dr",
+    SPEC.model_copy(update={"topic": None, "topics": ["primary.orders"]}),
+    KAFKA.for_cluster("dr"),
+)
 
 
 def test_each_moved_partition_links_to_the_origin_it_copied() -> None:
     offsets = {("primary.orders", 0): 45, ("primary.orders", 1): 9, ("other", 0): 3}
     links = origin_links(SWITCH, offsets, {"primary.orders": "dr.orders"}, "fb")
     assert links == {
-        ("primary.orders", 0): OriginLink(("primary.orders", 0), 45, "dr.orders", ("orders", 0),
-                                          40, 38, "fb", uncopied=2),
-        ("primary.orders", 1): OriginLink(("primary.orders", 1), 9, "dr.orders", ("orders", 1),
-                                          9, 9, "fb"),
-    }  # fmt: skip
+        ("primary.orders", 0): OriginLink(
+            ("primary.orders", 0), 45, "dr.orders", ("orders", 0), 40, 38, "fb", uncopied=2
+        ),
+        ("primary.orders", 1): OriginLink(
+            ("primary.orders", 1), 9, "dr.orders", ("orders", 1), 9, 9, "fb"
+        ),
+    }
     # Rows that record their cluster: each side reads its own; the replica lost: source_down.
     labelled = origin_links(SWITCH, offsets, {"primary.orders": "dr.orders"}, "fb", "dr", True)
     link = labelled[("primary.orders", 0)]
@@ -63,8 +84,7 @@ def test_without_the_failover_in_the_history_nothing_is_labelled_or_planned(
     catalog = iceberg.load_catalog()
     assert failback_labels(SPEC, catalog, ON_DR, None) == (None, {})
     with pytest.raises(FailoverRefusedError, match="is not in the table's history"):
-        plan_failback_origin(SPEC, catalog, ON_DR, KAFKA, {"primary.orders": "dr.orders"}, {},
-                             None)  # fmt: skip
+        plan_failback_origin(SPEC, catalog, ON_DR, KAFKA, {"primary.orders": "dr.orders"}, {}, None)
 
 
 def test_an_origin_that_keeps_its_copys_name_is_not_read_again(tmp_path: Path) -> None:

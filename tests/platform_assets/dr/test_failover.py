@@ -91,9 +91,14 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
 ) -> None:
     # On the primary, mirrored by real MM2 (an offset sync every 9 records).
     stack = failback_stack(
-        "orders", NAME, partitions=3, config=True, forward={"offset_lag_max": 8},
-        errors_tolerance="all", max_records_per_run=70,
-    )  # fmt: skip
+        "orders",
+        NAME,
+        partitions=3,
+        config=True,
+        forward={"offset_lag_max": 8},
+        errors_tolerance="all",
+        max_records_per_run=70,
+    )
     source, replica, forward = stack.source, stack.replica, stack.forward_mm2
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
     group = stack.group
@@ -187,14 +192,18 @@ def test_failover_then_failback_through_the_cli_and_the_job_land_every_record_on
             run_config={
                 "ops": {
                     "failover_pipeline": {
-                        "config": {"pipeline": NAME, "to": "primary", "apply": True,
-                                   "reason": "primary is back"}
+                        "config": {
+                            "pipeline": NAME,
+                            "to": "primary",
+                            "apply": True,
+                            "reason": "primary is back",
+                        }
                     }
                 }
             },
             resources=resources,
             instance=instance,
-        )  # fmt: skip
+        )
     assert back.success
     route = active_route(spec, kafka, iceberg)
     # The reverse copy and the origin topic, where the tail waits and producers write again.
@@ -467,9 +476,13 @@ def test_a_failover_copies_the_dead_letters_its_source_owed_first(
 
     topic, dead = "dlqowed", "dlqowed-dlq"
     stack = failback_stack(
-        topic, "dr_dlq_owed", replica={"source_alias": "westq"}, errors_tolerance="all",
-        dead_letter_topic=dead, dead_letter_topic_replication_factor=3,
-    )  # fmt: skip
+        topic,
+        "dr_dlq_owed",
+        replica={"source_alias": "westq"},
+        errors_tolerance="all",
+        dead_letter_topic=dead,
+        dead_letter_topic_replication_factor=3,
+    )
     source, group, forward = stack.source.bootstrap_servers, stack.group, stack.forward_mm2
     send(source, topic, list(range(10)), STAMP)
     stack.ingest_route()  # clean: the group follows the table
@@ -518,9 +531,12 @@ def test_owed_dead_letters_before_a_switch_are_copied_or_named_as_left_behind(
     topic = create_topic(partitions=1)
     dead = f"{topic}-owed"
     spec = make_spec(
-        topic, f"owed_{case.replace('-', '_')}", errors_tolerance="all", dead_letter_topic=dead,
+        topic,
+        f"owed_{case.replace('-', '_')}",
+        errors_tolerance="all",
+        dead_letter_topic=dead,
         dead_letter_topic_replication_factor=3,
-    )  # fmt: skip
+    )
     ledger_producer.produce(topic, [*records(3), (b"bad", b"{owed", None)])
     assert harness.run(spec).dead_letter_error is not None  # 3 replicas on one broker: owed
     fixed = spec.model_copy(update={"dead_letter_topic_replication_factor": -1})
@@ -529,9 +545,13 @@ def test_owed_dead_letters_before_a_switch_are_copied_or_named_as_left_behind(
 
     def act() -> list[str]:
         return copy_owed_dead_letters(
-            harness.catalog, route, lost, "the failover",
-            refuse=case == "copy-fails-refuses", answers=answers,
-        )  # fmt: skip
+            harness.catalog,
+            route,
+            lost,
+            "the failover",
+            refuse=case == "copy-fails-refuses",
+            answers=answers,
+        )
 
     if case == "copy-fails-refuses":
         with pytest.raises(OperationRefusedError, match="INVALID_REPLICATION_FACTOR"):

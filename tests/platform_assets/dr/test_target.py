@@ -14,33 +14,47 @@ from platform_assets.route import PRIMARY, Route
 from resources.kafka import KafkaResource
 from tests.support.pipelines import make_spec
 
-SPEC = make_spec("orders", "target", replicas=[
-    {"name": "dr", "source_alias": "primary", "target_alias": "dr-alias"},
-])  # fmt: skip
-KAFKA = KafkaResource(bootstrap_servers="primary:9092",
-                      replicas={"dr": {"bootstrap.servers": "dr:9092"}})  # fmt: skip
+SPEC = make_spec(
+    "orders",
+    "target",
+    replicas=[
+        {"name": "dr", "source_alias": "primary", "target_alias": "dr-alias"},
+    ],
+)
+KAFKA = KafkaResource(
+    bootstrap_servers="primary:9092", replicas={"dr": {"bootstrap.servers": "dr:9092"}}
+)
 # A second replica the platform configuration lacks.
-WITH_WEST = make_spec("orders", "target", replicas=[
-    {"name": "dr", "source_alias": "primary", "target_alias": "dr-alias"},
-    {"name": "west", "source_alias": "primary"},
-])  # fmt: skip
+WITH_WEST = make_spec(
+    "orders",
+    "target",
+    replicas=[
+        {"name": "dr", "source_alias": "primary", "target_alias": "dr-alias"},
+        {"name": "west", "source_alias": "primary"},
+    ],
+)
 ON_PRIMARY = Route(PRIMARY, SPEC, KAFKA)
-ON_DR = Route("dr", SPEC.model_copy(update={"topic": None, "topics": ["primary.orders"]}),
-              KAFKA.for_cluster("dr"))  # fmt: skip
+ON_DR = Route(
+    "dr",
+    SPEC.model_copy(update={"topic": None, "topics": ["primary.orders"]}),
+    KAFKA.for_cluster("dr"),
+)
 
 
 def test_a_failover_targets_the_replica_under_the_forward_flows_naming() -> None:
     goal = failover_target(ON_PRIMARY, SPEC, KAFKA, "dr")
-    assert goal.target == ReplicaTarget("dr", {"bootstrap.servers": "dr:9092"}, "primary",
-                                        "default")  # fmt: skip
+    assert goal.target == ReplicaTarget(
+        "dr", {"bootstrap.servers": "dr:9092"}, "primary", "default"
+    )
     assert goal.syncs_topic == "mm2-offset-syncs.dr-alias.internal"  # on the primary
     assert goal.kafka.client_config() == {"bootstrap.servers": "dr:9092"}
 
 
 def test_a_failback_targets_the_primary_under_the_reverse_flows_naming() -> None:
     goal = failover_target(ON_DR, SPEC, KAFKA, PRIMARY)
-    assert goal.target == ReplicaTarget(PRIMARY, {"bootstrap.servers": "primary:9092"}, "dr",
-                                        "identity")  # fmt: skip
+    assert goal.target == ReplicaTarget(
+        PRIMARY, {"bootstrap.servers": "primary:9092"}, "dr", "identity"
+    )
     assert goal.syncs_topic == "mm2-offset-syncs.primary.internal"  # on the replica
 
 
@@ -61,8 +75,9 @@ def test_switches_that_cannot_be_made_are_refused_before_anything_is_read(
 
 
 def test_on_the_primary_after_a_failback_completion_is_asked_first() -> None:
-    failed_back = Route(PRIMARY, SPEC.model_copy(update={"topic": None,
-                        "topics": ["dr.orders", "orders"]}), KAFKA)  # fmt: skip
+    failed_back = Route(
+        PRIMARY, SPEC.model_copy(update={"topic": None, "topics": ["dr.orders", "orders"]}), KAFKA
+    )
     with pytest.raises(FailoverRefusedError, match="platform complete-failback target"):
         failover_target(failed_back, SPEC, KAFKA, PRIMARY)
     with pytest.raises(FailoverRefusedError, match="Complete the failback first"):

@@ -347,9 +347,12 @@ def test_an_avro_pipeline_materializes_through_the_configured_schema_registry(
     ResourceWarning, an error in this suite)."""
     topic = create_topic(partitions=2)
     spec = make_spec(
-        topic, "dg_avro", value_format="avro", schema=None,
+        topic,
+        "dg_avro",
+        value_format="avro",
+        schema=None,
         schema_registry_url="http://127.0.0.1:9/not-this-one",
-    )  # fmt: skip
+    )
     fields = [{"name": "id", "type": "long"}, {"name": "note", "type": "string"}]
     schema = {"type": "record", "name": "Order", "fields": fields}
     with SchemaRegistryClient({"url": schema_registry.url}) as client:
@@ -363,9 +366,10 @@ def test_an_avro_pipeline_materializes_through_the_configured_schema_registry(
     result = run_pipeline_assets(spec, {**resources, "kafka": configured})
     assert result.success
     (materialized,) = [
-        m for m in result.asset_materializations_for_node(f"ingest_{spec.name}")
+        m
+        for m in result.asset_materializations_for_node(f"ingest_{spec.name}")
         if m.asset_key == table_key(spec)
-    ]  # fmt: skip
+    ]
     assert materialized.metadata["records"].value == 20
     table = resources["iceberg"].load_catalog().load_table(spec.table)
     rows = table.scan(selected_fields=("id", "note")).to_arrow().sort_by("id").to_pylist()

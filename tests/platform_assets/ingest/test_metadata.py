@@ -20,11 +20,21 @@ T = 1_790_000_000_000
 
 def report(**fields: object) -> RunReport:
     base = RunReport(
-        "orders", "c1", {("o", 0): 10}, {("o", 0): 40}, {("o", 0): 45}, records=30,
-        quarantined=1, bytes_written=2048, files=2, snapshot_id=77, committed=True,
-        timings_s={"total": 1.5, "plan": 0.12345}, decode_stats=DecodeStats(bulk_parses=3),
+        "orders",
+        "c1",
+        {("o", 0): 10},
+        {("o", 0): 40},
+        {("o", 0): 45},
+        records=30,
+        quarantined=1,
+        bytes_written=2048,
+        files=2,
+        snapshot_id=77,
+        committed=True,
+        timings_s={"total": 1.5, "plan": 0.12345},
+        decode_stats=DecodeStats(bulk_parses=3),
         executed_in="this process",
-    )  # fmt: skip
+    )
     for name, value in fields.items():
         setattr(base, name, value)
     return base
@@ -42,8 +52,15 @@ def test_a_committed_run_reports_its_figures_typed() -> None:
     assert metadata["offsets_after"] == MetadataValue.json({"o:0": 40})
     assert metadata["timings_s"] == MetadataValue.json({"total": 1.5, "plan": 0.123})
     assert metadata["decode_stats"].value["bulk_parses"] == 3
-    optional = {"valid_through", "schema_changes", "lost_ranges", "kafka_group_mirror",
-                "dead_letter_topic_copy", "dead_letter_copies", "late_copies_skipped"}  # fmt: skip
+    optional = {
+        "valid_through",
+        "schema_changes",
+        "lost_ranges",
+        "kafka_group_mirror",
+        "dead_letter_topic_copy",
+        "dead_letter_copies",
+        "late_copies_skipped",
+    }
     assert not optional & set(metadata)  # nothing to say: not said
 
 
@@ -55,11 +72,16 @@ def test_a_run_that_committed_nothing_names_no_commit() -> None:
 
 
 def test_optional_entries_appear_when_they_say_something() -> None:
-    metadata = run_metadata(report(
-        valid_through_ms=T, schema_changes=["added optional column note (string)"],
-        lost_ranges=["o[0] [0, 10)", "o[1] [3, 4)"], mirror=MirrorOutcome("g", error="timed out"),
-        dead_letter_copies=1, skipped=2,
-    ))  # fmt: skip
+    metadata = run_metadata(
+        report(
+            valid_through_ms=T,
+            schema_changes=["added optional column note (string)"],
+            lost_ranges=["o[0] [0, 10)", "o[1] [3, 4)"],
+            mirror=MirrorOutcome("g", error="timed out"),
+            dead_letter_copies=1,
+            skipped=2,
+        )
+    )
     assert metadata["valid_through"] == MetadataValue.timestamp(
         datetime.fromtimestamp(T / 1000, tz=UTC)
     )
@@ -85,11 +107,20 @@ def test_the_commit_log_shows_the_newest_commits_as_a_table() -> None:
     assert metadata["group_id"] == MetadataValue.text("g")
     assert metadata["commits_shown"] == MetadataValue.int(2)
     rows = metadata["commit_log"].value.records
-    assert rows[0] == TableRecord({
-        "committed_at": datetime.fromtimestamp((T + 3000) / 1000, tz=UTC).isoformat(),
-        "snapshot_id": "103", "commit_id": "c3", "records": 10, "quarantined": 0,
-        "inserts": 10, "updates": 0, "deletes": 0, "run_id": "r3", "offsets": "o:0=3, o:1=23",
-    })  # fmt: skip
+    assert rows[0] == TableRecord(
+        {
+            "committed_at": datetime.fromtimestamp((T + 3000) / 1000, tz=UTC).isoformat(),
+            "snapshot_id": "103",
+            "commit_id": "c3",
+            "records": 10,
+            "quarantined": 0,
+            "inserts": 10,
+            "updates": 0,
+            "deletes": 0,
+            "run_id": "r3",
+            "offsets": "o:0=3, o:1=23",
+        }
+    )
     assert len(rows) == 2
     assert metadata["committed_offsets"] == MetadataValue.json({"o:0": 3, "o:1": 23})
     empty = commit_log_metadata([], "g")

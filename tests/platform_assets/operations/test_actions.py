@@ -52,8 +52,13 @@ from tests.support.pipelines import make_spec, records
 def reset_to_latest(
     job: Any, instance: DagsterInstance, resources: dict[str, Any], wait_s: float
 ) -> Any:
-    config = {"pipeline": "held", "to": "latest", "apply": True, "reason": "test",
-              "wait_for_runs_seconds": wait_s}  # fmt: skip
+    config = {
+        "pipeline": "held",
+        "to": "latest",
+        "apply": True,
+        "reason": "test",
+        "wait_for_runs_seconds": wait_s,
+    }
     return job.execute_in_process(
         run_config={"ops": {"reset_pipeline_offsets": {"config": config}}},
         resources=resources,
@@ -76,11 +81,17 @@ def test_the_lag_sensor_launches_no_run_while_an_operator_job_acts_on_the_pipeli
     resources = {"kafka": kafka, "iceberg": iceberg, "alerts": AlertResource()}
     with instance_for_test() as instance:
         acting = instance.add_run(
-            DagsterRun(job_name="failover", status=DagsterRunStatus.STARTED,
-                       tags={OPERATOR_TAG: "held_sensor"})
-        )  # fmt: skip
-        other = DagsterRun(job_name="failover", status=DagsterRunStatus.STARTED,
-                           tags={OPERATOR_TAG: "another_pipeline"})  # fmt: skip
+            DagsterRun(
+                job_name="failover",
+                status=DagsterRunStatus.STARTED,
+                tags={OPERATOR_TAG: "held_sensor"},
+            )
+        )
+        other = DagsterRun(
+            job_name="failover",
+            status=DagsterRunStatus.STARTED,
+            tags={OPERATOR_TAG: "another_pipeline"},
+        )
         instance.add_run(other)
         held = sensor.evaluate_tick(build_sensor_context(instance=instance, resources=resources))
         assert not held.run_requests
@@ -195,9 +206,12 @@ def test_the_hold_marks_the_operator_run_and_refuses_while_a_run_stays_active() 
 def switched(iceberg: IcebergCatalogResource, cluster_id: str, **properties: str) -> None:
     table = load_or_create_table(iceberg.load_catalog(), SPEC)
     offsets = commit_properties(
-        group_id=SPEC.consumer_group_id, offsets={"orders": TopicOffsets("id", {0: 1})},
-        commit_id=cluster_id, cluster_id=cluster_id, pipeline=SPEC.name,
-    )  # fmt: skip
+        group_id=SPEC.consumer_group_id,
+        offsets={"orders": TopicOffsets("id", {0: 1})},
+        commit_id=cluster_id,
+        cluster_id=cluster_id,
+        pipeline=SPEC.name,
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties={**offsets, **properties}).fast_append(),
@@ -206,8 +220,9 @@ def switched(iceberg: IcebergCatalogResource, cluster_id: str, **properties: str
 
 
 def test_reset_and_migration_are_refused_on_a_moved_route(tmp_path: Path) -> None:
-    kafka = KafkaResource(bootstrap_servers="nowhere:1",
-                          replicas={"dr": {"bootstrap.servers": "nowhere:2"}})  # fmt: skip
+    kafka = KafkaResource(
+        bootstrap_servers="nowhere:1", replicas={"dr": {"bootstrap.servers": "nowhere:2"}}
+    )
     iceberg = IcebergCatalogResource(state_dir=str(tmp_path))
     switched(iceberg, "k-primary")
     refuse_off_route(SPEC, kafka, iceberg, "reset")  # on its own route: allowed

@@ -206,8 +206,10 @@ def test_a_pipeline_with_a_missing_topic_or_a_blocked_check_leaves_the_others_on
                 ),
                 "the missing topic's lane to fail",
             )
-            wait_for(lambda: serving(instance, run) == {good.name: spec_version(good)},
-                     "the blocked lane to stop")  # fmt: skip
+            wait_for(
+                lambda: serving(instance, run) == {good.name: spec_version(good)},
+                "the blocked lane to stop",
+            )
             time.sleep(4 * commit_interval_seconds(good))
         ended = time.time()
         failures = read_tag_map(instance.get_run_by_id(run.run_id) or run, FAILURES_TAG)
@@ -256,8 +258,10 @@ def test_pipelines_added_removed_and_changed_reach_a_running_worker_alone(
         changed = b.model_copy(update={"max_records_per_task": 7})
         specs[1] = changed  # the pipelines file and the definitions now hold a new b
         instance.add_run_tags(run.run_id, {ASSIGNED_TAG: assignment(changed)})
-        wait_for(lambda: serving(instance, run) == {b.name: spec_version(changed)},
-                 "b's lane at its new version")  # fmt: skip
+        wait_for(
+            lambda: serving(instance, run) == {b.name: spec_version(changed)},
+            "b's lane at its new version",
+        )
         ledger_producer.produce(topic_b, records(15, first=10))
         wait_for(lambda: harness.table(b).scan().to_arrow().num_rows == 25, "b's new records")
         instance.add_run_tags(run.run_id, {STOP_TAG: "test done"})
@@ -289,9 +293,11 @@ def test_an_operator_action_holds_one_pipeline_while_the_others_stream_on(
     with (
         instance_for_test(overrides=NO_COMPUTE_LOGS) as instance,
         worker_run(lambda: [held, other], [held, other], resources, instance) as (
-            run, thread, messages,
+            run,
+            thread,
+            messages,
         ),
-    ):  # fmt: skip
+    ):
         wait_for(lambda: commit_count(harness, held) >= 1, "the held pipeline's first commit")
         operator = DagsterRun(job_name="reset_offsets", status=DagsterRunStatus.STARTED)
         instance.add_run(operator)
@@ -306,8 +312,10 @@ def test_an_operator_action_holds_one_pipeline_while_the_others_stream_on(
         assert held.name not in serving(instance, run)
         assert commit_count(harness, held) == frozen, "the held pipeline committed"
         instance.report_run_failed(operator, message="test: the action ended")  # any end counts
-        wait_for(lambda: harness.table(held).scan().to_arrow().num_rows == 30,
-                 "the held pipeline to resume")  # fmt: skip
+        wait_for(
+            lambda: harness.table(held).scan().to_arrow().num_rows == 30,
+            "the held pipeline to resume",
+        )
         assert tags_of(instance, run).get(STOP_TAG) is None  # the worker never stopped
         instance.add_run_tags(run.run_id, {STOP_TAG: "test done"})
         thread.join(60)

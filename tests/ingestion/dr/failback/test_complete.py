@@ -143,9 +143,15 @@ def test_a_run_planned_on_an_ended_route_is_refused_before_it_reads(tmp_path: Pa
 
 def spec_of(topics: list[str]) -> PipelineSpec:
     return parse_pipeline_spec(
-        {"name": "p", "topics": topics, "table": "n.t", "consumer_group_id": GROUP,
-         "value_format": "raw", "replicas": [{"name": "dr", "source_alias": "east"}]}
-    )  # fmt: skip
+        {
+            "name": "p",
+            "topics": topics,
+            "table": "n.t",
+            "consumer_group_id": GROUP,
+            "value_format": "raw",
+            "replicas": [{"name": "dr", "source_alias": "east"}],
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -212,9 +218,11 @@ def test_a_commit_between_the_plan_and_the_completion_makes_it_plan_again(tmp_pa
         tmp_path, group_commit(GROUP, "pri", {"o": 3}), TO_DR, BACK, ON_BACK
     ).catalog
     streamed = group_commit(
-        GROUP, "pri", {"east.o": 4, "o": 14},
+        GROUP,
+        "pri",
+        {"east.o": 4, "o": 14},
         **{ROUTE: orjson.dumps(CARRIED).decode(), COMMIT_ID: "streamed"},
-    )  # fmt: skip
+    )
     reads: list[list[str]] = []
 
     def read_ends(topics: list[str]) -> dict[str, TopicEnds | None]:
@@ -328,27 +336,37 @@ def test_failover_failback_then_completion_reads_the_origin_only_and_lands_every
         if outcomes:
             return
         with DagsterInstance.ephemeral() as instance:
-            outcomes.append(failover_job.execute_in_process(
-                run_config={
-                    "ops": {
-                        "failover_pipeline": {
-                            "config": {"pipeline": name, "complete": True, "apply": True,
-                                       "reason": "reverse copy drained"}
+            outcomes.append(
+                failover_job.execute_in_process(
+                    run_config={
+                        "ops": {
+                            "failover_pipeline": {
+                                "config": {
+                                    "pipeline": name,
+                                    "complete": True,
+                                    "apply": True,
+                                    "reason": "reverse copy drained",
+                                }
+                            }
                         }
-                    }
-                },
-                resources=stack.resources,
-                instance=instance,
-            ))  # fmt: skip
+                    },
+                    resources=stack.resources,
+                    instance=instance,
+                )
+            )
 
     old = active_route(spec, kafka, iceberg)
     iterations = iter(range(2))
     stream = stream_pipeline(
-        old.spec, old.kafka.client_config(), catalog, old.kafka.get_cluster_id(), 0.1,
+        old.spec,
+        old.kafka.client_config(),
+        catalog,
+        old.kafka.get_cluster_id(),
+        0.1,
         should_stop=lambda: None if next(iterations, None) is not None else "done",
         on_report=lambda report: None,
         hooks=FailureHooks({"before_commit": complete_in_flight}),
-    )  # fmt: skip
+    )
     assert outcomes[0].success
     # Its commit lost to the completion; its next plan, still on the old route, was refused
     # before it read the dropped reverse copy from its start. Nothing committed by it.

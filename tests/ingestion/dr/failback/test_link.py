@@ -38,12 +38,17 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> Table:
     catalog = IcebergCatalogResource(state_dir=str(tmp_path_factory.mktemp("link"))).load_catalog()
     table = load_or_create_table(catalog, make_spec("orders", "link"))
     rows = [
-        {"id": o, "_kafka_topic": topic, "_kafka_partition": 0, "_kafka_offset": o,
-         "_kafka_timestamp": dt.datetime.fromtimestamp(ms / 1000, dt.UTC),
-         "_kafka_key": key.decode()}
+        {
+            "id": o,
+            "_kafka_topic": topic,
+            "_kafka_partition": 0,
+            "_kafka_offset": o,
+            "_kafka_timestamp": dt.datetime.fromtimestamp(ms / 1000, dt.UTC),
+            "_kafka_key": key.decode(),
+        }
         for topic, records in (("orders", ORIGIN), ("primary.orders", ON_REPLICA))
         for o, ms, key in records
-    ]  # fmt: skip
+    ]
     table.append(pa.Table.from_pylist(rows, schema=schema_to_pyarrow(table.schema())))
     return table
 
@@ -63,8 +68,9 @@ def reverse_copy(
 
 def link(reverse: str, source_down: bool = False) -> OriginLink:
     """The link of replica partition primary.orders[0] to origin orders[0] (N = D = 6)."""
-    return OriginLink(("primary.orders", 0), 9, reverse, ("orders", 0), 6, 6, "p",
-                      source_down=source_down)  # fmt: skip
+    return OriginLink(
+        ("primary.orders", 0), 9, reverse, ("orders", 0), 6, 6, "p", source_down=source_down
+    )
 
 
 ANCHOR = (3, RecordId(T + 3, b"k3"))  # reverse copy offset 3: a copy of origin record 3

@@ -57,8 +57,13 @@ NAMINGS = ["default", "identity"]
 
 def fail_back_with_the_job(stack: FailbackStack) -> str:
     """The Dagster ``failover`` job: ``to: primary``, ``source_lost: true``, applied; its plan."""
-    config = {"pipeline": stack.spec.name, "to": "primary", "apply": True, "reason": "dr lost",
-              "source_lost": True}  # fmt: skip
+    config = {
+        "pipeline": stack.spec.name,
+        "to": "primary",
+        "apply": True,
+        "reason": "dr lost",
+        "source_lost": True,
+    }
     with DagsterInstance.ephemeral() as instance:
         result = build_failover_job([stack.spec]).execute_in_process(
             run_config={"ops": {"failover_pipeline": {"config": config}}},
@@ -84,14 +89,17 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
     identity = naming == "identity"
     if identity:
         stack = failback_stack(
-            topic, name, forward={"identity": True},
+            topic,
+            name,
+            forward={"identity": True},
             replica={"replication_policy": "identity", "failback_replication_policy": "default"},
-        )  # fmt: skip
+        )
     else:
         stack = failback_stack(
-            topic, name,
+            topic,
+            name,
             replica={"source_alias": alias, "failback_source_alias": f"home{case}"},
-        )  # fmt: skip
+        )
     spec, kafka, iceberg, catalog = stack.spec, stack.kafka, stack.iceberg, stack.catalog
     source, replica, group, forward = stack.source, stack.replica, stack.group, stack.forward_mm2
     copy = topic if identity else f"{alias}.{topic}"
@@ -131,9 +139,15 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
     # While dr answers, the flag is refused: the plan would not see what MM2 copied there.
     with pytest.raises(FailoverRefusedError, match=r"lost, but it answers(.|\n)*Nothing was"):
         failover_pipeline(
-            spec, kafka, iceberg, "primary", dry_run=True, requested_by="ops", reason="x",
+            spec,
+            kafka,
+            iceberg,
+            "primary",
+            dry_run=True,
+            requested_by="ops",
+            reason="x",
             source_lost=True,
-        )  # fmt: skip
+        )
 
     os.kill(replica.pid or 0, signal.SIGSTOP)  # the second disaster: dr is lost
     try:
@@ -151,9 +165,15 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
             shown = fail_back_with_the_job(stack)
         else:
             lines = failover_pipeline(
-                spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops",
-                reason="dr lost", source_lost=True,
-            )  # fmt: skip
+                spec,
+                kafka,
+                iceberg,
+                "primary",
+                dry_run=False,
+                requested_by="ops",
+                reason="dr lost",
+                source_lost=True,
+            )
             shown = "\n".join(lines)
         assert "records written on 'dr' that MM2's reverse flow had not copied" in shown, shown
         assert "are not re-read before the commit ('dr' is lost)" in shown, shown
@@ -206,8 +226,10 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
             completed = complete_failback(
                 spec, kafka, iceberg, dry_run=False, requested_by="ops", reason="drained"
             )
-            assert any("replica 'dr' does not answer; the failback recorded it lost" in line
-                       for line in completed), completed  # fmt: skip
+            assert any(
+                "replica 'dr' does not answer; the failback recorded it lost" in line
+                for line in completed
+            ), completed
             route = active_route(spec, kafka, iceberg)
             assert (route.cluster, route.spec.source_topics) == ("primary", [topic])
             send(source.bootstrap_servers, topic, [42, 43], STAMP + 20_000)
@@ -225,8 +247,11 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         stack.ingest_route(other_clusters=True)  # reads dr to compare
         assert stack.landed_keys() == keys([*range(24), *range(30, 36), 40, 41])
         table = catalog.load_table(spec.table)
-        skipped = [orjson.loads(p[SKIPPED]) for s in table.snapshots()
-                   if SKIPPED in (p := snapshot_properties(s))]  # fmt: skip
+        skipped = [
+            orjson.loads(p[SKIPPED])
+            for s in table.snapshots()
+            if SKIPPED in (p := snapshot_properties(s))
+        ]
         assert sum(len(o) for found in skipped for o in found.values()) == 2
     audit = audit_finding(spec, iceberg, kafka)  # each commit recounted on the cluster it read
     assert audit.passed, audit.message
@@ -245,9 +270,15 @@ def test_source_lost_on_a_pipeline_reading_the_primary_is_refused(
     before = stack.head()
     with pytest.raises(FailoverRefusedError, match="--source-lost with --to primary") as refused:
         failover_pipeline(
-            stack.spec, stack.kafka, stack.iceberg, "primary", dry_run=True, requested_by="ops",
-            reason="x", source_lost=True,
-        )  # fmt: skip
+            stack.spec,
+            stack.kafka,
+            stack.iceberg,
+            "primary",
+            dry_run=True,
+            requested_by="ops",
+            reason="x",
+            source_lost=True,
+        )
     assert "nothing was changed" in str(refused.value)
     assert stack.head() == before
 
@@ -292,9 +323,15 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
     os.kill(source.pid or 0, signal.SIGSTOP)  # the first disaster
     try:
         failover_pipeline(
-            spec, kafka, iceberg, "dr", dry_run=False, requested_by="ops", reason="primary lost",
+            spec,
+            kafka,
+            iceberg,
+            "dr",
+            dry_run=False,
+            requested_by="ops",
+            reason="primary lost",
             source_lost=True,
-        )  # fmt: skip
+        )
     finally:
         resume_broker(source)
     reverse = stack.reverse_mm2(target_alias=alias)
@@ -314,9 +351,15 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
     os.kill(replica.pid or 0, signal.SIGSTOP)  # the second disaster
     try:
         lines = failover_pipeline(
-            spec, kafka, iceberg, "primary", dry_run=False, requested_by="ops",
-            reason="dr lost", source_lost=True,
-        )  # fmt: skip
+            spec,
+            kafka,
+            iceberg,
+            "primary",
+            dry_run=False,
+            requested_by="ops",
+            reason="dr lost",
+            source_lost=True,
+        )
         shown = "\n".join(lines)
         assert f"origin {topic}[0] (at 12 before the failover) resumes at 12" in shown, shown
         assert "the switch records the origin records the failback reads" in shown.lower()
@@ -340,8 +383,11 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
     stack.ingest_route(other_clusters=True)  # compares on dr and on the primary
     assert stack.landed_keys() == keys([*even[:14], 30, 32, 34, 36])
     table = catalog.load_table(spec.table)
-    skipped = [orjson.loads(p[SKIPPED]) for s in table.snapshots()
-               if SKIPPED in (p := snapshot_properties(s))]  # fmt: skip
+    skipped = [
+        orjson.loads(p[SKIPPED])
+        for s in table.snapshots()
+        if SKIPPED in (p := snapshot_properties(s))
+    ]
     assert [sorted(found[f"{copy}:0"]) for found in skipped] == [[12, 13, 14, 15, 16, 17]]
     audit = audit_finding(spec, iceberg, kafka)
     assert audit.passed, audit.message

@@ -40,8 +40,13 @@ def send(
     producer = Producer({"bootstrap.servers": bootstrap})
     for number in numbers:
         ((key, value, _),) = records(1, first=number)
-        producer.produce(topic, value=value, key=key if keyed else None,
-                         partition=partition(number), timestamp=stamp(number))  # fmt: skip
+        producer.produce(
+            topic,
+            value=value,
+            key=key if keyed else None,
+            partition=partition(number),
+            timestamp=stamp(number),
+        )
         producer.flush(10)  # one record per batch (Tansu's end offset is its last batch's base + 1)
 
 
@@ -70,10 +75,12 @@ def test_a_keyless_burst_topic_fails_back_with_every_record_once(
     # offset.lag.max=9: MM2 writes an offset sync for a partition's first copy, after 9 more,
     # and for the last copy when its task commits
     stack = failback_stack(
-        topic, f"dr_{topic}", key_format="string",
+        topic,
+        f"dr_{topic}",
+        key_format="string",
         forward={"target_alias": f"dr{n}", "offset_lag_max": 9},
         replica={"source_alias": alias, "failback_source_alias": f"home{n}", **extra},
-    )  # fmt: skip
+    )
     spec, iceberg, kafka, catalog = stack.spec, stack.iceberg, stack.kafka, stack.catalog
     source, replica, forward = stack.source, stack.replica, stack.forward_mm2
     ingest_route = stack.ingest_route
@@ -144,9 +151,12 @@ def test_an_origin_partition_the_failover_plan_lacks_fails_back_with_every_recor
 
     topic, alias = "grown", "westg"
     stack = failback_stack(
-        topic, f"dr_{topic}", partitions=3, key_format="string",
+        topic,
+        f"dr_{topic}",
+        partitions=3,
+        key_format="string",
         replica={"source_alias": alias, "failback_source_alias": "homeg"},
-    )  # fmt: skip
+    )
     spec, iceberg, kafka, catalog = stack.spec, stack.iceberg, stack.kafka, stack.catalog
     source, replica, forward, group = stack.source, stack.replica, stack.forward_mm2, stack.group
     ingest_route = stack.ingest_route
@@ -218,8 +228,13 @@ def test_an_origin_partition_without_a_copy_on_the_replica_is_all_tail(
     send(source.bootstrap_servers, "sparse", [70, 71, 72], lambda _: 2, keyed=False)
     origin = Replica({"bootstrap.servers": source.bootstrap_servers})
     copy = Replica({"bootstrap.servers": replica.bootstrap_servers})
-    entry = {"source_topic": "sparse", "partition": 2, "replica_topic": "westp.sparse",
-             "replica_start": 0, "in_plan": False}  # fmt: skip
+    entry = {
+        "source_topic": "sparse",
+        "partition": 2,
+        "replica_topic": "westp.sparse",
+        "replica_start": 0,
+        "in_plan": False,
+    }
     plan = plan_origin_partition([], origin, copy, entry, None, "p")
     assert (plan.committed_before, plan.resume, plan.tail) == (0, 0, 3)
     assert (plan.copies_ingested, plan.copies_pending, plan.replica_end) == (0, 0, 0)

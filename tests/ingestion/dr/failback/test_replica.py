@@ -49,11 +49,13 @@ def failed_back(tmp_path: Path, source: str, copy: str, lost: str | None = None)
     table = catalog.create_table("n.t", Schema(NestedField(1, "x", LongType(), required=False)))
     plan = [{"replica_topic": copy, "partition": 0, "source_topic": source}]
     switch = {
-        GROUP_ID: GROUP, CLUSTER_ID: "pri", FAILOVER_TO: "primary",
+        GROUP_ID: GROUP,
+        CLUSTER_ID: "pri",
+        FAILOVER_TO: "primary",
         OFFSETS_PREFIX + GROUP: encode_offsets({copy: TopicOffsets("id", {0: 0})}),
         FAILOVER_PLAN: orjson.dumps(plan).decode(),
         **({FAILOVER_SOURCE_LOST: orjson.dumps({"lost": lost}).decode()} if lost else {}),
-    }  # fmt: skip
+    }
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties=switch).fast_append(),

@@ -143,21 +143,28 @@ def test_a_failback_keeps_every_entry_of_a_partition() -> None:
         PartitionPlan("primary.orders", p, 14, "primary.orders", "id", 12, 12, "", len(mine), mine)
         for p, mine in ((0, ((12, 9, "k34"), (13, 9, "k36"))), (1, ()))
     ]
-    carried = LateCopyGuard("p", {("primary.orders", 0): (
-        Uncopied("primary", "orders", ((10, 5, "k20"), (11, 5, "k22"))),
-    )})  # fmt: skip
+    carried = LateCopyGuard(
+        "p",
+        {("primary.orders", 0): (Uncopied("primary", "orders", ((10, 5, "k20"), (11, 5, "k22"))),)},
+    )
     read = [(("primary.orders", 0), Uncopied("primary", "orders", ((12, 7, "k24"),)))]
     value = uncopied_property("g", "primary", "dr", plans, carried, read)[UNCOPIED_PREFIX + "g"]
     parsed = parse_guard(value, "p")
     assert parsed is not None
     assert parsed[0] == "primary"
-    assert parsed[1].partitions == {("primary.orders", 0): (
-        Uncopied("dr", "primary.orders", ((12, 9, "k34"), (13, 9, "k36"))),
-        Uncopied("primary", "orders", ((10, 5, "k20"), (11, 5, "k22"), (12, 7, "k24"))),
-    )}  # fmt: skip
+    assert parsed[1].partitions == {
+        ("primary.orders", 0): (
+            Uncopied("dr", "primary.orders", ((12, 9, "k34"), (13, 9, "k36"))),
+            Uncopied("primary", "orders", ((10, 5, "k20"), (11, 5, "k22"), (12, 7, "k24"))),
+        )
+    }
     assert parsed[1].weak_ids()[("primary.orders", 0)] == {
-        (9, "k34"), (9, "k36"), (5, "k20"), (5, "k22"), (7, "k24"),
-    }  # fmt: skip
+        (9, "k34"),
+        (9, "k36"),
+        (5, "k20"),
+        (5, "k22"),
+        (7, "k24"),
+    }
 
 
 def late_copy_stack(
@@ -166,9 +173,14 @@ def late_copy_stack(
     """Three partitions, bad records quarantined, MM2's forward flow (real, not started)
     transactional with sparse offset syncs; ``overrides`` change the spec."""
     return factory(
-        topic, name, partitions=3, config=True, errors_tolerance="all",
-        forward={"config": exactly_once("backup"), "offset_lag_max": 8}, **overrides,
-    )  # fmt: skip
+        topic,
+        name,
+        partitions=3,
+        config=True,
+        errors_tolerance="all",
+        forward={"config": exactly_once("backup"), "offset_lag_max": 8},
+        **overrides,
+    )
 
 
 @pytest.mark.integration
@@ -179,8 +191,12 @@ def test_late_copies_after_a_source_lost_failover_land_once(
 ) -> None:
     stack = late_copy_stack(failback_stack, "orders", NAME)
     source, replica, spec, iceberg, kafka = (
-        stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
-    )  # fmt: skip
+        stack.source,
+        stack.replica,
+        stack.spec,
+        stack.iceberg,
+        stack.kafka,
+    )
     resources = {**stack.resources, "spark": spark_resource}
     catalog, forward, group = stack.catalog, stack.forward_mm2, stack.group
 
@@ -265,8 +281,12 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     # Small tasks: one partition's late copies span several.
     stack = late_copy_stack(failback_stack, topic, name, max_records_per_task=4)
     source, replica, spec, iceberg, kafka = (
-        stack.source, stack.replica, stack.spec, stack.iceberg, stack.kafka
-    )  # fmt: skip
+        stack.source,
+        stack.replica,
+        stack.spec,
+        stack.iceberg,
+        stack.kafka,
+    )
     resources = {**stack.resources, "spark": spark_resource}
     catalog, forward, group, copy = stack.catalog, stack.forward_mm2, stack.group, stack.copy
 
@@ -321,8 +341,12 @@ def test_late_copies_the_reverse_flow_brings_back_are_skipped_after_the_failback
     table = catalog.load_table(spec.table)
     assert read_guard(table, group, name) is None
     released = orjson.loads(table.properties[UNCOPIED_PREFIX + group])["released"]
-    assert released == {"by": os.environ.get("USER", "operator"), "reason": "primary rebuilt",
-                        "records": 20, "clusters": {"primary": 20}}  # fmt: skip
+    assert released == {
+        "by": os.environ.get("USER", "operator"),
+        "reason": "primary rebuilt",
+        "records": 20,
+        "clusters": {"primary": 20},
+    }
     with pytest.raises(SystemExit, match="no record of uncopied records is in force"):
         main(["release-late-copies", "--apply", name, "--reason", "again"])
 

@@ -48,10 +48,18 @@ def test_the_tail_a_failback_reads_is_filed_under_the_reverse_copy(
 ) -> None:
     entries = origin_entries(Replica(kafka.client_config(), 5.0), [line(origin, 3, 2)], PLANS, "p")
     assert entries == [
-        (("dr.o", 0), Uncopied("primary", origin, (
-            (3, T + 3, key_digest(b"k3")), (4, T + 4, key_digest(b"k4")),
-        ))),
-    ]  # fmt: skip
+        (
+            ("dr.o", 0),
+            Uncopied(
+                "primary",
+                origin,
+                (
+                    (3, T + 3, key_digest(b"k3")),
+                    (4, T + 4, key_digest(b"k4")),
+                ),
+            ),
+        ),
+    ]
 
 
 @pytest.mark.integration
@@ -64,8 +72,11 @@ def test_no_tail_or_no_reverse_copy_on_the_route_needs_no_entry(
 
 def test_a_primary_that_cannot_be_read_refuses_the_failback() -> None:
     origin = "o"
-    nowhere = Replica({"bootstrap.servers": "127.0.0.1:1",
-                       "logger": logging.getLogger("nowhere")}, 1.0)  # fmt: skip
-    with pytest.raises(FailoverRefusedError, match=f"origin {origin}\\[0\\] on the primary "
-                       "cannot be read from offset 3"):  # fmt: skip
+    nowhere = Replica(
+        {"bootstrap.servers": "127.0.0.1:1", "logger": logging.getLogger("nowhere")}, 1.0
+    )
+    with pytest.raises(
+        FailoverRefusedError,
+        match=f"origin {origin}\\[0\\] on the primary cannot be read from offset 3",
+    ):
         origin_entries(nowhere, [line(origin, 3, 2)], PLANS, "p")

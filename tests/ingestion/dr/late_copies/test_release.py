@@ -31,22 +31,40 @@ GROUP = SPEC.consumer_group_id
 GUARD = {
     "to": "dr",
     "partitions": [
-        {"topic": "primary.orders", "partition": 0, "from": "primary", "source_topic": "orders",
-         "records": [[3, 1000, "a"], [4, 1001, "b"]]},
-        {"topic": "primary.orders", "partition": 0, "from": "dr", "source_topic": "primary.orders",
-         "records": [[9, 1002, "c"]]},
-        {"topic": "primary.orders", "partition": 1, "from": "primary", "source_topic": "orders",
-         "records": [[7, 1003, None]]},
+        {
+            "topic": "primary.orders",
+            "partition": 0,
+            "from": "primary",
+            "source_topic": "orders",
+            "records": [[3, 1000, "a"], [4, 1001, "b"]],
+        },
+        {
+            "topic": "primary.orders",
+            "partition": 0,
+            "from": "dr",
+            "source_topic": "primary.orders",
+            "records": [[9, 1002, "c"]],
+        },
+        {
+            "topic": "primary.orders",
+            "partition": 1,
+            "from": "primary",
+            "source_topic": "orders",
+            "records": [[7, 1003, None]],
+        },
     ],
-}  # fmt: skip
+}
 
 
 def commit(catalog: Catalog, cluster: str, **extra: str) -> None:
     table = load_or_create_table(catalog, SPEC)
     properties = commit_properties(
-        group_id=GROUP, offsets={"orders": TopicOffsets("id", {0: 5})}, commit_id=cluster,
-        cluster_id=cluster, pipeline=SPEC.name,
-    )  # fmt: skip
+        group_id=GROUP,
+        offsets={"orders": TopicOffsets("id", {0: 5})},
+        commit_id=cluster,
+        cluster_id=cluster,
+        pipeline=SPEC.name,
+    )
     with (
         table.transaction() as transaction,
         transaction.update_snapshot(snapshot_properties={**properties, **extra}).fast_append(),
@@ -74,15 +92,20 @@ def test_a_release_drops_every_entry_and_records_who_why_and_how_many(catalog: C
     value = orjson.loads(table.properties[UNCOPIED_PREFIX + GROUP])
     assert value["partitions"] == []
     assert value["released"] == {
-        "by": "ops", "reason": "dr is gone", "records": 4, "clusters": {"primary": 3, "dr": 1},
-    }  # fmt: skip
+        "by": "ops",
+        "reason": "dr is gone",
+        "records": 4,
+        "clusters": {"primary": 3, "dr": 1},
+    }
     head = table.current_snapshot()
     assert head is not None
     assert head.parent_snapshot_id == before.metadata.current_snapshot_id
     properties = snapshot_properties(head)
     assert (properties[RELEASED], properties[RESET_BY], properties[RESET_REASON]) == (
-        "4", "ops", "dr is gone",
-    )  # fmt: skip
+        "4",
+        "ops",
+        "dr is gone",
+    )
     assert head.summary is not None
     assert "added-records" not in head.summary.additional_properties  # an empty snapshot
 
@@ -120,10 +143,15 @@ def test_a_switch_planned_before_a_release_is_refused_not_undoing_it(catalog: Ca
     assert state is not None
     carried = planned.properties[key]
     switch = ActionCommit(
-        SPEC.name, "failover to 'primary'", SPEC.table, str(planned.metadata.table_uuid),
-        {GROUP: state.offsets}, {COMMIT_ID: uuid.uuid4().hex, FAILOVER_TO: "primary"},
-        table_properties={key: carried}, planned_properties={key: carried},
-    )  # fmt: skip
+        SPEC.name,
+        "failover to 'primary'",
+        SPEC.table,
+        str(planned.metadata.table_uuid),
+        {GROUP: state.offsets},
+        {COMMIT_ID: uuid.uuid4().hex, FAILOVER_TO: "primary"},
+        table_properties={key: carried},
+        planned_properties={key: carried},
+    )
     release_guard(catalog, SPEC, "ops", "primary rebuilt")
     released = catalog.load_table(SPEC.table)
     with pytest.raises(CommitConflictError, match=f"table property '{key}' changed"):
