@@ -118,8 +118,9 @@ class FailbackStack:
             reason="down",
         )
 
-    def fail_back(self) -> list[str]:
-        """Switch the pipeline back to the primary (``--to primary``); the plan's lines."""
+    def fail_back(self, source_lost: bool = False) -> list[str]:
+        """Switch the pipeline back to the primary (``--to primary``; with ``source_lost``,
+        ``--source-lost``: 'dr' is not read); the plan's lines."""
         return failover_pipeline(
             self.spec,
             self.kafka,
@@ -127,7 +128,8 @@ class FailbackStack:
             "primary",
             dry_run=False,
             requested_by="ops",
-            reason="back",
+            reason="dr lost" if source_lost else "back",
+            source_lost=source_lost,
         )
 
     @property

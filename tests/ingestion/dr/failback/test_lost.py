@@ -164,17 +164,7 @@ def test_a_failback_from_a_lost_replica_reads_every_record_that_still_exists_onc
         if identity:  # through the Dagster job (config source_lost: true)
             shown = fail_back_with_the_job(stack)
         else:
-            lines = failover_pipeline(
-                spec,
-                kafka,
-                iceberg,
-                "primary",
-                dry_run=False,
-                requested_by="ops",
-                reason="dr lost",
-                source_lost=True,
-            )
-            shown = "\n".join(lines)
+            shown = "\n".join(stack.fail_back(source_lost=True))
         assert "records written on 'dr' that MM2's reverse flow had not copied" in shown, shown
         assert "are not re-read before the commit ('dr' is lost)" in shown, shown
         ahead = {0: 1, 1: 1} if case == "behind" else {}  # k32 / k33 per partition
@@ -350,17 +340,7 @@ def test_a_chain_of_both_disasters_in_one_partition_skips_each_late_copy_once(
 
     os.kill(replica.pid or 0, signal.SIGSTOP)  # the second disaster
     try:
-        lines = failover_pipeline(
-            spec,
-            kafka,
-            iceberg,
-            "primary",
-            dry_run=False,
-            requested_by="ops",
-            reason="dr lost",
-            source_lost=True,
-        )
-        shown = "\n".join(lines)
+        shown = "\n".join(stack.fail_back(source_lost=True))
         assert f"origin {topic}[0] (at 12 before the failover) resumes at 12" in shown, shown
         assert "the switch records the origin records the failback reads" in shown.lower()
         guard = read_guard(catalog.load_table(spec.table), group, name)
