@@ -7,14 +7,17 @@ stamps the schema's head revision, the second finds the tables without a revisio
 Dagster's last pre-SQLAlchemy-2 revision. The version table then holds two rows, and every later
 open fails with alembic's "Version table 'alembic_version' has more than one head present"; or
 (seen once in ten cold starts of ``make dev``'s processes) it holds the older revision only, a
-schema at head that Dagster takes for one needing migration. So the platform's processes share
-the storage by two rules:
+schema at head that Dagster takes for one needing migration; or (seen once in a full test run,
+four plain opens at once) a file without a version table at all. So the platform's processes
+share the storage by two rules:
 
 - :func:`create_storage` is the one creator (``make dev``, before it starts any process that
   opens the instance), under an exclusive lock file so that two creators serialise. It repairs
   what that race (or an older Dagster) left: of two rows it keeps the head (the tables were
-  created from the current schema), and a storage at an older revision is migrated as ``dagster
-  instance migrate`` does (Dagster guards every migration since that revision). It refuses, in
+  created from the current schema), a storage at an older revision is migrated as ``dagster
+  instance migrate`` does (Dagster guards every migration since that revision), and a file with
+  no version is stamped by Dagster's constructor (which creates the tables it lacks, or stamps
+  the older revision on tables it finds) and then migrated like one. It refuses, in
   one line naming the file to remove and what that loses, a storage it cannot vouch for.
 - :func:`open_instance` is every other opener (the ``platform`` CLI, the metrics endpoint): it
   opens an instance whose storage exists and returns None when it does not, never creating it.
@@ -122,13 +125,27 @@ def create_storage(home: str | Path) -> list[str]:
     with _locked(home / LOCK_FILE):
         default = uses_default_storage(home)
         repaired = repair_version_rows(home) if default else []
-        behind = outdated_files(home) if default else []
-        # The constructor creates every storage that is missing.
+        unstamped = unstamped_files(home) if default else []
+        # The constructor creates every file that is missing and stamps an unstamped one: at the
+        # head where it creates the tables, at its older revision where they exist already.
         with DagsterInstance.from_config(str(home)) as instance:
+            behind = outdated_files(home) if default else []
             if behind:
                 instance.upgrade()
-                repaired += [f"{path}: migrated from schema version {rev}" for path, rev in behind]
+        repaired += [f"{path}: had no schema version, stamped by Dagster" for path in unstamped]
+        repaired += [f"{path}: migrated from schema version {rev}" for path, rev in behind]
     return repaired
+
+
+def unstamped_files(home: Path) -> list[Path]:
+    """The default storage files that exist without a schema version (a creator that raced
+    another, or died, before it stamped one)."""
+    unstamped = []
+    for item in STORAGE_FILES:
+        path = home / item.path
+        if path.is_file() and not _revisions(path, item):
+            unstamped.append(path)
+    return unstamped
 
 
 def outdated_files(home: Path) -> list[tuple[Path, str]]:

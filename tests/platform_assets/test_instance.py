@@ -38,11 +38,16 @@ OLDER = "5771160a95ad"  # the revision a second creator stamps (Dagster's last p
 
 
 def versions(home: Path) -> dict[str, list[str]]:
-    """Each storage file's schema version rows."""
+    """Each storage file's schema version rows (none for a file without a version table, as
+    the race can leave it)."""
     found = {}
     for item in STORAGE_FILES:
         with contextlib.closing(sqlite3.connect(home / item.path)) as connection:
-            rows = connection.execute("select version_num from alembic_version").fetchall()
+            table = connection.execute(
+                "select 1 from sqlite_master where type = 'table' and name = 'alembic_version'"
+            ).fetchall()
+            query = "select version_num from alembic_version"
+            rows = connection.execute(query).fetchall() if table else []
         found[item.path] = [row[0] for row in rows]
     return found
 
@@ -143,6 +148,28 @@ def test_the_older_version_alone_is_migrated(tmp_path: Path) -> None:
     stamp(runs, OLDER)
     assert create_storage(tmp_path) == [f"{runs}: migrated from schema version {OLDER}"]
     assert versions(tmp_path) == one_head(tmp_path)
+
+
+def test_a_file_without_a_version_is_completed_stamped_and_reported(tmp_path: Path) -> None:
+    """The race's third leftover: a file whose version table is missing (its tables there or
+    not). Dagster's constructor creates the tables it lacks and stamps the head, or stamps its
+    older revision on the tables it finds, which is then migrated; the repair says so."""
+    create_storage(tmp_path)
+    runs = tmp_path / "history" / "runs.db"
+    with contextlib.closing(sqlite3.connect(runs)) as connection, connection:
+        connection.execute("drop table alembic_version")
+    schedules = tmp_path / "schedules" / "schedules.db"
+    schedules.write_bytes(b"")  # what an opener's first connect leaves: a database of no tables
+    assert create_storage(tmp_path) == [
+        f"{runs}: had no schema version, stamped by Dagster",
+        f"{schedules}: had no schema version, stamped by Dagster",
+        f"{runs}: migrated from schema version {OLDER}",
+    ]
+    assert versions(tmp_path) == one_head(tmp_path)
+    with open_instance(tmp_path) as instance:
+        assert instance is not None
+        assert instance.get_runs() == []
+        assert instance.all_instigator_state() == []
 
 
 def test_the_race_after_a_dagster_upgrade_keeps_the_newest_and_migrates(tmp_path: Path) -> None:
