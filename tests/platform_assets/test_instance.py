@@ -166,8 +166,9 @@ def test_a_file_without_a_version_is_completed_stamped_and_reported(tmp_path: Pa
         f"{runs}: migrated from schema version {OLDER}",
     ]
     assert versions(tmp_path) == one_head(tmp_path)
-    with open_instance(tmp_path) as instance:
-        assert instance is not None
+    instance = open_instance(tmp_path)
+    assert instance is not None
+    with instance:
         assert instance.get_runs() == []
         assert instance.all_instigator_state() == []
 
