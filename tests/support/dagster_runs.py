@@ -14,6 +14,8 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     ExecuteInProcessResult,
+    ScheduleDefinition,
+    build_schedule_context,
     materialize,
 )
 
@@ -86,3 +88,17 @@ def add_serving_worker(instance: DagsterInstance, *specs: PipelineSpec) -> Dagst
             tags={SERVING_TAG: serving, HEARTBEAT_TAG: str(int(time.time()))},
         )
     )
+
+
+def evaluate_schedule(
+    schedule: ScheduleDefinition, instance: DagsterInstance, resources: dict[str, Any]
+) -> Any:
+    """One tick of ``schedule`` on ``instance``, its context closed when the tick returns.
+
+    ``build_schedule_context`` keeps only the instance's ref: the first use opens a second
+    instance from it, entered (current for the thread) until the context is exited. A context
+    left open kept that instance current, and its collection later, in another test, made a
+    dead instance's storage current again: the next definitions build failed with "Attempted to
+    resolve undefined DagsterInstance weakref" (seen once in a full run)."""
+    with build_schedule_context(instance=instance, resources=resources) as context:
+        return schedule.evaluate_tick(context)

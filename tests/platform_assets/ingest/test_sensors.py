@@ -18,7 +18,6 @@ from dagster import (
     DagsterRunStatus,
     Definitions,
     build_run_status_sensor_context,
-    build_schedule_context,
     build_sensor_context,
     instance_for_test,
 )
@@ -35,7 +34,7 @@ from platform_assets.pipelines import commit_state_key, table_key
 from platform_assets.state import StateReader
 from resources.alerts import AlertResource
 from resources.kafka import KafkaResource
-from tests.support.dagster_runs import add_serving_worker, materialize_pipeline
+from tests.support.dagster_runs import add_serving_worker, evaluate_schedule, materialize_pipeline
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 from tests.support.webhook import WebhookReceiver
@@ -117,9 +116,7 @@ def test_blocked_pipeline_one_check_run_no_ingestion_no_run_alert(
         third, cursor = tick(None)  # even with a lost cursor: the newest evaluation says it
         assert not third.run_requests
 
-        skipped = fallback.evaluate_tick(
-            build_schedule_context(instance=instance, resources=sensor_resources)
-        )
+        skipped = evaluate_schedule(fallback, instance, sensor_resources)
         assert not skipped.run_requests
         assert "blocked by group_id_consistency" in (skipped.skip_message or "")
 
@@ -277,9 +274,7 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
 
         # One fallback run for the pipelines it may ingest, each exactly once.
         fallback = defs.resolve_schedule_def("fallback_schedule")
-        due = fallback.evaluate_tick(
-            build_schedule_context(instance=instance, resources=sensor_resources)
-        )
+        due = evaluate_schedule(fallback, instance, sensor_resources)
         by_pipeline = {r.tags["pipeline"]: r for r in due.run_requests or []}
         assert sorted(by_pipeline) == ["pass_idle", "pass_over"]
         request = by_pipeline["pass_over"]
@@ -306,9 +301,7 @@ def test_one_lag_sensor_and_one_fallback_run_serve_every_pipeline_in_one_pass(
                 job_name="ingest_all", status=DagsterRunStatus.STARTED, asset_selection=selection
             )
         )
-        again = fallback.evaluate_tick(
-            build_schedule_context(instance=instance, resources=sensor_resources)
-        )
+        again = evaluate_schedule(fallback, instance, sensor_resources)
         assert [r.tags["pipeline"] for r in again.run_requests or []] == ["pass_idle"]
         reads.clear()
         tick()

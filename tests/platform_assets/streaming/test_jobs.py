@@ -20,7 +20,6 @@ from dagster import (
     DagsterRun,
     DagsterRunStatus,
     RunRequest,
-    build_schedule_context,
     instance_for_test,
 )
 
@@ -51,7 +50,7 @@ from platform_assets.streaming.jobs import (
     read_tag_map,
     spec_version,
 )
-from tests.support.dagster_runs import add_serving_worker
+from tests.support.dagster_runs import add_serving_worker, evaluate_schedule
 from tests.support.ledger import Ledger, LedgerProducer
 from tests.support.pipelines import Harness, NewPipeline, make_spec, records
 
@@ -348,9 +347,7 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
     schedule = build_definitions([spec, tableless]).resolve_schedule_def("maintenance_schedule")
     iceberg = {"iceberg": resources["iceberg"]}
     with instance_for_test() as instance:
-        before = schedule.evaluate_tick(
-            build_schedule_context(instance=instance, resources=iceberg)
-        )
+        before = evaluate_schedule(schedule, instance, iceberg)
         assert "exists yet: nothing to maintain" in (before.skip_message or ""), before
     for batch in range(1, 6):  # history: 6 commits of small files
         harness.run(spec, use_spark=False)
@@ -388,8 +385,7 @@ def test_maintenance_schedule_expires_a_streams_history_while_it_streams(
             with producing(ledger_producer, topic, first=70) as produced:
                 wait_for(lambda: sum(r.committed for r in reports) >= 3, "the stream's commits")
                 time.sleep(8)  # the first history is now older than the retention
-                context = build_schedule_context(instance=instance, resources=iceberg)
-                request = schedule.evaluate_tick(context)
+                request = evaluate_schedule(schedule, instance, iceberg)
                 assert request.run_requests, request.skip_message  # not skipped: streaming
                 (run_request,) = request.run_requests
                 assert isinstance(run_request, RunRequest)
