@@ -140,12 +140,7 @@ def create_storage(home: str | Path) -> list[str]:
 def unstamped_files(home: Path) -> list[Path]:
     """The default storage files that exist without a schema version (a creator that raced
     another, or died, before it stamped one)."""
-    unstamped = []
-    for item in STORAGE_FILES:
-        path = home / item.path
-        if path.is_file() and not _revisions(path, item):
-            unstamped.append(path)
-    return unstamped
+    return [path for path, _, revisions in _existing_files(home) if not revisions]
 
 
 def outdated_files(home: Path) -> list[tuple[Path, str]]:
@@ -157,9 +152,7 @@ def outdated_files(home: Path) -> list[tuple[Path, str]]:
     """
     head = _schema_head()
     behind = []
-    for item in STORAGE_FILES:
-        path = home / item.path
-        revisions = _revisions(path, item) if path.is_file() else []
+    for path, item, revisions in _existing_files(home):
         if revisions and revisions != [head]:
             _newest_known(path, item, revisions)  # refuses an unknown one
             behind.append((path, ", ".join(revisions)))
@@ -171,9 +164,7 @@ def repair_version_rows(home: Path) -> list[str]:
     or the race's leftovers after a Dagster upgrade): keep the newest, which the tables were
     created at (an older one is then migrated). Files that do not exist yet are left alone."""
     repaired = []
-    for item in STORAGE_FILES:
-        path = home / item.path
-        revisions = _revisions(path, item) if path.is_file() else []
+    for path, item, revisions in _existing_files(home):
         if len(revisions) <= 1:
             continue
         keep = _newest_known(path, item, revisions)
@@ -182,6 +173,12 @@ def repair_version_rows(home: Path) -> list[str]:
         others = ", ".join(r for r in revisions if r != keep)
         repaired.append(f"{path}: kept schema version {keep}, removed {others}")
     return repaired
+
+
+def _existing_files(home: Path) -> list[tuple[Path, StorageFile, list[str]]]:
+    """Each default storage file that exists, with its schema version rows."""
+    paths = [(home / item.path, item) for item in STORAGE_FILES]
+    return [(path, item, _revisions(path, item)) for path, item in paths if path.is_file()]
 
 
 def _newest_known(path: Path, item: StorageFile, revisions: list[str]) -> str:

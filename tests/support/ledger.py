@@ -17,6 +17,7 @@ from typing import Any
 from confluent_kafka import KafkaException, Message, Producer
 
 from resources.kafka import KafkaResource
+from tests.support.dev_stack import wait_for
 
 Coordinates = tuple[str, int, int]
 
@@ -77,7 +78,6 @@ class LedgerProducer:
     def _partitions(self, topic: str) -> int:
         """``topic``'s partition count, once the broker lists its partitions: a topic created a
         moment ago can still be listed with an error and none (seen once in a full run)."""
-        from tests.support.dev_stack import wait_for
 
         def listed() -> int:
             found = self._producer.list_topics(topic, timeout=10).topics.get(topic)
