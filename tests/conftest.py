@@ -21,7 +21,7 @@ from resources.embedded import EmbeddedBroker
 from resources.iceberg import IcebergCatalogResource
 from resources.kafka import KafkaResource
 from resources.spark import SparkResource
-from tests.support.brokers import BROKER_STOP_S
+from tests.support.brokers import BROKER_STOP_S, is_stopped, reset_cluster, resume_broker
 from tests.support.dev_stack import (
     DevStack,
     check_stopped_cleanly,
@@ -104,9 +104,12 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBr
         gc.collect()  # close leftover clients while the broker is up: no reconnect noise
 
 
-@pytest.fixture(scope="module")
-def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedBroker, ...]]:
-    """A source and a replica cluster of the module's own (a test may SIGSTOP the source).
+@pytest.fixture(scope="session")
+def dr_cluster_pair(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[EmbeddedBroker, EmbeddedBroker]]:
+    """A source and a replica cluster for the DR modules of a worker: ``dr_clusters`` resets
+    them for each module (a test may SIGSTOP either; no test shares the session's broker).
 
     No time-based retention: the failback tests stamp records from a fixed past instant
     (``tests.support.failback_stack.STAMP``), and Kafka's default 7 days, enforced every second
@@ -132,6 +135,22 @@ def dr_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Embe
             if running.pid:
                 os.kill(running.pid, signal.SIGCONT)
         gc.collect()
+
+
+@pytest.fixture(scope="module")
+def dr_clusters(
+    dr_cluster_pair: tuple[EmbeddedBroker, EmbeddedBroker],
+) -> Iterator[tuple[EmbeddedBroker, ...]]:
+    """The worker's cluster pair, as new for the module: resumed if the last module left one
+    stopped, every topic and group of the last module deleted
+    (``tests.support.brokers.reset_cluster``; a pair per module cost 11 s and two JVMs each)."""
+    for running in dr_cluster_pair:
+        reset_cluster(running)
+    yield dr_cluster_pair
+    for running in dr_cluster_pair:
+        if is_stopped(running):  # a test's disaster, never resumed: serving again, as it was
+            resume_broker(running)
+    gc.collect()  # close the module's leftover clients before the next module resets the pair
 
 
 @pytest.fixture
@@ -243,6 +262,7 @@ JVM_FIXTURES = frozenset(
         "replica_broker",
         "secure_broker",
         "dr_clusters",
+        "dr_cluster_pair",
         "dev_stack",
         "spark_resource",
         "schema_registry",

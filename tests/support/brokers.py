@@ -39,6 +39,13 @@ def resume_broker(broker: "EmbeddedBroker", timeout_s: float = 90.0) -> None:
         raise TimeoutError(f"{exc}\n{describe_broker(broker)}") from None
 
 
+def is_stopped(broker: "EmbeddedBroker") -> bool:
+    """Whether the broker's process is stopped (SIGSTOP: state ``T`` in /proc)."""
+    status = Path(f"/proc/{broker.pid}/status")
+    lines = status.read_text().splitlines() if broker.pid and status.exists() else []
+    return any(line.startswith("State:") and "T" in line.split()[1] for line in lines)
+
+
 def wait_until_serving(bootstrap_servers: str, timeout_s: float = 90.0) -> None:
     """Until every partition of every topic on the cluster has a leader (the node is unfenced).
 
@@ -73,6 +80,37 @@ def wait_until_serving(bootstrap_servers: str, timeout_s: float = 90.0) -> None:
                 admin = new_admin(bootstrap_servers)
         time.sleep(0.5)
     raise TimeoutError(f"broker {bootstrap_servers} not serving after {timeout_s:.0f} s: {last}")
+
+
+def reset_cluster(broker: "EmbeddedBroker", timeout_s: float = 60.0) -> None:
+    """Give the next module a cluster as if new: resumed and serving if a test left it stopped
+    (:func:`resume_broker`), then every consumer group and every topic but Kafka's own (``__``)
+    deleted, waited on until the metadata lists none of them (a topic of the same name can then
+    be created again). MM2's topics go too: its stored source offsets, checkpoints and offset
+    syncs would otherwise steer the next module's flows.
+
+    Kafka refuses to delete a group with members: a client or an MM2 flow still running, which
+    a test or fixture should have stopped; the error names the group."""
+    if is_stopped(broker):
+        resume_broker(broker, timeout_s)
+    admin = new_admin(broker.bootstrap_servers)
+    listed = admin.list_consumer_groups(request_timeout=10).result()
+    groups = [group.group_id for group in listed.valid]
+    if groups:
+        for group, future in admin.delete_consumer_groups(groups, request_timeout=10).items():
+            try:
+                future.result()
+            except KafkaException as exc:
+                raise AssertionError(f"{broker.name}: group {group} not deleted: {exc}") from None
+    topics = [name for name in admin.list_topics(timeout=10).topics if not name.startswith("__")]
+    if topics:
+        for future in admin.delete_topics(topics, operation_timeout=30).values():
+            future.result()
+    deadline = time.monotonic() + timeout_s
+    while left := set(topics) & set(admin.list_topics(timeout=10).topics):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{broker.name}: topics still listed after deletion: {sorted(left)}")
+        time.sleep(0.2)
 
 
 def new_admin(bootstrap_servers: str) -> "AdminClient":

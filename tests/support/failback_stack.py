@@ -1,11 +1,11 @@
 """One failover/failback setup on two real clusters, shared by the failback tests.
 
 A pipeline reads ``topic`` on the source cluster with replica ``dr`` on the other one (the
-``dr_clusters`` pair of tests/conftest.py); the stack holds its spec, its resources and MM2's
-flows: real MirrorMaker 2 processes (tests/support/mirror_maker.py), :attr:`FailbackStack.mm2`
-forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2` (dr -> primary), created here,
-started and stopped by the test (a flow stopped is MM2 falling behind: what producers write
-meanwhile is the RPO tail), stopped at the fixture's teardown.
+``dr_clusters`` pair of tests/conftest.py, reset for each module); the stack holds its spec, its
+resources and MM2's flows: real MirrorMaker 2 processes (tests/support/mirror_maker.py),
+:attr:`FailbackStack.mm2` forward (primary -> dr) and :meth:`FailbackStack.reverse_mm2`
+(dr -> primary), created here, started and stopped by the test (a flow stopped is MM2 falling
+behind: what producers write meanwhile is the RPO tail), stopped at the fixture's teardown.
 Tests get it from the ``failback_stack`` fixture::
 
     stack = failback_stack("cmpl", "dr_cmpl", replica={"source_alias": "eastc"})
