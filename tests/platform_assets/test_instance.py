@@ -39,9 +39,12 @@ OLDER = "5771160a95ad"  # the revision a second creator stamps (Dagster's last p
 
 def versions(home: Path) -> dict[str, list[str]]:
     """Each storage file's schema version rows (none for a file without a version table, as
-    the race can leave it)."""
+    the race can leave it); a file no opener created is left out (every opener of a round can
+    fail before it gets there: seen once in a full run)."""
     found = {}
     for item in STORAGE_FILES:
+        if not (home / item.path).is_file():
+            continue
         with contextlib.closing(sqlite3.connect(home / item.path)) as connection:
             table = connection.execute(
                 "select 1 from sqlite_master where type = 'table' and name = 'alembic_version'"
@@ -113,13 +116,13 @@ RACE_ROUNDS = 10
 
 def test_plain_opens_at_once_break_what_create_storage_keeps_whole(tmp_path: Path) -> None:
     """Dagster's constructor, called by four processes at the same moment on an empty home,
-    leaves a storage that is not at one head (in most rounds here: the test waits for the first
-    of up to ten); :func:`create_storage` repairs it, and from as many processes at once leaves
-    one head every round."""
+    leaves a storage file that is not at one head (in most rounds here: the test waits for the
+    first of up to ten); :func:`create_storage` repairs it, creates any file the round left
+    missing, and from as many processes at once leaves one head every round."""
     for attempt in range(RACE_ROUNDS):
         broken = tmp_path / f"plain-{attempt}"
         start_at_once(_open_plainly, broken, 4)
-        if versions(broken) != one_head(broken):
+        if any(rows != [HEAD] for rows in versions(broken).values()):  # a file to repair
             break
     else:
         raise AssertionError(f"{RACE_ROUNDS} rounds of plain opens at once never raced")

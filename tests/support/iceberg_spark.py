@@ -18,8 +18,8 @@ the table with Spark read options (an incremental read: ``start-snapshot-id``,
 
 from __future__ import annotations
 
+import fcntl
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,22 +34,23 @@ OTHER_PYSPARK = "pyspark==4.1.4"
 def other_spark_python() -> str:
     """The interpreter of the other engine's virtual environment, made on first use with
     :data:`OTHER_PYSPARK` and published by rename (a crash leaves no half-made one; the child
-    runs ``bin/python`` with a script, which a moved venv serves)."""
+    runs ``bin/python`` with a script, which a moved venv serves). One process makes it: the
+    others (the suite's workers on a fresh machine) wait on its lock instead of each installing
+    PySpark at once."""
     from resources.jvm import cache_dir
 
     home = cache_dir() / ("venv-" + OTHER_PYSPARK.replace("==", "-"))
     python = home / "bin" / "python"
-    if not python.exists():
-        staging = home.with_name(f"{home.name}.{os.getpid()}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
-        pip = [str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-        subprocess.run([*pip, OTHER_PYSPARK], check=True)
-        try:
+    home.parent.mkdir(parents=True, exist_ok=True)
+    with home.with_name(f"{home.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not python.exists():
+            staging = home.with_name(f"{home.name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)  # a crashed maker's
+            subprocess.run([sys.executable, "-m", "venv", str(staging)], check=True)
+            pip = [str(staging / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+            subprocess.run([*pip, OTHER_PYSPARK], check=True)
             staging.rename(home)
-        except OSError:  # another process published it first
-            shutil.rmtree(staging, ignore_errors=True)
     return str(python)
 
 
