@@ -20,7 +20,9 @@ pyiceberg holds each produced key once.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -124,6 +126,7 @@ class Usage:
     processes: list[int] = field(default_factory=list)
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    by_kind: dict[str, float] = field(default_factory=dict)  # CPU-seconds per process kind
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -131,19 +134,51 @@ def tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
-def cpu_seconds(processes: list[psutil.Process], seen: dict[int, float]) -> None:
-    """Record each process's CPU seconds so far (a process that ended keeps its last)."""
+def kind_of(process: psutil.Process) -> str:
+    """What a process of the stack is: a JVM's main class, a Dagster process's role, a Python
+    module or script (the CPU table's rows)."""
+    try:
+        args = process.cmdline()
+    except psutil.Error:
+        return "gone"
+    if not args:
+        return "?"
+    joined = " ".join(args)
+    if Path(args[0]).name == "java":
+        operands = [
+            a
+            for before, a in itertools.pairwise(args)
+            if not a.startswith("-") and before not in ("-cp", "-classpath", "--class-path")
+        ]
+        main_class = operands[0].rsplit(".", 1)[-1] if operands else "?"
+        return f"java {main_class}" + (" (connect)" if "SparkConnectServer" in joined else "")
+    for role in ("execute_run", "execute_step", "grpc", "dagster-daemon", "dagster_webserver"):
+        if role in joined:
+            return f"dagster {role}"
+    if "-m" in args:
+        return f"python -m {args[args.index('-m') + 1]}"
+    return Path(args[1] if len(args) > 1 else args[0]).name
+
+
+def cpu_seconds(
+    processes: list[psutil.Process], seen: dict[int, float], kinds: dict[int, str]
+) -> None:
+    """Record each process's CPU seconds so far (a process that ended keeps its last) and,
+    the first time it is seen, its kind."""
     for process in processes:
         try:
             times = process.cpu_times()
             seen[process.pid] = times.user + times.system + times.children_user
         except psutil.Error:
             continue
+        if process.pid not in kinds:
+            kinds[process.pid] = kind_of(process)
 
 
 def sample(pid: int, usage: Usage, stop: threading.Event) -> None:
     first: dict[int, float] = {}
-    cpu_seconds(tree(pid), first)
+    kinds: dict[int, str] = {}
+    cpu_seconds(tree(pid), first, kinds)
     started, last = time.monotonic(), dict(first)
     while not stop.wait(5):
         processes = tree(pid)
@@ -155,9 +190,47 @@ def sample(pid: int, usage: Usage, stop: threading.Event) -> None:
                 continue
         usage.rss.append(rss)
         usage.processes.append(len(processes))
-        cpu_seconds(processes, last)
+        cpu_seconds(processes, last, kinds)
     usage.cpu_s = sum(last.values()) - sum(first.get(pid, 0.0) for pid in last)
     usage.wall_s = time.monotonic() - started
+    for process_id, seconds in last.items():
+        kind = kinds.get(process_id, "?")
+        used = seconds - first.get(process_id, 0.0)
+        usage.by_kind[kind] = usage.by_kind.get(kind, 0.0) + used
+
+
+def profile_worker(root: int, py_spy: str, seconds: float, out: Path) -> Path | None:
+    """Record the stream worker (the busiest ``execute_run`` process under ``root``) with
+    py-spy for ``seconds``, native frames off, into ``out`` (collapsed stacks); None when no
+    worker runs."""
+    runs = [p for p in tree(root) if kind_of(p) == "dagster execute_run"]
+    if not runs:
+        return None
+    busiest = max(runs, key=lambda p: sum(p.cpu_times()[:2]))
+    command = [py_spy, "record", "--pid", str(busiest.pid), "--duration", str(int(seconds))]
+    command += ["--format", "raw", "--output", str(out), "--nonblocking", "--subprocesses"]
+    subprocess.run(command, check=True, capture_output=True, timeout=seconds + 120)
+    return out
+
+
+def summarize_profile(collapsed: Path, top: int = 25) -> list[str]:
+    """The profile's lines: the share of the busy samples (py-spy leaves idle threads out) under
+    each function of :data:`PROFILED` (once per stack, whatever its line), the busiest first."""
+    total, under = 0, dict[str, int]()
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        samples = int(count)
+        total += samples
+        functions = {re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")}
+        frames = {f for f in functions if any(m in f for m in PROFILED)}
+        for frame in frames:
+            under[frame] = under.get(frame, 0) + samples
+    ranked = sorted(under.items(), key=lambda item: -item[1])[:top]
+    return [f"{100 * n / total:5.1f}%  {frame}" for frame, n in ranked]
+
+
+PROFILED = ("ingestion/", "platform_assets/", "resources/", "dagster/", "pyiceberg/", "pyspark/")
+"""The packages whose functions the profile summary names (paths in py-spy's frames)."""
 
 
 @contextmanager
@@ -193,7 +266,9 @@ def runs_in_progress(dagster_home: Path) -> dict[str, int]:
         return counts
 
 
-def measure(count: int, minutes: float, rate: float) -> dict[str, Any]:
+def measure(
+    count: int, minutes: float, rate: float, py_spy: str | None = None, profile_s: float = 60
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"many-{count}-"))
     pipelines, names = write_pipelines(workdir, count)
     print(f"\n{count} pipelines (directory {workdir})", flush=True)
@@ -214,9 +289,16 @@ def measure(count: int, minutes: float, rate: float) -> dict[str, Any]:
         sampler.start()
         slots: list[dict[str, int]] = []
         deadline = time.monotonic() + minutes * 60
+        profile: list[str] = []
         while time.monotonic() < deadline:
             time.sleep(min(30, max(0.0, deadline - time.monotonic())))
             slots.append(runs_in_progress(workdir / "platform" / "dagster_home"))
+            warm = time.time() * 1000 > started_ms + WARMUP_S * 1000
+            if py_spy and warm and not profile:
+                out = profile_worker(process.pid, py_spy, profile_s, workdir / "worker.txt")
+                profile = summarize_profile(out) if out else ["no stream worker ran"]
+                print(f"py-spy, the stream worker for {profile_s:.0f} s ({out}):", flush=True)
+                print("\n".join(profile), flush=True)
         stop_sampling.set()
         sampler.join(30)
         load.stop.set()
@@ -251,6 +333,13 @@ def measure(count: int, minutes: float, rate: float) -> dict[str, Any]:
         "measured": len(p95s),
         "commits_per_s": sum(commits) / window_s if window_s > 0 else 0.0,
         "cpu_cores": usage.cpu_s / usage.wall_s if usage.wall_s else 0.0,
+        "cpu_s_per_commit": (usage.cpu_s / usage.wall_s) * window_s / sum(commits)
+        if usage.wall_s and sum(commits)
+        else float("nan"),
+        "cpu_s_by_process": {
+            kind: round(seconds, 1)
+            for kind, seconds in sorted(usage.by_kind.items(), key=lambda item: -item[1])
+        },
         "rss_mb": statistics.mean(usage.rss) / 2**20 if usage.rss else 0.0,
         "processes": max(usage.processes, default=0),
         "run_slots": slot_peak,
@@ -284,12 +373,21 @@ def main() -> int:
     parser.add_argument("--pipelines", type=int, nargs="+", default=[1, 10, 50])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=10.0, help="events/s per pipeline")
+    parser.add_argument(
+        "--py-spy",
+        help="a py-spy binary: profile the stream worker once the first minute has passed",
+    )
+    parser.add_argument("--profile-seconds", type=float, default=60.0)
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"stopped by signal {signum}"))
-    rows = [measure(count, args.minutes, args.rate) for count in args.pipelines]
+    rows = [
+        measure(count, args.minutes, args.rate, args.py_spy, args.profile_seconds)
+        for count in args.pipelines
+    ]
     print(
         f"\n{'pipelines':>9} {'p50 med':>8} {'p95 med':>8} {'p95 worst':>9} {'met 15s':>8} "
-        f"{'commits/s':>9} {'cores':>6} {'RSS MB':>7} {'MB/pipe':>8} {'procs':>6} "
+        f"{'commits/s':>9} {'cpu/commit':>10} {'cores':>6} {'RSS MB':>7} {'MB/pipe':>8} "
+        f"{'procs':>6} "
         f"{'slots':>6} {'exact':>6}"
     )
     for row in rows:
@@ -297,10 +395,15 @@ def main() -> int:
         print(
             f"{n:>9} {row['p50_median_s']:>8.1f} {row['p95_median_s']:>8.1f} "
             f"{row['p95_worst_s']:>9.1f} {row['met_target']:>4}/{row['measured']:<3} "
-            f"{row['commits_per_s']:>9.2f} {row['cpu_cores']:>6.2f} {row['rss_mb']:>7.0f} "
+            f"{row['commits_per_s']:>9.2f} {row['cpu_s_per_commit']:>10.2f} "
+            f"{row['cpu_cores']:>6.2f} {row['rss_mb']:>7.0f} "
             f"{row['rss_mb'] / n:>8.1f} {row['processes']:>6} {row['run_slots']:>6} "
             f"{row['exact']:>3}/{n:<3}"
         )
+    for row in rows:
+        print(f"\nCPU-seconds by process, {row['pipelines']} pipelines:")
+        for kind, seconds in row["cpu_s_by_process"].items():
+            print(f"  {seconds:>8.1f}  {kind}")
     return 0
 
 

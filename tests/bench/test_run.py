@@ -283,3 +283,26 @@ def test_many_pipelines_writes_n_streaming_copies_of_the_demo(tmp_path: Path) ->
     assert all(is_continuous(s) and s.in_process_max_records == 0 for s in specs)
     assert len({(s.source_topics[0], s.table, s.consumer_group_id) for s in specs}) == 12
     assert {shard_of(s.name, 1) for s in specs} == {0}
+
+
+def test_many_pipelines_names_each_process_and_sums_a_profile_by_function(tmp_path: Path) -> None:
+    """The benchmark's CPU table names each process of the stack by what it is, and its
+    profile summary counts each function once per stack (whatever its line), as a share of
+    py-spy's busy samples."""
+    import os
+
+    import psutil
+
+    from bench.many_pipelines import kind_of, summarize_profile
+
+    assert kind_of(psutil.Process(os.getpid())).startswith(("python -m", "pytest", "py"))
+    collapsed = tmp_path / "worker.txt"
+    collapsed.write_text(
+        "main (x.py:1);run_pipeline (ingestion/pipeline/run.py:10);"
+        "run_pipeline (ingestion/pipeline/run.py:20) 3\n"
+        "main (x.py:1);commit (pyiceberg/table/__init__.py:5) 1\n"
+    )
+    assert summarize_profile(collapsed) == [
+        " 75.0%  run_pipeline (ingestion/pipeline/run.py)",
+        " 25.0%  commit (pyiceberg/table/__init__.py)",
+    ]
