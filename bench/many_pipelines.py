@@ -155,9 +155,11 @@ def kind_of(process: psutil.Process) -> str:
     for role in ("execute_run", "execute_step", "grpc", "dagster-daemon", "dagster_webserver"):
         if role in joined:
             return f"dagster {role}"
-    if "-m" in args:
-        return f"python -m {args[args.index('-m') + 1]}"
-    return Path(args[1] if len(args) > 1 else args[0]).name
+    for option, operand in itertools.pairwise(args):
+        if option in ("-m", "-c"):
+            return f"python {option} {operand.split()[0] if option == '-m' else ''}".strip()
+    operands = [a for a in args[1:] if not a.startswith("-")]
+    return Path(operands[0] if operands else args[0]).name
 
 
 def cpu_seconds(
