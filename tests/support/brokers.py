@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
+from tests.support.dev_stack import wait_for
+
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
@@ -39,11 +41,19 @@ def resume_broker(broker: "EmbeddedBroker", timeout_s: float = 90.0) -> None:
         raise TimeoutError(f"{exc}\n{describe_broker(broker)}") from None
 
 
-def is_stopped(broker: "EmbeddedBroker") -> bool:
-    """Whether the broker's process is stopped (SIGSTOP: state ``T`` in /proc)."""
+def process_state(broker: "EmbeddedBroker") -> str:
+    """The broker process's ``State:`` line in /proc (``State:\tT (stopped)`` after SIGSTOP),
+    "no process" or "exited"."""
+    if broker.pid is None:
+        return "no process"
     status = Path(f"/proc/{broker.pid}/status")
-    lines = status.read_text().splitlines() if broker.pid and status.exists() else []
-    return any(line.startswith("State:") and "T" in line.split()[1] for line in lines)
+    lines = status.read_text().splitlines() if status.exists() else []
+    return next((line for line in lines if line.startswith("State:")), "exited")
+
+
+def is_stopped(broker: "EmbeddedBroker") -> bool:
+    """Whether the broker's process is stopped (SIGSTOP: state ``T``)."""
+    return process_state(broker).split()[1:2] == ["T"]
 
 
 def wait_until_serving(bootstrap_servers: str, timeout_s: float = 90.0) -> None:
@@ -106,11 +116,12 @@ def reset_cluster(broker: "EmbeddedBroker", timeout_s: float = 60.0) -> None:
     if topics:
         for future in admin.delete_topics(topics, operation_timeout=30).values():
             future.result()
-    deadline = time.monotonic() + timeout_s
-    while left := set(topics) & set(admin.list_topics(timeout=10).topics):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{broker.name}: topics still listed after deletion: {sorted(left)}")
-        time.sleep(0.2)
+    what = f"{broker.name}'s deleted topics {sorted(topics)} to leave the metadata"
+
+    def gone() -> bool:
+        return not set(topics) & set(admin.list_topics(timeout=10).topics)
+
+    wait_for(what, gone, timeout_s, every_s=0.2)
 
 
 def new_admin(bootstrap_servers: str) -> "AdminClient":
@@ -123,11 +134,7 @@ def new_admin(bootstrap_servers: str) -> "AdminClient":
 def describe_broker(broker: "EmbeddedBroker") -> str:
     """The broker process's state (/proc), whether its port accepts a TCP connection, and the
     last lines of its log: what a test prints when a broker does not serve."""
-    state = "no process"
-    if broker.pid is not None:
-        status = Path(f"/proc/{broker.pid}/status")
-        lines = status.read_text().splitlines() if status.exists() else []
-        state = next((line for line in lines if line.startswith("State:")), "exited")
+    state = process_state(broker)
     host, _, port = broker.bootstrap_servers.rpartition(":")
     try:
         with socket.create_connection((host, int(port)), timeout=2):
